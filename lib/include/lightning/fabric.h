@@ -1,0 +1,23 @@
+// Lightning Fabric for C++: the one header a training program includes.
+#pragma once
+
+#include "lightning/fabric/accelerators/accelerator.h"
+#include "lightning/fabric/callbacks/callback.h"
+#include "lightning/fabric/connector.h"
+#include "lightning/fabric/errors.h"
+#include "lightning/fabric/fabric.h"
+#include "lightning/fabric/loggers/logger.h"
+#include "lightning/fabric/options.h"
+#include "lightning/fabric/plugins/environments/cluster_environment.h"
+#include "lightning/fabric/plugins/precision/precision.h"
+#include "lightning/fabric/registry.h"
+#include "lightning/fabric/strategies/strategy.h"
+#include "lightning/fabric/utilities/apply_func.h"
+#include "lightning/fabric/utilities/data.h"
+#include "lightning/fabric/utilities/devices.h"
+#include "lightning/fabric/utilities/env_vars.h"
+#include "lightning/fabric/utilities/rank_zero.h"
+#include "lightning/fabric/utilities/scope_guard.h"
+#include "lightning/fabric/utilities/seed.h"
+#include "lightning/fabric/version.h"
+#include "lightning/fabric/wrappers.h"

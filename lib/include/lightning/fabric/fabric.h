@@ -1,0 +1,341 @@
+// Fabric: the facade a training loop calls. It owns the Connector's choices and forwards to the
+// strategy; it owns nothing clever itself (DESIGN.md §5).
+//
+//   Fabric fabric(FabricOptions().accelerator("cpu"));
+//   fabric.launch();
+//   auto [model, optimizer] = fabric.setup(net, adam);    // adam: a torch::optim::Adam lvalue
+//   auto loader = fabric.setup_dataloaders(dataset, torch::data::DataLoaderOptions(64));
+//   for (auto& batch : loader) { ...; fabric.backward(loss); optimizer.step(); }
+#pragma once
+
+#include <torch/data/dataloader.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/schedulers/lr_scheduler.h>
+
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <tuple>
+#include <type_traits>
+
+#include "lightning/fabric/connector.h"
+#include "lightning/fabric/errors.h"
+#include "lightning/fabric/options.h"
+#include "lightning/fabric/utilities/data.h"
+#include "lightning/fabric/utilities/scope_guard.h"
+#include "lightning/fabric/utilities/seed.h"
+#include "lightning/fabric/wrappers.h"
+
+namespace lightning::fabric {
+
+/// Per-call options of Fabric::setup / setup_module.
+struct SetupOptions {
+  bool move_to_device = true;
+};
+
+/// Per-call options of Fabric::setup_dataloaders.
+struct DataLoaderSettings {
+  bool shuffle = false;                  // reshuffle every epoch (seeded by PL_GLOBAL_SEED + epoch)
+  bool use_distributed_sampler = true;   // each rank reads its own share
+  bool move_to_device = true;            // batches arrive on fabric.device()
+  bool drop_last = false;                // distributed sampler: drop the tail instead of padding
+};
+
+namespace detail {
+// What setup() accepts as a module: std::shared_ptr<Impl> or a ModuleHolder<Impl> (TORCH_MODULE).
+template <class T> struct ModuleArg { static constexpr bool is_module = false; };
+template <class Impl> struct ModuleArg<std::shared_ptr<Impl>> {
+  static constexpr bool is_module = std::is_base_of_v<torch::nn::Module, Impl>;
+  using impl = Impl;
+  static std::shared_ptr<Impl> get(const std::shared_ptr<Impl>& m) { return m; }
+};
+template <class Impl> struct ModuleArg<torch::nn::ModuleHolder<Impl>> {
+  static constexpr bool is_module = true;
+  using impl = Impl;
+  static std::shared_ptr<Impl> get(const torch::nn::ModuleHolder<Impl>& m) { return m.ptr(); }
+};
+template <class T>
+struct ModuleArgOf : ModuleArg<std::decay_t<T>> {};
+// Holders made by TORCH_MODULE derive from ModuleHolder<Impl>: map them to their base.
+template <class T, class = void> struct HolderBase { using type = std::decay_t<T>; };
+template <class T>
+struct HolderBase<T, std::void_t<typename std::decay_t<T>::ContainedType>> {
+  using type = torch::nn::ModuleHolder<typename std::decay_t<T>::ContainedType>;
+};
+template <class T> using module_arg = ModuleArg<typename HolderBase<T>::type>;
+
+template <class T> struct SharedTarget { using type = std::decay_t<T>; static constexpr bool shared = false; };
+template <class T> struct SharedTarget<std::shared_ptr<T>> { using type = T; static constexpr bool shared = true; };
+template <class T> using pointee_t = typename SharedTarget<std::decay_t<T>>::type;
+
+template <class T> constexpr bool is_optimizer_arg = std::is_base_of_v<torch::optim::Optimizer, pointee_t<T>>;
+template <class T> constexpr bool is_scheduler_arg = std::is_base_of_v<torch::optim::LRScheduler, pointee_t<T>>;
+template <class T> constexpr bool is_fabric_optimizer_arg = std::is_same_v<std::decay_t<T>, FabricOptimizer>;
+
+// The type setup() returns for one optimizer-or-scheduler argument.
+template <class T>
+using setup_result_t = std::conditional_t<
+    is_optimizer_arg<T> || is_fabric_optimizer_arg<T>, FabricOptimizer,
+    std::conditional_t<SharedTarget<std::decay_t<T>>::shared, std::decay_t<T>, T>>;
+
+template <class T> struct IsFabricModule : std::false_type {};
+template <class I> struct IsFabricModule<FabricModule<I>> : std::true_type {};
+
+/// Shares ownership of a shared_ptr argument; borrows an lvalue (the caller keeps it alive).
+template <class T>
+std::shared_ptr<pointee_t<T>> share(T&& arg) {
+  if constexpr (SharedTarget<std::decay_t<T>>::shared) {
+    return arg;
+  } else {
+    return std::shared_ptr<pointee_t<T>>(std::shared_ptr<void>(), &arg);
+  }
+}
+}  // namespace detail
+
+class Fabric {
+ public:
+  /// Resolves options with the process environment (LT_* overrides) and builds the strategy.
+  explicit Fabric(FabricOptions options = FabricOptions());
+  /// Same, under an explicit environment (tests, embedding).
+  Fabric(FabricOptions options, env::EnvLookup env);
+
+  // ---- where this process stands ----
+  torch::Device device() const { return connector_.strategy->root_device(); }
+  int global_rank() const { return connector_.strategy->global_rank(); }
+  int local_rank() const { return connector_.strategy->local_rank(); }
+  int node_rank() const { return connector_.strategy->node_rank(); }
+  int world_size() const { return connector_.strategy->world_size(); }
+  bool is_global_zero() const { return global_rank() == 0; }
+  const std::shared_ptr<Strategy>& strategy() const { return connector_.strategy; }
+  const std::shared_ptr<Accelerator>& accelerator() const { return connector_.accelerator; }
+  const std::shared_ptr<Precision>& precision() const { return connector_.precision; }
+  const ResolvedConfig& config() const { return connector_.config; }
+  const std::vector<std::shared_ptr<Logger>>& loggers() const { return loggers_; }
+  const std::vector<std::shared_ptr<Callback>>& callbacks() const { return callbacks_; }
+
+  // ---- launching ----
+  /// Prepares this process for the strategy (device, process group). Refused with RuntimeError
+  /// when lightning-run already created the processes (LT_CLI_USED=1), as Python does.
+  void launch();
+  /// launch(), then fn(*this); returns what fn returns.
+  template <class Fn>
+  decltype(auto) launch(Fn&& fn) {
+    static_assert(std::is_invocable_v<Fn, Fabric&>, "Fabric::launch(fn): fn must accept a Fabric& argument");
+    launch();
+    return std::forward<Fn>(fn)(*this);
+  }
+
+  // ---- setup ----
+  /// setup(module, optimizers..., scheduler): validates, converts the module to the precision
+  /// dtype, moves it to device(), lets the strategy prepare it, and returns the wrapped objects
+  /// in input order: the FabricModule alone, or a tuple for structured bindings. Optimizers may be
+  /// lvalues (borrowed) or shared_ptrs; a scheduler (an LRScheduler, last) is returned unchanged.
+  template <class M, class... Rest>
+  auto setup(M&& module, Rest&&... rest) {
+    return setup(SetupOptions{}, std::forward<M>(module), std::forward<Rest>(rest)...);
+  }
+  template <class M, class... Rest>
+  auto setup(SetupOptions options, M&& module, Rest&&... rest) {
+    validate_setup_rest<Rest...>();
+    if constexpr (detail::IsFabricModule<std::decay_t<M>>::value) {
+      refuse_wrapped_module();
+      return wrap_results(std::forward<M>(module), std::forward<Rest>(rest)...);
+    } else {
+      using Arg = detail::module_arg<M>;
+      static_assert(Arg::is_module, "Fabric::setup: the first argument must be a torch::nn::Module (shared_ptr or TORCH_MODULE holder)");
+      std::shared_ptr<typename Arg::impl> impl = Arg::get(module);
+      std::vector<torch::optim::Optimizer*> optimizers;
+      bool scheduler_seen = false;
+      (collect_setup_arg(rest, optimizers, scheduler_seen), ...);
+      validate_setup(impl.get(), optimizers);
+      prepare_module(impl, options.move_to_device);
+      for (auto* optimizer : optimizers) prepare_optimizer(*optimizer);
+      return wrap_results(FabricModule<typename Arg::impl>(impl, strategy()), std::forward<Rest>(rest)...);
+    }
+  }
+
+  /// First half of the two-step form (needed when the optimizer must be built over parameters
+  /// the strategy prepared). Refused by strategies that require joint setup.
+  template <class M>
+  auto setup_module(M&& module, SetupOptions options = SetupOptions()) {
+    if constexpr (detail::IsFabricModule<std::decay_t<M>>::value) {
+      refuse_wrapped_module();
+      return module;
+    } else {
+      using Arg = detail::module_arg<M>;
+      static_assert(Arg::is_module, "Fabric::setup_module: the argument must be a torch::nn::Module");
+      refuse_if_joint_setup_required("setup_module");
+      std::shared_ptr<typename Arg::impl> impl = Arg::get(module);
+      validate_setup(impl.get(), {});
+      prepare_module(impl, options.move_to_device);
+      return FabricModule<typename Arg::impl>(impl, strategy());
+    }
+  }
+
+  /// Second half of the two-step form: one FabricOptimizer, or a tuple for several.
+  template <class... Opts>
+  auto setup_optimizers(Opts&&... optimizers) {
+    static_assert(((detail::is_optimizer_arg<Opts> || detail::is_fabric_optimizer_arg<Opts>) && ...),
+                  "Fabric::setup_optimizers accepts torch::optim optimizers only");
+    refuse_if_joint_setup_required("setup_optimizers");
+    if constexpr (sizeof...(Opts) == 0) {
+      refuse_empty_setup_optimizers();
+    } else {
+      std::vector<torch::optim::Optimizer*> list;
+      bool scheduler_seen = false;
+      (collect_setup_arg(optimizers, list, scheduler_seen), ...);
+      validate_setup(nullptr, list);
+      for (auto* optimizer : list) prepare_optimizer(*optimizer);
+      if constexpr (sizeof...(Opts) == 1) {
+        return FabricOptimizer(detail::share(std::forward<Opts>(optimizers))..., strategy());
+      } else {
+        return std::make_tuple(FabricOptimizer(detail::share(std::forward<Opts>(optimizers)), strategy())...);
+      }
+    }
+  }
+
+  /// Builds a data loader over dataset for this rank: a DistributedSampler (num_replicas =
+  /// world_size(), rank = global_rank(), seeded from PL_GLOBAL_SEED) unless
+  /// use_distributed_sampler is false, and batches moved to device() unless move_to_device is false.
+  template <class Dataset>
+  auto setup_dataloaders(Dataset dataset, torch::data::DataLoaderOptions options,
+                         DataLoaderSettings settings = DataLoaderSettings()) {
+    const size_t size = dataset.size().value();
+    const int replicas = settings.use_distributed_sampler ? world_size() : 1;
+    const int rank = settings.use_distributed_sampler ? global_rank() : 0;
+    DistributedSampler sampler(size, replicas, rank, settings.shuffle, global_seed(), settings.drop_last);
+    const size_t per_rank = sampler.num_samples();
+    const size_t batch = options.batch_size();
+    const size_t batches = options.drop_last() ? per_rank / batch : (per_rank + batch - 1) / batch;
+    auto loader = torch::data::make_data_loader(std::move(dataset), std::move(sampler), std::move(options));
+    using Loader = typename decltype(loader)::element_type;
+    return FabricDataLoader<Loader>(std::move(loader), loader_device(settings), batches);
+  }
+
+  /// Wraps a loader the user built: batches are moved to the device; its sampler is kept. With
+  /// more than one process its sampler must already split the data (a DistributedSampler), or
+  /// use_distributed_sampler must be false.
+  template <class Loader>
+  FabricDataLoader<Loader> setup_dataloaders(std::unique_ptr<Loader> loader,
+                                             DataLoaderSettings settings = DataLoaderSettings()) {
+    validate_prebuilt_loader<Loader>(settings);
+    return FabricDataLoader<Loader>(std::move(loader), loader_device(settings), std::nullopt);
+  }
+
+  // ---- the training step ----
+  /// loss.backward() through the strategy and precision plugin. Call this instead of
+  /// loss.backward() on anything computed by a FabricModule.
+  void backward(at::Tensor loss);
+
+  /// Moves tensors (also nested in containers) to device().
+  template <class T>
+  std::decay_t<T> to_device(T&& data) const { return move_data_to_device(std::forward<T>(data), device()); }
+  /// Moves a module to device() in place and returns it.
+  std::shared_ptr<torch::nn::Module> to_device(const std::shared_ptr<torch::nn::Module>& module) const;
+  template <class Impl>
+  torch::nn::ModuleHolder<Impl> to_device(const torch::nn::ModuleHolder<Impl>& module) const {
+    module->to(device());
+    return module;
+  }
+
+  // ---- collectives (every process must call them) ----
+  void barrier(const std::string& name = {});
+  at::Tensor all_reduce(const at::Tensor& tensor, const std::string& reduce_op = "mean");
+  at::Tensor all_gather(const at::Tensor& tensor);
+  at::Tensor broadcast(const at::Tensor& tensor, int src = 0);
+
+  // ---- utilities ----
+  /// Prints the arguments separated by spaces, on local rank 0 only.
+  template <class... Parts>
+  void print(const Parts&... parts) const {
+    if (local_rank() != 0) return;
+    std::ostringstream line;
+    bool first = true;
+    ((line << (first ? "" : " ") << parts, first = false), ...);
+    std::cout << line.str() << std::endl;
+  }
+  /// Seeds every generator and records the seed for samplers and workers; returns it.
+  static uint64_t seed_everything(std::optional<uint64_t> seed = std::nullopt, bool workers = false);
+  /// New floating tensors get the precision's dtype while the guard lives.
+  ScopeGuard init_tensor() const;
+  /// Modules built while the guard lives get the precision's dtype.
+  ScopeGuard init_module() const;
+
+ private:
+  template <class T>
+  void collect_setup_arg(T& arg, std::vector<torch::optim::Optimizer*>& optimizers, bool& scheduler_seen) {
+    if constexpr (detail::is_fabric_optimizer_arg<T>) {
+      refuse_wrapped_optimizer();
+    } else if constexpr (detail::is_optimizer_arg<T>) {
+      if (scheduler_seen) refuse_scheduler_order();
+      if constexpr (detail::SharedTarget<std::decay_t<T>>::shared) {
+        optimizers.push_back(arg.get());
+      } else {
+        optimizers.push_back(&arg);
+      }
+    } else {
+      scheduler_seen = true;
+    }
+  }
+  template <class... Rest>
+  static constexpr void validate_setup_rest() {
+    static_assert(((detail::is_optimizer_arg<Rest> || detail::is_scheduler_arg<Rest> ||
+                    detail::is_fabric_optimizer_arg<Rest>) && ...),
+                  "Fabric::setup(module, optimizers..., scheduler): after the module only torch::optim "
+                  "optimizers and one LRScheduler are accepted");
+    static_assert(((detail::is_scheduler_arg<Rest> ? 1 : 0) + ... + 0) <= 1,
+                  "Fabric::setup accepts at most one scheduler");
+  }
+  template <class Wrapped, class... Rest>
+  auto wrap_results(Wrapped&& module, Rest&&... rest) {
+    if constexpr (sizeof...(Rest) == 0) {
+      return std::forward<Wrapped>(module);
+    } else {
+      return std::tuple<std::decay_t<Wrapped>, detail::setup_result_t<Rest>...>(
+          std::forward<Wrapped>(module), wrap_one(std::forward<Rest>(rest))...);
+    }
+  }
+  template <class T>
+  decltype(auto) wrap_one(T&& arg) {
+    if constexpr (detail::is_fabric_optimizer_arg<T>) {
+      return arg;
+    } else if constexpr (detail::is_optimizer_arg<T>) {
+      return FabricOptimizer(detail::share(std::forward<T>(arg)), strategy());
+    } else {
+      return std::forward<T>(arg);
+    }
+  }
+  template <class Loader>
+  void validate_prebuilt_loader(const DataLoaderSettings& settings) const {
+    if (settings.use_distributed_sampler && world_size() > 1) refuse_prebuilt_loader();
+  }
+  std::optional<torch::Device> loader_device(const DataLoaderSettings& settings) const {
+    if (!settings.move_to_device) return std::nullopt;
+    return device();
+  }
+
+  void validate_setup(const torch::nn::Module* module, const std::vector<torch::optim::Optimizer*>& optimizers);
+  void prepare_module(const std::shared_ptr<torch::nn::Module>& module, bool move_to_device);
+  void prepare_optimizer(torch::optim::Optimizer& optimizer);
+  void ensure_environment_ready();
+  [[noreturn]] void refuse_wrapped_module() const;
+  [[noreturn]] void refuse_wrapped_optimizer() const;
+  [[noreturn]] void refuse_scheduler_order() const;
+  [[noreturn]] void refuse_empty_setup_optimizers() const;
+  [[noreturn]] void refuse_prebuilt_loader() const;
+  void refuse_if_joint_setup_required(const char* call) const;
+
+  Connector connector_;
+  bool cli_used_ = false;
+  bool environment_ready_ = false;
+  std::vector<std::shared_ptr<Logger>> loggers_;
+  std::vector<std::shared_ptr<Callback>> callbacks_;
+  std::set<const torch::nn::Module*> setup_modules_;
+  std::set<const torch::optim::Optimizer*> setup_optimizers_;
+};
+
+}  // namespace lightning::fabric

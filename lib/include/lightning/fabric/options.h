@@ -1,0 +1,56 @@
+// FabricOptions: the constructor arguments of Python's Fabric(...), as a LibTorch-style options
+// object with chainable setters:
+//   Fabric fabric(FabricOptions().accelerator("cpu").devices(2).precision("bf16-mixed"));
+// Defaults match Python: accelerator "auto", strategy "auto", devices "auto", num_nodes 1,
+// precision unset (= "32-true"). The LT_* variables set by lightning-run override these values.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "lightning/fabric/callbacks/callback.h"
+#include "lightning/fabric/loggers/logger.h"
+#include "lightning/fabric/plugins/plugin.h"
+#include "lightning/fabric/utilities/devices.h"
+
+namespace lightning::fabric {
+
+class FabricOptions {
+ public:
+  FabricOptions& accelerator(std::string value) { accelerator_ = std::move(value); return *this; }
+  FabricOptions& strategy(std::string value) { strategy_ = std::move(value); return *this; }
+  FabricOptions& devices(DevicesSpec value) { devices_ = std::move(value); return *this; }
+  FabricOptions& devices(std::initializer_list<int> indices) { devices_ = DevicesSpec(std::vector<int>(indices)); return *this; }
+  FabricOptions& num_nodes(int value) { num_nodes_ = value; return *this; }
+  FabricOptions& precision(std::string value) { precision_ = std::move(value); return *this; }
+  /// Adds a plugin (a Precision or a ClusterEnvironment object).
+  FabricOptions& plugin(std::shared_ptr<Plugin> value) { plugins_.push_back(std::move(value)); return *this; }
+  FabricOptions& plugins(std::vector<std::shared_ptr<Plugin>> value) { plugins_ = std::move(value); return *this; }
+  FabricOptions& callback(std::shared_ptr<Callback> value) { callbacks_.push_back(std::move(value)); return *this; }
+  FabricOptions& callbacks(std::vector<std::shared_ptr<Callback>> value) { callbacks_ = std::move(value); return *this; }
+  FabricOptions& logger(std::shared_ptr<Logger> value) { loggers_.push_back(std::move(value)); return *this; }
+  FabricOptions& loggers(std::vector<std::shared_ptr<Logger>> value) { loggers_ = std::move(value); return *this; }
+
+  const std::string& accelerator() const { return accelerator_; }
+  const std::string& strategy() const { return strategy_; }
+  const DevicesSpec& devices() const { return devices_; }
+  int num_nodes() const { return num_nodes_; }
+  const std::optional<std::string>& precision() const { return precision_; }
+  const std::vector<std::shared_ptr<Plugin>>& plugins() const { return plugins_; }
+  const std::vector<std::shared_ptr<Callback>>& callbacks() const { return callbacks_; }
+  const std::vector<std::shared_ptr<Logger>>& loggers() const { return loggers_; }
+
+ private:
+  std::string accelerator_ = "auto";
+  std::string strategy_ = "auto";
+  DevicesSpec devices_;
+  int num_nodes_ = 1;
+  std::optional<std::string> precision_;
+  std::vector<std::shared_ptr<Plugin>> plugins_;
+  std::vector<std::shared_ptr<Callback>> callbacks_;
+  std::vector<std::shared_ptr<Logger>> loggers_;
+};
+
+}  // namespace lightning::fabric

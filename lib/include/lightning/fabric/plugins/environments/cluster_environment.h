@@ -1,0 +1,81 @@
+// Cluster environments: where a process learns its rank, the world size and the main address.
+// Detected in Lightning's order (TorchElastic, SLURM, LSF, MPI, then Lightning's own); the
+// Lightning environment with no rank variables means "not launched": Fabric::launch() may spawn.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lightning/fabric/plugins/plugin.h"
+#include "lightning/fabric/utilities/env_vars.h"
+
+namespace lightning::fabric {
+
+class ClusterEnvironment : public Plugin {
+ public:
+  /// True when something else (a launcher, the scheduler) created this process per rank.
+  virtual bool creates_processes_externally() const = 0;
+  virtual std::string main_address() const = 0;
+  virtual int main_port() const = 0;
+  virtual int world_size() const = 0;
+  virtual int global_rank() const = 0;
+  virtual int local_rank() const = 0;
+  virtual int node_rank() const = 0;
+  /// Called by the Connector with the world size it computed from devices x num_nodes; an
+  /// environment whose variables say otherwise reports the mismatch.
+  virtual void validate_settings(int num_devices, int num_nodes) const {
+    (void)num_devices;
+    (void)num_nodes;
+  }
+  /// The Lightning environment learns its rank from the strategy; others ignore these.
+  virtual void set_world_size(int size) { (void)size; }
+  virtual void set_global_rank(int rank) { (void)rank; }
+};
+
+/// Lightning's own: MASTER_ADDR/MASTER_PORT/NODE_RANK/LOCAL_RANK; ranks from the strategy when
+/// the process was not launched externally.
+class LightningEnvironment : public ClusterEnvironment {
+ public:
+  explicit LightningEnvironment(env::EnvLookup env = env::process_env());
+  std::string name() const override { return "lightning"; }
+  bool creates_processes_externally() const override;
+  std::string main_address() const override;
+  int main_port() const override;
+  int world_size() const override { return world_size_; }
+  int global_rank() const override { return global_rank_; }
+  int local_rank() const override;
+  int node_rank() const override;
+  void set_world_size(int size) override { world_size_ = size; }
+  void set_global_rank(int rank) override { global_rank_ = rank; }
+
+ private:
+  env::EnvLookup env_;
+  int world_size_ = 1;
+  int global_rank_ = 0;
+};
+
+/// torchrun / lightning-run: every rank variable comes from the environment.
+class TorchElasticEnvironment : public ClusterEnvironment {
+ public:
+  explicit TorchElasticEnvironment(env::EnvLookup env = env::process_env());
+  /// True when TORCHELASTIC_RUN_ID and the rank variables are set.
+  static bool detect(const env::EnvLookup& env);
+  std::string name() const override { return "torchelastic"; }
+  bool creates_processes_externally() const override { return true; }
+  std::string main_address() const override;
+  int main_port() const override;
+  int world_size() const override;
+  int global_rank() const override;
+  int local_rank() const override;
+  int node_rank() const override;
+  void validate_settings(int num_devices, int num_nodes) const override;
+
+ private:
+  env::EnvLookup env_;
+};
+
+/// Picks the first environment whose detect() holds, in Lightning's order.
+std::shared_ptr<ClusterEnvironment> detect_cluster_environment(const env::EnvLookup& env);
+
+}  // namespace lightning::fabric

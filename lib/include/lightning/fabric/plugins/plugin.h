@@ -1,0 +1,17 @@
+// Common base of everything that can be passed through FabricOptions::plugins(): precision
+// plugins and cluster environments (checkpoint IO joins them later). The Connector sorts the
+// plugins by their concrete base class.
+#pragma once
+
+#include <string>
+
+namespace lightning::fabric {
+
+class Plugin {
+ public:
+  virtual ~Plugin() = default;
+  /// Short name used in messages ("32-true", "lightning", ...).
+  virtual std::string name() const = 0;
+};
+
+}  // namespace lightning::fabric

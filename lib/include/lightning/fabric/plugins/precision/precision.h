@@ -1,0 +1,64 @@
+// Precision plugins: how a module's parameters, inputs and outputs are typed and how backward and
+// the optimizer step run. The base class is full precision ("32-true"); subclasses override only
+// what differs. Registry names and aliases are resolved by the Connector (REFERENCE.md §2, §5).
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <optional>
+#include <string>
+
+#include "lightning/fabric/plugins/plugin.h"
+#include "lightning/fabric/registry.h"
+#include "lightning/fabric/utilities/scope_guard.h"
+
+namespace lightning::fabric {
+
+class Precision : public Plugin {
+ public:
+  std::string name() const override { return "32-true"; }
+
+  /// The dtype parameters are converted to by setup(); nullopt keeps the module's own (float32).
+  virtual std::optional<c10::ScalarType> module_dtype() const { return std::nullopt; }
+  /// Converts the module's floating parameters and buffers (called once by Fabric::setup).
+  virtual void convert_module(torch::nn::Module& module) const;
+  /// Casts a floating input tensor for the forward; other tensors pass unchanged.
+  virtual at::Tensor convert_input(const at::Tensor& input) const;
+  /// Casts a floating output tensor back to what the user's loop expects.
+  virtual at::Tensor convert_output(const at::Tensor& output) const { return output; }
+
+  /// Active around the module's forward (autocast for the mixed plugins).
+  virtual ScopeGuard forward_context() const { return ScopeGuard(); }
+  /// Active inside Fabric::init_tensor(): new floating tensors get the precision's dtype.
+  virtual ScopeGuard tensor_init_context() const;
+  /// Active inside Fabric::init_module(): tensor_init_context by default.
+  virtual ScopeGuard module_init_context() const { return tensor_init_context(); }
+
+  /// Backward in three steps; the default runs loss.backward().
+  virtual void pre_backward(at::Tensor& loss) const { (void)loss; }
+  virtual void backward(at::Tensor& loss) const;
+  virtual void post_backward(at::Tensor& loss) const { (void)loss; }
+  /// Runs the optimizer's step (a loss scaler may skip it); returns false when skipped.
+  virtual bool optimizer_step(torch::optim::Optimizer& optimizer,
+                              const torch::optim::Optimizer::LossClosure& closure = nullptr) const;
+  /// Brings gradients to their true scale before clipping (no-op without a loss scaler).
+  virtual void unscale_gradients(torch::optim::Optimizer& optimizer) const { (void)optimizer; }
+};
+
+/// "64-true": parameters, inputs and new tensors in float64.
+class DoublePrecision : public Precision {
+ public:
+  std::string name() const override { return "64-true"; }
+  std::optional<c10::ScalarType> module_dtype() const override { return torch::kFloat64; }
+  at::Tensor convert_output(const at::Tensor& output) const override { return output; }
+};
+
+using PrecisionRegistry = Registry<Precision>;
+/// The process-wide precision registry, filled with the built-in plugins on first use.
+PrecisionRegistry& precision_registry();
+
+/// Every precision string the Connector accepts, canonical names first, then the aliases.
+const std::vector<std::string>& precision_choices();
+
+}  // namespace lightning::fabric

@@ -1,0 +1,101 @@
+// Strategies: how the model, optimizers and gradients are laid out over processes and devices.
+// The base class holds what every strategy shares (accelerator, cluster environment, precision,
+// the devices of this node) and implements single-process behaviour for the collectives; the
+// distributed strategies override them. Built by the Connector through strategy_registry().
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lightning/fabric/accelerators/accelerator.h"
+#include "lightning/fabric/plugins/environments/cluster_environment.h"
+#include "lightning/fabric/plugins/precision/precision.h"
+#include "lightning/fabric/registry.h"
+
+namespace lightning::fabric {
+
+/// How all_reduce combines values. Parsed from "sum", "mean" (alias "avg"), "max", "min", "product".
+enum class ReduceOp { Sum, Mean, Max, Min, Product };
+ReduceOp parse_reduce_op(const std::string& name);
+
+/// Everything a strategy factory receives from the Connector.
+struct StrategyContext {
+  std::shared_ptr<Accelerator> accelerator;
+  std::shared_ptr<ClusterEnvironment> cluster_environment;
+  std::shared_ptr<Precision> precision;
+  std::vector<torch::Device> parallel_devices;  // this node's devices, one per local process
+  int num_nodes = 1;
+};
+
+class Strategy {
+ public:
+  explicit Strategy(StrategyContext context) : context_(std::move(context)) {}
+  virtual ~Strategy() = default;
+
+  virtual std::string name() const = 0;
+  /// The device this process computes on.
+  virtual torch::Device root_device() const = 0;
+
+  const std::shared_ptr<Accelerator>& accelerator() const { return context_.accelerator; }
+  const std::shared_ptr<ClusterEnvironment>& cluster_environment() const { return context_.cluster_environment; }
+  const std::shared_ptr<Precision>& precision() const { return context_.precision; }
+  const std::vector<torch::Device>& parallel_devices() const { return context_.parallel_devices; }
+  int num_nodes() const { return context_.num_nodes; }
+
+  virtual int world_size() const { return context_.cluster_environment->world_size(); }
+  virtual int global_rank() const { return context_.cluster_environment->global_rank(); }
+  virtual int local_rank() const { return context_.cluster_environment->local_rank(); }
+  virtual int node_rank() const { return context_.cluster_environment->node_rank(); }
+  bool is_global_zero() const { return global_rank() == 0; }
+
+  /// Once per process, before any setup: the accelerator's device setup, process groups, ...
+  virtual void setup_environment();
+  /// Strategies that must see module and optimizers together (Python: DeepSpeed, XLA) say so;
+  /// Fabric then refuses setup_module()/setup_optimizers().
+  virtual bool requires_joint_setup() const { return false; }
+  /// Moves the module to root_device() (called by Fabric::setup unless move_to_device=false).
+  virtual void module_to_device(torch::nn::Module& module) const;
+  /// Wraps/attaches to the module for this strategy (DDP: gradient reducer). Default: nothing.
+  virtual void setup_module(const std::shared_ptr<torch::nn::Module>& module) { (void)module; }
+  /// Prepares an optimizer built over the set-up module's parameters. Default: nothing.
+  virtual void setup_optimizer(torch::optim::Optimizer& optimizer) { (void)optimizer; }
+
+  /// Backward through the precision plugin. module is the FabricModule's inner module, or null.
+  virtual void backward(at::Tensor& loss, torch::nn::Module* module);
+  /// One optimizer step through the precision plugin; false when the step was skipped.
+  virtual bool optimizer_step(torch::optim::Optimizer& optimizer,
+                              const torch::optim::Optimizer::LossClosure& closure = nullptr);
+
+  // Collectives. Every process of the group must call them (they are collective); on a single
+  // process they return their input (all_gather adds no dimension there).
+  virtual void barrier(const std::string& name = {}) { (void)name; }
+  virtual at::Tensor all_reduce(const at::Tensor& tensor, ReduceOp op) { (void)op; return tensor; }
+  virtual at::Tensor all_gather(const at::Tensor& tensor) { return tensor; }
+  virtual at::Tensor broadcast(const at::Tensor& tensor, int src) { (void)src; return tensor; }
+  /// Broadcasts raw bytes (serialised objects) from src to every rank.
+  virtual std::string broadcast_bytes(const std::string& bytes, int src) { (void)src; return bytes; }
+
+ protected:
+  StrategyContext context_;
+};
+
+/// One process, one device: "single_device".
+class SingleDeviceStrategy : public Strategy {
+ public:
+  explicit SingleDeviceStrategy(StrategyContext context);
+  std::string name() const override { return "single_device"; }
+  torch::Device root_device() const override { return context_.parallel_devices.front(); }
+};
+
+using StrategyRegistry = Registry<Strategy, StrategyContext>;
+/// The process-wide strategy registry, filled with the built-in strategies on first use.
+StrategyRegistry& strategy_registry();
+
+/// Every strategy name the Connector knows, whether or not it is registered in this build.
+const std::vector<std::string>& strategy_choices();
+
+}  // namespace lightning::fabric

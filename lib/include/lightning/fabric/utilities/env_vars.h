@@ -1,0 +1,53 @@
+// The launcher <-> runtime contract (DESIGN.md §4): the name of every environment variable that
+// lightning-run sets and the runtime reads. Tests on both sides pin these names.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+
+namespace lightning::fabric::env {
+
+// Set by lightning-run.
+inline constexpr const char* kCliUsed = "LT_CLI_USED";          // "1": launched by the CLI
+inline constexpr const char* kAccelerator = "LT_ACCELERATOR";   // only when --accelerator given
+inline constexpr const char* kStrategy = "LT_STRATEGY";         // only when --strategy given
+inline constexpr const char* kPrecision = "LT_PRECISION";       // only when --precision given
+inline constexpr const char* kDevices = "LT_DEVICES";           // always
+inline constexpr const char* kNumNodes = "LT_NUM_NODES";        // always
+
+// The torchrun set, as torchrun sets them.
+inline constexpr const char* kRank = "RANK";
+inline constexpr const char* kLocalRank = "LOCAL_RANK";
+inline constexpr const char* kWorldSize = "WORLD_SIZE";
+inline constexpr const char* kLocalWorldSize = "LOCAL_WORLD_SIZE";
+inline constexpr const char* kGroupRank = "GROUP_RANK";
+inline constexpr const char* kGroupWorldSize = "GROUP_WORLD_SIZE";
+inline constexpr const char* kNodeRank = "NODE_RANK";
+inline constexpr const char* kRoleRank = "ROLE_RANK";
+inline constexpr const char* kRoleName = "ROLE_NAME";
+inline constexpr const char* kRoleWorldSize = "ROLE_WORLD_SIZE";
+inline constexpr const char* kMasterAddr = "MASTER_ADDR";
+inline constexpr const char* kMasterPort = "MASTER_PORT";
+inline constexpr const char* kRunId = "TORCHELASTIC_RUN_ID";
+inline constexpr const char* kRestartCount = "TORCHELASTIC_RESTART_COUNT";
+inline constexpr const char* kMaxRestarts = "TORCHELASTIC_MAX_RESTARTS";
+inline constexpr const char* kErrorFile = "TORCHELASTIC_ERROR_FILE";
+inline constexpr const char* kUseAgentStore = "TORCHELASTIC_USE_AGENT_STORE";
+
+// Seeding, shared with Python Lightning.
+inline constexpr const char* kGlobalSeed = "PL_GLOBAL_SEED";
+inline constexpr const char* kSeedWorkers = "PL_SEED_WORKERS";
+
+/// Reads one variable; nullopt when unset. The Connector and cluster environments take one of
+/// these so that tests can hand them an environment without touching the process's own.
+using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;
+
+/// The process environment (getenv).
+EnvLookup process_env();
+
+/// A fixed environment, e.g. for tests and dry runs.
+EnvLookup map_env(std::map<std::string, std::string> values);
+
+}  // namespace lightning::fabric::env

@@ -1,0 +1,170 @@
+// The objects Fabric::setup returns: FabricModule (forward through the precision and device),
+// FabricOptimizer (step through the strategy), FabricDataLoader (batches on the device). Each
+// keeps the original reachable; none copies parameters.
+#pragma once
+
+#include <torch/data/dataloader.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "lightning/fabric/errors.h"
+#include "lightning/fabric/strategies/strategy.h"
+#include "lightning/fabric/utilities/apply_func.h"
+
+namespace lightning::fabric {
+
+namespace detail {
+/// RAII marker of a Fabric::backward in progress (process-wide: autograd may run hooks on its
+/// own device threads). The output hook of FabricModule checks it.
+class BackwardScope {
+ public:
+  BackwardScope();
+  ~BackwardScope();
+  BackwardScope(const BackwardScope&) = delete;
+  BackwardScope& operator=(const BackwardScope&) = delete;
+  static bool active();
+};
+
+/// Throws RuntimeError telling the user to call fabric.backward(loss) unless a BackwardScope is
+/// active. Runs as a gradient hook on every FabricModule output that requires grad.
+void check_backward_through_fabric();
+
+/// Parameters and buffers of module by their names in the original module.
+torch::OrderedDict<std::string, at::Tensor> module_state_dict(const torch::nn::Module& module);
+/// Copies values into module's parameters and buffers; strict: every key must match both ways.
+void load_module_state_dict(torch::nn::Module& module,
+                            const torch::OrderedDict<std::string, at::Tensor>& state, bool strict);
+}  // namespace detail
+
+/// A set-up module. forward(args...) accepts whatever the original forward accepts: tensors
+/// (also inside vectors, tuples, maps, optionals) are moved to the strategy's device and cast by
+/// the precision plugin; the forward runs inside the precision's context; tensor outputs are
+/// cast back and guarded so that loss.backward() reports that fabric.backward(loss) is needed.
+template <class ModuleImpl>
+class FabricModule {
+ public:
+  FabricModule(std::shared_ptr<ModuleImpl> module, std::shared_ptr<Strategy> strategy)
+      : module_(std::move(module)), strategy_(std::move(strategy)) {}
+
+  template <class... Args>
+  decltype(auto) forward(Args&&... args) {
+    const Precision& precision = *strategy_->precision();
+    const torch::Device device = strategy_->root_device();
+    auto prepare = [&](const at::Tensor& tensor) {
+      return precision.convert_input(tensor.device() == device ? tensor : tensor.to(device));
+    };
+    auto context = precision.forward_context();
+    if constexpr (std::is_void_v<decltype(module_->forward(apply_to_tensors(std::forward<Args>(args), prepare)...))>) {
+      module_->forward(apply_to_tensors(std::forward<Args>(args), prepare)...);
+    } else {
+      auto output = module_->forward(apply_to_tensors(std::forward<Args>(args), prepare)...);
+      return apply_to_tensors(std::move(output), [&precision](const at::Tensor& tensor) {
+        at::Tensor result = precision.convert_output(tensor);
+        if (result.requires_grad()) {
+          result.register_hook([](const at::Tensor&) { detail::check_backward_through_fabric(); });
+        }
+        return result;
+      });
+    }
+  }
+
+  template <class... Args>
+  decltype(auto) operator()(Args&&... args) { return forward(std::forward<Args>(args)...); }
+
+  /// The original module (its members and methods).
+  ModuleImpl* operator->() const { return module_.get(); }
+  ModuleImpl& operator*() const { return *module_; }
+  const std::shared_ptr<ModuleImpl>& module() const { return module_; }
+
+  /// Parameters and buffers under the original module's names (no wrapper prefix).
+  torch::OrderedDict<std::string, at::Tensor> state_dict() const { return detail::module_state_dict(*module_); }
+  void load_state_dict(const torch::OrderedDict<std::string, at::Tensor>& state, bool strict = true) {
+    detail::load_module_state_dict(*module_, state, strict);
+  }
+  std::vector<at::Tensor> parameters(bool recurse = true) const { return module_->parameters(recurse); }
+  void train(bool on = true) { module_->train(on); }
+  void eval() { module_->eval(); }
+  bool is_training() const { return module_->is_training(); }
+
+ private:
+  std::shared_ptr<ModuleImpl> module_;
+  std::shared_ptr<Strategy> strategy_;
+};
+
+/// A set-up optimizer. step() goes through the strategy and precision plugin (which may skip it,
+/// e.g. a loss scaler after an overflow). The original stays reachable via optimizer() and ->.
+class FabricOptimizer {
+ public:
+  FabricOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<Strategy> strategy)
+      : optimizer_(std::move(optimizer)), strategy_(std::move(strategy)) {}
+
+  /// One optimizer step; returns false when the precision plugin skipped it.
+  bool step(const torch::optim::Optimizer::LossClosure& closure = nullptr) {
+    return strategy_->optimizer_step(*optimizer_, closure);
+  }
+  /// Clears gradients. Default: zero them in place (LibTorch's convention, and safe with DDP
+  /// bucket views); set_to_none=true releases them instead.
+  void zero_grad(bool set_to_none = false);
+
+  torch::optim::Optimizer& optimizer() const { return *optimizer_; }
+  torch::optim::Optimizer* operator->() const { return optimizer_.get(); }
+  std::vector<torch::optim::OptimizerParamGroup>& param_groups() { return optimizer_->param_groups(); }
+
+ private:
+  std::shared_ptr<torch::optim::Optimizer> optimizer_;
+  std::shared_ptr<Strategy> strategy_;
+};
+
+/// A data loader whose batches arrive on the strategy's device. Iterate it as the inner loader.
+template <class Loader>
+class FabricDataLoader {
+ public:
+  using Batch = typename Loader::BatchType;
+
+  FabricDataLoader(std::unique_ptr<Loader> loader, std::optional<torch::Device> device,
+                   std::optional<size_t> num_batches)
+      : loader_(std::move(loader)), device_(device), num_batches_(num_batches) {}
+
+  class iterator {
+   public:
+    iterator(torch::data::Iterator<Batch> inner, std::optional<torch::Device> device)
+        : inner_(std::move(inner)), device_(device) {}
+    Batch& operator*() {
+      if (!current_) current_ = device_ ? move_data_to_device(*inner_, *device_) : *inner_;
+      return *current_;
+    }
+    Batch* operator->() { return &**this; }
+    iterator& operator++() {
+      ++inner_;
+      current_.reset();
+      return *this;
+    }
+    bool operator==(const iterator& other) const { return inner_ == other.inner_; }
+    bool operator!=(const iterator& other) const { return !(*this == other); }
+
+   private:
+    torch::data::Iterator<Batch> inner_;
+    std::optional<torch::Device> device_;
+    std::optional<Batch> current_;
+  };
+
+  /// Starts an epoch: the distributed sampler reshuffles for the next epoch.
+  iterator begin() { return iterator(loader_->begin(), device_); }
+  iterator end() { return iterator(loader_->end(), device_); }
+
+  /// Batches per epoch on this rank, when known.
+  std::optional<size_t> size() const { return num_batches_; }
+  Loader& loader() const { return *loader_; }
+
+ private:
+  std::unique_ptr<Loader> loader_;
+  std::optional<torch::Device> device_;
+  std::optional<size_t> num_batches_;
+};
+
+}  // namespace lightning::fabric

@@ -1,0 +1,172 @@
+#include "lightning/fabric/connector.h"
+
+#include <algorithm>
+
+#include "lightning/fabric/errors.h"
+#include "lightning/fabric/utilities/rank_zero.h"
+
+namespace lightning::fabric {
+namespace {
+
+bool cli_used(const env::EnvLookup& env) {
+  auto value = env(env::kCliUsed);
+  return value && *value != "0" && !value->empty();
+}
+
+// Python's _argument_from_env: the LT_<NAME> value wins over the code's; under the CLI a code
+// value that is neither the default nor the CLI's value is a conflict.
+std::string from_env(const env::EnvLookup& env, const char* variable, const std::string& option,
+                     const std::string& flag, const std::string& code_value, const std::string& default_value) {
+  auto env_value = env(variable);
+  if (!env_value) return code_value;
+  LF_CHECK(!(cli_used(env) && *env_value != code_value && code_value != default_value), ValueError,
+           "Your code sets FabricOptions().", option, "(", code_value, ") but lightning-run was given --", flag,
+           "=", *env_value, " (", variable, "). Remove one of them: either the option in code or the flag on "
+           "the command line.");
+  return *env_value;
+}
+
+std::string choices_with(const std::vector<std::string>& base, const std::vector<std::string>& registered) {
+  std::vector<std::string> all = base;
+  for (const auto& name : registered) {
+    if (std::find(all.begin(), all.end(), name) == all.end()) all.push_back(name);
+  }
+  return join_names(all);
+}
+
+std::string resolve_precision(const std::string& value, std::vector<std::string>& warnings) {
+  if (value == "16" || value == "bf16") {
+    warnings.push_back("precision=\"" + value + "\" is accepted for compatibility but discouraged: write \"" +
+                       value + "-mixed\" instead.");
+    return value + "-mixed";
+  }
+  if (value == "32" || value == "64") return value + "-true";
+  const auto& choices = precision_choices();
+  const bool known = std::find(choices.begin(), choices.end(), value) != choices.end();
+  LF_CHECK(known || precision_registry().contains(value), ValueError, "precision=\"", value,
+           "\" is not valid. Choose one of: ", choices_with(choices, precision_registry().names()), ".");
+  return value;
+}
+
+std::string resolve_accelerator(const std::string& value) {
+  static const std::vector<std::string> base = {"auto", "cpu", "cuda", "gpu"};
+  LF_CHECK(value != "mps" && value != "tpu", ValueError, "accelerator=\"", value,
+           "\" exists in Python Lightning but not in the C++ port. Choose one of: ",
+           choices_with(base, accelerator_registry().names()), ".");
+  const bool known = std::find(base.begin(), base.end(), value) != base.end();
+  LF_CHECK(known || accelerator_registry().contains(value), ValueError, "accelerator=\"", value,
+           "\" is not valid. Choose one of: ", choices_with(base, accelerator_registry().names()), ".");
+  const bool cuda_available = accelerator_registry().create("cuda")->is_available();
+  if (value == "auto") return cuda_available ? "cuda" : "cpu";
+  if (value == "gpu" || value == "cuda") {
+    LF_CHECK(cuda_available, RuntimeError, "accelerator=\"", value, "\" needs a CUDA GPU, but none is available ",
+             "(this LibTorch ", "has no CUDA, or no GPU is visible). Use accelerator=\"cpu\" or \"auto\".");
+    return "cuda";
+  }
+  return value;
+}
+
+int resolve_num_nodes(const std::string& value) {
+  int parsed = 0;
+  try {
+    size_t used = 0;
+    parsed = std::stoi(value, &used);
+    if (used != value.size()) parsed = 0;
+  } catch (const std::exception&) {
+    parsed = 0;
+  }
+  LF_CHECK(parsed > 0, ValueError, "num_nodes=", value, " is not valid: it must be an int >= 1.");
+  return parsed;
+}
+
+std::string resolve_strategy(const std::string& value, const ResolvedConfig& config,
+                             std::vector<std::string>& warnings) {
+  LF_CHECK(value.rfind("deepspeed", 0) != 0 && value.rfind("xla", 0) != 0, ValueError, "strategy=\"", value,
+           "\" exists only in Python Lightning. Choose one of: ",
+           choices_with(strategy_choices(), strategy_registry().names()), ".");
+  const auto& choices = strategy_choices();
+  const bool known = std::find(choices.begin(), choices.end(), value) != choices.end();
+  LF_CHECK(known || strategy_registry().contains(value), ValueError, "strategy=\"", value,
+           "\" is not valid. Choose one of: ", choices_with(choices, strategy_registry().names()), ".");
+  if (value == "auto") {
+    return (config.num_nodes > 1 || config.num_processes_per_node() > 1) ? "ddp" : "single_device";
+  }
+  if (value == "dp" && config.accelerator == "cpu") {
+    warnings.push_back("strategy=\"dp\" is not supported on CPU: using strategy=\"ddp\" instead.");
+    return "ddp";
+  }
+  LF_CHECK(!(value == "single_device" && (config.num_processes_per_node() > 1 || config.num_nodes > 1)),
+           ValueError, "strategy=\"single_device\" runs one process, but devices=", config.num_processes_per_node(),
+           " and num_nodes=", config.num_nodes, " ask for more. Use devices=1, num_nodes=1, or strategy=\"ddp\".");
+  return value;
+}
+
+template <class T>
+std::shared_ptr<T> single_plugin(const std::vector<std::shared_ptr<Plugin>>& plugins, const char* kind) {
+  std::shared_ptr<T> found;
+  for (const auto& plugin : plugins) {
+    if (auto typed = std::dynamic_pointer_cast<T>(plugin)) {
+      LF_CHECK(!found, ValueError, "FabricOptions().plugins() holds two ", kind, " plugins ('", found->name(),
+               "' and '", typed->name(), "'). Pass at most one.");
+      found = typed;
+    }
+  }
+  return found;
+}
+
+}  // namespace
+
+ResolvedConfig resolve_config(const FabricOptions& options, const env::EnvLookup& env) {
+  ResolvedConfig config;
+  const std::string accelerator =
+      from_env(env, env::kAccelerator, "accelerator", "accelerator", options.accelerator(), "auto");
+  const std::string strategy = from_env(env, env::kStrategy, "strategy", "strategy", options.strategy(), "auto");
+  const std::string devices =
+      from_env(env, env::kDevices, "devices", "devices", options.devices().to_string(), "auto");
+  const std::string num_nodes =
+      from_env(env, env::kNumNodes, "num_nodes", "num-nodes", std::to_string(options.num_nodes()), "1");
+  const std::string precision =
+      from_env(env, env::kPrecision, "precision", "precision", options.precision().value_or(""), "");
+
+  config.precision = resolve_precision(precision.empty() ? "32-true" : precision, config.warnings);
+  config.accelerator = resolve_accelerator(accelerator);
+  // The code's own DevicesSpec keeps its form (a list stays a list) unless the environment replaced it.
+  const DevicesSpec spec = devices == options.devices().to_string() ? options.devices() : DevicesSpec(devices);
+  config.device_indices = accelerator_registry().create(config.accelerator)->parse_devices(spec);
+  config.num_nodes = resolve_num_nodes(num_nodes);
+  if (config.precision == "16-mixed" && config.accelerator == "cpu") {
+    config.warnings.push_back("precision=\"16-mixed\" is not supported on CPU (no float16 autocast): using "
+                              "precision=\"bf16-mixed\" instead.");
+    config.precision = "bf16-mixed";
+  }
+  config.strategy = resolve_strategy(strategy, config, config.warnings);
+  return config;
+}
+
+Connector Connector::build(const FabricOptions& options, const env::EnvLookup& env) {
+  Connector connector;
+  connector.config = resolve_config(options, env);
+  const ResolvedConfig& config = connector.config;
+
+  auto precision_plugin = single_plugin<Precision>(options.plugins(), "precision");
+  LF_CHECK(!(precision_plugin && options.precision()), ValueError, "FabricOptions() got both precision(\"",
+           *options.precision(), "\") and a precision plugin ('", precision_plugin ? precision_plugin->name() : "",
+           "'). Choose one.");
+  connector.precision = precision_plugin ? precision_plugin : precision_registry().create(config.precision);
+  connector.accelerator = accelerator_registry().create(config.accelerator);
+  auto environment_plugin = single_plugin<ClusterEnvironment>(options.plugins(), "cluster environment");
+  connector.cluster_environment = environment_plugin ? environment_plugin : detect_cluster_environment(env);
+  connector.cluster_environment->validate_settings(config.num_processes_per_node(), config.num_nodes);
+
+  StrategyContext context;
+  context.accelerator = connector.accelerator;
+  context.cluster_environment = connector.cluster_environment;
+  context.precision = connector.precision;
+  context.num_nodes = config.num_nodes;
+  for (int index : config.device_indices) context.parallel_devices.push_back(connector.accelerator->device_for(index));
+  connector.strategy = strategy_registry().create(config.strategy, context);
+  for (const auto& warning : config.warnings) rank_zero_warn(warning);
+  return connector;
+}
+
+}  // namespace lightning::fabric

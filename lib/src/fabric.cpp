@@ -1,0 +1,137 @@
+#include "lightning/fabric/fabric.h"
+
+#include "lightning/fabric/utilities/rank_zero.h"
+
+namespace lightning::fabric {
+
+Fabric::Fabric(FabricOptions options) : Fabric(std::move(options), env::process_env()) {}
+
+Fabric::Fabric(FabricOptions options, env::EnvLookup env)
+    : connector_(Connector::build(options, env)),
+      loggers_(options.loggers()),
+      callbacks_(options.callbacks()) {
+  auto cli = env(env::kCliUsed);
+  cli_used_ = cli && !cli->empty() && *cli != "0";
+  set_rank_zero_only_rank(global_rank());
+}
+
+void Fabric::launch() {
+  LF_CHECK(!cli_used_, RuntimeError,
+           "Fabric::launch() was called, but this program was started by lightning-run, which already created "
+           "the processes (LT_CLI_USED=1). Remove the launch() call, or run the program directly without "
+           "lightning-run.");
+  ensure_environment_ready();
+}
+
+void Fabric::ensure_environment_ready() {
+  if (environment_ready_) return;
+  connector_.strategy->setup_environment();
+  environment_ready_ = true;
+  set_rank_zero_only_rank(global_rank());
+}
+
+void Fabric::validate_setup(const torch::nn::Module* module, const std::vector<torch::optim::Optimizer*>& optimizers) {
+  if (module != nullptr) {
+    LF_CHECK(setup_modules_.count(module) == 0, ValueError,
+             "A model should be passed only once to the `setup` method. This module (", module->name(),
+             ") was already set up by this Fabric; keep using the FabricModule that setup() returned.");
+  }
+  std::set<const torch::optim::Optimizer*> seen;
+  for (const auto* optimizer : optimizers) {
+    LF_CHECK(setup_optimizers_.count(optimizer) == 0 && seen.insert(optimizer).second, ValueError,
+             "An optimizer should be passed only once to the `setup` method. This optimizer was already set up "
+             "(or appears twice in this call); keep using the FabricOptimizer that setup() returned.");
+  }
+}
+
+void Fabric::prepare_module(const std::shared_ptr<torch::nn::Module>& module, bool move_to_device) {
+  ensure_environment_ready();
+  connector_.precision->convert_module(*module);
+  if (move_to_device) connector_.strategy->module_to_device(*module);
+  connector_.strategy->setup_module(module);
+  setup_modules_.insert(module.get());
+}
+
+void Fabric::prepare_optimizer(torch::optim::Optimizer& optimizer) {
+  connector_.strategy->setup_optimizer(optimizer);
+  setup_optimizers_.insert(&optimizer);
+}
+
+void Fabric::refuse_wrapped_module() const {
+  throw ValueError(
+      "A model should be passed only once to the `setup` method. This object is already a FabricModule "
+      "(returned by an earlier setup); pass the original module to a single setup call.");
+}
+
+void Fabric::refuse_wrapped_optimizer() const {
+  throw ValueError(
+      "An optimizer should be passed only once to the `setup` method. This object is already a "
+      "FabricOptimizer (returned by an earlier setup); pass the original optimizer to a single setup call.");
+}
+
+void Fabric::refuse_scheduler_order() const {
+  throw ValueError(
+      "Fabric::setup(module, optimizers..., scheduler): the scheduler must come after every optimizer. "
+      "Move it to the end of the argument list.");
+}
+
+void Fabric::refuse_empty_setup_optimizers() const {
+  throw ValueError("`setup_optimizers` requires at least one optimizer as input. Pass the optimizer(s) "
+                   "built over the set-up module's parameters.");
+}
+
+void Fabric::refuse_prebuilt_loader() const {
+  throw ValueError(
+      "setup_dataloaders(loader): this job runs " + std::to_string(world_size()) +
+      " processes, and a ready-made LibTorch loader cannot have its sampler replaced, so every rank would read "
+      "the whole dataset. Pass the dataset and DataLoaderOptions instead (Fabric builds a distributed "
+      "sampler), or set DataLoaderSettings::use_distributed_sampler=false if your sampler already splits the "
+      "data per rank.");
+}
+
+void Fabric::refuse_if_joint_setup_required(const char* call) const {
+  LF_CHECK(!connector_.strategy->requires_joint_setup(), RuntimeError, "The strategy '",
+           connector_.strategy->name(), "' requires the model and optimizer(s) to be set up jointly through ",
+           "fabric.setup(model, optimizer, ...); `", call, "` is not allowed with it.");
+}
+
+void Fabric::backward(at::Tensor loss) {
+  detail::BackwardScope scope;
+  connector_.strategy->backward(loss, nullptr);
+}
+
+std::shared_ptr<torch::nn::Module> Fabric::to_device(const std::shared_ptr<torch::nn::Module>& module) const {
+  module->to(device());
+  return module;
+}
+
+void Fabric::barrier(const std::string& name) {
+  ensure_environment_ready();
+  connector_.strategy->barrier(name);
+}
+
+at::Tensor Fabric::all_reduce(const at::Tensor& tensor, const std::string& reduce_op) {
+  const ReduceOp op = parse_reduce_op(reduce_op);
+  ensure_environment_ready();
+  return connector_.strategy->all_reduce(tensor, op);
+}
+
+at::Tensor Fabric::all_gather(const at::Tensor& tensor) {
+  ensure_environment_ready();
+  return connector_.strategy->all_gather(tensor);
+}
+
+at::Tensor Fabric::broadcast(const at::Tensor& tensor, int src) {
+  ensure_environment_ready();
+  return connector_.strategy->broadcast(tensor, src);
+}
+
+uint64_t Fabric::seed_everything(std::optional<uint64_t> seed, bool workers) {
+  return lightning::fabric::seed_everything(seed, workers);
+}
+
+ScopeGuard Fabric::init_tensor() const { return connector_.precision->tensor_init_context(); }
+
+ScopeGuard Fabric::init_module() const { return connector_.precision->module_init_context(); }
+
+}  // namespace lightning::fabric
