@@ -191,9 +191,9 @@ class Fabric {
       validate_setup(nullptr, list);
       for (auto* optimizer : list) prepare_optimizer(*optimizer);
       if constexpr (sizeof...(Opts) == 1) {
-        return FabricOptimizer(detail::share(std::forward<Opts>(optimizers))..., strategy());
+        return FabricOptimizer(wrap_one(std::forward<Opts>(optimizers))...);
       } else {
-        return std::make_tuple(FabricOptimizer(detail::share(std::forward<Opts>(optimizers)), strategy())...);
+        return std::make_tuple(FabricOptimizer(wrap_one(std::forward<Opts>(optimizers)))...);
       }
     }
   }

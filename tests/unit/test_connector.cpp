@@ -1,0 +1,182 @@
+// The Connector's rules (REFERENCE.md §2): LT_* overrides, the CLI conflict error, accelerator,
+// precision and strategy resolution with their warnings and errors, plugins.
+#include <catch2/catch.hpp>
+
+#include "lightning/fabric/connector.h"
+#include "lightning/fabric/errors.h"
+
+namespace lf = lightning::fabric;
+using Catch::Matchers::Contains;
+using Env = std::map<std::string, std::string>;
+
+namespace {
+lf::ResolvedConfig resolve(const lf::FabricOptions& options, Env env = {}) {
+  return lf::resolve_config(options, lf::env::map_env(std::move(env)));
+}
+const lf::FabricOptions kDefaults;
+}  // namespace
+
+TEST_CASE("defaults resolve to one CPU process in full precision", "[connector]") {
+  auto config = resolve(kDefaults);
+  CHECK(config.accelerator == "cpu");  // no GPU on this machine
+  CHECK(config.strategy == "single_device");
+  CHECK(config.device_indices == std::vector<int>{0});
+  CHECK(config.num_nodes == 1);
+  CHECK(config.precision == "32-true");
+  CHECK(config.warnings.empty());
+}
+
+TEST_CASE("every LT_* variable overrides the code's value", "[connector]") {
+  auto options = lf::FabricOptions().accelerator("cpu").devices(1).precision("32-true");
+  auto config = resolve(options, {{"LT_ACCELERATOR", "cpu"},
+                                  {"LT_DEVICES", "3"},
+                                  {"LT_NUM_NODES", "2"},
+                                  {"LT_PRECISION", "64-true"},
+                                  {"LT_STRATEGY", "ddp"}});
+  CHECK(config.device_indices.size() == 3);
+  CHECK(config.num_nodes == 2);
+  CHECK(config.world_size() == 6);
+  CHECK(config.precision == "64-true");
+  CHECK(config.strategy == "ddp");
+}
+
+TEST_CASE("outside the CLI the environment silently wins", "[connector]") {
+  auto config = resolve(lf::FabricOptions().devices(1), {{"LT_DEVICES", "4"}});
+  CHECK(config.device_indices.size() == 4);
+  CHECK(config.strategy == "ddp");
+}
+
+TEST_CASE("under the CLI a code value that differs from default and flag is a conflict", "[connector]") {
+  Env cli{{"LT_CLI_USED", "1"}, {"LT_DEVICES", "4"}, {"LT_NUM_NODES", "1"}};
+  CHECK_THROWS_WITH(resolve(lf::FabricOptions().devices(2), cli),
+                    Contains("devices(2)") && Contains("--devices=4") && Contains("Remove one"));
+  CHECK_THROWS_AS(resolve(lf::FabricOptions().devices(2), cli), lf::ValueError);
+  CHECK_THROWS_WITH(resolve(lf::FabricOptions().num_nodes(3), cli), Contains("--num-nodes=1"));
+  Env precision_cli{{"LT_CLI_USED", "1"}, {"LT_PRECISION", "64-true"}};
+  CHECK_THROWS_WITH(resolve(lf::FabricOptions().precision("32-true"), precision_cli),
+                    Contains("precision(32-true)") && Contains("--precision=64-true"));
+  Env strategy_cli{{"LT_CLI_USED", "1"}, {"LT_STRATEGY", "ddp"}};
+  CHECK_THROWS_WITH(resolve(lf::FabricOptions().strategy("single_device"), strategy_cli), Contains("--strategy=ddp"));
+  Env accel_cli{{"LT_CLI_USED", "1"}, {"LT_ACCELERATOR", "cpu"}};
+  CHECK_THROWS_WITH(resolve(lf::FabricOptions().accelerator("gpu"), accel_cli), Contains("--accelerator=cpu"));
+}
+
+TEST_CASE("under the CLI, defaults and equal values are no conflict", "[connector]") {
+  Env cli{{"LT_CLI_USED", "1"}, {"LT_DEVICES", "2"}, {"LT_NUM_NODES", "1"}, {"LT_ACCELERATOR", "cpu"}};
+  CHECK(resolve(kDefaults, cli).device_indices.size() == 2);
+  CHECK(resolve(lf::FabricOptions().devices(2).accelerator("cpu"), cli).device_indices.size() == 2);
+  CHECK(resolve(lf::FabricOptions().devices("2"), cli).device_indices.size() == 2);
+}
+
+TEST_CASE("accelerator names: auto, cpu, gpu/cuda without a GPU, invalid", "[connector]") {
+  CHECK(resolve(lf::FabricOptions().accelerator("auto")).accelerator == "cpu");
+  CHECK(resolve(lf::FabricOptions().accelerator("cpu")).accelerator == "cpu");
+  CHECK_THROWS_WITH(resolve(lf::FabricOptions().accelerator("gpu")), Contains("needs a CUDA GPU"));
+  CHECK_THROWS_AS(resolve(lf::FabricOptions().accelerator("cuda")), lf::RuntimeError);
+  CHECK_THROWS_WITH(resolve(lf::FabricOptions().accelerator("tpu")), Contains("accelerator=\"tpu\"") && Contains("cpu"));
+  CHECK_THROWS_WITH(resolve(lf::FabricOptions().accelerator("fpga")),
+                    Contains("accelerator=\"fpga\"") && Contains("auto, cpu, cuda, gpu"));
+}
+
+TEST_CASE("precision strings, aliases and their warnings", "[connector]") {
+  for (const std::string canonical : {"64-true", "32-true", "bf16-mixed", "16-true", "bf16-true"}) {
+    auto config = resolve(lf::FabricOptions().precision(canonical));
+    CHECK(config.precision == canonical);
+    CHECK(config.warnings.empty());
+  }
+  CHECK(resolve(lf::FabricOptions().precision("64")).precision == "64-true");
+  CHECK(resolve(lf::FabricOptions().precision("32")).precision == "32-true");
+  auto bf16 = resolve(lf::FabricOptions().precision("bf16"));
+  CHECK(bf16.precision == "bf16-mixed");
+  REQUIRE(bf16.warnings.size() == 1);
+  CHECK_THAT(bf16.warnings[0], Contains("discouraged") && Contains("bf16-mixed"));
+  auto sixteen = resolve(lf::FabricOptions().precision("16"));  // 16 -> 16-mixed -> bf16-mixed on CPU
+  CHECK(sixteen.precision == "bf16-mixed");
+  CHECK(sixteen.warnings.size() == 2);
+  CHECK_THROWS_WITH(resolve(lf::FabricOptions().precision("8-true")),
+                    Contains("precision=\"8-true\"") && Contains("64-true, 32-true, 16-mixed"));
+}
+
+TEST_CASE("16-mixed on CPU falls back to bf16-mixed with a warning", "[connector]") {
+  auto config = resolve(lf::FabricOptions().precision("16-mixed"));
+  CHECK(config.precision == "bf16-mixed");
+  REQUIRE(config.warnings.size() == 1);
+  CHECK_THAT(config.warnings[0], Contains("bf16-mixed"));
+}
+
+TEST_CASE("strategy auto, dp fallback, single_device limits and invalid names", "[connector]") {
+  CHECK(resolve(lf::FabricOptions().devices(1)).strategy == "single_device");
+  CHECK(resolve(lf::FabricOptions().devices(2)).strategy == "ddp");
+  CHECK(resolve(lf::FabricOptions().num_nodes(2)).strategy == "ddp");
+  auto dp = resolve(lf::FabricOptions().strategy("dp").devices(2));
+  CHECK(dp.strategy == "ddp");
+  CHECK_THAT(dp.warnings.at(0), Contains("\"dp\" is not supported on CPU"));
+  CHECK(resolve(lf::FabricOptions().strategy("ddp").devices(1)).strategy == "ddp");
+  CHECK_THROWS_WITH(resolve(lf::FabricOptions().strategy("single_device").devices(2)),
+                    Contains("single_device") && Contains("devices=2"));
+  CHECK_THROWS_WITH(resolve(lf::FabricOptions().strategy("deepspeed")), Contains("only in Python"));
+  CHECK_THROWS_WITH(resolve(lf::FabricOptions().strategy("horovod")),
+                    Contains("strategy=\"horovod\"") && Contains("ddp") && Contains("fsdp"));
+}
+
+TEST_CASE("num_nodes must be a positive integer", "[connector]") {
+  CHECK_THROWS_WITH(resolve(lf::FabricOptions().num_nodes(0)), Contains("num_nodes=0"));
+  CHECK_THROWS_WITH(resolve(kDefaults, {{"LT_NUM_NODES", "two"}}), Contains("num_nodes=two"));
+}
+
+TEST_CASE("invalid devices from the environment are reported", "[connector]") {
+  CHECK_THROWS_WITH(resolve(kDefaults, {{"LT_DEVICES", "0"}}), Contains("devices=0"));
+  CHECK_THROWS_WITH(resolve(kDefaults, {{"LT_DEVICES", "0,1"}}), Contains("devices=0,1"));
+}
+
+TEST_CASE("build instantiates the resolved parts", "[connector]") {
+  auto connector = lf::Connector::build(lf::FabricOptions().precision("64"), lf::env::map_env({}));
+  CHECK(connector.accelerator->name() == "cpu");
+  CHECK(connector.strategy->name() == "single_device");
+  CHECK(connector.precision->name() == "64-true");
+  CHECK(connector.cluster_environment->name() == "lightning");
+  CHECK(connector.strategy->root_device() == torch::Device(torch::kCPU));
+}
+
+TEST_CASE("a precision plugin replaces the precision flag; both together is an error", "[connector]") {
+  auto plugin = std::make_shared<lf::DoublePrecision>();
+  auto connector = lf::Connector::build(lf::FabricOptions().plugin(plugin), lf::env::map_env({}));
+  CHECK(connector.precision == plugin);
+  CHECK_THROWS_WITH(lf::Connector::build(lf::FabricOptions().plugin(plugin).precision("32-true"), lf::env::map_env({})),
+                    Contains("both precision"));
+  CHECK_THROWS_WITH(
+      lf::Connector::build(lf::FabricOptions().plugin(plugin).plugin(std::make_shared<lf::Precision>()), lf::env::map_env({})),
+      Contains("two precision plugins"));
+}
+
+TEST_CASE("torchrun-style variables select the torchelastic environment", "[connector]") {
+  Env torchrun{{"TORCHELASTIC_RUN_ID", "job"}, {"RANK", "0"}, {"GROUP_RANK", "0"}, {"LOCAL_RANK", "0"},
+               {"LOCAL_WORLD_SIZE", "1"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}};
+  auto connector = lf::Connector::build(kDefaults, lf::env::map_env(torchrun));
+  CHECK(connector.cluster_environment->name() == "torchelastic");
+  CHECK(connector.cluster_environment->creates_processes_externally());
+  CHECK(connector.cluster_environment->main_port() == 29500);
+  torchrun["LOCAL_WORLD_SIZE"] = "2";
+  CHECK_THROWS_WITH(lf::Connector::build(kDefaults, lf::env::map_env(torchrun)),
+                    Contains("LOCAL_WORLD_SIZE=2") && Contains("devices=1"));
+}
+
+namespace {
+// A user strategy registered by name: the registry is the extension point.
+class EchoStrategy : public lf::SingleDeviceStrategy {
+ public:
+  using SingleDeviceStrategy::SingleDeviceStrategy;
+  std::string name() const override { return "echo"; }
+};
+}  // namespace
+
+TEST_CASE("a strategy registered by the user is accepted by name", "[connector]") {
+  lf::strategy_registry().add(
+      "echo", [](lf::StrategyContext context) { return std::make_shared<EchoStrategy>(std::move(context)); },
+      "test strategy", /*override_existing=*/true);
+  auto connector = lf::Connector::build(lf::FabricOptions().strategy("echo"), lf::env::map_env({}));
+  CHECK(connector.strategy->name() == "echo");
+  CHECK_THROWS_WITH(lf::strategy_registry().add("echo", nullptr), Contains("already registered"));
+  CHECK_THROWS_WITH(lf::strategy_registry().create("nope", lf::StrategyContext{}),
+                    Contains("'nope'") && Contains("echo") && Contains("single_device"));
+}
