@@ -257,3 +257,14 @@ TEST_CASE("seed_everything seeds torch and records PL_GLOBAL_SEED", "[fabric]") 
   CHECK(torch::equal(a, torch::rand({4})));
   CHECK(lf::Fabric::seed_everything() == 123);  // reuses the recorded seed
 }
+
+TEST_CASE("move_to_device=false leaves the module where it is", "[setup]") {
+  auto fabric = cpu_fabric("64-true");
+  torch::nn::Linear net(2, 2);
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  auto [model, optimizer] = fabric.setup(lf::SetupOptions{/*move_to_device=*/false}, net, sgd);
+  CHECK(net->weight.scalar_type() == torch::kFloat64);  // precision conversion still happens
+  CHECK(net->weight.device() == torch::Device(torch::kCPU));
+  auto single = fabric.setup_module(torch::nn::Linear(1, 1), lf::SetupOptions{false});
+  CHECK(single->weight.scalar_type() == torch::kFloat64);
+}

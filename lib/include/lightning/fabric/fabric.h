@@ -134,7 +134,7 @@ class Fabric {
   /// dtype, moves it to device(), lets the strategy prepare it, and returns the wrapped objects
   /// in input order: the FabricModule alone, or a tuple for structured bindings. Optimizers may be
   /// lvalues (borrowed) or shared_ptrs; a scheduler (an LRScheduler, last) is returned unchanged.
-  template <class M, class... Rest>
+  template <class M, class... Rest, std::enable_if_t<!std::is_same_v<std::decay_t<M>, SetupOptions>, int> = 0>
   auto setup(M&& module, Rest&&... rest) {
     return setup(SetupOptions{}, std::forward<M>(module), std::forward<Rest>(rest)...);
   }
