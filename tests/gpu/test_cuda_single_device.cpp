@@ -1,12 +1,13 @@
 // GPU checks (CTest label "gpu"): single-device Fabric on CUDA. Without a CUDA LibTorch and a
 // visible GPU the binary prints why and exits 77, which CTest reports as skipped.
 #define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
 #include <torch/torch.h>
 
 #include <iostream>
 
 #include "lightning/fabric.h"
+// Catch2 last: glog (inside LibTorch) defines its own CHECK macro, Catch2 must win.
+#include <catch2/catch.hpp>
 
 namespace lf = lightning::fabric;
 

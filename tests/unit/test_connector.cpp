@@ -1,9 +1,10 @@
 // The Connector's rules (REFERENCE.md §2): LT_* overrides, the CLI conflict error, accelerator,
 // precision and strategy resolution with their warnings and errors, plugins.
-#include <catch2/catch.hpp>
 
 #include "lightning/fabric/connector.h"
 #include "lightning/fabric/errors.h"
+// Catch2 last: glog (inside LibTorch) defines its own CHECK macro, Catch2 must win.
+#include <catch2/catch.hpp>
 
 namespace lf = lightning::fabric;
 using Catch::Matchers::Contains;

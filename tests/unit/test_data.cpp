@@ -1,10 +1,11 @@
 // The distributed sampler and Fabric::setup_dataloaders.
-#include <catch2/catch.hpp>
 #include <torch/torch.h>
 
 #include <set>
 
 #include "lightning/fabric.h"
+// Catch2 last: glog (inside LibTorch) defines its own CHECK macro, Catch2 must win.
+#include <catch2/catch.hpp>
 
 namespace lf = lightning::fabric;
 using Catch::Matchers::Contains;

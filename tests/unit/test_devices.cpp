@@ -1,9 +1,10 @@
 // The devices table of REFERENCE.md §2, for CPU and CUDA (CUDA parsing is pure: it takes the
 // number of visible GPUs as an argument, so it is tested here without a GPU).
-#include <catch2/catch.hpp>
 
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/utilities/devices.h"
+// Catch2 last: glog (inside LibTorch) defines its own CHECK macro, Catch2 must win.
+#include <catch2/catch.hpp>
 
 namespace lf = lightning::fabric;
 using Catch::Matchers::Contains;

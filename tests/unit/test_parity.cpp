@@ -1,9 +1,10 @@
 // Single-device parity: the Fabric loop and the raw LibTorch loop, same seed, same data, give
 // bitwise-identical weights after 50 steps.
-#include <catch2/catch.hpp>
 #include <torch/torch.h>
 
 #include "lightning/fabric.h"
+// Catch2 last: glog (inside LibTorch) defines its own CHECK macro, Catch2 must win.
+#include <catch2/catch.hpp>
 
 namespace lf = lightning::fabric;
 

@@ -1,9 +1,10 @@
 // Fabric::setup and its two-step form: the four model/optimizer patterns of the seed article and
 // every validation error.
-#include <catch2/catch.hpp>
 #include <torch/torch.h>
 
 #include "lightning/fabric.h"
+// Catch2 last: glog (inside LibTorch) defines its own CHECK macro, Catch2 must win.
+#include <catch2/catch.hpp>
 
 namespace lf = lightning::fabric;
 using Catch::Matchers::Contains;

@@ -1,8 +1,9 @@
 // FabricModule, FabricOptimizer and the nested-container helpers.
-#include <catch2/catch.hpp>
 #include <torch/torch.h>
 
 #include "lightning/fabric.h"
+// Catch2 last: glog (inside LibTorch) defines its own CHECK macro, Catch2 must win.
+#include <catch2/catch.hpp>
 
 namespace lf = lightning::fabric;
 using Catch::Matchers::Contains;
