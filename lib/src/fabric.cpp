@@ -1,5 +1,6 @@
 #include "lightning/fabric/fabric.h"
 
+#include "lightning/fabric/utilities/error_file.h"
 #include "lightning/fabric/utilities/rank_zero.h"
 
 namespace lightning::fabric {
@@ -13,6 +14,7 @@ Fabric::Fabric(FabricOptions options, env::EnvLookup env)
   auto cli = env(env::kCliUsed);
   cli_used_ = cli && !cli->empty() && *cli != "0";
   set_rank_zero_only_rank(global_rank());
+  install_error_file_handler();
 }
 
 void Fabric::launch() {

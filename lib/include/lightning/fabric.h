@@ -16,6 +16,8 @@
 #include "lightning/fabric/utilities/data.h"
 #include "lightning/fabric/utilities/devices.h"
 #include "lightning/fabric/utilities/env_vars.h"
+#include "lightning/fabric/utilities/error_file.h"
+#include "lightning/fabric/utilities/process.h"
 #include "lightning/fabric/utilities/rank_zero.h"
 #include "lightning/fabric/utilities/scope_guard.h"
 #include "lightning/fabric/utilities/seed.h"

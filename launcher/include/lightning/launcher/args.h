@@ -1,0 +1,57 @@
+// lightning-run's command line: Fabric's CLI flags with their defaults and choices (REFERENCE.md
+// §3), our supervision flags on top, and everything after the binary passed to it untouched.
+#pragma once
+
+#include <optional>
+#include <ostream>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace lightning::launcher {
+
+inline constexpr int kDefaultMainPort = 29400;
+
+struct LaunchArgs {
+  // Fabric's flags. Unset optional = not given (the LT_* variable is then not exported).
+  std::optional<std::string> accelerator;
+  std::optional<std::string> strategy;
+  std::optional<std::string> precision;
+  std::string devices = "1";
+  int num_nodes = 1;
+  int node_rank = 0;
+  std::string main_address = "127.0.0.1";
+  std::optional<int> main_port;  // default 29400; a single-node run without it picks a free port
+
+  // Supervision.
+  int max_restarts = 0;
+  double shutdown_grace_s = 10.0;    // between the polite signal and SIGKILL
+  double rdzv_timeout_s = 120.0;     // how long nodes wait for each other
+  double finish_timeout_s = 0.0;     // >0: after one worker succeeds, the rest must end within this
+  std::optional<std::string> log_dir;
+  std::optional<bool> tag_output;    // default: on when the job has more than one worker
+  bool timestamp_output = false;
+  std::optional<std::set<int>> local_ranks_filter;
+  bool dry_run = false;
+
+  std::string binary;
+  std::vector<std::string> binary_args;
+};
+
+/// The outcome of parsing: either arguments to run, or an exit code to leave with at once
+/// (0 after --help/--version, 2 after a usage error, with the message already printed).
+struct ParsedCommandLine {
+  std::optional<int> exit_now;
+  LaunchArgs args;
+};
+
+ParsedCommandLine parse_command_line(int argc, const char* const* argv, std::ostream& out, std::ostream& err);
+
+/// Worker processes on this node: cpu -> the devices count; cuda/gpu -> the parsed device list;
+/// strategy dp -> 1. Throws lightning::fabric::ValueError on a devices value the accelerator rejects.
+int local_process_count(const LaunchArgs& args);
+
+/// The accelerator the workers will use ("cpu" or "cuda"), resolving "auto" and "gpu".
+std::string resolved_accelerator(const LaunchArgs& args);
+
+}  // namespace lightning::launcher

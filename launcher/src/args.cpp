@@ -1,0 +1,185 @@
+#include "lightning/launcher/args.h"
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <sstream>
+
+#include "lightning/fabric/accelerators/accelerator.h"
+#include "lightning/fabric/errors.h"
+#include "lightning/fabric/utilities/devices.h"
+#include "lightning/fabric/version.h"
+
+namespace lightning::launcher {
+namespace {
+
+const std::vector<std::string> kAccelerators = {"cpu", "gpu", "cuda", "auto"};
+const std::vector<std::string> kStrategies = {"auto", "single_device", "ddp", "ddp_find_unused_parameters_true",
+                                              "ddp_find_unused_parameters_false", "dp", "fsdp"};
+const std::vector<std::string> kPrecisions = {"64-true", "32-true", "16-mixed", "bf16-mixed", "16-true",
+                                              "bf16-true", "64", "32", "16", "bf16"};
+
+std::string joined(const std::vector<std::string>& values) {
+  std::string text;
+  for (const auto& value : values) text += (text.empty() ? "" : ", ") + value;
+  return text;
+}
+
+// A choice validator whose message names the flag, the value and the choices.
+CLI::Validator one_of(const std::string& flag, const std::vector<std::string>& choices) {
+  return CLI::Validator(
+      [flag, choices](std::string& value) -> std::string {
+        for (const auto& choice : choices) {
+          if (value == choice) return {};
+        }
+        return flag + "=" + value + " is not valid. Choose one of: " + joined(choices) + ".";
+      },
+      "{" + joined(choices) + "}");
+}
+
+std::set<int> parse_rank_list(const std::string& text) {
+  std::set<int> ranks;
+  std::stringstream stream(text);
+  std::string item;
+  while (std::getline(stream, item, ',')) {
+    if (item.empty()) continue;
+    size_t used = 0;
+    int rank = -1;
+    try {
+      rank = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || rank < 0) {
+      throw CLI::ValidationError("--local-ranks-filter=" + text +
+                                 " is not valid: give local ranks as a comma list, e.g. 0 or 0,2.");
+    }
+    ranks.insert(rank);
+  }
+  return ranks;
+}
+
+// Raw values of the options whose absence matters (they are optional in LaunchArgs).
+struct RawOptions {
+  std::string accelerator, strategy, precision, log_dir, ranks_filter;
+  int main_port = kDefaultMainPort;
+  bool tag = false, no_tag = false;
+};
+
+void add_model_options(CLI::App& model, LaunchArgs& args, RawOptions& raw) {
+  model.add_option("--accelerator", raw.accelerator, "Hardware the workers use (default: auto)")->check(one_of("--accelerator", kAccelerators));
+  model.add_option("--strategy", raw.strategy, "Strategy the workers use (default: the program's)")->check(one_of("--strategy", kStrategies));
+  model.add_option("--devices", args.devices, "Devices (workers) per node: a count, or GPU indices such as 0,2")->capture_default_str();
+  model.add_option("--num-nodes,--num_nodes", args.num_nodes, "Number of nodes (machines)")->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20).description(""));
+  model.add_option("--node-rank,--node_rank", args.node_rank, "This node's rank, 0 .. num-nodes - 1")->capture_default_str()
+      ->check(CLI::NonNegativeNumber.description(""));
+  model.add_option("--main-address,--main_address", args.main_address, "Address of node 0 (hosts the rendezvous)")->capture_default_str();
+  model.add_option("--main-port,--main_port", raw.main_port, "Port of the rendezvous on node 0 (default 29400; a single-node run without it picks a free port)")
+      ->check(CLI::Range(1, 65535).description(""));
+  model.add_option("--precision", raw.precision, "Precision the workers use (default: the program's)")->check(one_of("--precision", kPrecisions));
+  model.add_option("--max-restarts,--max_restarts", args.max_restarts, "Restart the whole job this many times after a failure")->capture_default_str()
+      ->check(CLI::NonNegativeNumber.description(""));
+  model.add_option("--shutdown-grace,--shutdown_grace", args.shutdown_grace_s, "Seconds between the polite signal and SIGKILL")->capture_default_str()
+      ->check(CLI::NonNegativeNumber.description(""));
+  model.add_option("--rdzv-timeout,--rdzv_timeout", args.rdzv_timeout_s, "Seconds nodes wait for each other")->capture_default_str()
+      ->check(CLI::PositiveNumber.description(""));
+  model.add_option("--finish-timeout,--finish_timeout", args.finish_timeout_s,
+                   "After one worker succeeds, stop the others if they run longer than this (0: wait)")->capture_default_str()
+      ->check(CLI::NonNegativeNumber.description(""));
+  model.add_option("--log-dir,--log_dir", raw.log_dir, "Write each worker's stdout and stderr to files here");
+  model.add_flag("--tag-output", raw.tag, "Prefix every output line with its rank (default with more than one worker)");
+  model.add_flag("--no-tag-output", raw.no_tag, "Never prefix output lines");
+  model.add_flag("--timestamp-output", args.timestamp_output, "Prefix output lines with the time");
+  model.add_option("--local-ranks-filter,--local_ranks_filter", raw.ranks_filter, "Only these local ranks reach the console, e.g. 0 or 0,2");
+  model.add_flag("--dry-run,--dry_run", args.dry_run, "Print each worker's command and environment; start nothing");
+}
+
+}  // namespace
+
+ParsedCommandLine parse_command_line(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
+  ParsedCommandLine parsed;
+  LaunchArgs& args = parsed.args;
+  RawOptions raw;
+
+  CLI::App app{"lightning-run: launch a Lightning Fabric C++ program on one or many devices and nodes"};
+  app.name("lightning-run");
+  app.set_version_flag("--version", std::string("lightning-run ") + fabric::kVersion);
+  app.require_subcommand(1);
+  CLI::App* model = app.add_subcommand("model", "Run BINARY [ARGS...] once per device (everything after BINARY goes to it)");
+  model->prefix_command();
+  add_model_options(*model, args, raw);
+
+  // CLI11 treats what follows a literal "--" as positionals, not as the prefix command: parse
+  // only the words before it, and append the words after it to the program's arguments.
+  std::vector<std::string> words(argv + 1, argv + argc);
+  const auto separator = std::find(words.begin(), words.end(), "--");
+  const std::vector<std::string> after(separator == words.end() ? words.end() : separator + 1, words.end());
+  std::vector<std::string> before(words.begin(), separator);
+  std::reverse(before.begin(), before.end());  // CLI11 takes the reversed vector form
+  try {
+    app.parse(before);
+    std::vector<std::string> rest = model->remaining();
+    if (separator != words.end()) {
+      if (!rest.empty()) rest.push_back("--");  // the "--" belonged to the program's arguments
+      rest.insert(rest.end(), after.begin(), after.end());
+    }
+    if (rest.empty()) throw CLI::ValidationError("lightning-run model needs the program to run: lightning-run model [OPTIONS] BINARY [ARGS...]");
+    if (rest.front().size() > 1 && rest.front()[0] == '-') {
+      throw CLI::ValidationError("unknown flag " + rest.front() + " (a program whose name starts with '-' is written ./" +
+                                 rest.front() + ").");
+    }
+    args.binary = rest.front();
+    args.binary_args.assign(rest.begin() + 1, rest.end());
+    auto given = [&](const std::string& flag) { return model->count(flag) > 0; };
+    if (given("--accelerator")) args.accelerator = raw.accelerator;
+    if (given("--strategy")) args.strategy = raw.strategy;
+    if (given("--precision")) args.precision = raw.precision;
+    if (given("--main-port")) args.main_port = raw.main_port;
+    if (given("--log-dir")) args.log_dir = raw.log_dir;
+    if (given("--local-ranks-filter")) args.local_ranks_filter = parse_rank_list(raw.ranks_filter);
+    if (raw.tag && raw.no_tag) throw CLI::ValidationError("--tag-output and --no-tag-output contradict each other: give one.");
+    if (raw.tag) args.tag_output = true;
+    if (raw.no_tag) args.tag_output = false;
+    if (args.node_rank >= args.num_nodes) {
+      throw CLI::ValidationError("--node-rank=" + std::to_string(args.node_rank) + " is out of range for --num-nodes=" +
+                                 std::to_string(args.num_nodes) + ": node ranks are 0 .. " +
+                                 std::to_string(args.num_nodes - 1) + ".");
+    }
+    local_process_count(args);  // validates --devices against the accelerator
+  } catch (const CLI::CallForHelp& help) {
+    out << (model->parsed() ? model->help() : app.help());
+    parsed.exit_now = 0;
+  } catch (const CLI::CallForVersion&) {
+    out << "lightning-run " << fabric::kVersion << "\n";
+    parsed.exit_now = 0;
+  } catch (const CLI::ParseError& error) {
+    err << "lightning-run: " << error.what() << "\nRun 'lightning-run model --help' for the flags.\n";
+    parsed.exit_now = 2;
+  } catch (const fabric::Error& error) {
+    err << "lightning-run: --devices: " << error.what() << "\n";
+    parsed.exit_now = 2;
+  }
+  return parsed;
+}
+
+std::string resolved_accelerator(const LaunchArgs& args) {
+  const std::string requested = args.accelerator.value_or("auto");
+  if (requested == "cpu") return "cpu";
+  const bool cuda = fabric::CUDAAccelerator().is_available();
+  if (requested == "auto") return cuda ? "cuda" : "cpu";
+  if (!cuda) {
+    throw fabric::ValueError("--accelerator=" + requested + " needs a CUDA GPU, but none is visible here. Use --accelerator cpu.");
+  }
+  return "cuda";
+}
+
+int local_process_count(const LaunchArgs& args) {
+  if (args.strategy && *args.strategy == "dp") return 1;
+  const std::string accelerator = resolved_accelerator(args);
+  const fabric::DevicesSpec spec(args.devices);
+  if (accelerator == "cpu") return fabric::parse_cpu_devices(spec);
+  return static_cast<int>(fabric::parse_cuda_devices(spec, fabric::CUDAAccelerator().auto_device_count()).size());
+}
+
+}  // namespace lightning::launcher

@@ -1,0 +1,404 @@
+#include "lightning/launcher/run.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+
+#include "lightning/fabric/errors.h"
+#include "lightning/fabric/utilities/error_file.h"
+#include "lightning/fabric/utilities/process.h"
+#include "lightning/launcher/output.h"
+#include "lightning/launcher/rendezvous.h"
+#include "lightning/launcher/worker_env.h"
+
+namespace lightning::launcher {
+namespace {
+
+using fabric::ChildProcess;
+using fabric::ExitStatus;
+using Clock = std::chrono::steady_clock;
+using Millis = std::chrono::milliseconds;
+
+constexpr int kFinishTimeoutExitCode = 124;
+
+sigset_t launcher_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGCHLD}) sigaddset(&set, sig);
+  return set;
+}
+
+void say(const std::string& message) { std::cerr << "lightning-run: " << message << std::endl; }
+
+Millis seconds(double value) { return Millis(static_cast<int64_t>(value * 1000.0)); }
+
+std::string shell_quote(const std::string& word) {
+  if (!word.empty() && word.find_first_of(" \t\n'\"\\$`!*?;&|<>(){}[]#~") == std::string::npos) return word;
+  std::string quoted = "'";
+  for (char c : word) quoted += (c == '\'') ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+// The first failure of an attempt: a local worker, another node, or the finish timeout.
+struct Failure {
+  int node_rank = 0;
+  int global_rank = 0;
+  int local_rank = -1;  // -1: on another node
+  int exit_code = 1;
+  std::string summary;
+  std::string error_file;
+};
+
+enum class Outcome { Success, Failed, Signalled };
+
+class Job {
+ public:
+  explicit Job(const LaunchArgs& args) : args_(args), output_(OutputOptions{}) {}
+  ~Job();
+  int run();
+
+ private:
+  Outcome run_attempt(int attempt);
+  void spawn_all(int attempt);
+  void stop_workers(int signal);
+  int wait_for_other_nodes(int attempt);
+  void report(const Failure& failure) const;
+  std::optional<int> read_signal();
+  std::vector<pollfd> poll_set() const;
+
+  const LaunchArgs& args_;
+  std::string executable_;
+  NodeLayout layout_;
+  std::optional<Rendezvous> rendezvous_;
+  OutputRouter output_;
+  std::vector<ChildProcess> children_;
+  std::vector<std::string> error_files_;
+  std::string run_dir_;
+  bool remove_run_dir_ = false;
+  int signal_fd_ = -1;
+  Failure failure_;
+  int received_signal_ = 0;
+};
+
+Job::~Job() {
+  if (signal_fd_ >= 0) close(signal_fd_);
+  if (remove_run_dir_) {
+    std::error_code ignored;
+    std::filesystem::remove_all(run_dir_, ignored);
+  }
+}
+
+std::optional<int> Job::read_signal() {
+  signalfd_siginfo info{};
+  if (read(signal_fd_, &info, sizeof(info)) != static_cast<ssize_t>(sizeof(info))) return std::nullopt;
+  return static_cast<int>(info.ssi_signo);
+}
+
+std::vector<pollfd> Job::poll_set() const {
+  std::vector<pollfd> fds{{signal_fd_, POLLIN, 0}};
+  for (const auto& child : children_) {
+    if (child.running()) fds.push_back({child.pidfd(), POLLIN, 0});
+  }
+  for (int fd : output_.fds()) fds.push_back({fd, POLLIN, 0});
+  return fds;
+}
+
+void Job::spawn_all(int attempt) {
+  children_.clear();
+  error_files_.clear();
+  const auto attempt_dir = std::filesystem::path(run_dir_) / ("attempt_" + std::to_string(attempt));
+  std::filesystem::create_directories(attempt_dir);
+  NodeLayout layout = layout_;
+  layout.restart_count = attempt;
+  const auto parent = fabric::current_environment();
+  for (int local = 0; local < layout.local_world_size; ++local) {
+    const int rank = layout.rank_offset + local;
+    const std::string error_file = (attempt_dir / ("rank_" + std::to_string(rank) + ".error.json")).string();
+    auto [out, err] = output_.open_worker(rank, local, attempt);
+    fabric::ProcessSpec spec;
+    spec.executable = executable_;
+    spec.argv.push_back(args_.binary);
+    spec.argv.insert(spec.argv.end(), args_.binary_args.begin(), args_.binary_args.end());
+    spec.env = worker_environment(args_, layout, local, parent, error_file);
+    spec.stdout_fd = out;
+    spec.stderr_fd = err;
+    try {
+      children_.push_back(ChildProcess::spawn(spec));
+    } catch (...) {
+      close(out);
+      close(err);
+      throw;
+    }
+    close(out);
+    close(err);
+    error_files_.push_back(error_file);
+  }
+}
+
+void Job::stop_workers(int signal) {
+  fabric::terminate_all(children_, signal, seconds(args_.shutdown_grace_s), [this](Millis slice) {
+    std::vector<pollfd> fds;
+    for (int fd : output_.fds()) fds.push_back({fd, POLLIN, 0});
+    if (fds.empty()) {
+      poll(nullptr, 0, static_cast<int>(slice.count()));
+      return;
+    }
+    if (poll(fds.data(), fds.size(), static_cast<int>(slice.count())) <= 0) return;
+    for (const auto& entry : fds) {
+      if ((entry.revents & (POLLIN | POLLHUP | POLLERR)) != 0) output_.on_readable(entry.fd);
+    }
+  });
+  output_.drain(200);
+}
+
+Outcome Job::run_attempt(int attempt) {
+  spawn_all(attempt);
+  std::optional<Clock::time_point> finish_deadline;
+  size_t succeeded = 0;
+  while (true) {
+    auto fds = poll_set();
+    int timeout_ms = -1;
+    if (layout_.num_nodes > 1) timeout_ms = 100;
+    if (finish_deadline) {
+      const auto left = std::chrono::duration_cast<Millis>(*finish_deadline - Clock::now()).count();
+      timeout_ms = static_cast<int>(std::max<int64_t>(0, timeout_ms < 0 ? left : std::min<int64_t>(left, timeout_ms)));
+    }
+    const int ready = poll(fds.data(), fds.size(), timeout_ms);
+    if (ready < 0 && errno != EINTR) throw std::runtime_error(std::string("poll: ") + std::strerror(errno));
+
+    if (ready > 0 && (fds[0].revents & POLLIN) != 0) {
+      if (auto sig = read_signal()) {
+        if (*sig == SIGUSR1 || *sig == SIGUSR2) {
+          say("forwarding " + fabric::signal_name(*sig) + " to the workers; the job goes on");
+          for (auto& child : children_) {
+            if (child.running()) child.signal_group(*sig);
+          }
+        } else if (*sig != SIGCHLD) {
+          received_signal_ = *sig;
+          say("received " + fabric::signal_name(*sig) + ": forwarding it to the workers and stopping them (grace " +
+              std::to_string(args_.shutdown_grace_s) + "s)");
+          if (rendezvous_ && layout_.num_nodes > 1) {
+            rendezvous_->announce_failure(attempt, {layout_.node_rank, layout_.rank_offset, 128 + *sig,
+                                                    "lightning-run on node " + std::to_string(layout_.node_rank) +
+                                                        " received " + fabric::signal_name(*sig)});
+          }
+          stop_workers(*sig);
+          return Outcome::Signalled;
+        }
+      }
+    }
+    for (size_t i = 0; i < children_.size(); ++i) {
+      ChildProcess& child = children_[i];
+      if (!child.running() || !child.try_reap()) continue;
+      const ExitStatus status = *child.status();
+      if (status.success()) {
+        ++succeeded;
+        if (args_.finish_timeout_s > 0 && !finish_deadline) finish_deadline = Clock::now() + seconds(args_.finish_timeout_s);
+        continue;
+      }
+      failure_ = {layout_.node_rank, layout_.rank_offset + static_cast<int>(i), static_cast<int>(i),
+                  status.shell_code(), status.describe(), error_files_[i]};
+      if (layout_.num_nodes > 1) {
+        rendezvous_->announce_failure(attempt, {layout_.node_rank, failure_.global_rank, failure_.exit_code, failure_.summary});
+      }
+      stop_workers(SIGTERM);
+      return Outcome::Failed;
+    }
+    for (size_t k = 1; k < fds.size(); ++k) {
+      if ((fds[k].revents & (POLLIN | POLLHUP | POLLERR)) != 0) output_.on_readable(fds[k].fd);
+    }
+    if (succeeded == children_.size()) {
+      output_.drain(200);
+      return Outcome::Success;
+    }
+    if (finish_deadline && Clock::now() >= *finish_deadline) {
+      for (size_t i = 0; i < children_.size(); ++i) {
+        if (!children_[i].running()) continue;
+        failure_ = {layout_.node_rank, layout_.rank_offset + static_cast<int>(i), static_cast<int>(i),
+                    kFinishTimeoutExitCode,
+                    "still running " + std::to_string(args_.finish_timeout_s) +
+                        "s after another worker finished (--finish-timeout)",
+                    error_files_[i]};
+        break;
+      }
+      if (layout_.num_nodes > 1) {
+        rendezvous_->announce_failure(attempt, {layout_.node_rank, failure_.global_rank, failure_.exit_code, failure_.summary});
+      }
+      stop_workers(SIGTERM);
+      return Outcome::Failed;
+    }
+    if (layout_.num_nodes > 1) {
+      if (auto remote = rendezvous_->failure(attempt)) {
+        failure_ = {remote->node_rank, remote->global_rank, -1, remote->exit_code, remote->summary, {}};
+        stop_workers(SIGTERM);
+        return Outcome::Failed;
+      }
+    }
+  }
+}
+
+void Job::report(const Failure& failure) const {
+  if (failure.local_rank < 0) {
+    say("rank " + std::to_string(failure.global_rank) + " on node " + std::to_string(failure.node_rank) +
+        " failed first: " + failure.summary + " (node " + std::to_string(failure.node_rank) +
+        "'s lightning-run prints its details); stopped this node's workers");
+    return;
+  }
+  say("rank " + std::to_string(failure.global_rank) + " (node " + std::to_string(failure.node_rank) + ", local rank " +
+      std::to_string(failure.local_rank) + ") failed first: " + failure.summary);
+  const std::string error = fabric::read_error_file(failure.error_file);
+  if (!error.empty()) say("its error file says: " + error);
+  const auto tail = output_.tail(failure.global_rank);
+  if (!tail.empty()) {
+    std::ostringstream lines;
+    lines << "last " << tail.size() << " line(s) of rank " << failure.global_rank << ":";
+    for (const auto& line : tail) lines << "\n  | " << line;
+    say(lines.str());
+  }
+  say("stopped the other workers (SIGTERM, then SIGKILL after " + std::to_string(args_.shutdown_grace_s) + "s)");
+}
+
+int Job::wait_for_other_nodes(int attempt) {
+  rendezvous_->announce_done(attempt);
+  if (layout_.node_rank != 0) return 0;
+  // Node 0 hosts the store the other nodes' workers use: keep it until every node is done.
+  while (!rendezvous_->all_done(attempt)) {
+    if (auto remote = rendezvous_->failure(attempt)) {
+      failure_ = {remote->node_rank, remote->global_rank, -1, remote->exit_code, remote->summary, {}};
+      report(failure_);
+      return failure_.exit_code;
+    }
+    pollfd fd{signal_fd_, POLLIN, 0};
+    if (poll(&fd, 1, 100) > 0) {
+      if (auto sig = read_signal(); sig && *sig != SIGCHLD && *sig != SIGUSR1 && *sig != SIGUSR2) {
+        say("received " + fabric::signal_name(*sig) + " while waiting for the other nodes to finish");
+        return 128 + *sig;
+      }
+    }
+  }
+  return 0;
+}
+
+int Job::run() {
+  const int local_count = local_process_count(args_);
+  executable_ = fabric::resolve_executable(args_.binary);
+  sigset_t signals = launcher_signals();
+  signal_fd_ = signalfd(-1, &signals, SFD_CLOEXEC);
+  if (signal_fd_ < 0) throw std::runtime_error(std::string("signalfd: ") + std::strerror(errno));
+
+  rendezvous_.emplace(Rendezvous::establish(args_, local_count));
+  layout_ = rendezvous_->layout();
+  OutputOptions output;
+  output.tag = args_.tag_output.value_or(layout_.world_size > 1);
+  output.timestamp = args_.timestamp_output;
+  output.console_local_ranks = args_.local_ranks_filter;
+  output.log_dir = args_.log_dir;
+  output_.~OutputRouter();
+  new (&output_) OutputRouter(output);
+
+  if (args_.log_dir) {
+    run_dir_ = *args_.log_dir;
+  } else {
+    std::string pattern = (std::filesystem::temp_directory_path() / "lightning-run-XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error(std::string("mkdtemp: ") + std::strerror(errno));
+    run_dir_ = pattern;
+    remove_run_dir_ = true;
+  }
+  if (std::getenv("OMP_NUM_THREADS") == nullptr) {
+    say("OMP_NUM_THREADS=" + std::to_string(default_omp_threads(local_count)) + " for each of " +
+        std::to_string(local_count) + " worker(s) (cores / workers); set OMP_NUM_THREADS to choose");
+  }
+  say("node " + std::to_string(layout_.node_rank) + " of " + std::to_string(layout_.num_nodes) + ": ranks " +
+      std::to_string(layout_.rank_offset) + "-" + std::to_string(layout_.rank_offset + local_count - 1) + " of " +
+      std::to_string(layout_.world_size) + ", rendezvous at " + layout_.main_address + ":" +
+      std::to_string(layout_.main_port));
+
+  for (int attempt = 0;; ++attempt) {
+    if (attempt > 0 && layout_.num_nodes > 1) rendezvous_->wait_for_attempt(attempt);
+    const Outcome outcome = run_attempt(attempt);
+    if (outcome == Outcome::Success) return layout_.num_nodes > 1 ? wait_for_other_nodes(attempt) : 0;
+    if (outcome == Outcome::Signalled) {
+      say("stopped; exiting with " + std::to_string(128 + received_signal_));
+      return 128 + received_signal_;
+    }
+    report(failure_);
+    if (attempt >= args_.max_restarts) {
+      if (args_.max_restarts > 0) say("no restarts left (--max-restarts=" + std::to_string(args_.max_restarts) + ")");
+      say("exiting with " + std::to_string(failure_.exit_code));
+      return failure_.exit_code;
+    }
+    say("restarting the job: attempt " + std::to_string(attempt + 2) + " of " + std::to_string(args_.max_restarts + 1));
+    output_.reset();
+  }
+}
+
+}  // namespace
+
+void block_launcher_signals() {
+  sigset_t signals = launcher_signals();
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+}
+
+int run_job(const LaunchArgs& args) {
+  try {
+    Job job(args);
+    return job.run();
+  } catch (const RendezvousError& error) {
+    say(error.what());
+    return error.exit_code();
+  } catch (const fabric::Error& error) {
+    say(error.what());
+    return 2;
+  } catch (const std::exception& error) {
+    say(std::string("internal error: ") + error.what());
+    return 1;
+  }
+}
+
+int print_dry_run(const LaunchArgs& args) {
+  try {
+    const int local_count = local_process_count(args);
+    const std::string executable = fabric::resolve_executable(args.binary);
+    NodeLayout layout;
+    layout.node_rank = args.node_rank;
+    layout.num_nodes = args.num_nodes;
+    layout.local_world_size = local_count;
+    layout.rank_offset = args.node_rank * local_count;  // assumes every node runs as many workers
+    layout.world_size = args.num_nodes * local_count;
+    layout.main_address = args.main_address;
+    layout.main_port = args.main_port.value_or(kDefaultMainPort);
+    layout.run_id = "<chosen at start>";
+    layout.max_restarts = args.max_restarts;
+    const auto parent = fabric::current_environment();
+    std::cout << "lightning-run: dry run: " << local_count << " worker(s) on node " << args.node_rank << " of "
+              << args.num_nodes << "; nothing is started. Each worker also inherits this environment.\n";
+    if (args.num_nodes > 1) std::cout << "lightning-run: global ranks assume every node runs " << local_count << " worker(s)\n";
+    if (args.num_nodes == 1 && !args.main_port) std::cout << "lightning-run: MASTER_PORT: a free port is chosen at start\n";
+    for (int local = 0; local < local_count; ++local) {
+      const auto env = worker_environment(args, layout, local, parent, "<run dir>/attempt_0/rank_" +
+                                                                            std::to_string(layout.rank_offset + local) +
+                                                                            ".error.json");
+      std::ostringstream line;
+      line << "[rank " << layout.rank_offset + local << "] env";
+      for (const auto& [key, value] : env) {
+        auto inherited = parent.find(key);
+        if (inherited == parent.end() || inherited->second != value) line << ' ' << key << '=' << shell_quote(value);
+      }
+      line << ' ' << shell_quote(executable);
+      for (const auto& arg : args.binary_args) line << ' ' << shell_quote(arg);
+      std::cout << line.str() << '\n';
+    }
+    return 0;
+  } catch (const fabric::Error& error) {
+    say(error.what());
+    return 2;
+  }
+}
+
+}  // namespace lightning::launcher

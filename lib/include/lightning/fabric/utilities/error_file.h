@@ -1,0 +1,22 @@
+// The worker side of TORCHELASTIC_ERROR_FILE: an uncaught exception's type and message, with the
+// rank, written as JSON where the launcher looks for it, without any user code. Fabric's
+// constructor installs the handler; the launcher prints the file in its failure report.
+#pragma once
+
+#include <exception>
+#include <string>
+
+namespace lightning::fabric {
+
+/// Installs a std::terminate handler that records the active exception into
+/// $TORCHELASTIC_ERROR_FILE (when set), then aborts as before. Idempotent.
+void install_error_file_handler();
+
+/// Writes {"message": {"message": "<type>: <what>", "extraInfo": {...}}, "rank": R, "type": T}
+/// (torchelastic's layout plus two fields) to path. Returns false if it could not be written.
+bool write_error_file(const std::string& path, const std::string& type, const std::string& message);
+
+/// Reads the "<type>: <message>" text back from such a file; empty when absent or unreadable.
+std::string read_error_file(const std::string& path);
+
+}  // namespace lightning::fabric

@@ -1,0 +1,90 @@
+// Child processes for the launcher and for Fabric::launch(): spawning with the environment
+// contract, each worker in its own process group and killed if its parent dies, exit notification
+// through pidfds (no polling loops), and bounded teardown (polite signal, grace, SIGKILL, reap).
+// One implementation serves both lightning-run and Fabric::launch() (DESIGN.md §4).
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace lightning::fabric {
+
+/// How a process ended.
+struct ExitStatus {
+  int code = 0;      // exit code, when exited normally
+  int signal = 0;    // terminating signal, when killed
+  bool success() const { return signal == 0 && code == 0; }
+  /// The shell's convention: the exit code, or 128 + signal.
+  int shell_code() const { return signal != 0 ? 128 + signal : code; }
+  /// "exit code 3" or "signal SIGSEGV (11)".
+  std::string describe() const;
+};
+
+/// "SIGSEGV" for 11, "signal 64" for an unnamed one.
+std::string signal_name(int signal);
+
+/// What to start.
+struct ProcessSpec {
+  std::string executable;                       // absolute or relative path (see resolve_executable)
+  std::vector<std::string> argv;                // argv[0] included
+  std::map<std::string, std::string> env;       // the whole environment of the child
+  int stdout_fd = -1;                           // -1: inherit the parent's
+  int stderr_fd = -1;
+  bool die_with_parent = true;                  // PR_SET_PDEATHSIG(SIGKILL), bound to the spawning thread
+};
+
+/// The current process environment as a map.
+std::map<std::string, std::string> current_environment();
+
+/// Finds `name` as execvp would: a path with '/' must be an executable file; otherwise PATH is
+/// searched. Throws ValueError naming the binary and why it cannot run.
+std::string resolve_executable(const std::string& name);
+
+/// A started child. Owns its pidfd; reaps the child on wait.
+class ChildProcess {
+ public:
+  /// fork + exec in a new process group. Throws RuntimeError if exec fails (with errno's text).
+  static ChildProcess spawn(const ProcessSpec& spec);
+
+  ChildProcess(ChildProcess&& other) noexcept;
+  ChildProcess& operator=(ChildProcess&& other) noexcept;
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+  ~ChildProcess();
+
+  pid_t pid() const { return pid_; }
+  /// Readable (POLLIN) once the child has exited.
+  int pidfd() const { return pidfd_; }
+  bool running() const { return !status_.has_value(); }
+  const std::optional<ExitStatus>& status() const { return status_; }
+  /// Reaps the child if it has exited (non-blocking); returns its status then.
+  std::optional<ExitStatus> try_reap();
+  /// Blocks until the child exits, reaps it and returns its status.
+  ExitStatus wait();
+  /// Sends signal to the child's whole process group (its own children included).
+  void signal_group(int signal) const;
+
+ private:
+  ChildProcess(pid_t pid, int pidfd) : pid_(pid), pidfd_(pidfd) {}
+  pid_t pid_ = -1;
+  int pidfd_ = -1;
+  std::optional<ExitStatus> status_;
+};
+
+/// Waits until one of the running children exits or timeout passes; returns its index.
+/// timeout < 0 waits forever. Children already reaped are skipped.
+std::optional<size_t> wait_any(std::vector<ChildProcess>& children, std::chrono::milliseconds timeout);
+
+/// Stops every running child: `signal` to each process group, up to `grace` for them to exit,
+/// then SIGKILL and reap. Afterwards no child or member of their groups is left. While waiting,
+/// `idle(slice)` is called instead of sleeping (the launcher reads worker output there).
+void terminate_all(std::vector<ChildProcess>& children, int signal, std::chrono::milliseconds grace,
+                   const std::function<void(std::chrono::milliseconds)>& idle = nullptr);
+
+}  // namespace lightning::fabric

@@ -1,0 +1,240 @@
+#include "lightning/fabric/utilities/process.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <sstream>
+#include <thread>
+
+#include "lightning/fabric/errors.h"
+
+extern char** environ;
+
+namespace lightning::fabric {
+namespace {
+
+int open_pidfd(pid_t pid) {
+  const long fd = syscall(SYS_pidfd_open, pid, 0);
+  LF_CHECK(fd >= 0, RuntimeError, "pidfd_open(", pid, ") failed: ", std::strerror(errno),
+           " (Linux 5.3 or newer is required).");
+  return static_cast<int>(fd);
+}
+
+ExitStatus decode(int raw) {
+  ExitStatus status;
+  if (WIFSIGNALED(raw)) {
+    status.signal = WTERMSIG(raw);
+  } else {
+    status.code = WEXITSTATUS(raw);
+  }
+  return status;
+}
+
+bool is_executable_file(const std::string& path) {
+  struct stat info {};
+  return ::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode) && ::access(path.c_str(), X_OK) == 0;
+}
+
+// Everything the child needs, prepared before fork (only async-signal-safe calls after it).
+struct ExecImage {
+  std::vector<std::string> storage;
+  std::vector<char*> argv;
+  std::vector<char*> envp;
+  explicit ExecImage(const ProcessSpec& spec) {
+    storage.reserve(spec.argv.size() + spec.env.size());
+    for (const auto& arg : spec.argv) storage.push_back(arg);
+    for (const auto& [key, value] : spec.env) storage.push_back(key + "=" + value);
+    for (size_t i = 0; i < spec.argv.size(); ++i) argv.push_back(storage[i].data());
+    argv.push_back(nullptr);
+    for (size_t i = spec.argv.size(); i < storage.size(); ++i) envp.push_back(storage[i].data());
+    envp.push_back(nullptr);
+  }
+};
+
+[[noreturn]] void exec_child(const ProcessSpec& spec, ExecImage& image, pid_t parent, int error_pipe) {
+  setpgid(0, 0);
+  if (spec.die_with_parent) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);  // the parent died before prctl took effect
+  }
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);  // the launcher blocks signals for its signalfd
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE, SIGCHLD}) signal(sig, SIG_DFL);
+  if (spec.stdout_fd >= 0) dup2(spec.stdout_fd, STDOUT_FILENO);
+  if (spec.stderr_fd >= 0) dup2(spec.stderr_fd, STDERR_FILENO);
+  execve(spec.executable.c_str(), image.argv.data(), image.envp.data());
+  const int error = errno;
+  (void)!write(error_pipe, &error, sizeof(error));
+  _exit(127);
+}
+
+}  // namespace
+
+std::string ExitStatus::describe() const {
+  if (signal != 0) return "signal " + signal_name(signal) + " (" + std::to_string(signal) + ")";
+  return "exit code " + std::to_string(code);
+}
+
+std::string signal_name(int signal) {
+  const char* abbrev = sigabbrev_np(signal);
+  return abbrev != nullptr ? std::string("SIG") + abbrev : "signal " + std::to_string(signal);
+}
+
+std::map<std::string, std::string> current_environment() {
+  std::map<std::string, std::string> env;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    const std::string text(*entry);
+    const auto eq = text.find('=');
+    if (eq != std::string::npos) env[text.substr(0, eq)] = text.substr(eq + 1);
+  }
+  return env;
+}
+
+std::string resolve_executable(const std::string& name) {
+  LF_CHECK(!name.empty(), ValueError, "No program to run was given.");
+  if (name.find('/') != std::string::npos) {
+    struct stat info {};
+    LF_CHECK(::stat(name.c_str(), &info) == 0, ValueError, "Cannot run '", name, "': no such file.");
+    LF_CHECK(S_ISREG(info.st_mode), ValueError, "Cannot run '", name, "': not a regular file.");
+    LF_CHECK(::access(name.c_str(), X_OK) == 0, ValueError, "Cannot run '", name,
+             "': not executable (chmod +x it).");
+    return name;
+  }
+  const char* path = std::getenv("PATH");
+  std::stringstream dirs(path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin");
+  std::string dir;
+  while (std::getline(dirs, dir, ':')) {
+    const std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
+    if (is_executable_file(candidate)) return candidate;
+  }
+  throw ValueError("Cannot run '" + name + "': not found in PATH. Give a path such as ./" + name + ".");
+}
+
+ChildProcess ChildProcess::spawn(const ProcessSpec& spec) {
+  ExecImage image(spec);
+  int error_pipe[2];
+  LF_CHECK(pipe2(error_pipe, O_CLOEXEC) == 0, RuntimeError, "pipe2 failed: ", std::strerror(errno));
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(error_pipe[0]);
+    exec_child(spec, image, parent, error_pipe[1]);
+  }
+  close(error_pipe[1]);
+  if (pid < 0) {
+    close(error_pipe[0]);
+    throw RuntimeError(std::string("fork failed: ") + std::strerror(errno));
+  }
+  setpgid(pid, pid);  // also from the parent, so signal_group works even before the child runs
+  int exec_error = 0;
+  const ssize_t got = read(error_pipe[0], &exec_error, sizeof(exec_error));
+  close(error_pipe[0]);
+  if (got == static_cast<ssize_t>(sizeof(exec_error))) {
+    int raw = 0;
+    waitpid(pid, &raw, 0);
+    throw RuntimeError("Cannot run '" + spec.executable + "': " + std::strerror(exec_error));
+  }
+  return ChildProcess(pid, open_pidfd(pid));
+}
+
+ChildProcess::ChildProcess(ChildProcess&& other) noexcept
+    : pid_(std::exchange(other.pid_, -1)), pidfd_(std::exchange(other.pidfd_, -1)), status_(other.status_) {}
+
+ChildProcess& ChildProcess::operator=(ChildProcess&& other) noexcept {
+  if (this != &other) {
+    if (pidfd_ >= 0) close(pidfd_);
+    pid_ = std::exchange(other.pid_, -1);
+    pidfd_ = std::exchange(other.pidfd_, -1);
+    status_ = other.status_;
+  }
+  return *this;
+}
+
+ChildProcess::~ChildProcess() {
+  if (pidfd_ >= 0) close(pidfd_);
+}
+
+std::optional<ExitStatus> ChildProcess::try_reap() {
+  if (status_) return status_;
+  int raw = 0;
+  const pid_t done = waitpid(pid_, &raw, WNOHANG);
+  if (done == pid_) status_ = decode(raw);
+  return status_;
+}
+
+ExitStatus ChildProcess::wait() {
+  while (!status_) {
+    int raw = 0;
+    const pid_t done = waitpid(pid_, &raw, 0);
+    if (done == pid_) status_ = decode(raw);
+    if (done < 0 && errno != EINTR) status_ = ExitStatus{};  // already reaped elsewhere
+  }
+  return *status_;
+}
+
+void ChildProcess::signal_group(int signal) const {
+  if (pid_ <= 0) return;
+  if (killpg(pid_, signal) != 0 && status_ == std::nullopt) kill(pid_, signal);
+}
+
+std::optional<size_t> wait_any(std::vector<ChildProcess>& children, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    std::vector<pollfd> fds;
+    std::vector<size_t> index;
+    for (size_t i = 0; i < children.size(); ++i) {
+      if (!children[i].running()) continue;
+      fds.push_back({children[i].pidfd(), POLLIN, 0});
+      index.push_back(i);
+    }
+    if (fds.empty()) return std::nullopt;
+    int wait_ms = -1;
+    if (timeout.count() >= 0) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      wait_ms = static_cast<int>(std::max<int64_t>(0, left.count()));
+    }
+    const int ready = poll(fds.data(), fds.size(), wait_ms);
+    if (ready < 0 && errno == EINTR) continue;
+    for (size_t k = 0; k < fds.size(); ++k) {
+      if ((fds[k].revents & POLLIN) != 0 && children[index[k]].try_reap()) return index[k];
+    }
+    if (ready <= 0 || (timeout.count() >= 0 && std::chrono::steady_clock::now() >= deadline)) return std::nullopt;
+  }
+}
+
+void terminate_all(std::vector<ChildProcess>& children, int signal, std::chrono::milliseconds grace,
+                   const std::function<void(std::chrono::milliseconds)>& idle) {
+  for (auto& child : children) {
+    if (child.running() && !child.try_reap()) child.signal_group(signal);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  auto any_running = [&] {
+    return std::any_of(children.begin(), children.end(), [](const ChildProcess& c) { return c.running(); });
+  };
+  while (any_running() && std::chrono::steady_clock::now() < deadline) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (idle) {
+      idle(std::min(left, std::chrono::milliseconds(20)));
+      while (wait_any(children, std::chrono::milliseconds(0))) {
+      }
+    } else {
+      wait_any(children, left);
+    }
+  }
+  for (auto& child : children) {
+    child.signal_group(SIGKILL);  // the worker if still running, and whatever it started
+    child.wait();
+  }
+}
+
+}  // namespace lightning::fabric

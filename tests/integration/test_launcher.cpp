@@ -1,0 +1,354 @@
+// lightning-run end to end: real processes, 127.0.0.1, ports from the OS, short timeouts, and
+// a check that nothing is left behind after each run.
+#include <signal.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <unistd.h>
+
+#include <set>
+#include <sstream>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "harness.h"
+// Catch2 last: glog (inside LibTorch) defines its own CHECK macro, Catch2 must win.
+#include <catch2/catch.hpp>
+
+using Catch::Matchers::Contains;
+using lf_test::Launched;
+
+namespace {
+std::vector<std::string> with_worker(std::vector<std::string> flags, std::vector<std::string> worker_args) {
+  std::vector<std::string> args{"model"};
+  args.insert(args.end(), flags.begin(), flags.end());
+  args.push_back(lf_test::worker_path());
+  args.insert(args.end(), worker_args.begin(), worker_args.end());
+  return args;
+}
+
+void check_no_leftovers(const Launched& run) {
+  // PDEATHSIG and the group kill act at once, but the kernel reaps asynchronously.
+  for (int i = 0; i < 50 && !lf_test::processes_with_marker(run.marker()).empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  CHECK(lf_test::processes_with_marker(run.marker()).empty());
+}
+
+std::map<int, std::map<std::string, std::string>> env_by_rank(const std::string& output) {
+  std::map<int, std::map<std::string, std::string>> result;
+  std::istringstream lines(output);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind("[rank ", 0) != 0) continue;
+    const int rank = std::stoi(line.substr(6));
+    const auto body = line.substr(line.find("]: ") + 3);
+    const auto eq = body.find('=');
+    if (eq != std::string::npos) result[rank][body.substr(0, eq)] = body.substr(eq + 1);
+  }
+  return result;
+}
+
+const std::vector<std::string> kFast{"--accelerator", "cpu", "--shutdown-grace", "2"};
+std::vector<std::string> fast(std::vector<std::string> more) {
+  std::vector<std::string> flags = kFast;
+  flags.insert(flags.end(), more.begin(), more.end());
+  return flags;
+}
+}  // namespace
+
+TEST_CASE("launcher: every worker gets the environment contract", "[launcher]") {
+  Launched run(lf_test::launcher_path(), with_worker(fast({"--devices", "2", "--precision", "bf16-mixed"}), {"env"}),
+               {{"LF_TEST_INHERITED", "yes"}});
+  REQUIRE(run.wait(60) == 0);
+  const auto envs = env_by_rank(run.out());
+  REQUIRE(envs.size() == 2);
+  std::set<std::string> run_ids, error_files;
+  for (const auto& [rank, vars] : envs) {
+    INFO("rank " << rank);
+    CHECK(vars.at("LT_CLI_USED") == "1");
+    CHECK(vars.at("LT_ACCELERATOR") == "cpu");
+    CHECK(vars.at("LT_PRECISION") == "bf16-mixed");
+    CHECK(vars.count("LT_STRATEGY") == 0);  // only when the flag is given
+    CHECK(vars.at("LT_DEVICES") == "2");
+    CHECK(vars.at("LT_NUM_NODES") == "1");
+    CHECK(vars.at("RANK") == std::to_string(rank));
+    CHECK(vars.at("LOCAL_RANK") == std::to_string(rank));
+    CHECK(vars.at("ROLE_RANK") == std::to_string(rank));
+    CHECK(vars.at("WORLD_SIZE") == "2");
+    CHECK(vars.at("LOCAL_WORLD_SIZE") == "2");
+    CHECK(vars.at("ROLE_WORLD_SIZE") == "2");
+    CHECK(vars.at("GROUP_RANK") == "0");
+    CHECK(vars.at("NODE_RANK") == "0");
+    CHECK(vars.at("GROUP_WORLD_SIZE") == "1");
+    CHECK(vars.at("ROLE_NAME") == "default");
+    CHECK(vars.at("MASTER_ADDR") == "127.0.0.1");
+    CHECK(std::stoi(vars.at("MASTER_PORT")) > 0);
+    CHECK(vars.at("TORCHELASTIC_RESTART_COUNT") == "0");
+    CHECK(vars.at("TORCHELASTIC_MAX_RESTARTS") == "0");
+    CHECK(vars.at("TORCHELASTIC_USE_AGENT_STORE") == "True");
+    CHECK(vars.at("OMP_NUM_THREADS") == std::to_string(std::max(1u, std::thread::hardware_concurrency() / 2)));
+    CHECK(vars.at("LF_TEST_INHERITED") == "yes");
+    run_ids.insert(vars.at("TORCHELASTIC_RUN_ID"));
+    error_files.insert(vars.at("TORCHELASTIC_ERROR_FILE"));
+  }
+  CHECK(run_ids.size() == 1);
+  CHECK(error_files.size() == 2);
+  CHECK_THAT(run.err(), Contains("OMP_NUM_THREADS="));
+  check_no_leftovers(run);
+}
+
+TEST_CASE("launcher: an OMP_NUM_THREADS the user set is kept", "[launcher]") {
+  Launched run(lf_test::launcher_path(), with_worker(fast({"--devices", "1"}), {"env"}), {{"OMP_NUM_THREADS", "7"}});
+  REQUIRE(run.wait(60) == 0);
+  CHECK_THAT(run.out(), Contains("OMP_NUM_THREADS=7"));
+  CHECK_THAT(run.out(), !Contains("[rank 0]"));  // one worker: untagged by default
+}
+
+TEST_CASE("launcher: arguments after the binary reach it untouched", "[launcher]") {
+  Launched run(lf_test::launcher_path(),
+               with_worker(fast({"--devices", "1"}), {"args", "--devices", "8", "--", "two words", "--help"}));
+  REQUIRE(run.wait(60) == 0);
+  CHECK(run.out() == "arg=--devices\narg=8\narg=--\narg=two words\narg=--help\n");
+}
+
+TEST_CASE("launcher: 1, 2 and 8 workers pass a first barrier", "[launcher]") {
+  for (int workers : {1, 2, 8}) {
+    Launched run(lf_test::launcher_path(), with_worker(fast({"--devices", std::to_string(workers)}), {"barrier"}));
+    REQUIRE(run.wait(120) == 0);
+    for (int rank = 0; rank < workers; ++rank) {
+      CHECK_THAT(run.out(), Contains("rank " + std::to_string(rank) + " passed barrier"));
+    }
+    check_no_leftovers(run);
+  }
+}
+
+TEST_CASE("launcher: two nodes on one machine with unequal worker counts", "[launcher][multinode]") {
+  const std::string port = std::to_string(lf_test::free_port());
+  const std::vector<std::string> common{"--num-nodes", "2", "--main-address", "127.0.0.1", "--main-port", port};
+  auto node0_flags = fast(common);
+  node0_flags.insert(node0_flags.end(), {"--node-rank", "0", "--devices", "2"});
+  auto node1_flags = fast(common);
+  node1_flags.insert(node1_flags.end(), {"--node-rank", "1", "--devices", "1"});
+  Launched node0(lf_test::launcher_path(), with_worker(node0_flags, {"barrier"}));
+  Launched node1(lf_test::launcher_path(), with_worker(node1_flags, {"barrier"}));
+  REQUIRE(node1.wait(60) == 0);
+  REQUIRE(node0.wait(60) == 0);
+  CHECK_THAT(node0.out(), Contains("[rank 0]: rank 0 passed barrier") && Contains("[rank 1]: rank 1 passed barrier"));
+  CHECK_THAT(node1.out(), Contains("[rank 2]: rank 2 passed barrier"));
+  CHECK_THAT(node1.err(), Contains("ranks 2-2 of 3"));
+  check_no_leftovers(node0);
+  check_no_leftovers(node1);
+}
+
+TEST_CASE("launcher: fault matrix", "[launcher][faults]") {
+  struct Fault {
+    std::vector<std::string> worker_args;
+    int expected_code;
+    std::string report;
+  };
+  const std::vector<Fault> faults = {
+      {{"exit", "1", "3"}, 3, "rank 1 (node 0, local rank 1) failed first: exit code 3"},
+      {{"throw", "1"}, 128 + SIGABRT, "its error file says: std::runtime_error: boom from rank 1"},
+      {{"segv", "0"}, 128 + SIGSEGV, "failed first: signal SIGSEGV (11)"},
+      // rank 1 hangs; rank 0's barrier times out after 5 s, throws, and aborts
+      {{"hang", "1"}, 128 + SIGABRT, "rank 0 (node 0, local rank 0) failed first: signal SIGABRT (6)"},
+  };
+  for (const auto& fault : faults) {
+    INFO(fault.worker_args.front());
+    Launched run(lf_test::launcher_path(), with_worker(fast({"--devices", "2"}), fault.worker_args));
+    const auto code = run.wait(60);
+    REQUIRE(code.has_value());
+    CHECK(*code == fault.expected_code);
+    CHECK_THAT(run.err(), Contains(fault.report));
+    CHECK(run.seconds() < 30);
+    check_no_leftovers(run);
+  }
+}
+
+TEST_CASE("launcher: a worker killed by SIGKILL ends the job with 137", "[launcher][faults]") {
+  Launched run(lf_test::launcher_path(), with_worker(fast({"--devices", "2"}), {"wait-signal"}));
+  REQUIRE(run.wait_for_output("ready 1", 30));
+  REQUIRE(run.wait_for_output("ready 0", 30));
+  int victim = -1;
+  for (int pid : lf_test::processes_with_marker(run.marker())) {
+    std::ifstream environ("/proc/" + std::to_string(pid) + "/environ", std::ios::binary);
+    std::string content((std::istreambuf_iterator<char>(environ)), std::istreambuf_iterator<char>());
+    if (content.find(std::string("RANK=1") + '\0') != std::string::npos && pid != run.pid()) victim = pid;
+  }
+  REQUIRE(victim > 0);
+  kill(victim, SIGKILL);
+  CHECK(run.wait(30) == 128 + SIGKILL);
+  CHECK_THAT(run.err(), Contains("rank 1") && Contains("SIGKILL"));
+  check_no_leftovers(run);
+}
+
+TEST_CASE("launcher: a rank that hangs after the others finished is stopped by --finish-timeout", "[launcher][faults]") {
+  Launched run(lf_test::launcher_path(), with_worker(fast({"--devices", "2", "--finish-timeout", "1"}), {"hang-alone", "1"}));
+  CHECK(run.wait(30) == 124);
+  CHECK_THAT(run.err(), Contains("rank 1") && Contains("--finish-timeout"));
+  CHECK(run.seconds() < 15);
+  check_no_leftovers(run);
+}
+
+TEST_CASE("launcher: SIGINT and SIGTERM are forwarded and end the job with 128 + signal", "[launcher][signals]") {
+  for (int sig : {SIGINT, SIGTERM}) {
+    Launched run(lf_test::launcher_path(), with_worker(fast({"--devices", "2"}), {"wait-signal"}));
+    REQUIRE(run.wait_for_output("ready 0", 30));
+    REQUIRE(run.wait_for_output("ready 1", 30));
+    run.signal(sig);
+    CHECK(run.wait(30) == 128 + sig);
+    CHECK(run.seconds() < 30);
+    check_no_leftovers(run);
+  }
+}
+
+TEST_CASE("launcher: SIGUSR1 is forwarded and the job goes on", "[launcher][signals]") {
+  Launched run(lf_test::launcher_path(), with_worker(fast({"--devices", "2"}), {"wait-signal"}));
+  REQUIRE(run.wait_for_output("ready 0", 30));
+  REQUIRE(run.wait_for_output("ready 1", 30));
+  run.signal(SIGUSR1);
+  CHECK(run.wait_for_output("got SIGUSR1 0", 10));
+  CHECK(run.wait_for_output("got SIGUSR1 1", 10));
+  CHECK(lf_test::processes_with_marker(run.marker()).size() == 3);  // launcher and both workers live on
+  run.signal(SIGTERM);
+  CHECK(run.wait(30) == 128 + SIGTERM);
+  check_no_leftovers(run);
+}
+
+TEST_CASE("launcher: killing the launcher with SIGKILL takes its workers down", "[launcher][signals]") {
+  Launched run(lf_test::launcher_path(), with_worker(fast({"--devices", "2"}), {"wait-signal"}));
+  REQUIRE(run.wait_for_output("ready 0", 30));
+  REQUIRE(run.wait_for_output("ready 1", 30));
+  run.signal(SIGKILL);
+  CHECK(run.wait(10) == 128 + SIGKILL);
+  check_no_leftovers(run);
+}
+
+TEST_CASE("launcher: --main-port in use is a clear error", "[launcher][rendezvous]") {
+  const int blocker = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_ANY);
+  address.sin_port = 0;
+  REQUIRE(bind(blocker, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
+  REQUIRE(listen(blocker, 1) == 0);
+  socklen_t length = sizeof(address);
+  getsockname(blocker, reinterpret_cast<sockaddr*>(&address), &length);
+  const std::string port = std::to_string(ntohs(address.sin_port));
+  Launched run(lf_test::launcher_path(), with_worker(fast({"--devices", "1", "--main-port", port}), {"env"}));
+  CHECK(run.wait(30) == 2);
+  CHECK_THAT(run.err(), Contains("--main-port " + port + " is already in use"));
+  close(blocker);
+}
+
+TEST_CASE("launcher: an unreachable main address fails within --rdzv-timeout", "[launcher][rendezvous]") {
+  const std::string port = std::to_string(lf_test::free_port());  // nobody listens there
+  Launched run(lf_test::launcher_path(),
+               with_worker(fast({"--num-nodes", "2", "--node-rank", "1", "--main-port", port, "--rdzv-timeout", "2"}), {"env"}));
+  CHECK(run.wait(30) == 1);
+  CHECK_THAT(run.err(), Contains("could not reach the rendezvous at 127.0.0.1:" + port));
+  CHECK(run.seconds() < 15);
+}
+
+TEST_CASE("launcher: a duplicate node rank and a disagreeing --num-nodes are named", "[launcher][rendezvous]") {
+  const std::string port = std::to_string(lf_test::free_port());
+  auto node = [&](const std::string& nodes, const std::string& rank) {
+    return with_worker(fast({"--num-nodes", nodes, "--node-rank", rank, "--main-port", port, "--rdzv-timeout", "20"}), {"env"});
+  };
+  Launched node0(lf_test::launcher_path(), node("3", "0"));
+  Launched a(lf_test::launcher_path(), node("3", "1"));
+  Launched b(lf_test::launcher_path(), node("3", "1"));
+  const std::string message = "already joined this rendezvous as --node-rank=1";
+  // Whichever of the two registers second is refused; the other keeps waiting for node 2.
+  bool refused = false;
+  for (int i = 0; i < 300 && !refused; ++i) refused = a.wait_for_output(message, 0.05) || b.wait_for_output(message, 0.05);
+  REQUIRE(refused);
+  Launched& loser = a.all().find(message) != std::string::npos ? a : b;
+  Launched& winner = &loser == &a ? b : a;
+  CHECK(loser.wait(30) == 2);
+  Launched wrong(lf_test::launcher_path(), node("4", "2"));
+  CHECK(wrong.wait(30) == 2);
+  CHECK_THAT(wrong.err(), Contains("--num-nodes=4") && Contains("--num-nodes=3"));
+  node0.signal(SIGTERM);
+  winner.signal(SIGTERM);
+  CHECK(node0.wait(30).has_value());
+  CHECK(winner.wait(30).has_value());
+  check_no_leftovers(node0);
+  check_no_leftovers(winner);
+}
+
+TEST_CASE("launcher: --max-restarts reruns the whole job with TORCHELASTIC_RESTART_COUNT", "[launcher][restarts]") {
+  Launched run(lf_test::launcher_path(), with_worker(fast({"--devices", "2", "--max-restarts", "2"}), {"fail-first", "1"}));
+  CHECK(run.wait(60) == 0);
+  CHECK_THAT(run.err(), Contains("rank 1 (node 0, local rank 1) failed first: exit code 3"));
+  CHECK_THAT(run.err(), Contains("restarting the job: attempt 2 of 3"));
+  CHECK_THAT(run.out(), Contains("rank 0 finished attempt 1") && Contains("rank 1 finished attempt 1"));
+  check_no_leftovers(run);
+
+  Launched exhausted(lf_test::launcher_path(), with_worker(fast({"--devices", "2", "--max-restarts", "1"}), {"exit", "0", "5"}));
+  CHECK(exhausted.wait(60) == 5);
+  CHECK_THAT(exhausted.err(), Contains("no restarts left (--max-restarts=1)"));
+}
+
+TEST_CASE("launcher: output is tagged, filtered, timestamped and logged per rank", "[launcher][output]") {
+  const auto log_dir = std::filesystem::temp_directory_path() / ("lf-logs-" + std::to_string(getpid()));
+  Launched run(lf_test::launcher_path(),
+               with_worker(fast({"--devices", "2", "--local-ranks-filter", "1", "--timestamp-output", "--log-dir",
+                                 log_dir.string()}),
+                           {"print", "3"}));
+  REQUIRE(run.wait(60) == 0);
+  CHECK_THAT(run.out(), Contains("[rank 1]: line 2 of rank 1"));
+  CHECK_THAT(run.out(), !Contains("of rank 0"));
+  CHECK_THAT(run.err(), Contains("[rank 1]: stderr of rank 1"));
+  CHECK_THAT(run.out(), Contains("T"));  // ISO timestamps
+  std::ifstream rank0(log_dir / "attempt_0" / "rank_0.stdout");
+  std::string first;
+  std::getline(rank0, first);
+  CHECK(first == "line 0 of rank 0");  // files hold the raw lines of every rank
+  std::filesystem::remove_all(log_dir);
+  Launched untagged(lf_test::launcher_path(), with_worker(fast({"--devices", "2", "--no-tag-output"}), {"print", "1"}));
+  REQUIRE(untagged.wait(60) == 0);
+  CHECK_THAT(untagged.out(), Contains("line 0 of rank 1\n") && !Contains("[rank"));
+}
+
+TEST_CASE("launcher: --dry-run prints each worker and starts nothing", "[launcher]") {
+  Launched run(lf_test::launcher_path(), with_worker(fast({"--devices", "2", "--dry-run"}), {"args", "x y"}));
+  REQUIRE(run.wait(30) == 0);
+  CHECK_THAT(run.out(), Contains("[rank 0] env") && Contains("[rank 1] env") && Contains("RANK=1") &&
+                            Contains("LT_CLI_USED=1") && Contains("'x y'"));
+  CHECK_THAT(run.out(), Contains("nothing is started"));
+}
+
+TEST_CASE("launcher: a single-node store listens on loopback only", "[launcher][rendezvous]") {
+  Launched run(lf_test::launcher_path(), with_worker(fast({"--devices", "1"}), {"wait-signal"}));
+  REQUIRE(run.wait_for_output("ready 0", 30));
+  const auto err = run.err();
+  const auto at = err.find("rendezvous at 127.0.0.1:");
+  REQUIRE(at != std::string::npos);
+  const int port = std::stoi(err.substr(at + std::string("rendezvous at 127.0.0.1:").size()));
+  // /proc/net/tcp{,6}: the listening socket's local address must be loopback.
+  bool found = false, loopback = true;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state;
+      fields >> slot >> local >> remote >> state;
+      if (state != "0A") continue;  // LISTEN
+      const auto colon = local.rfind(':');
+      if (std::stoi(local.substr(colon + 1), nullptr, 16) != port) continue;
+      found = true;
+      const std::string host = local.substr(0, colon);
+      loopback = loopback && (host == "0100007F" || host == "00000000000000000000000001000000" ||
+                              host == "0000000000000000FFFF00000100007F");
+    }
+  }
+  CHECK(found);
+  CHECK(loopback);
+  run.signal(SIGTERM);
+  CHECK(run.wait(30).has_value());
+}

@@ -1,0 +1,126 @@
+// A tiny worker for the launcher tests: it does one thing per mode, reading its rank from the
+// environment lightning-run sets.
+//   env            print every variable of the contract as KEY=VALUE lines
+//   args A B ...   print its arguments, one per line
+//   barrier        join the launcher's store, pass a gloo barrier, print "rank R passed barrier"
+//   exit R CODE    rank R exits with CODE at once; the others wait in a barrier
+//   throw R        rank R throws an uncaught std::runtime_error (the error file records it)
+//   segv R         rank R dies of SIGSEGV
+//   hang R         rank R sleeps forever, the others wait in a barrier (collective timeout 5 s)
+//   hang-alone R   rank R sleeps forever, the others exit 0 at once
+//   fail-first R   rank R exits 3 on attempt 0 (TORCHELASTIC_RESTART_COUNT), then all succeed
+//   wait-signal    print "ready", then wait; SIGUSR1 prints "got SIGUSR1"; SIGTERM exits 0
+//   print N        print N numbered lines on stdout and one on stderr
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <iostream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "lightning/fabric/utilities/env_vars.h"
+#include "lightning/fabric/utilities/error_file.h"
+
+namespace env = lightning::fabric::env;
+
+namespace {
+int int_env(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? std::atoi(value) : -1;
+}
+
+// Joins the launcher's store as torchrun workers do and passes one gloo barrier.
+void barrier(std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<uint16_t>(int_env(env::kMasterPort));
+  options.isServer = false;
+  options.timeout = timeout;
+  auto tcp = c10::make_intrusive<c10d::TCPStore>(std::getenv(env::kMasterAddr), options);
+  auto store = c10::make_intrusive<c10d::PrefixStore>(
+      "/worker/attempt_" + std::to_string(int_env(env::kRestartCount)), tcp);
+  auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout);
+  const char* iface = std::getenv("LF_TEST_GLOO_IFACE");  // set by the two-host test
+  gloo_options->devices.push_back(iface != nullptr ? c10d::ProcessGroupGloo::createDeviceForInterface(iface)
+                                                   : c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  c10d::ProcessGroupGloo group(store, int_env(env::kRank), int_env(env::kWorldSize), gloo_options);
+  group.barrier()->wait();
+}
+
+volatile std::sig_atomic_t got_usr1 = 0;
+volatile std::sig_atomic_t got_term = 0;
+}  // namespace
+
+int main(int argc, char** argv) {
+  lightning::fabric::install_error_file_handler();
+  const std::string mode = argc > 1 ? argv[1] : "env";
+  const int rank = int_env(env::kRank);
+  const int target = argc > 2 ? std::atoi(argv[2]) : -1;
+  if (mode == "env") {
+    for (const char* name : {env::kCliUsed, env::kAccelerator, env::kStrategy, env::kPrecision, env::kDevices,
+                             env::kNumNodes, env::kRank, env::kLocalRank, env::kWorldSize, env::kLocalWorldSize,
+                             env::kGroupRank, env::kGroupWorldSize, env::kNodeRank, env::kRoleRank, env::kRoleName,
+                             env::kRoleWorldSize, env::kMasterAddr, env::kMasterPort, env::kRunId, env::kRestartCount,
+                             env::kMaxRestarts, env::kErrorFile, env::kUseAgentStore, "OMP_NUM_THREADS", "LF_TEST_INHERITED"}) {
+      const char* value = std::getenv(name);
+      if (value != nullptr) std::cout << name << "=" << value << "\n";
+    }
+    return 0;
+  }
+  if (mode == "args") {
+    for (int i = 2; i < argc; ++i) std::cout << "arg=" << argv[i] << "\n";
+    return 0;
+  }
+  if (mode == "barrier") {
+    barrier();
+    std::cout << "rank " << rank << " passed barrier" << std::endl;
+    return 0;
+  }
+  if (mode == "print") {
+    for (int i = 0; i < target; ++i) std::cout << "line " << i << " of rank " << rank << "\n";
+    std::cerr << "stderr of rank " << rank << std::endl;
+    return 0;
+  }
+  if (mode == "wait-signal") {
+    std::signal(SIGUSR1, [](int) { got_usr1 = 1; });
+    std::signal(SIGTERM, [](int) { got_term = 1; });
+    std::cout << "ready " << rank << std::endl;
+    while (got_term == 0) {
+      if (got_usr1 != 0) {
+        got_usr1 = 0;
+        std::cout << "got SIGUSR1 " << rank << std::endl;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return 0;
+  }
+  if (rank == target) {
+    if (mode == "exit") return std::atoi(argv[3]);
+    if (mode == "throw") throw std::runtime_error("boom from rank " + std::to_string(rank));
+    if (mode == "segv") std::raise(SIGSEGV);
+    if (mode == "hang" || mode == "hang-alone") {
+      std::cout << "rank " << rank << " hangs" << std::endl;
+      while (true) pause();
+    }
+    if (mode == "fail-first" && int_env(env::kRestartCount) == 0) return 3;
+  }
+  if (mode == "hang-alone") return 0;
+  if (mode == "hang") {
+    barrier(std::chrono::seconds(5));
+    return 0;
+  }
+  if (mode == "fail-first") {
+    barrier();
+    std::cout << "rank " << rank << " finished attempt " << int_env(env::kRestartCount) << std::endl;
+    return 0;
+  }
+  // exit / throw / segv: the others wait in a collective for the failed rank.
+  barrier(std::chrono::seconds(60));
+  return 0;
+}

@@ -1,0 +1,141 @@
+// lightning-run's command line, parsed in process: defaults, underscore spellings, pass-through,
+// and usage errors that exit 2 naming the flag, the value and the choices.
+#include <sstream>
+
+#include "lightning/launcher/args.h"
+#include "lightning/launcher/worker_env.h"
+// Catch2 last: glog (inside LibTorch) defines its own CHECK macro, Catch2 must win.
+#include <catch2/catch.hpp>
+
+using Catch::Matchers::Contains;
+namespace launcher = lightning::launcher;
+
+namespace {
+struct Parsed {
+  launcher::ParsedCommandLine result;
+  std::string out, err;
+};
+Parsed parse(std::vector<std::string> words) {
+  words.insert(words.begin(), "lightning-run");
+  std::vector<const char*> argv;
+  for (const auto& word : words) argv.push_back(word.c_str());
+  std::ostringstream out, err;
+  Parsed parsed{launcher::parse_command_line(static_cast<int>(argv.size()), argv.data(), out, err), {}, {}};
+  parsed.out = out.str();
+  parsed.err = err.str();
+  return parsed;
+}
+}  // namespace
+
+TEST_CASE("args: Fabric's defaults", "[args]") {
+  auto parsed = parse({"model", "./train"});
+  REQUIRE_FALSE(parsed.result.exit_now);
+  const auto& args = parsed.result.args;
+  CHECK(args.devices == "1");
+  CHECK(args.num_nodes == 1);
+  CHECK(args.node_rank == 0);
+  CHECK(args.main_address == "127.0.0.1");
+  CHECK_FALSE(args.main_port);
+  CHECK_FALSE(args.accelerator);
+  CHECK_FALSE(args.strategy);
+  CHECK_FALSE(args.precision);
+  CHECK(args.max_restarts == 0);
+  CHECK(args.binary == "./train");
+  CHECK(args.binary_args.empty());
+}
+
+TEST_CASE("args: every flag, with underscore spellings, and pass-through after the binary", "[args]") {
+  auto parsed = parse({"model", "--accelerator", "cpu", "--strategy", "ddp", "--devices", "3", "--num_nodes", "2",
+                       "--node_rank", "1", "--main_address", "10.0.0.1", "--main-port", "1234", "--precision", "bf16",
+                       "--max-restarts", "2", "--shutdown-grace", "1.5", "--rdzv-timeout", "9", "--log-dir", "/tmp/x",
+                       "--timestamp-output", "--local-ranks-filter", "0,2", "--tag-output", "--", "./train", "--devices",
+                       "9", "--help"});
+  REQUIRE_FALSE(parsed.result.exit_now);
+  const auto& args = parsed.result.args;
+  CHECK(*args.accelerator == "cpu");
+  CHECK(*args.strategy == "ddp");
+  CHECK(args.devices == "3");
+  CHECK(args.num_nodes == 2);
+  CHECK(args.node_rank == 1);
+  CHECK(args.main_address == "10.0.0.1");
+  CHECK(*args.main_port == 1234);
+  CHECK(*args.precision == "bf16");
+  CHECK(args.max_restarts == 2);
+  CHECK(args.shutdown_grace_s == 1.5);
+  CHECK(args.rdzv_timeout_s == 9);
+  CHECK(*args.log_dir == "/tmp/x");
+  CHECK(args.timestamp_output);
+  CHECK(*args.local_ranks_filter == std::set<int>{0, 2});
+  CHECK(*args.tag_output);
+  CHECK(args.binary == "./train");
+  CHECK(args.binary_args == std::vector<std::string>{"--devices", "9", "--help"});
+}
+
+TEST_CASE("args: bad values exit 2 and name the flag, the value and the choices", "[args]") {
+  auto accelerator = parse({"model", "--accelerator", "tpu", "./train"});
+  CHECK(accelerator.result.exit_now == 2);
+  CHECK_THAT(accelerator.err, Contains("--accelerator=tpu") && Contains("cpu, gpu, cuda, auto"));
+  auto strategy = parse({"model", "--strategy", "horovod", "./train"});
+  CHECK(strategy.result.exit_now == 2);
+  CHECK_THAT(strategy.err, Contains("--strategy=horovod") && Contains("ddp"));
+  auto precision = parse({"model", "--precision", "8", "./train"});
+  CHECK_THAT(precision.err, Contains("--precision=8") && Contains("bf16-mixed"));
+  auto devices = parse({"model", "--accelerator", "cpu", "--devices", "0", "./train"});
+  CHECK(devices.result.exit_now == 2);
+  CHECK_THAT(devices.err, Contains("devices=0"));
+  auto node_rank = parse({"model", "--num-nodes", "2", "--node-rank", "2", "./train"});
+  CHECK(node_rank.result.exit_now == 2);
+  CHECK_THAT(node_rank.err, Contains("--node-rank=2 is out of range for --num-nodes=2"));
+  auto no_binary = parse({"model", "--devices", "2"});
+  CHECK(no_binary.result.exit_now == 2);
+  CHECK_THAT(no_binary.err, Contains("needs the program to run"));
+  auto unknown = parse({"model", "--bogus", "./train"});
+  CHECK(unknown.result.exit_now == 2);
+  auto filter = parse({"model", "--local-ranks-filter", "a", "./train"});
+  CHECK_THAT(filter.err, Contains("--local-ranks-filter=a"));
+  CHECK(parse({"launch", "./train"}).result.exit_now == 2);
+}
+
+TEST_CASE("args: --help and --version exit 0", "[args]") {
+  auto help = parse({"model", "--help"});
+  CHECK(help.result.exit_now == 0);
+  CHECK_THAT(help.out, Contains("--devices") && Contains("--max-restarts"));
+  auto version = parse({"--version"});
+  CHECK(version.result.exit_now == 0);
+  CHECK_THAT(version.out, Contains("lightning-run"));
+}
+
+TEST_CASE("args: processes per node follow the accelerator and strategy", "[args]") {
+  launcher::LaunchArgs args;
+  args.accelerator = "cpu";
+  args.devices = "4";
+  CHECK(launcher::local_process_count(args) == 4);
+  args.strategy = "dp";
+  CHECK(launcher::local_process_count(args) == 1);
+  args.strategy.reset();
+  args.devices = "auto";
+  CHECK(launcher::local_process_count(args) == 1);
+}
+
+TEST_CASE("worker environment: global ranks start at the node's offset", "[args]") {
+  launcher::LaunchArgs args;
+  launcher::NodeLayout layout;
+  layout.node_rank = 1;
+  layout.num_nodes = 2;
+  layout.local_world_size = 1;
+  layout.rank_offset = 2;
+  layout.world_size = 3;
+  layout.main_port = 4242;
+  layout.run_id = "abc";
+  layout.restart_count = 2;
+  auto env = launcher::worker_environment(args, layout, 0, {{"OMP_NUM_THREADS", "3"}}, "/tmp/e.json");
+  CHECK(env.at("RANK") == "2");
+  CHECK(env.at("LOCAL_RANK") == "0");
+  CHECK(env.at("GROUP_RANK") == "1");
+  CHECK(env.at("WORLD_SIZE") == "3");
+  CHECK(env.at("MASTER_PORT") == "4242");
+  CHECK(env.at("TORCHELASTIC_RESTART_COUNT") == "2");
+  CHECK(env.at("TORCHELASTIC_ERROR_FILE") == "/tmp/e.json");
+  CHECK(env.at("OMP_NUM_THREADS") == "3");
+  CHECK(env.count("LT_ACCELERATOR") == 0);
+}
