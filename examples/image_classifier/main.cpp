@@ -3,8 +3,9 @@
 // The loop is the plain LibTorch loop with four changes: a Fabric object, fabric.setup(...) for
 // the model and optimizer, fabric.setup_dataloaders(...) for the data, fabric.backward(loss) for
 // loss.backward(). The same binary runs on one CPU, or on several processes under lightning-run:
-//   build/bin/image_classifier --epochs 1
-//   lightning-run model build/bin/image_classifier --devices 2 -- --epochs 1
+//   build/bin/image_classifier --epochs 1                      (one process)
+//   build/bin/image_classifier --epochs 1 --devices 2          (Fabric starts 2 processes itself)
+//   lightning-run model --devices 2 build/bin/image_classifier --epochs 1
 // Rank 0 prints one JSON object per epoch: epoch, train_loss, test_accuracy, seconds, steps.
 #include <CLI/CLI.hpp>
 #include <lightning/fabric.h>
@@ -44,6 +45,8 @@ struct Settings {
   int64_t max_steps = -1;  // stop after this many optimizer steps in total (smoke runs)
   std::string data_dir = examples::kDefaultFashionMnistDir;
   uint64_t seed = 42;
+  std::string accelerator = "auto";
+  std::string devices = "auto";
 };
 
 template <class Model, class Loader>
@@ -62,8 +65,10 @@ double evaluate(lf::Fabric& fabric, Model& model, Loader& loader) {
 }
 
 int run(const Settings& settings) {
-  lf::Fabric fabric(lf::FabricOptions().accelerator("auto"));
-  fabric.launch();
+  // devices, strategy, ... come from the command line: --devices N here, or lightning-run's flags.
+  lf::Fabric fabric(lf::FabricOptions().accelerator(settings.accelerator).devices(settings.devices));
+  // No fabric.launch() call: the first setup starts the other processes when devices > 1, and
+  // under lightning-run (which refuses launch(), as Python's CLI does) it has nothing to start.
   fabric.seed_everything(settings.seed);
 
   examples::FashionMnist train(settings.data_dir, examples::FashionMnist::Split::Train);
@@ -114,6 +119,8 @@ int main(int argc, char** argv) {
   app.add_option("--max-steps", settings.max_steps, "Stop after this many steps in total (-1: no limit)");
   app.add_option("--data-dir", settings.data_dir, "Folder with the Fashion-MNIST idx files");
   app.add_option("--seed", settings.seed, "Global seed");
+  app.add_option("--accelerator", settings.accelerator, "cpu, cuda, gpu or auto (lightning-run's --accelerator overrides)");
+  app.add_option("--devices", settings.devices, "Processes/devices on this node (lightning-run's --devices overrides)");
   CLI11_PARSE(app, argc, argv);
   try {
     return run(settings);

@@ -18,7 +18,6 @@ std::map<std::string, std::string> worker_environment(const LaunchArgs& args, co
                                                       int local_rank, std::map<std::string, std::string> parent,
                                                       const std::string& error_file) {
   auto& vars = parent;
-  const std::string rank = std::to_string(layout.rank_offset + local_rank);
   vars[env::kCliUsed] = "1";
   if (args.accelerator) vars[env::kAccelerator] = *args.accelerator;
   if (args.strategy) vars[env::kStrategy] = *args.strategy;
@@ -26,21 +25,7 @@ std::map<std::string, std::string> worker_environment(const LaunchArgs& args, co
   vars[env::kDevices] = args.devices;
   vars[env::kNumNodes] = std::to_string(layout.num_nodes);
 
-  vars[env::kRank] = rank;
-  vars[env::kLocalRank] = std::to_string(local_rank);
-  vars[env::kWorldSize] = std::to_string(layout.world_size);
-  vars[env::kLocalWorldSize] = std::to_string(layout.local_world_size);
-  vars[env::kGroupRank] = std::to_string(layout.node_rank);
-  vars[env::kGroupWorldSize] = std::to_string(layout.num_nodes);
-  vars[env::kNodeRank] = std::to_string(layout.node_rank);
-  vars[env::kRoleRank] = rank;
-  vars[env::kRoleName] = "default";
-  vars[env::kRoleWorldSize] = std::to_string(layout.world_size);
-  vars[env::kMasterAddr] = layout.main_address;
-  vars[env::kMasterPort] = std::to_string(layout.main_port);
-  vars[env::kRunId] = layout.run_id;
-  vars[env::kRestartCount] = std::to_string(layout.restart_count);
-  vars[env::kMaxRestarts] = std::to_string(layout.max_restarts);
+  fabric::add_torchrun_environment(vars, layout, local_rank);
   vars[env::kErrorFile] = error_file;
   vars[env::kUseAgentStore] = "True";
   if (vars.count("OMP_NUM_THREADS") == 0) vars["OMP_NUM_THREADS"] = std::to_string(default_omp_threads(layout.local_world_size));

@@ -163,6 +163,7 @@ Connector Connector::build(const FabricOptions& options, const env::EnvLookup& e
   context.cluster_environment = connector.cluster_environment;
   context.precision = connector.precision;
   context.num_nodes = config.num_nodes;
+  context.env = env;
   for (int index : config.device_indices) context.parallel_devices.push_back(connector.accelerator->device_for(index));
   connector.strategy = strategy_registry().create(config.strategy, context);
   for (const auto& warning : config.warnings) rank_zero_warn(warning);

@@ -25,8 +25,13 @@ void Fabric::launch() {
   ensure_environment_ready();
 }
 
+ScopeGuard Fabric::no_backward_sync(const torch::nn::Module& module, bool enabled) {
+  return connector_.strategy->no_backward_sync(module, enabled);
+}
+
 void Fabric::ensure_environment_ready() {
   if (environment_ready_) return;
+  connector_.strategy->launch_processes();  // no-op when a launcher (or a scheduler) created them
   connector_.strategy->setup_environment();
   environment_ready_ = true;
   set_rank_zero_only_rank(global_rank());

@@ -18,6 +18,7 @@ namespace lf_test {
 
 std::string launcher_path() { return LF_TEST_LAUNCHER; }
 std::string worker_path() { return LF_TEST_WORKER; }
+std::string program_path() { return LF_TEST_PROGRAM; }
 
 int free_port() {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);

@@ -49,5 +49,6 @@ class Launched {
 /// Paths set by CMake.
 std::string launcher_path();
 std::string worker_path();
+std::string program_path();
 
 }  // namespace lf_test

@@ -352,3 +352,53 @@ TEST_CASE("launcher: a single-node store listens on loopback only", "[launcher][
   run.signal(SIGTERM);
   CHECK(run.wait(30).has_value());
 }
+
+namespace {
+// "rank=R ... checksum=C" lines by rank.
+std::map<int, std::string> result_lines(const std::string& output) {
+  std::map<int, std::string> lines;
+  std::istringstream in(output);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto at = line.find("rank=");
+    if (at == std::string::npos) continue;
+    lines[std::stoi(line.substr(at + 5))] = line.substr(at);
+  }
+  return lines;
+}
+}  // namespace
+
+TEST_CASE("Fabric::launch: devices(2) in code behaves as lightning-run --devices 2", "[launch]") {
+  Launched alone(lf_test::program_path(), {"--devices", "2"});
+  REQUIRE(alone.wait(120) == 0);
+  Launched launched(lf_test::launcher_path(), {"model", "--accelerator", "cpu", "--devices", "2", lf_test::program_path()});
+  REQUIRE(launched.wait(120) == 0);
+  const auto a = result_lines(alone.out());
+  const auto b = result_lines(launched.out());
+  REQUIRE(a.size() == 2);
+  REQUIRE(b.size() == 2);
+  CHECK_THAT(a.at(0), Contains("world=2 strategy=ddp"));
+  CHECK(a.at(0) == b.at(0));
+  CHECK(a.at(1) == b.at(1));
+  // DDP keeps the replicas identical although each rank saw different data.
+  CHECK(a.at(0).substr(a.at(0).find("checksum")) == a.at(1).substr(a.at(1).find("checksum")));
+  check_no_leftovers(alone);
+  check_no_leftovers(launched);
+}
+
+TEST_CASE("Fabric::launch: an explicit launch() works alone and is refused under lightning-run", "[launch]") {
+  Launched alone(lf_test::program_path(), {"--devices", "2", "--launch"});
+  REQUIRE(alone.wait(120) == 0);
+  CHECK(result_lines(alone.out()).size() == 2);
+  Launched refused(lf_test::launcher_path(), {"model", "--accelerator", "cpu", "--devices", "2", lf_test::program_path(), "--launch"});
+  CHECK(refused.wait(60) != 0);
+  CHECK_THAT(refused.err(), Contains("LT_CLI_USED=1"));
+  check_no_leftovers(refused);
+}
+
+TEST_CASE("Fabric::launch: a failing child stops the job with its exit code", "[launch]") {
+  Launched run(lf_test::program_path(), {"--devices", "2", "--fail-rank", "1"});
+  CHECK(run.wait(120) == 3);
+  CHECK_THAT(run.err(), Contains("local rank 1 failed: exit code 3"));
+  check_no_leftovers(run);
+}

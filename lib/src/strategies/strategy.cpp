@@ -4,6 +4,8 @@
 #include <cctype>
 
 #include "lightning/fabric/errors.h"
+#include "lightning/fabric/strategies/ddp.h"
+#include "lightning/fabric/utilities/rank_zero.h"
 
 namespace lightning::fabric {
 
@@ -19,6 +21,17 @@ ReduceOp parse_reduce_op(const std::string& name) {
 }
 
 void Strategy::setup_environment() { context_.accelerator->setup_device(root_device()); }
+
+ScopeGuard Strategy::no_backward_sync(const torch::nn::Module& module, bool enabled) {
+  (void)module;
+  static bool warned = false;
+  if (enabled && !warned) {
+    warned = true;
+    rank_zero_warn("fabric.no_backward_sync() has no effect with strategy '" + name() +
+                   "': it has no gradient synchronisation to skip.");
+  }
+  return ScopeGuard();
+}
 
 void Strategy::module_to_device(torch::nn::Module& module) const { module.to(root_device()); }
 
@@ -47,6 +60,18 @@ StrategyRegistry& strategy_registry() {
     built.add("single_device",
               [](StrategyContext context) { return std::make_shared<SingleDeviceStrategy>(std::move(context)); },
               "one process on one device");
+    auto ddp = [](std::string name, bool find_unused) {
+      return [name, find_unused](StrategyContext context) {
+        DDPOptions options;
+        options.name = name;
+        options.find_unused_parameters = find_unused;
+        return std::make_shared<DDPStrategy>(std::move(context), options);
+      };
+    };
+    built.add("ddp", ddp("ddp", false), "one process per device, gradients averaged after backward");
+    built.add("ddp_spawn", ddp("ddp_spawn", false), "ddp; processes started by re-executing the program");
+    built.add("ddp_find_unused_parameters_true", ddp("ddp_find_unused_parameters_true", true), "ddp, unused parameters allowed");
+    built.add("ddp_find_unused_parameters_false", ddp("ddp_find_unused_parameters_false", false), "ddp");
     return built;
   }();
   return registry;

@@ -2,7 +2,9 @@
 
 #include <cxxabi.h>
 
+#include <atomic>
 #include <chrono>
+#include <thread>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -21,6 +23,8 @@ std::string demangle(const char* name) {
   std::free(readable);
   return result;
 }
+
+std::atomic<void (*)()> terminate_hook{nullptr};
 
 std::terminate_handler& previous_handler() {
   static std::terminate_handler handler = nullptr;
@@ -44,11 +48,14 @@ void record_and_terminate() {
       write_error_file(path, type, message);
     }
   }
+  if (auto hook = terminate_hook.load()) hook();
   if (auto handler = previous_handler()) handler();
   std::abort();
 }
 
 }  // namespace
+
+void set_terminate_hook(void (*hook)()) { terminate_hook = hook; }
 
 void install_error_file_handler() {
   static const bool installed = [] {

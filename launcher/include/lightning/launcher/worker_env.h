@@ -6,23 +6,13 @@
 #include <optional>
 #include <string>
 
+#include "lightning/fabric/utilities/launch_env.h"
 #include "lightning/launcher/args.h"
 
 namespace lightning::launcher {
 
 /// Where this node stands in the job, as the rendezvous established it.
-struct NodeLayout {
-  int node_rank = 0;
-  int num_nodes = 1;
-  int local_world_size = 1;
-  int rank_offset = 0;   // global rank of this node's local rank 0
-  int world_size = 1;
-  std::string main_address = "127.0.0.1";
-  int main_port = kDefaultMainPort;
-  std::string run_id;
-  int restart_count = 0;
-  int max_restarts = 0;
-};
+using NodeLayout = fabric::WorkerLayout;
 
 /// OMP_NUM_THREADS for each worker when the parent has none: max(1, cores / local workers).
 int default_omp_threads(int local_world_size);

@@ -242,6 +242,15 @@ class Fabric {
     return module;
   }
 
+  /// Skips the gradient all-reduce of `module` while the guard lives (gradient accumulation):
+  ///   { auto skip = fabric.no_backward_sync(model, !last_micro_batch); fabric.backward(loss); }
+  /// With one process it is a no-op (with a warning).
+  ScopeGuard no_backward_sync(const torch::nn::Module& module, bool enabled = true);
+  template <class Impl>
+  ScopeGuard no_backward_sync(const FabricModule<Impl>& module, bool enabled = true) {
+    return no_backward_sync(*module.module(), enabled);
+  }
+
   // ---- collectives (every process must call them) ----
   void barrier(const std::string& name = {});
   at::Tensor all_reduce(const at::Tensor& tensor, const std::string& reduce_op = "mean");

@@ -15,6 +15,8 @@
 #include "lightning/fabric/plugins/environments/cluster_environment.h"
 #include "lightning/fabric/plugins/precision/precision.h"
 #include "lightning/fabric/registry.h"
+#include "lightning/fabric/utilities/env_vars.h"
+#include "lightning/fabric/utilities/scope_guard.h"
 
 namespace lightning::fabric {
 
@@ -29,6 +31,7 @@ struct StrategyContext {
   std::shared_ptr<Precision> precision;
   std::vector<torch::Device> parallel_devices;  // this node's devices, one per local process
   int num_nodes = 1;
+  env::EnvLookup env = env::process_env();      // the environment the Connector resolved with
 };
 
 class Strategy {
@@ -54,6 +57,12 @@ class Strategy {
 
   /// Once per process, before any setup: the accelerator's device setup, process groups, ...
   virtual void setup_environment();
+  /// Spawns this node's other local processes when nobody else did (Fabric::launch). Default:
+  /// nothing, the strategy runs one process.
+  virtual void launch_processes() {}
+  /// Skips the gradient synchronisation of `module` while the guard lives (accumulation).
+  /// Default: a no-op with a warning, as on a single device.
+  virtual ScopeGuard no_backward_sync(const torch::nn::Module& module, bool enabled);
   /// Strategies that must see module and optimizers together (Python: DeepSpeed, XLA) say so;
   /// Fabric then refuses setup_module()/setup_optimizers().
   virtual bool requires_joint_setup() const { return false; }

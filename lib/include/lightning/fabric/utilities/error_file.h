@@ -12,6 +12,10 @@ namespace lightning::fabric {
 /// $TORCHELASTIC_ERROR_FILE (when set), then aborts as before. Idempotent.
 void install_error_file_handler();
 
+/// A function the terminate handler runs after recording the error and before aborting (one at a
+/// time; Fabric::launch() uses it to let a failed child's exit code win over rank 0's abort).
+void set_terminate_hook(void (*hook)());
+
 /// Writes {"message": {"message": "<type>: <what>", "extraInfo": {...}}, "rank": R, "type": T}
 /// (torchelastic's layout plus two fields) to path. Returns false if it could not be written.
 bool write_error_file(const std::string& path, const std::string& type, const std::string& message);

@@ -1,0 +1,66 @@
+// A c10d process group for one job: gloo for CPU tensors, NCCL for CUDA tensors when the LibTorch
+// has it. Created from the torchrun contract: with TORCHELASTIC_USE_AGENT_STORE=True every rank
+// joins the launcher's TCPStore as a client; otherwise rank 0 hosts the store at
+// MASTER_ADDR:MASTER_PORT (or uses one it already hosts). Every method is collective: all ranks
+// call it in the same order.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace c10d {
+class Store;
+}
+
+namespace lightning::fabric {
+
+enum class ReduceOp;
+
+struct CollectiveOptions {
+  std::string main_address = "127.0.0.1";
+  int main_port = 29400;
+  int rank = 0;
+  int world_size = 1;
+  int restart_count = 0;                 // store prefix /worker/attempt_<N>, as torchrun
+  bool use_agent_store = false;          // join a launcher's store instead of hosting on rank 0
+  std::string backend = "gloo";          // "gloo" | "nccl"
+  std::chrono::milliseconds timeout = std::chrono::minutes(30);
+};
+
+class Collective {
+ public:
+  /// Creates the process group. store: a server store this process already hosts (Fabric::launch
+  /// creates it before spawning, so the port is known without a race); null = as options say.
+  explicit Collective(const CollectiveOptions& options, c10::intrusive_ptr<c10d::Store> store = {});
+  ~Collective();
+  Collective(const Collective&) = delete;
+  Collective& operator=(const Collective&) = delete;
+
+  int rank() const;
+  int world_size() const;
+  const std::string& backend() const;
+
+  void barrier();
+  /// In place on a contiguous tensor. Mean is a sum divided by the world size (gloo has no AVG).
+  void all_reduce_(at::Tensor& tensor, ReduceOp op);
+  /// Several tensors in flight at once, then waited for (bucketed gradient averaging).
+  void all_reduce_many_(std::vector<at::Tensor>& tensors, ReduceOp op);
+  /// A new tensor with a leading world-size dimension.
+  at::Tensor all_gather(const at::Tensor& tensor);
+  void broadcast_(at::Tensor& tensor, int src);
+  std::string broadcast_bytes(const std::string& bytes, int src);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Hosts the store a job's ranks will join: a TCPStore server on host:port (0 = a free port).
+c10::intrusive_ptr<c10d::Store> host_store(const std::string& host, int port, std::chrono::milliseconds timeout, int* bound_port);
+
+}  // namespace lightning::fabric

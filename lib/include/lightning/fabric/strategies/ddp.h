@@ -1,0 +1,61 @@
+// Distributed data parallel: one process per device, parameters broadcast from rank 0 at setup,
+// gradients averaged over all ranks after every fabric.backward (in buckets of bucket_cap_mb,
+// all in flight at once). Process groups come from plugins/collectives (gloo on CPU, NCCL on CUDA).
+// When nothing launched the processes (no LOCAL_RANK), Fabric::launch() spawns them through the
+// SubprocessLauncher and this process continues as local rank 0.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "lightning/fabric/plugins/collectives/collective.h"
+#include "lightning/fabric/strategies/launchers/subprocess_launcher.h"
+#include "lightning/fabric/strategies/strategy.h"
+
+namespace lightning::fabric {
+
+struct DDPOptions {
+  std::string name = "ddp";
+  bool find_unused_parameters = false;   // a parameter without a gradient counts as zero
+  double bucket_cap_mb = 25.0;
+  std::chrono::milliseconds timeout = std::chrono::minutes(30);
+};
+
+class DDPStrategy : public Strategy {
+ public:
+  DDPStrategy(StrategyContext context, DDPOptions options = DDPOptions());
+  std::string name() const override { return options_.name; }
+  torch::Device root_device() const override;
+  int world_size() const override;
+  int global_rank() const override;
+
+  void launch_processes() override;
+  void setup_environment() override;
+  void setup_module(const std::shared_ptr<torch::nn::Module>& module) override;
+  void backward(at::Tensor& loss, torch::nn::Module* module) override;
+  ScopeGuard no_backward_sync(const torch::nn::Module& module, bool enabled) override;
+
+  void barrier(const std::string& name = {}) override;
+  at::Tensor all_reduce(const at::Tensor& tensor, ReduceOp op) override;
+  at::Tensor all_gather(const at::Tensor& tensor) override;
+  at::Tensor broadcast(const at::Tensor& tensor, int src) override;
+  std::string broadcast_bytes(const std::string& bytes, int src) override;
+
+  /// The process group (after setup_environment).
+  Collective& collective();
+
+ private:
+  void synchronize_gradients();
+  int num_processes() const { return static_cast<int>(context_.parallel_devices.size()); }
+
+  DDPOptions options_;
+  std::unique_ptr<SubprocessLauncher> launcher_;
+  std::unique_ptr<Collective> collective_;
+  std::vector<std::shared_ptr<torch::nn::Module>> modules_;
+  std::set<const torch::nn::Module*> sync_disabled_;
+};
+
+}  // namespace lightning::fabric

@@ -1,0 +1,165 @@
+#include "lightning/fabric/strategies/ddp.h"
+
+#include <ATen/ATen.h>
+#include <torch/types.h>
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "lightning/fabric/errors.h"
+#include "lightning/fabric/utilities/rank_zero.h"
+
+namespace lightning::fabric {
+namespace {
+bool env_true(const env::EnvLookup& env, const char* name) {
+  auto value = env(name);
+  return value && (*value == "True" || *value == "true" || *value == "1");
+}
+int env_int(const env::EnvLookup& env, const char* name, int fallback) {
+  auto value = env(name);
+  return value ? std::stoi(*value) : fallback;
+}
+}  // namespace
+
+DDPStrategy::DDPStrategy(StrategyContext context, DDPOptions options)
+    : Strategy(std::move(context)), options_(std::move(options)) {}
+
+torch::Device DDPStrategy::root_device() const {
+  const int local = local_rank();
+  LF_CHECK(local >= 0 && local < num_processes(), RuntimeError, "LOCAL_RANK=", local, " is outside the ",
+           num_processes(), " devices of this node.");
+  return context_.parallel_devices[static_cast<size_t>(local)];
+}
+
+// The Lightning environment learns ranks from the strategy; the others (torchelastic, ...) know.
+int DDPStrategy::world_size() const {
+  auto& environment = *context_.cluster_environment;
+  if (environment.name() == "lightning") return num_processes() * num_nodes();
+  return environment.world_size();
+}
+
+int DDPStrategy::global_rank() const {
+  auto& environment = *context_.cluster_environment;
+  if (environment.name() != "lightning") return environment.global_rank();
+  return environment.node_rank() * num_processes() + environment.local_rank();
+}
+
+void DDPStrategy::launch_processes() {
+  if (context_.cluster_environment->creates_processes_externally() || num_processes() == 1) return;
+  launcher_ = std::make_unique<SubprocessLauncher>(num_processes(), num_nodes(), env::process_env());
+  launcher_->launch();
+}
+
+void DDPStrategy::setup_environment() {
+  if (collective_) return;
+  context_.cluster_environment->set_world_size(world_size());
+  context_.cluster_environment->set_global_rank(global_rank());
+  context_.accelerator->setup_device(root_device());
+  CollectiveOptions options;
+  const auto& environment = *context_.cluster_environment;
+  options.main_address = environment.main_address();
+  options.main_port = environment.main_port();
+  options.rank = global_rank();
+  options.world_size = world_size();
+  options.restart_count = env_int(context_.env, env::kRestartCount, 0);
+  options.use_agent_store = env_true(context_.env, env::kUseAgentStore);
+  options.backend = root_device().is_cuda() ? "nccl" : "gloo";
+  options.timeout = options_.timeout;
+  c10::intrusive_ptr<c10d::Store> store;
+  if (launcher_) store = launcher_->hosted_store();
+  collective_ = std::make_unique<Collective>(options, store);
+}
+
+Collective& DDPStrategy::collective() {
+  LF_CHECK(collective_ != nullptr, RuntimeError, "The process group of strategy '", name(),
+           "' does not exist yet: call fabric.launch() (or any setup) first.");
+  return *collective_;
+}
+
+void DDPStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module) {
+  setup_environment();
+  torch::NoGradGuard no_grad;
+  for (auto& parameter : module->parameters()) {
+    at::Tensor data = parameter.data();
+    collective().broadcast_(data, 0);
+  }
+  for (auto& buffer : module->buffers()) collective().broadcast_(buffer, 0);
+  modules_.push_back(module);
+}
+
+void DDPStrategy::backward(at::Tensor& loss, torch::nn::Module* module) {
+  Strategy::backward(loss, module);
+  synchronize_gradients();
+}
+
+void DDPStrategy::synchronize_gradients() {
+  if (modules_.empty() || world_size() == 1) return;
+  // Reverse parameter order (the order backward produces gradients), grouped into buckets.
+  std::vector<at::Tensor> parameters;
+  for (const auto& module : modules_) {
+    if (sync_disabled_.count(module.get()) != 0) continue;
+    for (auto& parameter : module->parameters()) {
+      if (parameter.requires_grad()) parameters.push_back(parameter);
+    }
+  }
+  std::reverse(parameters.begin(), parameters.end());
+  const auto cap_bytes = static_cast<int64_t>(options_.bucket_cap_mb * 1024 * 1024);
+  std::vector<std::vector<at::Tensor>> buckets;
+  int64_t bucket_bytes = 0;
+  torch::NoGradGuard no_grad;
+  for (auto& parameter : parameters) {
+    if (!parameter.grad().defined()) parameter.mutable_grad() = at::zeros_like(parameter);
+    const int64_t bytes = parameter.numel() * static_cast<int64_t>(parameter.element_size());
+    const bool fits = !buckets.empty() && bucket_bytes + bytes <= cap_bytes &&
+                      buckets.back().front().scalar_type() == parameter.scalar_type() &&
+                      buckets.back().front().device() == parameter.device();
+    if (!fits) {
+      buckets.emplace_back();
+      bucket_bytes = 0;
+    }
+    buckets.back().push_back(parameter.grad());
+    bucket_bytes += bytes;
+  }
+  std::vector<at::Tensor> flats;
+  for (const auto& bucket : buckets) {
+    std::vector<at::Tensor> views;
+    for (const auto& grad : bucket) views.push_back(grad.reshape({-1}));
+    flats.push_back(at::cat(views));
+  }
+  collective().all_reduce_many_(flats, ReduceOp::Mean);
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    int64_t offset = 0;
+    for (auto& grad : buckets[b]) {
+      grad.copy_(flats[b].narrow(0, offset, grad.numel()).view_as(grad));
+      offset += grad.numel();
+    }
+  }
+}
+
+ScopeGuard DDPStrategy::no_backward_sync(const torch::nn::Module& module, bool enabled) {
+  if (!enabled) return ScopeGuard();
+  const bool inserted = sync_disabled_.insert(&module).second;
+  if (!inserted) return ScopeGuard();
+  return ScopeGuard([this, pointer = &module] { sync_disabled_.erase(pointer); });
+}
+
+void DDPStrategy::barrier(const std::string&) { collective().barrier(); }
+
+at::Tensor DDPStrategy::all_reduce(const at::Tensor& tensor, ReduceOp op) {
+  at::Tensor result = tensor.clone().contiguous();
+  collective().all_reduce_(result, op);
+  return result;
+}
+
+at::Tensor DDPStrategy::all_gather(const at::Tensor& tensor) { return collective().all_gather(tensor); }
+
+at::Tensor DDPStrategy::broadcast(const at::Tensor& tensor, int src) {
+  at::Tensor result = tensor.clone().contiguous();
+  collective().broadcast_(result, src);
+  return result;
+}
+
+std::string DDPStrategy::broadcast_bytes(const std::string& bytes, int src) {
+  return collective().broadcast_bytes(bytes, src);
+}
+
+}  // namespace lightning::fabric

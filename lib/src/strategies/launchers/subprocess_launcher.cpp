@@ -1,0 +1,166 @@
+#include "lightning/fabric/strategies/launchers/subprocess_launcher.h"
+
+#include <ATen/Parallel.h>
+#include <signal.h>
+#include <stdlib.h>
+
+#include <condition_variable>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+#include <thread>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "lightning/fabric/errors.h"
+#include "lightning/fabric/plugins/collectives/collective.h"
+#include "lightning/fabric/utilities/error_file.h"
+#include "lightning/fabric/utilities/launch_env.h"
+#include "lightning/fabric/utilities/process.h"
+
+namespace lightning::fabric {
+namespace {
+
+std::vector<std::string> own_command_line() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::vector<std::string> words;
+  std::string word;
+  while (std::getline(in, word, '\0')) words.push_back(word);
+  return words;
+}
+
+constexpr auto kGrace = std::chrono::seconds(5);
+
+}  // namespace
+
+struct SubprocessLauncher::Impl {
+  int num_processes = 1;
+  int num_nodes = 1;
+  env::EnvLookup env;
+  c10::intrusive_ptr<c10d::Store> store;
+  std::string error_dir;
+  std::vector<ChildProcess> children;
+  std::thread monitor;
+  std::mutex mutex;
+  std::condition_variable spawned_cv;
+  bool spawned = false;
+  std::exception_ptr spawn_error;
+
+  // Runs on the monitor thread, which lives as long as the children: PR_SET_PDEATHSIG is bound
+  // to the thread that forked, so the children die with this process and never outlive it.
+  void supervise(std::vector<ProcessSpec> specs) {
+    try {
+      for (const auto& spec : specs) children.push_back(ChildProcess::spawn(spec));
+    } catch (...) {
+      spawn_error = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      spawned = true;
+    }
+    spawned_cv.notify_all();
+    if (spawn_error) return;
+    while (auto index = wait_any(children, std::chrono::milliseconds(-1))) {
+      const ExitStatus status = *children[*index].status();
+      if (status.success()) continue;
+      report_and_exit(*index + 1, status);
+    }
+  }
+
+  [[noreturn]] void report_and_exit(size_t local_rank, const ExitStatus& status) {
+    std::cerr << "lightning-fabric: local rank " << local_rank << " failed: " << status.describe() << "\n";
+    const std::string error = read_error_file(error_dir + "/rank_" + std::to_string(local_rank) + ".error.json");
+    if (!error.empty()) std::cerr << "lightning-fabric: its error file says: " << error << "\n";
+    std::cerr << "lightning-fabric: stopping the other processes and exiting with " << status.shell_code() << std::endl;
+    terminate_all(children, SIGTERM, kGrace);
+    std::_Exit(status.shell_code());
+  }
+};
+
+SubprocessLauncher::SubprocessLauncher(int num_processes, int num_nodes, env::EnvLookup env)
+    : impl_(std::make_shared<Impl>()) {
+  impl_->num_processes = num_processes;
+  impl_->num_nodes = num_nodes;
+  impl_->env = std::move(env);
+}
+
+SubprocessLauncher::~SubprocessLauncher() = default;
+
+const c10::intrusive_ptr<c10d::Store>& SubprocessLauncher::hosted_store() const { return impl_->store; }
+
+void SubprocessLauncher::launch() {
+  Impl& impl = *impl_;
+  const auto& env = impl.env;
+  WorkerLayout layout;
+  layout.num_nodes = impl.num_nodes;
+  layout.node_rank = std::stoi(env(env::kNodeRank).value_or(env(env::kGroupRank).value_or("0")));
+  layout.local_world_size = impl.num_processes;
+  layout.rank_offset = layout.node_rank * impl.num_processes;
+  layout.world_size = impl.num_nodes * impl.num_processes;
+  layout.main_address = env(env::kMasterAddr).value_or("127.0.0.1");
+  auto port = env(env::kMasterPort);
+  LF_CHECK(port || impl.num_nodes == 1, ValueError, "Fabric::launch() with num_nodes=", impl.num_nodes,
+           " needs MASTER_ADDR and MASTER_PORT (node 0's address and a free port) and NODE_RANK on every node, "
+           "or start the nodes with lightning-run.");
+  layout.main_port = port ? std::stoi(*port) : 0;
+  layout.run_id = "fabric-launch-" + std::to_string(getpid());
+  if (layout.node_rank == 0) {
+    int bound = 0;
+    impl.store = host_store(layout.main_address, layout.main_port, std::chrono::minutes(30), &bound);
+    layout.main_port = bound;
+  }
+
+  std::string pattern = (std::filesystem::temp_directory_path() / "lightning-fabric-XXXXXX").string();
+  LF_CHECK(mkdtemp(pattern.data()) != nullptr, RuntimeError, "Fabric::launch(): cannot create a temporary folder.");
+  impl.error_dir = pattern;
+
+  const bool set_threads = !env("OMP_NUM_THREADS").has_value();
+  const int threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / impl.num_processes);
+  std::vector<ProcessSpec> specs;
+  const auto command = own_command_line();
+  for (int local = 1; local < impl.num_processes; ++local) {
+    ProcessSpec spec;
+    spec.executable = "/proc/self/exe";
+    spec.argv = command;
+    spec.env = current_environment();
+    add_torchrun_environment(spec.env, layout, local);
+    spec.env[env::kUseAgentStore] = "False";
+    spec.env[env::kErrorFile] = impl.error_dir + "/rank_" + std::to_string(local) + ".error.json";
+    if (set_threads) spec.env["OMP_NUM_THREADS"] = std::to_string(threads);
+    specs.push_back(std::move(spec));
+  }
+  // This process becomes local rank 0 of the same contract.
+  std::map<std::string, std::string> own;
+  add_torchrun_environment(own, layout, 0);
+  own[env::kUseAgentStore] = "False";
+  for (const auto& [key, value] : own) setenv(key.c_str(), value.c_str(), 1);
+  if (set_threads) at::set_num_threads(threads);
+
+  impl.monitor = std::thread([state = impl_, specs = std::move(specs)]() mutable { state->supervise(std::move(specs)); });
+  {
+    std::unique_lock<std::mutex> lock(impl.mutex);
+    impl.spawned_cv.wait(lock, [&] { return impl.spawned; });
+  }
+  if (impl.spawn_error) {
+    impl.monitor.join();
+    std::rethrow_exception(impl.spawn_error);
+  }
+  // At a normal exit of local rank 0, wait for the other ranks (the monitor stops the job if one
+  // of them fails meanwhile).
+  static std::shared_ptr<Impl> waiting;
+  waiting = impl_;
+  // Rank 0 often dies of a failed child (a collective loses its peer) before the monitor has seen
+  // the child's exit: give the monitor a moment to report the child and exit with its code.
+  install_error_file_handler();
+  set_terminate_hook([] {
+    if (!waiting) return;
+    for (int i = 0; i < 40 && waiting->monitor.joinable(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  });
+  std::atexit([] {
+    if (waiting && waiting->monitor.joinable()) waiting->monitor.join();
+    std::error_code ignored;
+    if (waiting) std::filesystem::remove_all(waiting->error_dir, ignored);
+  });
+}
+
+}  // namespace lightning::fabric
