@@ -163,6 +163,12 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv, std::ost
   return parsed;
 }
 
+std::string format_seconds(double seconds) {
+  std::ostringstream text;
+  text << seconds;
+  return text.str();
+}
+
 std::string resolved_accelerator(const LaunchArgs& args) {
   const std::string requested = args.accelerator.value_or("auto");
   if (requested == "cpu") return "cpu";

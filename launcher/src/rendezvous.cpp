@@ -88,7 +88,7 @@ Rendezvous Rendezvous::establish(const LaunchArgs& args, int local_world_size) {
       throw RendezvousError("node 0 cannot host the rendezvous at " + where + ": " + what, 2);
     }
     throw RendezvousError("node " + std::to_string(args.node_rank) + " could not reach the rendezvous at " + where +
-                              " within --rdzv-timeout=" + std::to_string(args.rdzv_timeout_s) +
+                              " within --rdzv-timeout=" + format_seconds(args.rdzv_timeout_s) +
                               "s. Check that node 0's lightning-run is running, that --main-address/--main-port "
                               "name it, and that the port is reachable from here. (" + what + ")",
                           1);
@@ -131,7 +131,7 @@ void Rendezvous::register_node(const LaunchArgs& args, int local_world_size) {
     if (std::chrono::steady_clock::now() > deadline) {
       std::string list;
       for (int node : missing) list += (list.empty() ? "" : ", ") + std::to_string(node);
-      throw RendezvousError("timed out after " + std::to_string(static_cast<int>(args.rdzv_timeout_s)) +
+      throw RendezvousError("timed out after " + format_seconds(args.rdzv_timeout_s) +
                                 "s waiting for node(s) " + list + " to join the rendezvous at " + layout_.main_address +
                                 ":" + std::to_string(layout_.main_port) +
                                 ". Start lightning-run on them with the same --main-address, --main-port and "

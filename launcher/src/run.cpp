@@ -182,7 +182,7 @@ Outcome Job::run_attempt(int attempt) {
         } else if (*sig != SIGCHLD) {
           received_signal_ = *sig;
           say("received " + fabric::signal_name(*sig) + ": forwarding it to the workers and stopping them (grace " +
-              std::to_string(args_.shutdown_grace_s) + "s)");
+              format_seconds(args_.shutdown_grace_s) + "s)");
           if (rendezvous_ && layout_.num_nodes > 1) {
             rendezvous_->announce_failure(attempt, {layout_.node_rank, layout_.rank_offset, 128 + *sig,
                                                     "lightning-run on node " + std::to_string(layout_.node_rank) +
@@ -222,7 +222,7 @@ Outcome Job::run_attempt(int attempt) {
         if (!children_[i].running()) continue;
         failure_ = {layout_.node_rank, layout_.rank_offset + static_cast<int>(i), static_cast<int>(i),
                     kFinishTimeoutExitCode,
-                    "still running " + std::to_string(args_.finish_timeout_s) +
+                    "still running " + format_seconds(args_.finish_timeout_s) +
                         "s after another worker finished (--finish-timeout)",
                     error_files_[i]};
         break;
@@ -261,7 +261,7 @@ void Job::report(const Failure& failure) const {
     for (const auto& line : tail) lines << "\n  | " << line;
     say(lines.str());
   }
-  say("stopped the other workers (SIGTERM, then SIGKILL after " + std::to_string(args_.shutdown_grace_s) + "s)");
+  say("stopped the other workers (SIGTERM, then SIGKILL after " + format_seconds(args_.shutdown_grace_s) + "s)");
 }
 
 int Job::wait_for_other_nodes(int attempt) {

@@ -51,6 +51,9 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv, std::ost
 /// strategy dp -> 1. Throws lightning::fabric::ValueError on a devices value the accelerator rejects.
 int local_process_count(const LaunchArgs& args);
 
+/// "2", "0.5": seconds as a person writes them.
+std::string format_seconds(double seconds);
+
 /// The accelerator the workers will use ("cpu" or "cuda"), resolving "auto" and "gpu".
 std::string resolved_accelerator(const LaunchArgs& args);
 

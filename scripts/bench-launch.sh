@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# P4: time from start until every worker has passed a first gloo barrier and the job has exited,
+# for 2 and 8 workers: lightning-run, a raw fork/exec of the same worker with the environment set
+# by hand (apps/bench_raw_launch.cpp), and torchrun --no_python (Debian python3-torch, through
+# scripts/torchrun_fixed.py, --monitor_interval 0.1). Runs interleaved, REPEATS times each; prints
+# medians and ratios, and the launchers' peak resident memory (GNU time).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bin="${BUILD_DIR:-$root/build}/bin"
+repeats="${REPEATS:-7}"
+if ! /usr/bin/python3 -c "import torch" 2>/dev/null || [ ! -x /usr/bin/time ]; then
+  sudo_cmd=(); [ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends python3-torch time
+fi
+export OMP_NUM_THREADS=1
+worker="$bin/lf_test_worker"
+
+free_port() { /usr/bin/python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"; }
+timed() {  # prints seconds and peak KiB of the launcher process
+  /usr/bin/time -f "%e %M" -o /tmp/lf-bench-time "$@" >/dev/null 2>&1
+  cat /tmp/lf-bench-time
+}
+for n in 2 8; do
+  : > /tmp/lf-bench-$n
+  for _ in $(seq "$repeats"); do
+    echo "lightning-run $(timed "$bin/lightning-run" model --accelerator cpu --devices "$n" "$worker" barrier)" >> /tmp/lf-bench-$n
+    echo "raw $(timed "$bin/bench_raw_launch" "$n" "$worker" barrier)" >> /tmp/lf-bench-$n
+    echo "torchrun $(timed /usr/bin/python3 "$root/scripts/torchrun_fixed.py" --nproc_per_node "$n" --monitor_interval 0.1 \
+      --master_addr 127.0.0.1 --master_port "$(free_port)" --no_python "$worker" barrier)" >> /tmp/lf-bench-$n
+  done
+  /usr/bin/python3 - "$n" <<'PY'
+import statistics, sys
+n = sys.argv[1]
+rows = [line.split() for line in open(f"/tmp/lf-bench-{n}")]
+med = {k: statistics.median(float(r[1]) for r in rows if r[0] == k) for k in ("lightning-run", "raw", "torchrun")}
+mem = {k: max(int(r[2]) for r in rows if r[0] == k) for k in ("lightning-run", "raw", "torchrun")}
+print(f'{{"benchmark":"P4 launch to first barrier","workers":{n},"repeats":{len(rows)//3},'
+      f'"lightning_run_s":{med["lightning-run"]:.3f},"raw_fork_exec_s":{med["raw"]:.3f},"torchrun_s":{med["torchrun"]:.3f},'
+      f'"ratio_vs_torchrun":{med["lightning-run"]/med["torchrun"]:.3f},"ratio_vs_raw":{med["lightning-run"]/med["raw"]:.3f},'
+      f'"launcher_peak_rss_kib":{mem["lightning-run"]},"raw_peak_rss_kib":{mem["raw"]},"torchrun_agent_peak_rss_kib":{mem["torchrun"]}}}')
+PY
+done
