@@ -1,5 +1,9 @@
 #include "lightning/fabric/fabric.h"
 
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
 #include "lightning/fabric/utilities/error_file.h"
 #include "lightning/fabric/utilities/rank_zero.h"
 
@@ -37,15 +41,36 @@ void Fabric::ensure_environment_ready() {
   set_rank_zero_only_rank(global_rank());
 }
 
-void Fabric::validate_setup(const torch::nn::Module* module, const std::vector<torch::optim::Optimizer*>& optimizers) {
-  if (module != nullptr) {
-    LF_CHECK(setup_modules_.count(module) == 0, ValueError,
-             "A model should be passed only once to the `setup` method. This module (", module->name(),
-             ") was already set up by this Fabric; keep using the FabricModule that setup() returned.");
+namespace {
+c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> first_parameter(const torch::optim::Optimizer& optimizer) {
+  for (const auto& group : optimizer.param_groups()) {
+    if (!group.params().empty()) return c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(group.params().front().getIntrusivePtr());
   }
-  std::set<const torch::optim::Optimizer*> seen;
+  return c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>());
+}
+}  // namespace
+
+bool Fabric::was_set_up(const torch::optim::Optimizer& optimizer) const {
+  const auto current = first_parameter(optimizer).lock();
+  for (const auto& record : setup_optimizers_) {
+    if (record.address != &optimizer) continue;
+    const auto recorded = record.first_parameter.lock();
+    if (recorded && recorded.get() == current.get()) return true;
+  }
+  return false;
+}
+
+void Fabric::validate_setup(const std::shared_ptr<torch::nn::Module>& module,
+                            const std::vector<torch::optim::Optimizer*>& optimizers) {
+  if (module) {
+    const bool seen = std::any_of(setup_modules_.begin(), setup_modules_.end(),
+                                  [&](const std::weak_ptr<torch::nn::Module>& m) { return m.lock() == module; });
+    LF_CHECK(!seen, ValueError, "A model should be passed only once to the `setup` method. This module (",
+             module->name(), ") was already set up by this Fabric; keep using the FabricModule that setup() returned.");
+  }
+  std::set<const torch::optim::Optimizer*> in_call;
   for (const auto* optimizer : optimizers) {
-    LF_CHECK(setup_optimizers_.count(optimizer) == 0 && seen.insert(optimizer).second, ValueError,
+    LF_CHECK(!was_set_up(*optimizer) && in_call.insert(optimizer).second, ValueError,
              "An optimizer should be passed only once to the `setup` method. This optimizer was already set up "
              "(or appears twice in this call); keep using the FabricOptimizer that setup() returned.");
   }
@@ -56,12 +81,18 @@ void Fabric::prepare_module(const std::shared_ptr<torch::nn::Module>& module, bo
   connector_.precision->convert_module(*module);
   if (move_to_device) connector_.strategy->module_to_device(*module);
   connector_.strategy->setup_module(module);
-  setup_modules_.insert(module.get());
+  setup_modules_.erase(std::remove_if(setup_modules_.begin(), setup_modules_.end(),
+                                      [](const std::weak_ptr<torch::nn::Module>& m) { return m.expired(); }),
+                       setup_modules_.end());
+  setup_modules_.push_back(module);
 }
 
 void Fabric::prepare_optimizer(torch::optim::Optimizer& optimizer) {
   connector_.strategy->setup_optimizer(optimizer);
-  setup_optimizers_.insert(&optimizer);
+  setup_optimizers_.erase(std::remove_if(setup_optimizers_.begin(), setup_optimizers_.end(),
+                                         [](const OptimizerRecord& r) { return r.first_parameter.expired(); }),
+                          setup_optimizers_.end());
+  setup_optimizers_.push_back({&optimizer, first_parameter(optimizer)});
 }
 
 void Fabric::refuse_wrapped_module() const {
@@ -121,6 +152,25 @@ at::Tensor Fabric::all_reduce(const at::Tensor& tensor, const std::string& reduc
   const ReduceOp op = parse_reduce_op(reduce_op);
   ensure_environment_ready();
   return connector_.strategy->all_reduce(tensor, op);
+}
+
+double Fabric::all_reduce(double value, const std::string& reduce_op) {
+  return all_reduce(at::full({1}, value, at::kDouble), reduce_op).item<double>();
+}
+
+std::string Fabric::broadcast(const std::string& value, int src) {
+  ensure_environment_ready();
+  return connector_.strategy->broadcast_bytes(value, src);
+}
+
+ScopeGuard Fabric::rank_zero_first(bool local) {
+  ensure_environment_ready();
+  const bool first = (local ? local_rank() : global_rank()) == 0;
+  // Only ranks that must wait block at entry; rank 0 releases them when its block ends.
+  if (!first) barrier();
+  return ScopeGuard([this, first] {
+    if (first) barrier();
+  });
 }
 
 at::Tensor Fabric::all_gather(const at::Tensor& tensor) {

@@ -269,3 +269,12 @@ TEST_CASE("move_to_device=false leaves the module where it is", "[setup]") {
   auto single = fabric.setup_module(torch::nn::Linear(1, 1), lf::SetupOptions{false});
   CHECK(single->weight.scalar_type() == torch::kFloat64);
 }
+
+TEST_CASE("objects destroyed after setup do not block new ones at the same address", "[setup]") {
+  auto fabric = cpu_fabric();
+  for (int i = 0; i < 3; ++i) {  // each iteration's optimizer lives at the same stack address
+    torch::nn::Linear net(2, 2);
+    torch::optim::SGD sgd(net->parameters(), 0.1);
+    CHECK_NOTHROW(fabric.setup(net, sgd));
+  }
+}

@@ -95,8 +95,10 @@ void DDPStrategy::synchronize_gradients() {
   if (modules_.empty() || world_size() == 1) return;
   // Reverse parameter order (the order backward produces gradients), grouped into buckets.
   std::vector<at::Tensor> parameters;
-  for (const auto& module : modules_) {
-    if (sync_disabled_.count(module.get()) != 0) continue;
+  modules_.erase(std::remove_if(modules_.begin(), modules_.end(), [](const auto& m) { return m.expired(); }), modules_.end());
+  for (const auto& weak : modules_) {
+    const auto module = weak.lock();
+    if (!module || sync_disabled_.count(module.get()) != 0) continue;
     for (auto& parameter : module->parameters()) {
       if (parameter.requires_grad()) parameters.push_back(parameter);
     }

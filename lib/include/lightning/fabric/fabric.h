@@ -151,7 +151,7 @@ class Fabric {
       std::vector<torch::optim::Optimizer*> optimizers;
       bool scheduler_seen = false;
       (collect_setup_arg(rest, optimizers, scheduler_seen), ...);
-      validate_setup(impl.get(), optimizers);
+      validate_setup(impl, optimizers);
       prepare_module(impl, options.move_to_device);
       for (auto* optimizer : optimizers) prepare_optimizer(*optimizer);
       return wrap_results(FabricModule<typename Arg::impl>(impl, strategy()), std::forward<Rest>(rest)...);
@@ -170,7 +170,7 @@ class Fabric {
       static_assert(Arg::is_module, "Fabric::setup_module: the argument must be a torch::nn::Module");
       refuse_if_joint_setup_required("setup_module");
       std::shared_ptr<typename Arg::impl> impl = Arg::get(module);
-      validate_setup(impl.get(), {});
+      validate_setup(impl, {});
       prepare_module(impl, options.move_to_device);
       return FabricModule<typename Arg::impl>(impl, strategy());
     }
@@ -253,9 +253,23 @@ class Fabric {
 
   // ---- collectives (every process must call them) ----
   void barrier(const std::string& name = {});
+  /// reduce_op: "sum", "mean" (default), "max", "min", "product". Tensors, numbers, and tensors
+  /// nested in containers (each tensor reduced on its own).
   at::Tensor all_reduce(const at::Tensor& tensor, const std::string& reduce_op = "mean");
+  double all_reduce(double value, const std::string& reduce_op = "mean");
+  template <class T, std::enable_if_t<!std::is_arithmetic_v<T> && !std::is_same_v<T, at::Tensor>, int> = 0>
+  T all_reduce(const T& data, const std::string& reduce_op = "mean") {
+    return apply_to_tensors(data, [&](const at::Tensor& tensor) { return all_reduce(tensor, reduce_op); });
+  }
+  /// Gathers from every rank into a new leading dimension of size world_size() (none with one process).
   at::Tensor all_gather(const at::Tensor& tensor);
   at::Tensor broadcast(const at::Tensor& tensor, int src = 0);
+  /// Any serialisable value as bytes: strings, JSON dumps, pickled state.
+  std::string broadcast(const std::string& value, int src = 0);
+  std::string broadcast(const char* value, int src = 0) { return broadcast(std::string(value), src); }
+  /// Rank 0 (local rank 0 with local=true) runs the block first, the others after it, e.g. to
+  /// prepare a data set once:  { auto first = fabric.rank_zero_first(); prepare(); }
+  ScopeGuard rank_zero_first(bool local = false);
 
   // ---- utilities ----
   /// Prints the arguments separated by spaces, on local rank 0 only.
@@ -327,7 +341,8 @@ class Fabric {
     return device();
   }
 
-  void validate_setup(const torch::nn::Module* module, const std::vector<torch::optim::Optimizer*>& optimizers);
+  void validate_setup(const std::shared_ptr<torch::nn::Module>& module,
+                      const std::vector<torch::optim::Optimizer*>& optimizers);
   void prepare_module(const std::shared_ptr<torch::nn::Module>& module, bool move_to_device);
   void prepare_optimizer(torch::optim::Optimizer& optimizer);
   void ensure_environment_ready();
@@ -343,8 +358,15 @@ class Fabric {
   bool environment_ready_ = false;
   std::vector<std::shared_ptr<Logger>> loggers_;
   std::vector<std::shared_ptr<Callback>> callbacks_;
-  std::set<const torch::nn::Module*> setup_modules_;
-  std::set<const torch::optim::Optimizer*> setup_optimizers_;
+  // What this Fabric set up, by identity; expired entries are objects the user has destroyed,
+  // whose addresses may be reused by new ones.
+  struct OptimizerRecord {
+    const torch::optim::Optimizer* address;
+    c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> first_parameter;
+  };
+  std::vector<std::weak_ptr<torch::nn::Module>> setup_modules_;
+  std::vector<OptimizerRecord> setup_optimizers_;
+  bool was_set_up(const torch::optim::Optimizer& optimizer) const;
 };
 
 }  // namespace lightning::fabric

@@ -53,6 +53,7 @@ struct Collective::Impl {
   std::string backend;
   int rank = 0;
   int world_size = 1;
+  uint64_t operations = 0;
 };
 
 c10::intrusive_ptr<c10d::Store> host_store(const std::string& host, int port, std::chrono::milliseconds timeout,
@@ -105,16 +106,21 @@ Collective::Collective(const CollectiveOptions& options, c10::intrusive_ptr<c10d
 Collective::~Collective() = default;
 
 int Collective::rank() const { return impl_->rank; }
+uint64_t Collective::operation_count() const { return impl_->operations; }
 int Collective::world_size() const { return impl_->world_size; }
 const std::string& Collective::backend() const { return impl_->backend; }
 
-void Collective::barrier() { impl_->group->barrier()->wait(); }
+void Collective::barrier() {
+  ++impl_->operations;
+  impl_->group->barrier()->wait();
+}
 
 void Collective::all_reduce_many_(std::vector<at::Tensor>& tensors, ReduceOp op) {
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   c10d::AllreduceOptions options;
   options.reduceOp = to_c10d(op);
   for (auto& tensor : tensors) {
+    ++impl_->operations;
     std::vector<at::Tensor> one{tensor};
     works.push_back(impl_->group->allreduce(one, options));
   }
@@ -133,6 +139,7 @@ at::Tensor Collective::all_gather(const at::Tensor& tensor) {
   std::vector<at::Tensor> input{tensor.contiguous()};
   std::vector<std::vector<at::Tensor>> output(1);
   for (int i = 0; i < impl_->world_size; ++i) output[0].push_back(at::empty_like(input[0]));
+  ++impl_->operations;
   impl_->group->allgather(output, input)->wait();
   return at::stack(output[0]);
 }
@@ -141,6 +148,7 @@ void Collective::broadcast_(at::Tensor& tensor, int src) {
   std::vector<at::Tensor> one{tensor};
   c10d::BroadcastOptions options;
   options.rootRank = src;
+  ++impl_->operations;
   impl_->group->broadcast(one, options)->wait();
 }
 

@@ -54,7 +54,7 @@ class DDPStrategy : public Strategy {
   DDPOptions options_;
   std::unique_ptr<SubprocessLauncher> launcher_;
   std::unique_ptr<Collective> collective_;
-  std::vector<std::shared_ptr<torch::nn::Module>> modules_;
+  std::vector<std::weak_ptr<torch::nn::Module>> modules_;  // destroyed modules drop out
   std::set<const torch::nn::Module*> sync_disabled_;
 };
 

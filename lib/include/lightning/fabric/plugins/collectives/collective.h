@@ -42,6 +42,8 @@ class Collective {
   Collective& operator=(const Collective&) = delete;
 
   int rank() const;
+  /// Collective operations issued so far (tests check that a no-sync backward issues none).
+  uint64_t operation_count() const;
   int world_size() const;
   const std::string& backend() const;
 
