@@ -402,3 +402,33 @@ TEST_CASE("Fabric::launch: a failing child stops the job with its exit code", "[
   CHECK_THAT(run.err(), Contains("local rank 1 failed: exit code 3"));
   check_no_leftovers(run);
 }
+
+TEST_CASE("the same binary runs under hand-made srun-like and mpirun-like environments", "[launch][environments]") {
+  Launched reference(lf_test::launcher_path(), {"model", "--accelerator", "cpu", "--devices", "2", lf_test::program_path()});
+  REQUIRE(reference.wait(120) == 0);
+  const auto expected = result_lines(reference.out());
+  REQUIRE(expected.size() == 2);
+  const std::string port = std::to_string(lf_test::free_port());
+  const std::vector<std::map<std::string, std::string>> schedulers = {
+      {{"SLURM_NTASKS", "2"}, {"SLURM_NTASKS_PER_NODE", "2"}, {"SLURM_NODEID", "0"}, {"SLURM_NODELIST", "localhost"},
+       {"SLURM_JOB_ID", "77"}, {"MASTER_PORT", port}},
+      {{"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
+       {"MASTER_PORT", port}}};
+  for (const auto& common : schedulers) {
+    const bool slurm = common.count("SLURM_NTASKS") != 0;
+    INFO((slurm ? "srun-like" : "mpirun-like"));
+    std::vector<std::unique_ptr<Launched>> ranks;
+    for (int rank = 0; rank < 2; ++rank) {
+      auto env = common;
+      env[slurm ? "SLURM_PROCID" : "OMPI_COMM_WORLD_RANK"] = std::to_string(rank);
+      env[slurm ? "SLURM_LOCALID" : "OMPI_COMM_WORLD_LOCAL_RANK"] = std::to_string(rank);
+      ranks.push_back(std::make_unique<Launched>(lf_test::program_path(), std::vector<std::string>{"--devices", "2"}, env));
+    }
+    for (int rank = 0; rank < 2; ++rank) {
+      REQUIRE(ranks[rank]->wait(120) == 0);
+      const auto lines = result_lines(ranks[rank]->out());
+      REQUIRE(lines.count(rank) == 1);
+      CHECK(lines.at(rank) == expected.at(rank));
+    }
+  }
+}

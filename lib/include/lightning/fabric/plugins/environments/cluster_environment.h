@@ -75,7 +75,91 @@ class TorchElasticEnvironment : public ClusterEnvironment {
   env::EnvLookup env_;
 };
 
-/// Picks the first environment whose detect() holds, in Lightning's order.
+/// SLURM (srun): SLURM_NTASKS/PROCID/LOCALID/NODEID; main address MASTER_ADDR or the first host
+/// of SLURM_NODELIST; port MASTER_PORT or 15000 + the last 4 digits of SLURM_JOB_ID. Not detected
+/// in an interactive allocation (SLURM_JOB_NAME bash or interactive).
+class SLURMEnvironment : public ClusterEnvironment {
+ public:
+  explicit SLURMEnvironment(env::EnvLookup env = env::process_env());
+  static bool detect(const env::EnvLookup& env);
+  std::string name() const override { return "slurm"; }
+  bool creates_processes_externally() const override { return true; }
+  std::string main_address() const override;
+  int main_port() const override;
+  int world_size() const override;
+  int global_rank() const override;
+  int local_rank() const override;
+  int node_rank() const override;
+  void validate_settings(int num_devices, int num_nodes) const override;
+
+ private:
+  env::EnvLookup env_;
+};
+
+/// IBM LSF / jsrun: JSM_NAMESPACE_SIZE/RANK/LOCAL_RANK; hosts from LSB_DJOB_RANKFILE (the first
+/// line is the launch node and is skipped); port MASTER_PORT or 10000 + LSB_JOBID % 1000.
+class LSFEnvironment : public ClusterEnvironment {
+ public:
+  explicit LSFEnvironment(env::EnvLookup env = env::process_env());
+  static bool detect(const env::EnvLookup& env);
+  std::string name() const override { return "lsf"; }
+  bool creates_processes_externally() const override { return true; }
+  std::string main_address() const override;
+  int main_port() const override;
+  int world_size() const override;
+  int global_rank() const override;
+  int local_rank() const override;
+  int node_rank() const override;
+
+ private:
+  std::vector<std::string> compute_hosts() const;
+  env::EnvLookup env_;
+};
+
+/// mpirun: Open MPI (OMPI_COMM_WORLD_*) or PMI (PMI_RANK/PMI_SIZE, MPI_LOCALRANKID/MPI_LOCALNRANKS).
+/// MPI has no rendezvous address of its own here: MASTER_ADDR (default 127.0.0.1) and MASTER_PORT
+/// must be exported to every rank (mpirun -x MASTER_ADDR -x MASTER_PORT).
+class MPIEnvironment : public ClusterEnvironment {
+ public:
+  explicit MPIEnvironment(env::EnvLookup env = env::process_env());
+  static bool detect(const env::EnvLookup& env);
+  std::string name() const override { return "mpi"; }
+  bool creates_processes_externally() const override { return true; }
+  std::string main_address() const override;
+  int main_port() const override;
+  int world_size() const override;
+  int global_rank() const override;
+  int local_rank() const override;
+  int node_rank() const override;
+
+ private:
+  env::EnvLookup env_;
+};
+
+/// Kubeflow PyTorchJob: one process per pod; RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set by the
+/// operator, KUBERNETES_PORT present; node rank = RANK, local rank 0.
+class KubeflowEnvironment : public ClusterEnvironment {
+ public:
+  explicit KubeflowEnvironment(env::EnvLookup env = env::process_env());
+  static bool detect(const env::EnvLookup& env);
+  std::string name() const override { return "kubeflow"; }
+  bool creates_processes_externally() const override { return true; }
+  std::string main_address() const override;
+  int main_port() const override;
+  int world_size() const override;
+  int global_rank() const override;
+  int local_rank() const override { return 0; }
+  int node_rank() const override { return global_rank(); }
+
+ private:
+  env::EnvLookup env_;
+};
+
+/// Expands a SLURM host list: "node[01-03,7],gpu5" -> node01 node02 node03 node7 gpu5.
+std::vector<std::string> expand_host_list(const std::string& hosts);
+
+/// Picks the first environment whose detect() holds, in Lightning's order: TorchElastic, SLURM,
+/// LSF, MPI, Kubeflow, then the Lightning environment.
 std::shared_ptr<ClusterEnvironment> detect_cluster_environment(const env::EnvLookup& env);
 
 }  // namespace lightning::fabric

@@ -1,0 +1,110 @@
+// Cluster environments detected from crafted environments, in Lightning's order.
+#include "lightning/fabric/errors.h"
+#include "lightning/fabric/plugins/environments/cluster_environment.h"
+// Catch2 last: glog (inside LibTorch) defines its own CHECK macro, Catch2 must win.
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <unistd.h>
+
+namespace lf = lightning::fabric;
+using Catch::Matchers::Contains;
+using Env = std::map<std::string, std::string>;
+
+namespace {
+std::shared_ptr<lf::ClusterEnvironment> detect(Env env) { return lf::detect_cluster_environment(lf::env::map_env(std::move(env))); }
+}  // namespace
+
+TEST_CASE("host lists expand as SLURM writes them", "[environments]") {
+  using V = std::vector<std::string>;
+  CHECK(lf::expand_host_list("node[01-03,7],gpu5") == V{"node01", "node02", "node03", "node7", "gpu5"});
+  CHECK(lf::expand_host_list("a,b") == V{"a", "b"});
+  CHECK(lf::expand_host_list("x[8-10]y") == V{"x8y", "x9y", "x10y"});
+  CHECK(lf::expand_host_list("host") == V{"host"});
+  CHECK_THROWS_WITH(lf::expand_host_list("n[1-"), Contains("unclosed"));
+  CHECK_THROWS_WITH(lf::expand_host_list("n[a-b]"), Contains("invalid range"));
+}
+
+TEST_CASE("no variables: the Lightning environment, not launched", "[environments]") {
+  auto environment = detect({});
+  CHECK(environment->name() == "lightning");
+  CHECK_FALSE(environment->creates_processes_externally());
+  CHECK(environment->main_address() == "127.0.0.1");
+}
+
+TEST_CASE("slurm: ranks, host list, port from the job id, interactive mode", "[environments]") {
+  Env slurm{{"SLURM_NTASKS", "8"}, {"SLURM_PROCID", "5"}, {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "2"},
+            {"SLURM_NODELIST", "gpu[07-10]"}, {"SLURM_JOB_ID", "1234567"}, {"SLURM_NTASKS_PER_NODE", "2(x4)"},
+            {"SLURM_NNODES", "4"}};
+  auto environment = detect(slurm);
+  CHECK(environment->name() == "slurm");
+  CHECK(environment->creates_processes_externally());
+  CHECK(environment->world_size() == 8);
+  CHECK(environment->global_rank() == 5);
+  CHECK(environment->local_rank() == 1);
+  CHECK(environment->node_rank() == 2);
+  CHECK(environment->main_address() == "gpu07");
+  CHECK(environment->main_port() == 15000 + 4567);
+  CHECK_NOTHROW(environment->validate_settings(2, 4));
+  CHECK_THROWS_WITH(environment->validate_settings(4, 4), Contains("--ntasks-per-node=2(x4)"));
+  CHECK_THROWS_WITH(environment->validate_settings(2, 1), Contains("SLURM_NNODES=4"));
+  slurm["MASTER_ADDR"] = "10.0.0.9";
+  slurm["MASTER_PORT"] = "4000";
+  CHECK(detect(slurm)->main_address() == "10.0.0.9");
+  CHECK(detect(slurm)->main_port() == 4000);
+  slurm["SLURM_JOB_NAME"] = "bash";  // salloc + interactive shell: not srun
+  CHECK(detect(slurm)->name() == "lightning");
+}
+
+TEST_CASE("torchelastic wins over slurm", "[environments]") {
+  Env both{{"SLURM_NTASKS", "2"}, {"TORCHELASTIC_RUN_ID", "x"}, {"RANK", "0"}, {"GROUP_RANK", "0"}, {"LOCAL_RANK", "0"},
+           {"LOCAL_WORLD_SIZE", "1"}};
+  CHECK(detect(both)->name() == "torchelastic");
+}
+
+TEST_CASE("lsf: jsrun ranks and the compute hosts of the rank file", "[environments]") {
+  const std::string rankfile = "/tmp/lf-test-rankfile-" + std::to_string(::getpid());
+  std::ofstream(rankfile) << "launch\nbatch1\nbatch1\nbatch2\nbatch2\n";
+  Env lsf{{"LSB_JOBID", "4321"}, {"LSB_DJOB_RANKFILE", rankfile}, {"JSM_NAMESPACE_SIZE", "4"},
+          {"JSM_NAMESPACE_RANK", "3"}, {"JSM_NAMESPACE_LOCAL_RANK", "1"}};
+  auto environment = detect(lsf);
+  CHECK(environment->name() == "lsf");
+  CHECK(environment->world_size() == 4);
+  CHECK(environment->global_rank() == 3);
+  CHECK(environment->local_rank() == 1);
+  CHECK(environment->main_address() == "batch1");
+  CHECK(environment->main_port() == 10000 + 321);
+  CHECK_THROWS_WITH(environment->node_rank(), Contains("not in the job's host list"));  // this host is neither
+  std::remove(rankfile.c_str());
+}
+
+TEST_CASE("mpi: Open MPI and PMI variables", "[environments]") {
+  Env ompi{{"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+           {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"MASTER_PORT", "29555"}};
+  auto environment = detect(ompi);
+  CHECK(environment->name() == "mpi");
+  CHECK(environment->world_size() == 4);
+  CHECK(environment->global_rank() == 3);
+  CHECK(environment->local_rank() == 1);
+  CHECK(environment->node_rank() == 1);
+  CHECK(environment->main_address() == "127.0.0.1");
+  CHECK(environment->main_port() == 29555);
+  Env pmi{{"PMI_SIZE", "2"}, {"PMI_RANK", "1"}, {"MPI_LOCALRANKID", "1"}, {"MPI_LOCALNRANKS", "2"}};
+  auto hydra = detect(pmi);
+  CHECK(hydra->name() == "mpi");
+  CHECK(hydra->global_rank() == 1);
+  CHECK(hydra->node_rank() == 0);
+  CHECK_THROWS_WITH(hydra->main_port(), Contains("MASTER_PORT is not set") && Contains("mpirun -x"));
+}
+
+TEST_CASE("kubeflow: one process per pod", "[environments]") {
+  Env kubeflow{{"KUBERNETES_PORT", "tcp://10.0.0.1:443"}, {"MASTER_ADDR", "job-master-0"}, {"MASTER_PORT", "23456"},
+               {"WORLD_SIZE", "3"}, {"RANK", "2"}};
+  auto environment = detect(kubeflow);
+  CHECK(environment->name() == "kubeflow");
+  CHECK(environment->global_rank() == 2);
+  CHECK(environment->node_rank() == 2);
+  CHECK(environment->local_rank() == 0);
+  CHECK(environment->main_address() == "job-master-0");
+}
