@@ -5,6 +5,7 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "internal/gradient_reducer.h"
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/utilities/rank_zero.h"
 
@@ -22,6 +23,8 @@ int env_int(const env::EnvLookup& env, const char* name, int fallback) {
 
 DDPStrategy::DDPStrategy(StrategyContext context, DDPOptions options)
     : Strategy(std::move(context)), options_(std::move(options)) {}
+
+DDPStrategy::~DDPStrategy() = default;
 
 torch::Device DDPStrategy::root_device() const {
   const int local = local_rank();
@@ -66,7 +69,7 @@ void DDPStrategy::setup_environment() {
   options.timeout = options_.timeout;
   c10::intrusive_ptr<c10d::Store> store;
   if (launcher_) store = launcher_->hosted_store();
-  collective_ = std::make_unique<Collective>(options, store);
+  collective_ = std::make_shared<Collective>(options, store);
 }
 
 Collective& DDPStrategy::collective() {
@@ -83,58 +86,23 @@ void DDPStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module)
     collective().broadcast_(data, 0);
   }
   for (auto& buffer : module->buffers()) collective().broadcast_(buffer, 0);
-  modules_.push_back(module);
+  reducers_.push_back(std::make_unique<internal::GradientReducer>(module, collective_, options_.first_bucket_mb,
+                                                                   options_.bucket_cap_mb));
 }
 
 void DDPStrategy::backward(at::Tensor& loss, torch::nn::Module* module) {
+  reducers_.erase(std::remove_if(reducers_.begin(), reducers_.end(), [](const auto& r) { return r->expired(); }),
+                  reducers_.end());
+  if (world_size() > 1) {
+    for (auto& reducer : reducers_) {
+      if (sync_disabled_.count(reducer->module()) == 0) reducer->arm();
+    }
+  }
+  // Disarm even if backward throws, so that a later plain autograd call does not communicate.
+  ScopeGuard disarm([this] {
+    for (auto& reducer : reducers_) reducer->disarm();
+  });
   Strategy::backward(loss, module);
-  synchronize_gradients();
-}
-
-void DDPStrategy::synchronize_gradients() {
-  if (modules_.empty() || world_size() == 1) return;
-  // Reverse parameter order (the order backward produces gradients), grouped into buckets.
-  std::vector<at::Tensor> parameters;
-  modules_.erase(std::remove_if(modules_.begin(), modules_.end(), [](const auto& m) { return m.expired(); }), modules_.end());
-  for (const auto& weak : modules_) {
-    const auto module = weak.lock();
-    if (!module || sync_disabled_.count(module.get()) != 0) continue;
-    for (auto& parameter : module->parameters()) {
-      if (parameter.requires_grad()) parameters.push_back(parameter);
-    }
-  }
-  std::reverse(parameters.begin(), parameters.end());
-  const auto cap_bytes = static_cast<int64_t>(options_.bucket_cap_mb * 1024 * 1024);
-  std::vector<std::vector<at::Tensor>> buckets;
-  int64_t bucket_bytes = 0;
-  torch::NoGradGuard no_grad;
-  for (auto& parameter : parameters) {
-    if (!parameter.grad().defined()) parameter.mutable_grad() = at::zeros_like(parameter);
-    const int64_t bytes = parameter.numel() * static_cast<int64_t>(parameter.element_size());
-    const bool fits = !buckets.empty() && bucket_bytes + bytes <= cap_bytes &&
-                      buckets.back().front().scalar_type() == parameter.scalar_type() &&
-                      buckets.back().front().device() == parameter.device();
-    if (!fits) {
-      buckets.emplace_back();
-      bucket_bytes = 0;
-    }
-    buckets.back().push_back(parameter.grad());
-    bucket_bytes += bytes;
-  }
-  std::vector<at::Tensor> flats;
-  for (const auto& bucket : buckets) {
-    std::vector<at::Tensor> views;
-    for (const auto& grad : bucket) views.push_back(grad.reshape({-1}));
-    flats.push_back(at::cat(views));
-  }
-  collective().all_reduce_many_(flats, ReduceOp::Mean);
-  for (size_t b = 0; b < buckets.size(); ++b) {
-    int64_t offset = 0;
-    for (auto& grad : buckets[b]) {
-      grad.copy_(flats[b].narrow(0, offset, grad.numel()).view_as(grad));
-      offset += grad.numel();
-    }
-  }
 }
 
 ScopeGuard DDPStrategy::no_backward_sync(const torch::nn::Module& module, bool enabled) {

@@ -130,6 +130,15 @@ void Collective::all_reduce_many_(std::vector<at::Tensor>& tensors, ReduceOp op)
   }
 }
 
+std::function<void()> Collective::all_reduce_start_(at::Tensor& tensor) {
+  ++impl_->operations;
+  std::vector<at::Tensor> one{tensor};
+  c10d::AllreduceOptions options;
+  options.reduceOp = c10d::ReduceOp::SUM;
+  auto work = impl_->group->allreduce(one, options);
+  return [work] { work->wait(); };
+}
+
 void Collective::all_reduce_(at::Tensor& tensor, ReduceOp op) {
   std::vector<at::Tensor> one{tensor};
   all_reduce_many_(one, op);

@@ -1,6 +1,6 @@
 // Distributed data parallel: one process per device, parameters broadcast from rank 0 at setup,
-// gradients averaged over all ranks after every fabric.backward (in buckets of bucket_cap_mb,
-// all in flight at once). Process groups come from plugins/collectives (gloo on CPU, NCCL on CUDA).
+// gradients averaged over all ranks during fabric.backward: bucketed all-reduces start as soon as
+// a bucket's gradients are ready, overlapping with the rest of backward (internal/gradient_reducer). Process groups come from plugins/collectives (gloo on CPU, NCCL on CUDA).
 // When nothing launched the processes (no LOCAL_RANK), Fabric::launch() spawns them through the
 // SubprocessLauncher and this process continues as local rank 0.
 #pragma once
@@ -17,16 +17,22 @@
 
 namespace lightning::fabric {
 
+namespace internal {
+class GradientReducer;
+}
+
 struct DDPOptions {
   std::string name = "ddp";
   bool find_unused_parameters = false;   // a parameter without a gradient counts as zero
   double bucket_cap_mb = 25.0;
+  double first_bucket_mb = 1.0;         // small, so the first all-reduce starts early in backward
   std::chrono::milliseconds timeout = std::chrono::minutes(30);
 };
 
 class DDPStrategy : public Strategy {
  public:
   DDPStrategy(StrategyContext context, DDPOptions options = DDPOptions());
+  ~DDPStrategy() override;
   std::string name() const override { return options_.name; }
   torch::Device root_device() const override;
   int world_size() const override;
@@ -48,13 +54,12 @@ class DDPStrategy : public Strategy {
   Collective& collective();
 
  private:
-  void synchronize_gradients();
   int num_processes() const { return static_cast<int>(context_.parallel_devices.size()); }
 
   DDPOptions options_;
   std::unique_ptr<SubprocessLauncher> launcher_;
-  std::unique_ptr<Collective> collective_;
-  std::vector<std::weak_ptr<torch::nn::Module>> modules_;  // destroyed modules drop out
+  std::shared_ptr<Collective> collective_;
+  std::vector<std::unique_ptr<internal::GradientReducer>> reducers_;  // one per set-up module
   std::set<const torch::nn::Module*> sync_disabled_;
 };
 

@@ -9,6 +9,7 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -52,6 +53,8 @@ class Collective {
   void all_reduce_(at::Tensor& tensor, ReduceOp op);
   /// Several tensors in flight at once, then waited for (bucketed gradient averaging).
   void all_reduce_many_(std::vector<at::Tensor>& tensors, ReduceOp op);
+  /// Starts a sum all-reduce of tensor in place and returns a function that waits for it.
+  std::function<void()> all_reduce_start_(at::Tensor& tensor);
   /// A new tensor with a leading world-size dimension.
   at::Tensor all_gather(const at::Tensor& tensor);
   void broadcast_(at::Tensor& tensor, int src);

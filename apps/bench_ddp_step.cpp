@@ -1,0 +1,54 @@
+// P3: median step time of DDP on CPU through Fabric. Run under lightning-run (or alone for one
+// rank); rank 0 prints one JSON object. Same model, data and thread count as
+// scripts/bench_ddp_python.py, its Python torch DDP twin.
+//   lightning-run model --accelerator cpu --devices 2 bench_ddp_step 784-1024-1024-10 64 200 30
+#include <lightning/fabric.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <sstream>
+
+namespace lf = lightning::fabric;
+
+int main(int argc, char** argv) {
+  const std::string layout = argc > 1 ? argv[1] : "784-1024-1024-10";
+  const int batch = argc > 2 ? std::stoi(argv[2]) : 64;
+  const int steps = argc > 3 ? std::stoi(argv[3]) : 200;
+  const int warmup = argc > 4 ? std::stoi(argv[4]) : 30;
+  std::vector<int64_t> sizes;
+  std::stringstream parts(layout);
+  for (std::string part; std::getline(parts, part, '-');) sizes.push_back(std::stoll(part));
+
+  torch::set_num_threads(1);
+  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu"));
+  lf::Fabric::seed_everything(0);
+  torch::nn::Sequential net;
+  for (size_t i = 0; i + 1 < sizes.size(); ++i) {
+    net->push_back(torch::nn::Linear(sizes[i], sizes[i + 1]));
+    if (i + 2 < sizes.size()) net->push_back(torch::nn::ReLU());
+  }
+  torch::optim::SGD sgd(net->parameters(), 0.01);
+  auto wrapped = fabric.setup(net, sgd);
+  auto& model = std::get<0>(wrapped);
+  auto& optimizer = std::get<1>(wrapped);
+  const auto x = torch::randn({batch, sizes.front()});
+  const auto y = torch::randint(sizes.back(), {batch});
+  std::vector<double> times;
+  for (int i = 0; i < warmup + steps; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    optimizer.zero_grad();
+    auto loss = torch::nn::functional::cross_entropy(model(x), y);
+    fabric.backward(loss);
+    optimizer.step();
+    if (i >= warmup) times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::sort(times.begin(), times.end());
+  if (fabric.is_global_zero()) {
+    std::cout << "{\"impl\":\"lightning-fabric-cpp\",\"layout\":\"" << layout << "\",\"batch_per_rank\":" << batch
+              << ",\"world_size\":" << fabric.world_size() << ",\"steps\":" << steps
+              << ",\"median_step_ms\":" << times[times.size() / 2] << "}" << std::endl;
+  }
+  return 0;
+}
