@@ -39,14 +39,27 @@ struct GradientReducer::State : std::enable_shared_from_this<GradientReducer::St
     while (next_to_start < buckets.size() && buckets[next_to_start].pending == 0) start(buckets[next_to_start++]);
   }
 
+  // Copies the bucket's gradients into its flat buffer (allocated once: a fresh multi-MiB buffer
+  // per step costs page faults) and starts the all-reduce.
   void start(Bucket& bucket) {
-    std::vector<at::Tensor> pieces;
+    at::NoGradGuard no_grad;
+    if (!bucket.flat.defined()) {
+      int64_t total = 0;
+      for (size_t index : bucket.parameters) total += parameters[index].numel();
+      bucket.flat = at::empty({total}, parameters[bucket.parameters.front()].options().requires_grad(false));
+    }
+    int64_t offset = 0;
     for (size_t index : bucket.parameters) {
       const at::Tensor& parameter = parameters[index];
+      at::Tensor slot = bucket.flat.narrow(0, offset, parameter.numel());
       const at::Tensor& grad = parameter.grad();
-      pieces.push_back(grad.defined() ? grad.reshape({-1}) : at::zeros({parameter.numel()}, parameter.options()));
+      if (grad.defined()) {
+        slot.copy_(grad.reshape({-1}));
+      } else {
+        slot.zero_();
+      }
+      offset += parameter.numel();
     }
-    bucket.flat = at::cat(pieces);
     bucket.wait = collective->all_reduce_start_(bucket.flat);
   }
 
@@ -67,7 +80,6 @@ struct GradientReducer::State : std::enable_shared_from_this<GradientReducer::St
         grad.copy_(bucket.flat.narrow(0, offset, grad.numel()).view_as(grad));
         offset += grad.numel();
       }
-      bucket.flat = at::Tensor();
       bucket.wait = nullptr;
     }
     finishing_queued = false;
@@ -96,23 +108,28 @@ GradientReducer::GradientReducer(const std::shared_ptr<torch::nn::Module>& modul
   for (const auto& parameter : module->parameters()) {
     if (parameter.requires_grad()) state.parameters.push_back(parameter);
   }
-  // Buckets in reverse parameter order; one dtype and device per bucket.
+  // Buckets in reverse parameter order, one dtype and device each. As c10d does, a parameter joins
+  // the open bucket and the bucket closes once it holds at least its cap, so a large parameter
+  // shares the first bucket and its all-reduce overlaps with the rest of backward.
   state.bucket_of.assign(state.parameters.size(), 0);
   int64_t filled = 0;
+  bool open = false;
   for (size_t k = state.parameters.size(); k-- > 0;) {
     const at::Tensor& parameter = state.parameters[k];
-    const int64_t bytes = parameter.numel() * static_cast<int64_t>(parameter.element_size());
-    const double cap_mb = state.buckets.size() == 1 ? first_bucket_mb : bucket_mb;  // the bucket being filled
-    const bool fits = !state.buckets.empty() && filled + bytes <= static_cast<int64_t>(cap_mb * 1024 * 1024) &&
-                      state.parameters[state.buckets.back().parameters.front()].scalar_type() == parameter.scalar_type() &&
-                      state.parameters[state.buckets.back().parameters.front()].device() == parameter.device();
-    if (!fits) {
+    if (open) {
+      const at::Tensor& first = state.parameters[state.buckets.back().parameters.front()];
+      open = first.scalar_type() == parameter.scalar_type() && first.device() == parameter.device();
+    }
+    if (!open) {
       state.buckets.emplace_back();
       filled = 0;
+      open = true;
     }
     state.buckets.back().parameters.push_back(k);
     state.bucket_of[k] = state.buckets.size() - 1;
-    filled += bytes;
+    filled += parameter.numel() * static_cast<int64_t>(parameter.element_size());
+    const double cap_mb = state.buckets.size() == 1 ? first_bucket_mb : bucket_mb;
+    if (filled >= static_cast<int64_t>(cap_mb * 1024 * 1024)) open = false;
   }
   for (size_t k = 0; k < state.parameters.size(); ++k) {
     auto accumulator = torch::autograd::impl::grad_accumulator(state.parameters[k]);
