@@ -17,6 +17,9 @@ int main(int argc, char** argv) {
   const int batch = argc > 2 ? std::stoi(argv[2]) : 64;
   const int steps = argc > 3 ? std::stoi(argv[3]) : 200;
   const int warmup = argc > 4 ? std::stoi(argv[4]) : 30;
+  // "no-sync": the same step with the gradient all-reduce skipped (no_backward_sync), to show how
+  // much of the communication the overlap with backward hides.
+  const bool no_sync = argc > 5 && std::string(argv[5]) == "no-sync";
   std::vector<int64_t> sizes;
   std::stringstream parts(layout);
   for (std::string part; std::getline(parts, part, '-');) sizes.push_back(std::stoll(part));
@@ -40,14 +43,17 @@ int main(int argc, char** argv) {
     const auto start = std::chrono::steady_clock::now();
     optimizer.zero_grad();
     auto loss = torch::nn::functional::cross_entropy(model(x), y);
-    fabric.backward(loss);
+    {
+      auto skip = fabric.no_backward_sync(model, no_sync);
+      fabric.backward(loss);
+    }
     optimizer.step();
     if (i >= warmup) times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
   }
   std::sort(times.begin(), times.end());
   if (fabric.is_global_zero()) {
     std::cout << "{\"impl\":\"lightning-fabric-cpp\",\"layout\":\"" << layout << "\",\"batch_per_rank\":" << batch
-              << ",\"world_size\":" << fabric.world_size() << ",\"steps\":" << steps
+              << ",\"world_size\":" << fabric.world_size() << ",\"sync\":" << (no_sync ? "false" : "true") << ",\"steps\":" << steps
               << ",\"median_step_ms\":" << times[times.size() / 2] << "}" << std::endl;
   }
   return 0;

@@ -112,11 +112,13 @@ void check_collectives(lf::Fabric& fabric) {
   const int world = fabric.world_size(), rank = fabric.global_rank();
   const auto mine = torch::full({3}, static_cast<double>(rank + 1), torch::kDouble);
   const double sum = world * (world + 1) / 2.0;
-  expect(fabric.all_reduce(mine, "sum").equal(torch::full({3}, sum, torch::kDouble)), "all_reduce sum");
-  expect(fabric.all_reduce(mine, "mean").allclose(torch::full({3}, sum / world, torch::kDouble)), "all_reduce mean");
-  expect(fabric.all_reduce(mine, "max").equal(torch::full({3}, world, torch::kDouble)), "all_reduce max");
-  expect(fabric.all_reduce(mine, "min").equal(torch::full({3}, 1.0, torch::kDouble)), "all_reduce min");
-  expect(mine.equal(torch::full({3}, static_cast<double>(rank + 1), torch::kDouble)), "all_reduce leaves its input alone");
+  expect(fabric.all_reduce(mine.clone(), "sum").equal(torch::full({3}, sum, torch::kDouble)), "all_reduce sum");
+  expect(fabric.all_reduce(mine.clone(), "mean").allclose(torch::full({3}, sum / world, torch::kDouble)), "all_reduce mean");
+  expect(fabric.all_reduce(mine.clone(), "max").equal(torch::full({3}, world, torch::kDouble)), "all_reduce max");
+  expect(fabric.all_reduce(mine.clone(), "min").equal(torch::full({3}, 1.0, torch::kDouble)), "all_reduce min");
+  auto in_place = mine.clone();
+  fabric.all_reduce(in_place, "sum");
+  expect(in_place.equal(torch::full({3}, sum, torch::kDouble)), "all_reduce reduces a contiguous input in place, as Python");
   expect(fabric.all_reduce(static_cast<double>(rank), "sum") == world * (world - 1) / 2.0, "all_reduce of a number");
   std::map<std::string, torch::Tensor> nested{{"a", torch::ones({2})}, {"b", torch::full({1}, static_cast<double>(rank))}};
   auto reduced = fabric.all_reduce(nested, "sum");

@@ -181,3 +181,8 @@ TEST_CASE("a strategy registered by the user is accepted by name", "[connector]"
   CHECK_THROWS_WITH(lf::strategy_registry().create("nope", lf::StrategyContext{}),
                     Contains("'nope'") && Contains("echo") && Contains("single_device"));
 }
+
+TEST_CASE("ddp_fork is refused with the reason and the alternative", "[connector]") {
+  CHECK_THROWS_WITH(lf::Connector::build(lf::FabricOptions().strategy("ddp_fork").devices(2), lf::env::map_env({})),
+                    Contains("ddp_fork") && Contains("strategy=\"ddp\""));
+}

@@ -72,6 +72,15 @@ StrategyRegistry& strategy_registry() {
     built.add("ddp_spawn", ddp("ddp_spawn", false), "ddp; processes started by re-executing the program");
     built.add("ddp_find_unused_parameters_true", ddp("ddp_find_unused_parameters_true", true), "ddp, unused parameters allowed");
     built.add("ddp_find_unused_parameters_false", ddp("ddp_find_unused_parameters_false", false), "ddp");
+    built.add(
+        "ddp_fork",
+        [](StrategyContext) -> std::shared_ptr<Strategy> {
+          throw ValueError(
+              "strategy=\"ddp_fork\" is not supported: forking a process after LibTorch has started its thread "
+              "pools (intra-op, autograd, gloo) can deadlock the child. Use strategy=\"ddp\", which starts each "
+              "process by re-executing the program.");
+        },
+        "refused: fork is unsafe with LibTorch's threads");
     return built;
   }();
   return registry;
