@@ -28,6 +28,14 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
+// A second network with the same weights (the single-process reference keeps the original).
+Net copy_of(const Net& reference) {
+  Net copy;
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < copy->parameters().size(); ++i) copy->parameters()[i].copy_(reference->parameters()[i]);
+  return copy;
+}
+
 double max_relative_error(const torch::Tensor& a, const torch::Tensor& b) {
   return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item<double>();
 }
@@ -38,11 +46,7 @@ void check_gradients(lf::Fabric& fabric) {
   const int world = fabric.world_size(), rank = fabric.global_rank();
   torch::manual_seed(5);
   Net reference;
-  Net net;
-  {
-    torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < net->parameters().size(); ++i) net->parameters()[i].copy_(reference->parameters()[i]);
-  }
+  Net net = copy_of(reference);
   torch::optim::SGD sgd(net->parameters(), 0.1);
   auto [model, optimizer] = fabric.setup(net, sgd);
   torch::manual_seed(9);
@@ -84,11 +88,7 @@ void check_no_backward_sync(lf::Fabric& fabric) {
   const int world = fabric.world_size(), rank = fabric.global_rank();
   torch::manual_seed(11);
   Net reference;
-  Net net;
-  {
-    torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < net->parameters().size(); ++i) net->parameters()[i].copy_(reference->parameters()[i]);
-  }
+  Net net = copy_of(reference);
   torch::optim::SGD sgd(net->parameters(), 0.1);
   auto [model, optimizer] = fabric.setup(net, sgd);
   torch::manual_seed(12);
