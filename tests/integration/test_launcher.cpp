@@ -142,6 +142,21 @@ TEST_CASE("launcher: two nodes on one machine with unequal worker counts", "[lau
   check_no_leftovers(node1);
 }
 
+TEST_CASE("launcher: a failure on one node stops the other node through the store", "[launcher][multinode][faults]") {
+  const std::string port = std::to_string(lf_test::free_port());
+  auto flags = [&](const std::string& rank) {
+    return fast({"--num-nodes", "2", "--node-rank", rank, "--main-port", port, "--devices", "1"});
+  };
+  Launched node0(lf_test::launcher_path(), with_worker(flags("0"), {"exit-later", "1", "3"}));
+  Launched node1(lf_test::launcher_path(), with_worker(flags("1"), {"exit-later", "1", "3"}));
+  CHECK(node1.wait(60) == 3);
+  CHECK(node0.wait(60) == 3);
+  CHECK_THAT(node1.err(), Contains("rank 1 (node 1, local rank 0) failed first: exit code 3"));
+  CHECK_THAT(node0.err(), Contains("rank 1 on node 1 failed first: exit code 3"));
+  check_no_leftovers(node0);
+  check_no_leftovers(node1);
+}
+
 TEST_CASE("launcher: fault matrix", "[launcher][faults]") {
   struct Fault {
     std::vector<std::string> worker_args;

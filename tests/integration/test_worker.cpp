@@ -11,6 +11,7 @@
 //   fail-first R   rank R exits 3 on attempt 0 (TORCHELASTIC_RESTART_COUNT), then all succeed
 //   wait-signal    print "ready", then wait; SIGUSR1 prints "got SIGUSR1"; SIGTERM exits 0
 //   print N        print N numbered lines on stdout and one on stderr
+//   exit-later R C rank R exits with C after 1 s; the others wait until a signal ends them
 #include <signal.h>
 #include <unistd.h>
 
@@ -99,6 +100,14 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     return 0;
+  }
+  if (mode == "exit-later") {
+    std::cout << "ready " << rank << std::endl;
+    if (rank == target) {
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      return std::atoi(argv[3]);
+    }
+    while (true) pause();
   }
   if (rank == target) {
     if (mode == "exit") return std::atoi(argv[3]);
