@@ -187,6 +187,8 @@ uint64_t Fabric::seed_everything(std::optional<uint64_t> seed, bool workers) {
   return lightning::fabric::seed_everything(seed, workers);
 }
 
+ScopeGuard Fabric::autocast() const { return connector_.precision->forward_context(); }
+
 ScopeGuard Fabric::init_tensor() const { return connector_.precision->tensor_init_context(); }
 
 ScopeGuard Fabric::init_module() const { return connector_.precision->module_init_context(); }

@@ -283,6 +283,9 @@ class Fabric {
   }
   /// Seeds every generator and records the seed for samplers and workers; returns it.
   static uint64_t seed_everything(std::optional<uint64_t> seed = std::nullopt, bool workers = false);
+  /// The precision's forward context (autocast for the mixed precisions) for code outside a
+  /// FabricModule's forward, e.g. a loss:  { auto cast = fabric.autocast(); loss = criterion(out); }
+  ScopeGuard autocast() const;
   /// New floating tensors get the precision's dtype while the guard lives.
   ScopeGuard init_tensor() const;
   /// Modules built while the guard lives get the precision's dtype.

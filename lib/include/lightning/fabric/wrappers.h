@@ -8,6 +8,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -58,12 +59,18 @@ class FabricModule {
     auto prepare = [&](const at::Tensor& tensor) {
       return precision.convert_input(tensor.device() == device ? tensor : tensor.to(device));
     };
-    auto context = precision.forward_context();
-    if constexpr (std::is_void_v<decltype(module_->forward(apply_to_tensors(std::forward<Args>(args), prepare)...))>) {
+    using Output = decltype(module_->forward(apply_to_tensors(std::forward<Args>(args), prepare)...));
+    if constexpr (std::is_void_v<Output>) {
+      auto context = precision.forward_context();
       module_->forward(apply_to_tensors(std::forward<Args>(args), prepare)...);
     } else {
-      auto output = module_->forward(apply_to_tensors(std::forward<Args>(args), prepare)...);
-      return apply_to_tensors(std::move(output), [&precision](const at::Tensor& tensor) {
+      // The forward runs inside the precision's context; outputs are converted after it ended.
+      std::optional<std::decay_t<Output>> output;
+      {
+        auto context = precision.forward_context();
+        output.emplace(module_->forward(apply_to_tensors(std::forward<Args>(args), prepare)...));
+      }
+      return apply_to_tensors(std::move(*output), [&precision](const at::Tensor& tensor) {
         at::Tensor result = precision.convert_output(tensor);
         if (result.requires_grad()) {
           result.register_hook([](const at::Tensor&) { detail::check_backward_through_fabric(); });

@@ -1,5 +1,7 @@
 #include "lightning/fabric/plugins/precision/precision.h"
 
+#include <ATen/autocast_mode.h>
+#include <c10/core/DefaultDtype.h>
 #include <torch/types.h>
 
 namespace lightning::fabric {
@@ -21,6 +23,42 @@ ScopeGuard Precision::tensor_init_context() const {
 
 void Precision::backward(at::Tensor& loss) const { loss.backward(); }
 
+namespace {
+// Floating tensors to the default dtype (float32), others unchanged.
+at::Tensor to_default_dtype(const at::Tensor& tensor) {
+  const auto target = c10::typeMetaToScalarType(c10::get_default_dtype());
+  if (!tensor.defined() || !tensor.is_floating_point() || tensor.scalar_type() == target) return tensor;
+  return tensor.to(target);
+}
+}  // namespace
+
+at::Tensor TruePrecision::convert_output(const at::Tensor& output) const { return to_default_dtype(output); }
+
+at::Tensor MixedPrecision::convert_input(const at::Tensor& input) const {
+  if (!input.is_floating_point() || input.scalar_type() == dtype_) return input;
+  return input.to(dtype_);
+}
+
+at::Tensor MixedPrecision::convert_output(const at::Tensor& output) const { return to_default_dtype(output); }
+
+ScopeGuard MixedPrecision::forward_context() const {
+  // Autocast for both device types: it only affects operations dispatched on that device.
+  const bool cpu_was = at::autocast::is_cpu_enabled(), cuda_was = at::autocast::is_enabled();
+  const auto cpu_dtype = at::autocast::get_autocast_cpu_dtype(), cuda_dtype = at::autocast::get_autocast_gpu_dtype();
+  at::autocast::set_cpu_enabled(true);
+  at::autocast::set_autocast_cpu_dtype(dtype_);
+  at::autocast::set_enabled(true);
+  at::autocast::set_autocast_gpu_dtype(dtype_);
+  at::autocast::increment_nesting();
+  return ScopeGuard([=] {
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_cpu_enabled(cpu_was);
+    at::autocast::set_autocast_cpu_dtype(cpu_dtype);
+    at::autocast::set_enabled(cuda_was);
+    at::autocast::set_autocast_gpu_dtype(cuda_dtype);
+  });
+}
+
 bool Precision::optimizer_step(torch::optim::Optimizer& optimizer,
                                const torch::optim::Optimizer::LossClosure& closure) const {
   optimizer.step(closure);
@@ -32,6 +70,10 @@ PrecisionRegistry& precision_registry() {
     PrecisionRegistry built("precision");
     built.add("32-true", [] { return std::make_shared<Precision>(); }, "float32 everywhere");
     built.add("64-true", [] { return std::make_shared<DoublePrecision>(); }, "float64 everywhere");
+    built.add("16-true", [] { return std::make_shared<TruePrecision>("16-true", torch::kFloat16); }, "float16 everywhere");
+    built.add("bf16-true", [] { return std::make_shared<TruePrecision>("bf16-true", torch::kBFloat16); }, "bfloat16 everywhere");
+    built.add("bf16-mixed", [] { return std::make_shared<MixedPrecision>("bf16-mixed", torch::kBFloat16); },
+              "float32 parameters, bfloat16 autocast in the forward");
     return built;
   }();
   return registry;

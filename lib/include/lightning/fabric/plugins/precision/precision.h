@@ -46,12 +46,43 @@ class Precision : public Plugin {
   virtual void unscale_gradients(torch::optim::Optimizer& optimizer) const { (void)optimizer; }
 };
 
-/// "64-true": parameters, inputs and new tensors in float64.
-class DoublePrecision : public Precision {
+/// "64-true", "16-true", "bf16-true": parameters, inputs, new tensors (inside init_tensor(),
+/// init_module() and the forward) in one dtype; floating outputs come back in float32, the
+/// default dtype, as Python Fabric returns them.
+class TruePrecision : public Precision {
  public:
-  std::string name() const override { return "64-true"; }
-  std::optional<c10::ScalarType> module_dtype() const override { return torch::kFloat64; }
-  at::Tensor convert_output(const at::Tensor& output) const override { return output; }
+  TruePrecision(std::string name, c10::ScalarType dtype) : name_(std::move(name)), dtype_(dtype) {}
+  std::string name() const override { return name_; }
+  std::optional<c10::ScalarType> module_dtype() const override { return dtype_; }
+  at::Tensor convert_output(const at::Tensor& output) const override;
+  ScopeGuard forward_context() const override { return tensor_init_context(); }
+
+ private:
+  std::string name_;
+  c10::ScalarType dtype_;
+};
+
+/// "64-true".
+class DoublePrecision : public TruePrecision {
+ public:
+  DoublePrecision() : TruePrecision("64-true", torch::kFloat64) {}
+};
+
+/// "bf16-mixed" (and "16-mixed" once a loss scaler exists): parameters stay float32; the forward
+/// runs under LibTorch's autocast (CPU and CUDA) in the low dtype; inputs are cast to it and
+/// floating outputs come back in float32.
+class MixedPrecision : public Precision {
+ public:
+  MixedPrecision(std::string name, c10::ScalarType dtype) : name_(std::move(name)), dtype_(dtype) {}
+  std::string name() const override { return name_; }
+  at::Tensor convert_input(const at::Tensor& input) const override;
+  at::Tensor convert_output(const at::Tensor& output) const override;
+  ScopeGuard forward_context() const override;
+  c10::ScalarType autocast_dtype() const { return dtype_; }
+
+ private:
+  std::string name_;
+  c10::ScalarType dtype_;
 };
 
 using PrecisionRegistry = Registry<Precision>;
