@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <torch/nn/utils/clip_grad.h>
 
 #include "lightning/fabric/utilities/error_file.h"
 #include "lightning/fabric/utilities/rank_zero.h"
@@ -185,6 +186,28 @@ at::Tensor Fabric::broadcast(const at::Tensor& tensor, int src) {
 
 uint64_t Fabric::seed_everything(std::optional<uint64_t> seed, bool workers) {
   return lightning::fabric::seed_everything(seed, workers);
+}
+
+std::optional<at::Tensor> Fabric::clip_optimizer_gradients(torch::optim::Optimizer& optimizer,
+                                                           const GradientClipping& clipping) {
+  LF_CHECK(!(clipping.clip_val && clipping.max_norm), ValueError,
+           "clip_gradients: give either clip_val or max_norm, not both: they are two different clipping methods.");
+  LF_CHECK(clipping.clip_val || clipping.max_norm, ValueError,
+           "clip_gradients: give clip_val (clip each gradient element) or max_norm (clip the total norm).");
+  connector_.precision->unscale_gradients(optimizer);
+  std::vector<at::Tensor> parameters;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& parameter : group.params()) {
+      if (parameter.grad().defined()) parameters.push_back(parameter);
+    }
+  }
+  if (clipping.clip_val) {
+    torch::nn::utils::clip_grad_value_(parameters, *clipping.clip_val);
+    return std::nullopt;
+  }
+  const double norm = torch::nn::utils::clip_grad_norm_(parameters, *clipping.max_norm, clipping.norm_type,
+                                                        clipping.error_if_nonfinite);
+  return at::scalar_tensor(norm, at::kDouble);
 }
 
 ScopeGuard Fabric::autocast() const { return connector_.precision->forward_context(); }

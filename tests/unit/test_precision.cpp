@@ -1,6 +1,8 @@
 // Precision plugins on CPU: dtypes of parameters, of activations inside the forward, of outputs,
 // and of tensors created in the init contexts.
 #include <ATen/autocast_mode.h>
+
+#include <cmath>
 #include <torch/torch.h>
 
 #include "lightning/fabric.h"
@@ -98,4 +100,43 @@ TEST_CASE("32-true leaves dtypes alone", "[precision]") {
   auto out = model(torch::randn({2, 4}));
   CHECK(probe->activation == torch::kFloat32);
   CHECK(out.scalar_type() == torch::kFloat32);
+}
+
+TEST_CASE("clip_gradients by norm and by value, against a hand computation", "[clip]") {
+  auto fabric = fabric_with("32-true");
+  torch::nn::Linear net(2, 1);
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  auto [model, optimizer] = fabric.setup(net, sgd);
+  auto set_grads = [&] {
+    net->weight.mutable_grad() = torch::tensor({{3.0f, 0.0f}});
+    net->bias.mutable_grad() = torch::tensor({4.0f});
+  };
+  set_grads();
+  auto norm = fabric.clip_gradients(model, optimizer, lf::GradientClipping().norm(1.0));
+  REQUIRE(norm.has_value());
+  CHECK(norm->item<double>() == Approx(5.0));  // sqrt(3^2 + 4^2)
+  CHECK(net->weight.grad()[0][0].item<float>() == Approx(0.6).epsilon(1e-4));
+  CHECK(net->bias.grad()[0].item<float>() == Approx(0.8).epsilon(1e-4));
+  set_grads();
+  CHECK_FALSE(fabric.clip_gradients(model, optimizer, lf::GradientClipping().value(2.0)).has_value());
+  CHECK(net->weight.grad()[0][0].item<float>() == 2.0f);
+  CHECK(net->bias.grad()[0].item<float>() == 2.0f);
+  set_grads();
+  auto inf_norm = fabric.clip_gradients(model, optimizer, lf::GradientClipping().norm(10.0, INFINITY));
+  CHECK(inf_norm->item<double>() == Approx(4.0));
+  CHECK(net->bias.grad()[0].item<float>() == 4.0f);  // under the limit: untouched
+}
+
+TEST_CASE("clip_gradients needs exactly one method and refuses non-finite norms", "[clip][errors]") {
+  auto fabric = fabric_with("32-true");
+  torch::nn::Linear net(2, 1);
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  auto [model, optimizer] = fabric.setup(net, sgd);
+  net->weight.mutable_grad() = torch::full({1, 2}, INFINITY);
+  CHECK_THROWS_WITH(fabric.clip_gradients(model, optimizer, lf::GradientClipping().value(1).norm(1)),
+                    Catch::Matchers::Contains("not both"));
+  CHECK_THROWS_WITH(fabric.clip_gradients(model, optimizer, lf::GradientClipping()),
+                    Catch::Matchers::Contains("give clip_val"));
+  CHECK_THROWS(fabric.clip_gradients(model, optimizer, lf::GradientClipping().norm(1.0)));
+  CHECK_NOTHROW(fabric.clip_gradients(model, optimizer, lf::GradientClipping().norm(1.0).nonfinite_is_error(false)));
 }

@@ -37,6 +37,19 @@ struct SetupOptions {
   bool move_to_device = true;
 };
 
+/// What Fabric::clip_gradients does: exactly one of clip_val (clamp every gradient element to
+/// [-clip_val, clip_val]) or max_norm (scale all gradients so their norm_type-norm is at most
+/// max_norm).
+struct GradientClipping {
+  std::optional<double> clip_val;
+  std::optional<double> max_norm;
+  double norm_type = 2.0;
+  bool error_if_nonfinite = true;
+  GradientClipping& value(double v) { clip_val = v; return *this; }
+  GradientClipping& norm(double v, double type = 2.0) { max_norm = v; norm_type = type; return *this; }
+  GradientClipping& nonfinite_is_error(bool on) { error_if_nonfinite = on; return *this; }
+};
+
 /// Per-call options of Fabric::setup_dataloaders.
 struct DataLoaderSettings {
   bool shuffle = false;                  // reshuffle every epoch (seeded by PL_GLOBAL_SEED + epoch)
@@ -231,6 +244,17 @@ class Fabric {
   /// loss.backward() on anything computed by a FabricModule.
   void backward(at::Tensor loss);
 
+  /// Clips the gradients of the optimizer's parameters, after the precision plugin unscaled them.
+  /// Returns the total norm before clipping (max_norm), or nullopt (clip_val). The module is
+  /// accepted for Python's signature and for strategies that shard.
+  ///   fabric.clip_gradients(model, optimizer, GradientClipping().norm(1.0));
+  template <class Module>
+  std::optional<at::Tensor> clip_gradients(const Module& module, FabricOptimizer& optimizer,
+                                           const GradientClipping& clipping) {
+    (void)module;
+    return clip_optimizer_gradients(optimizer.optimizer(), clipping);
+  }
+
   /// Moves tensors (also nested in containers) to device().
   template <class T>
   std::decay_t<T> to_device(T&& data) const { return move_data_to_device(std::forward<T>(data), device()); }
@@ -344,6 +368,7 @@ class Fabric {
     return device();
   }
 
+  std::optional<at::Tensor> clip_optimizer_gradients(torch::optim::Optimizer& optimizer, const GradientClipping& clipping);
   void validate_setup(const std::shared_ptr<torch::nn::Module>& module,
                       const std::vector<torch::optim::Optimizer*>& optimizers);
   void prepare_module(const std::shared_ptr<torch::nn::Module>& module, bool move_to_device);
