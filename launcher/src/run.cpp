@@ -305,9 +305,7 @@ int Job::run() {
   if (args_.log_dir) {
     run_dir_ = *args_.log_dir;
   } else {
-    std::string pattern = (std::filesystem::temp_directory_path() / "lightning-run-XXXXXX").string();
-    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error(std::string("mkdtemp: ") + std::strerror(errno));
-    run_dir_ = pattern;
+    run_dir_ = fabric::make_temporary_directory("lightning-run-");
     remove_run_dir_ = true;
   }
   if (std::getenv("OMP_NUM_THREADS") == nullptr) {

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <sstream>
 #include <thread>
 
@@ -98,6 +99,13 @@ std::map<std::string, std::string> current_environment() {
     if (eq != std::string::npos) env[text.substr(0, eq)] = text.substr(eq + 1);
   }
   return env;
+}
+
+std::string make_temporary_directory(const std::string& prefix) {
+  std::string pattern = (std::filesystem::temp_directory_path() / (prefix + "XXXXXX")).string();  // mkdtemp's template
+  LF_CHECK(mkdtemp(pattern.data()) != nullptr, RuntimeError, "Cannot create a temporary folder in ",
+           std::filesystem::temp_directory_path().string(), ": ", std::strerror(errno));
+  return pattern;
 }
 
 std::string resolve_executable(const std::string& name) {

@@ -110,9 +110,7 @@ void SubprocessLauncher::launch() {
     layout.main_port = bound;
   }
 
-  std::string pattern = (std::filesystem::temp_directory_path() / "lightning-fabric-XXXXXX").string();
-  LF_CHECK(mkdtemp(pattern.data()) != nullptr, RuntimeError, "Fabric::launch(): cannot create a temporary folder.");
-  impl.error_dir = pattern;
+  impl.error_dir = make_temporary_directory("lightning-fabric-");
 
   const bool set_threads = !env("OMP_NUM_THREADS").has_value();
   const int threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / impl.num_processes);

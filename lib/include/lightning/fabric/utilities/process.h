@@ -42,6 +42,10 @@ struct ProcessSpec {
 /// The current process environment as a map.
 std::map<std::string, std::string> current_environment();
 
+/// Creates a new private directory under the system's temporary folder, named prefix + random
+/// characters; throws RuntimeError naming the folder on failure. The caller removes it.
+std::string make_temporary_directory(const std::string& prefix);
+
 /// Finds `name` as execvp would: a path with '/' must be an executable file; otherwise PATH is
 /// searched. Throws ValueError naming the binary and why it cannot run.
 std::string resolve_executable(const std::string& name);
