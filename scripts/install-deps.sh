@@ -8,7 +8,7 @@ packages=(
   libtorch-dev libgloo-dev
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
   catch2
-  libopenblas0-pthread
+  libopenblas0-pthread zlib1g-dev
   dataset-fashion-mnist
   procps iproute2
 )
