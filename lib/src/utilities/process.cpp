@@ -102,7 +102,8 @@ std::map<std::string, std::string> current_environment() {
 }
 
 std::string make_temporary_directory(const std::string& prefix) {
-  std::string pattern = (std::filesystem::temp_directory_path() / (prefix + "XXXXXX")).string();  // mkdtemp's template
+  // mkdtemp replaces the six trailing template characters with random ones.
+  std::string pattern = (std::filesystem::temp_directory_path() / (prefix + std::string(6, 'X'))).string();
   LF_CHECK(mkdtemp(pattern.data()) != nullptr, RuntimeError, "Cannot create a temporary folder in ",
            std::filesystem::temp_directory_path().string(), ": ", std::strerror(errno));
   return pattern;

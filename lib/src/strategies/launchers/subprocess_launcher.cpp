@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <stdlib.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
@@ -45,6 +46,7 @@ struct SubprocessLauncher::Impl {
   std::condition_variable spawned_cv;
   bool spawned = false;
   std::exception_ptr spawn_error;
+  std::atomic<bool> reporting{false};  // the monitor saw a child fail and is stopping the job
 
   // Runs on the monitor thread, which lives as long as the children: PR_SET_PDEATHSIG is bound
   // to the thread that forked, so the children die with this process and never outlive it.
@@ -68,6 +70,7 @@ struct SubprocessLauncher::Impl {
   }
 
   [[noreturn]] void report_and_exit(size_t local_rank, const ExitStatus& status) {
+    reporting = true;
     std::cerr << "lightning-fabric: local rank " << local_rank << " failed: " << status.describe() << "\n";
     const std::string error = read_error_file(error_dir + "/rank_" + std::to_string(local_rank) + ".error.json");
     if (!error.empty()) std::cerr << "lightning-fabric: its error file says: " << error << "\n";
@@ -150,9 +153,15 @@ void SubprocessLauncher::launch() {
   // Rank 0 often dies of a failed child (a collective loses its peer) before the monitor has seen
   // the child's exit: give the monitor a moment to report the child and exit with its code.
   install_error_file_handler();
+  // Up to 2 s for the monitor to notice a failed child; once it reports, it exits the process
+  // itself after stopping the others (at most the grace), so wait for that.
   set_terminate_hook([] {
     if (!waiting) return;
-    for (int i = 0; i < 40 && waiting->monitor.joinable(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const auto start = std::chrono::steady_clock::now();
+    while (std::chrono::steady_clock::now() - start < std::chrono::seconds(2) || waiting->reporting) {
+      if (std::chrono::steady_clock::now() - start > kGrace + std::chrono::seconds(5)) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
   });
   std::atexit([] {
     if (waiting && waiting->monitor.joinable()) waiting->monitor.join();
