@@ -6,6 +6,8 @@
 // thermal noise hit both equally. After the warm-up, the medians and the median of per-pair
 // ratios are printed as one JSON object.
 //   build/bin/bench_step_time --steps 300 --warmup 30
+// --precision P runs the Fabric side in precision P (e.g. bf16-mixed) against the raw float32
+// loop: the ratio is then P's step time over 32-true's.
 #include <lightning/fabric.h>
 #include <torch/torch.h>
 
@@ -59,12 +61,20 @@ int arg_int(int argc, char** argv, const std::string& flag, int fallback) {
   }
   return fallback;
 }
+
+std::string arg_string(int argc, char** argv, const std::string& flag, const std::string& fallback) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (flag == argv[i]) return argv[i + 1];
+  }
+  return fallback;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
   const int steps = arg_int(argc, argv, "--steps", 300);
   const int warmup = arg_int(argc, argv, "--warmup", 30);
   const int batch_size = arg_int(argc, argv, "--batch-size", 64);
+  const std::string precision = arg_string(argc, argv, "--precision", "32-true");
 
   torch::manual_seed(0);
   std::vector<std::pair<torch::Tensor, torch::Tensor>> data;
@@ -80,7 +90,7 @@ int main(int argc, char** argv) {
     raw_sgd.step();
   };
 
-  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu"));
+  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").precision(precision));
   fabric.seed_everything(1);
   Mlp fabric_net;
   torch::optim::SGD fabric_sgd(fabric_net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
@@ -112,7 +122,7 @@ int main(int argc, char** argv) {
     ratios.push_back(fab / raw);
   }
   const bool identical = torch::equal(raw_net->fc1->weight, fabric_net->fc1->weight);
-  std::cout << "{\"benchmark\":\"P1 step time\",\"steps\":" << steps << ",\"warmup\":" << warmup
+  std::cout << "{\"benchmark\":\"P1 step time\",\"steps\":" << steps << ",\"warmup\":" << warmup << ",\"precision\":\"" << precision << "\""
             << ",\"batch_size\":" << batch_size << ",\"threads\":" << torch::get_num_threads()
             << ",\"raw_median_ms\":" << median(raw_ms) << ",\"fabric_median_ms\":" << median(fabric_ms)
             << ",\"ratio_of_medians\":" << median(fabric_ms) / median(raw_ms)

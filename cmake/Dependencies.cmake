@@ -19,6 +19,9 @@ if(LF_TORCH_HAS_CUDA AND LF_NCCL_HEADER)
 endif()
 get_filename_component(LF_TORCH_DIR "${Torch_DIR}" REALPATH)
 message(STATUS "lightning-fabric: LibTorch ${Torch_VERSION} from ${LF_TORCH_DIR} (CUDA: ${LF_TORCH_HAS_CUDA}, NCCL: ${LF_TORCH_HAS_NCCL})")
+if(LF_TORCH_HAS_CUDA)
+  add_compile_definitions(LF_TORCH_HAS_CUDA=1)  # every target, the shared precompiled header included
+endif()
 if(LF_WITH_CUDA AND NOT LF_TORCH_HAS_CUDA)
   message(FATAL_ERROR "LF_WITH_CUDA=ON but the LibTorch at ${LF_TORCH_DIR} has no CUDA. "
                       "Point CMAKE_PREFIX_PATH at a CUDA LibTorch (e.g. a pip wheel's torch/share/cmake).")

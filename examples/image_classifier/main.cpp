@@ -6,6 +6,7 @@
 //   build/bin/image_classifier --epochs 1                      (one process)
 //   build/bin/image_classifier --epochs 1 --devices 2          (Fabric starts 2 processes itself)
 //   lightning-run model --devices 2 build/bin/image_classifier --epochs 1
+//   build/bin/image_classifier --precision bf16-mixed          (mixed precision, one flag)
 // Rank 0 prints one JSON object per epoch: epoch, train_loss, test_accuracy, seconds, steps.
 #include <CLI/CLI.hpp>
 #include <lightning/fabric.h>
@@ -47,6 +48,7 @@ struct Settings {
   uint64_t seed = 42;
   std::string accelerator = "auto";
   std::string devices = "auto";
+  std::string precision = "32-true";
 };
 
 template <class Model, class Loader>
@@ -66,7 +68,10 @@ double evaluate(lf::Fabric& fabric, Model& model, Loader& loader) {
 
 int run(const Settings& settings) {
   // devices, strategy, ... come from the command line: --devices N here, or lightning-run's flags.
-  lf::Fabric fabric(lf::FabricOptions().accelerator(settings.accelerator).devices(settings.devices));
+  lf::Fabric fabric(lf::FabricOptions()
+                        .accelerator(settings.accelerator)
+                        .devices(settings.devices)
+                        .precision(settings.precision));
   // No fabric.launch() call: the first setup starts the other processes when devices > 1, and
   // under lightning-run (which refuses launch(), as Python's CLI does) it has nothing to start.
   fabric.seed_everything(settings.seed);
@@ -121,6 +126,7 @@ int main(int argc, char** argv) {
   app.add_option("--seed", settings.seed, "Global seed");
   app.add_option("--accelerator", settings.accelerator, "cpu, cuda, gpu or auto (lightning-run's --accelerator overrides)");
   app.add_option("--devices", settings.devices, "Processes/devices on this node (lightning-run's --devices overrides)");
+  app.add_option("--precision", settings.precision, "32-true, bf16-mixed, 16-mixed, ... (lightning-run's --precision overrides)");
   CLI11_PARSE(app, argc, argv);
   try {
     return run(settings);

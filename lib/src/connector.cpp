@@ -79,14 +79,15 @@ int resolve_num_nodes(const std::string& value) {
   return parsed;
 }
 
-std::string resolve_strategy(const std::string& value, const ResolvedConfig& config,
+// configured: the value names a StrategySpec given in code (which needs no registry entry).
+std::string resolve_strategy(const std::string& value, bool configured, const ResolvedConfig& config,
                              std::vector<std::string>& warnings) {
   LF_CHECK(value.rfind("deepspeed", 0) != 0 && value.rfind("xla", 0) != 0, ValueError, "strategy=\"", value,
            "\" exists only in Python Lightning. Choose one of: ",
            choices_with(strategy_choices(), strategy_registry().names()), ".");
   const auto& choices = strategy_choices();
   const bool known = std::find(choices.begin(), choices.end(), value) != choices.end();
-  LF_CHECK(known || strategy_registry().contains(value), ValueError, "strategy=\"", value,
+  LF_CHECK(known || configured || strategy_registry().contains(value), ValueError, "strategy=\"", value,
            "\" is not valid. Choose one of: ", choices_with(choices, strategy_registry().names()), ".");
   if (value == "auto") {
     return (config.num_nodes > 1 || config.num_processes_per_node() > 1) ? "ddp" : "single_device";
@@ -139,7 +140,8 @@ ResolvedConfig resolve_config(const FabricOptions& options, const env::EnvLookup
                               "precision=\"bf16-mixed\" instead.");
     config.precision = "bf16-mixed";
   }
-  config.strategy = resolve_strategy(strategy, config, config.warnings);
+  const bool configured = options.strategy_spec() && options.strategy_spec()->name == strategy;
+  config.strategy = resolve_strategy(strategy, configured, config, config.warnings);
   return config;
 }
 
@@ -165,8 +167,18 @@ Connector Connector::build(const FabricOptions& options, const env::EnvLookup& e
   context.num_nodes = config.num_nodes;
   context.env = env;
   for (int index : config.device_indices) context.parallel_devices.push_back(connector.accelerator->device_for(index));
-  connector.strategy = strategy_registry().create(config.strategy, context);
-  for (const auto& warning : config.warnings) rank_zero_warn(warning);
+  const auto& spec = options.strategy_spec();
+  if (spec && spec->name == config.strategy) {
+    connector.strategy = spec->create(context);
+  } else {
+    if (spec) {
+      connector.config.warnings.push_back("FabricOptions().strategy(...) configured \"" + spec->name +
+                                          "\" with settings, but " + std::string(env::kStrategy) + "=\"" +
+                                          config.strategy + "\" chose another strategy: those settings are unused.");
+    }
+    connector.strategy = strategy_registry().create(config.strategy, context);
+  }
+  for (const auto& warning : connector.config.warnings) rank_zero_warn(warning);
   return connector;
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <torch/nn/utils/clip_grad.h>
 
+#include "lightning/fabric/utilities/empty_init.h"
 #include "lightning/fabric/utilities/error_file.h"
 #include "lightning/fabric/utilities/rank_zero.h"
 
@@ -214,6 +215,8 @@ ScopeGuard Fabric::autocast() const { return connector_.precision->forward_conte
 
 ScopeGuard Fabric::init_tensor() const { return connector_.precision->tensor_init_context(); }
 
-ScopeGuard Fabric::init_module() const { return connector_.precision->module_init_context(); }
+ScopeGuard Fabric::init_module(bool empty_init) const {
+  return connector_.precision->module_init_context().then(empty_init_guard(empty_init));
+}
 
 }  // namespace lightning::fabric

@@ -3,7 +3,9 @@
 // any failed, else prints "rank R: all DDP checks passed".
 #include <torch/torch.h>
 
+#include <chrono>
 #include <iostream>
+#include <thread>
 #include <map>
 #include <string>
 
@@ -100,7 +102,9 @@ void check_no_backward_sync(lf::Fabric& fabric) {
   }
   expect(ddp.collective().operation_count() == before, "no collective during accumulation");
   fabric.backward(model(inputs[1].narrow(0, 4 * rank, 4)).pow(2).mean());
-  expect(ddp.collective().operation_count() > before, "the synced backward all-reduces");
+  // main() set buckets so small that every parameter is a bucket of its own: one all-reduce each.
+  expect(ddp.collective().operation_count() - before == net->parameters().size(),
+         "one all-reduce per bucket (" + std::to_string(ddp.collective().operation_count() - before) + ")");
   (reference(inputs[0]).pow(2).mean() + reference(inputs[1]).pow(2).mean()).backward();
   for (size_t i = 0; i < net->parameters().size(); ++i) {
     const double error = max_relative_error(net->parameters()[i].grad(), reference->parameters()[i].grad());
@@ -163,8 +167,36 @@ void check_sampler(lf::Fabric& fabric) {
 }
 }  // namespace
 
-int main() {
-  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu"));
+// A process-group timeout set through FabricOptions().strategy(ddp_strategy(...)) ends a barrier
+// that another rank never joins (that rank stays alive, so the error is the timeout's).
+int check_timeout() {
+  lf::DDPOptions settings;
+  settings.timeout = std::chrono::seconds(4);
+  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").strategy(lf::ddp_strategy(settings)));
+  fabric.barrier();  // everybody is here
+  if (fabric.global_rank() != 0) {
+    std::this_thread::sleep_for(std::chrono::seconds(12));
+    return 0;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    fabric.barrier();
+    std::cout << "FAIL: the barrier returned although rank 1 never joined" << std::endl;
+    return 1;
+  } catch (const std::exception& error) {
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::cout << "rank 0: barrier ended after " << waited << " s: " << error.what() << std::endl;
+    const bool ok = waited >= 3.5 && waited < 11.0;
+    std::cout << (ok ? "rank 0: timeout check passed" : "FAIL: the barrier did not end at the 4 s timeout") << std::endl;
+    return ok ? 0 : 1;
+  }
+}
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "timeout") return check_timeout();
+  lf::DDPOptions settings;
+  settings.first_bucket_mb = settings.bucket_cap_mb = 1e-6;  // a bucket per parameter
+  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").strategy(lf::ddp_strategy(settings)));
   lf::Fabric::seed_everything(3);
   check_gradients(fabric);
   check_replicas(fabric);

@@ -3,6 +3,8 @@
 
 #include "lightning/fabric/connector.h"
 #include "lightning/fabric/errors.h"
+#include "lightning/fabric/strategies/ddp.h"
+#include "lightning/fabric/strategies/dp.h"
 // Catch2 last: glog (inside LibTorch) defines its own CHECK macro, Catch2 must win.
 #include <catch2/catch.hpp>
 
@@ -185,4 +187,59 @@ TEST_CASE("a strategy registered by the user is accepted by name", "[connector]"
 TEST_CASE("ddp_fork is refused with the reason and the alternative", "[connector]") {
   CHECK_THROWS_WITH(lf::Connector::build(lf::FabricOptions().strategy("ddp_fork").devices(2), lf::env::map_env({})),
                     Contains("ddp_fork") && Contains("strategy=\"ddp\""));
+}
+
+TEST_CASE("a strategy with settings: ddp_strategy(DDPOptions) reaches the DDP strategy", "[connector][ddp]") {
+  lf::DDPOptions settings;
+  settings.bucket_cap_mb = 50;
+  settings.first_bucket_mb = 2;
+  settings.timeout = std::chrono::seconds(90);
+  settings.process_group_backend = "gloo";
+  auto connector = lf::Connector::build(
+      lf::FabricOptions().accelerator("cpu").devices(2).strategy(lf::ddp_strategy(settings)), lf::env::map_env({}));
+  CHECK(connector.config.strategy == "ddp");
+  auto& ddp = dynamic_cast<lf::DDPStrategy&>(*connector.strategy);
+  CHECK(ddp.options().bucket_cap_mb == 50);
+  CHECK(ddp.options().first_bucket_mb == 2);
+  CHECK(ddp.options().timeout == std::chrono::seconds(90));
+
+  // The name of a configured strategy is valid even outside the registry.
+  settings.name = "ddp_tuned";
+  auto tuned = lf::Connector::build(
+      lf::FabricOptions().accelerator("cpu").devices(2).strategy(lf::ddp_strategy(settings)), lf::env::map_env({}));
+  CHECK(tuned.strategy->name() == "ddp_tuned");
+
+  // lightning-run --strategy naming another strategy replaces it, and says the settings are unused.
+  auto replaced = lf::Connector::build(lf::FabricOptions().accelerator("cpu").devices(2).strategy(lf::ddp_strategy(settings)),
+                                       lf::env::map_env({{"LT_STRATEGY", "ddp_spawn"}}));
+  CHECK(replaced.strategy->name() == "ddp_spawn");
+  CHECK(dynamic_cast<lf::DDPStrategy&>(*replaced.strategy).options().bucket_cap_mb == 25);
+  REQUIRE(replaced.config.warnings.size() == 1);
+  CHECK_THAT(replaced.config.warnings[0], Contains("ddp_tuned") && Contains("unused"));
+}
+
+TEST_CASE("ddp_strategy refuses bad settings", "[connector][ddp][errors]") {
+  lf::DDPOptions bad;
+  bad.bucket_cap_mb = 0;
+  CHECK_THROWS_WITH(lf::ddp_strategy(bad), Contains("bucket_cap_mb=0") && Contains("positive"));
+  bad = {};
+  bad.timeout = std::chrono::milliseconds(0);
+  CHECK_THROWS_WITH(lf::ddp_strategy(bad), Contains("timeout=0"));
+  bad = {};
+  bad.process_group_backend = "mpi";
+  CHECK_THROWS_WITH(lf::ddp_strategy(bad), Contains("\"mpi\"") && Contains("gloo"));
+}
+
+TEST_CASE("dp: single process over CUDA devices; refused on CPU devices", "[connector][dp]") {
+  lf::StrategyContext context;
+  context.parallel_devices = {torch::Device(torch::kCPU), torch::Device(torch::kCPU)};
+  CHECK_THROWS_WITH(lf::DataParallelStrategy(context), Contains("strategy=\"dp\"") && Contains("cpu"));
+  context.parallel_devices = {torch::Device(torch::kCUDA, 0), torch::Device(torch::kCUDA, 1)};
+  lf::DataParallelStrategy dp(context);
+  CHECK(dp.world_size() == 1);
+  CHECK(dp.root_device() == torch::Device(torch::kCUDA, 0));
+  CHECK(dp.data_parallel_devices().size() == 2);
+  CHECK(lf::strategy_registry().contains("dp"));
+  context.num_nodes = 2;
+  CHECK_THROWS_WITH(lf::DataParallelStrategy(context), Contains("num_nodes=2"));
 }

@@ -52,6 +52,20 @@ void DDPStrategy::launch_processes() {
   launcher_->launch();
 }
 
+StrategySpec ddp_strategy(DDPOptions options) {
+  LF_CHECK(options.bucket_cap_mb > 0 && options.first_bucket_mb > 0, ValueError, "DDPOptions: bucket_cap_mb=",
+           options.bucket_cap_mb, " and first_bucket_mb=", options.first_bucket_mb,
+           " must be positive (defaults 25 and 1 MiB).");
+  LF_CHECK(options.timeout.count() > 0, ValueError, "DDPOptions: timeout=", options.timeout.count(),
+           " ms must be positive (default 30 minutes).");
+  const std::string backend = options.process_group_backend.value_or("gloo");
+  LF_CHECK(backend == "gloo" || backend == "nccl", ValueError, "DDPOptions: process_group_backend=\"", backend,
+           "\" is not supported. Choose \"gloo\" or \"nccl\", or leave it unset (nccl on CUDA, gloo on CPU).");
+  return StrategySpec{options.name, [options](StrategyContext context) -> std::shared_ptr<Strategy> {
+                        return std::make_shared<DDPStrategy>(std::move(context), options);
+                      }};
+}
+
 void DDPStrategy::setup_environment() {
   if (collective_) return;
   context_.cluster_environment->set_world_size(world_size());
@@ -65,7 +79,7 @@ void DDPStrategy::setup_environment() {
   options.world_size = world_size();
   options.restart_count = env_int(context_.env, env::kRestartCount, 0);
   options.use_agent_store = env_true(context_.env, env::kUseAgentStore);
-  options.backend = root_device().is_cuda() ? "nccl" : "gloo";
+  options.backend = options_.process_group_backend.value_or(root_device().is_cuda() ? "nccl" : "gloo");
   options.timeout = options_.timeout;
   c10::intrusive_ptr<c10d::Store> store;
   if (launcher_) store = launcher_->hosted_store();

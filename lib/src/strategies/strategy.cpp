@@ -5,6 +5,7 @@
 
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/strategies/ddp.h"
+#include "lightning/fabric/strategies/dp.h"
 #include "lightning/fabric/utilities/rank_zero.h"
 
 namespace lightning::fabric {
@@ -54,6 +55,11 @@ SingleDeviceStrategy::SingleDeviceStrategy(StrategyContext context) : Strategy(s
            "distributed strategy such as \"ddp\".");
 }
 
+const std::vector<torch::Device>& Strategy::data_parallel_devices() const {
+  static const std::vector<torch::Device> none;
+  return none;
+}
+
 StrategyRegistry& strategy_registry() {
   static StrategyRegistry registry = [] {
     StrategyRegistry built("strategy");
@@ -61,17 +67,17 @@ StrategyRegistry& strategy_registry() {
               [](StrategyContext context) { return std::make_shared<SingleDeviceStrategy>(std::move(context)); },
               "one process on one device");
     auto ddp = [](std::string name, bool find_unused) {
-      return [name, find_unused](StrategyContext context) {
-        DDPOptions options;
-        options.name = name;
-        options.find_unused_parameters = find_unused;
-        return std::make_shared<DDPStrategy>(std::move(context), options);
-      };
+      DDPOptions options;
+      options.name = std::move(name);
+      options.find_unused_parameters = find_unused;
+      return ddp_strategy(options).create;
     };
     built.add("ddp", ddp("ddp", false), "one process per device, gradients averaged after backward");
     built.add("ddp_spawn", ddp("ddp_spawn", false), "ddp; processes started by re-executing the program");
     built.add("ddp_find_unused_parameters_true", ddp("ddp_find_unused_parameters_true", true), "ddp, unused parameters allowed");
     built.add("ddp_find_unused_parameters_false", ddp("ddp_find_unused_parameters_false", false), "ddp");
+    built.add("dp", [](StrategyContext context) { return std::make_shared<DataParallelStrategy>(std::move(context)); },
+              "one process, each batch split over several CUDA devices");
     built.add(
         "ddp_fork",
         [](StrategyContext) -> std::shared_ptr<Strategy> {

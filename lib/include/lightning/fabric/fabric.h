@@ -312,8 +312,10 @@ class Fabric {
   ScopeGuard autocast() const;
   /// New floating tensors get the precision's dtype while the guard lives.
   ScopeGuard init_tensor() const;
-  /// Modules built while the guard lives get the precision's dtype.
-  ScopeGuard init_module() const;
+  /// Modules built while the guard lives get the precision's dtype. empty_init=true also skips
+  /// their random initialisation (see utilities/empty_init.h): use it when a checkpoint will
+  /// overwrite the weights anyway.
+  ScopeGuard init_module(bool empty_init = false) const;
 
  private:
   template <class T>

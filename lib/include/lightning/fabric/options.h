@@ -5,6 +5,7 @@
 // precision unset (= "32-true"). The LT_* variables set by lightning-run override these values.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -17,10 +18,24 @@
 
 namespace lightning::fabric {
 
+class Strategy;
+struct StrategyContext;
+
+/// A strategy chosen by name together with its settings: what a configured strategy object is in
+/// Python (Fabric(strategy=DDPStrategy(timeout=...))). Made by e.g. ddp_strategy(DDPOptions)
+/// (strategies/ddp.h); create is called by the Connector with the resolved devices and plugins.
+struct StrategySpec {
+  std::string name;
+  std::function<std::shared_ptr<Strategy>(StrategyContext)> create;
+};
+
 class FabricOptions {
  public:
   FabricOptions& accelerator(std::string value) { accelerator_ = std::move(value); return *this; }
-  FabricOptions& strategy(std::string value) { strategy_ = std::move(value); return *this; }
+  FabricOptions& strategy(std::string value) { strategy_ = std::move(value); strategy_spec_.reset(); return *this; }
+  /// A strategy with settings. LT_STRATEGY (lightning-run --strategy) naming another strategy
+  /// replaces it, with a warning that its settings are unused.
+  FabricOptions& strategy(StrategySpec spec) { strategy_ = spec.name; strategy_spec_ = std::move(spec); return *this; }
   FabricOptions& devices(DevicesSpec value) { devices_ = std::move(value); return *this; }
   FabricOptions& devices(std::initializer_list<int> indices) { devices_ = DevicesSpec(std::vector<int>(indices)); return *this; }
   FabricOptions& num_nodes(int value) { num_nodes_ = value; return *this; }
@@ -35,6 +50,7 @@ class FabricOptions {
 
   const std::string& accelerator() const { return accelerator_; }
   const std::string& strategy() const { return strategy_; }
+  const std::optional<StrategySpec>& strategy_spec() const { return strategy_spec_; }
   const DevicesSpec& devices() const { return devices_; }
   int num_nodes() const { return num_nodes_; }
   const std::optional<std::string>& precision() const { return precision_; }
@@ -45,6 +61,7 @@ class FabricOptions {
  private:
   std::string accelerator_ = "auto";
   std::string strategy_ = "auto";
+  std::optional<StrategySpec> strategy_spec_;
   DevicesSpec devices_;
   int num_nodes_ = 1;
   std::optional<std::string> precision_;

@@ -4,8 +4,12 @@
 #pragma once
 
 #include <torch/data/dataloader.h>
+#include <torch/nn/cloneable.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
+#ifdef LF_TORCH_HAS_CUDA  // data_parallel needs CUDA headers (set for a CUDA LibTorch)
+#include <torch/nn/parallel/data_parallel.h>
+#endif
 
 #include <memory>
 #include <optional>
@@ -68,7 +72,12 @@ class FabricModule {
       std::optional<std::decay_t<Output>> output;
       {
         auto context = precision.forward_context();
-        output.emplace(module_->forward(apply_to_tensors(std::forward<Args>(args), prepare)...));
+        const auto& split_devices = strategy_->data_parallel_devices();
+        if (split_devices.size() > 1) {
+          output.emplace(data_parallel_forward<std::decay_t<Output>>(split_devices, prepare, std::forward<Args>(args)...));
+        } else {
+          output.emplace(module_->forward(apply_to_tensors(std::forward<Args>(args), prepare)...));
+        }
       }
       return apply_to_tensors(std::move(*output), [&precision](const at::Tensor& tensor) {
         at::Tensor result = precision.convert_output(tensor);
@@ -82,6 +91,30 @@ class FabricModule {
 
   template <class... Args>
   decltype(auto) operator()(Args&&... args) { return forward(std::forward<Args>(args)...); }
+
+ private:
+  // strategy "dp": scatter the batch over the devices, replicas forward, gather on the first.
+  template <class Output, class Prepare, class... Args>
+  Output data_parallel_forward(const std::vector<torch::Device>& devices, Prepare& prepare, Args&&... args) {
+#ifndef LF_TORCH_HAS_CUDA
+    throw RuntimeError("strategy=\"dp\" needs a CUDA LibTorch; this build has none.");
+#else
+    constexpr bool splittable = sizeof...(Args) == 1 && (std::is_convertible_v<Args, at::Tensor> && ...) &&
+                                std::is_same_v<Output, at::Tensor> &&
+                                std::is_base_of_v<torch::nn::Cloneable<ModuleImpl>, ModuleImpl>;
+    if constexpr (splittable) {
+      return torch::nn::parallel::data_parallel(module_, prepare(at::Tensor(std::forward<Args>(args))...), devices,
+                                                devices.front());
+    } else {
+      throw ValueError(
+          "strategy=\"dp\" splits a batch over devices with LibTorch's data_parallel, which needs a module "
+          "deriving from torch::nn::Cloneable (a TORCH_MODULE) whose forward takes one tensor and returns one. "
+          "This module's forward does not; use strategy=\"ddp\" (one process per device).");
+    }
+#endif
+  }
+
+ public:
 
   /// The original module (its members and methods).
   ModuleImpl* operator->() const { return module_.get(); }

@@ -4,6 +4,8 @@
 #include <c10/core/DefaultDtype.h>
 #include <torch/types.h>
 
+#include "lightning/fabric/errors.h"
+
 namespace lightning::fabric {
 
 void Precision::convert_module(torch::nn::Module& module) const {
@@ -34,6 +36,31 @@ at::Tensor to_default_dtype(const at::Tensor& tensor) {
 
 at::Tensor TruePrecision::convert_output(const at::Tensor& output) const { return to_default_dtype(output); }
 
+MixedPrecision::MixedPrecision(std::string name, c10::ScalarType dtype, std::shared_ptr<LossScaler> scaler)
+    : name_(std::move(name)), dtype_(dtype), scaler_(std::move(scaler)) {
+  LF_CHECK(dtype_ == torch::kBFloat16 || dtype_ == torch::kFloat16, ValueError, "MixedPrecision(\"", name_,
+           "\"): the autocast dtype must be bfloat16 or float16, got ", c10::toString(dtype_), ".");
+}
+
+void MixedPrecision::pre_backward(at::Tensor& loss) const {
+  if (scaler_) loss = scaler_->scale(loss);
+}
+
+bool MixedPrecision::optimizer_step(torch::optim::Optimizer& optimizer,
+                                    const torch::optim::Optimizer::LossClosure& closure) const {
+  if (!scaler_) return Precision::optimizer_step(optimizer, closure);
+  LF_CHECK(!closure, ValueError, "optimizer.step(closure): precision=\"", name_,
+           "\" scales the loss and may skip steps, which a closure that re-evaluates the loss (LBFGS) cannot "
+           "follow. Use precision=\"bf16-mixed\" or \"32-true\" with closure-based optimizers.");
+  const bool stepped = scaler_->step(optimizer);
+  scaler_->update();
+  return stepped;
+}
+
+void MixedPrecision::unscale_gradients(torch::optim::Optimizer& optimizer) const {
+  if (scaler_) scaler_->unscale_(optimizer);
+}
+
 at::Tensor MixedPrecision::convert_input(const at::Tensor& input) const {
   if (!input.is_floating_point() || input.scalar_type() == dtype_) return input;
   return input.to(dtype_);
@@ -45,8 +72,10 @@ ScopeGuard MixedPrecision::forward_context() const {
   // Autocast for both device types: it only affects operations dispatched on that device.
   const bool cpu_was = at::autocast::is_cpu_enabled(), cuda_was = at::autocast::is_enabled();
   const auto cpu_dtype = at::autocast::get_autocast_cpu_dtype(), cuda_dtype = at::autocast::get_autocast_gpu_dtype();
-  at::autocast::set_cpu_enabled(true);
-  at::autocast::set_autocast_cpu_dtype(dtype_);
+  if (dtype_ == torch::kBFloat16) {  // CPU autocast supports bfloat16 only
+    at::autocast::set_cpu_enabled(true);
+    at::autocast::set_autocast_cpu_dtype(dtype_);
+  }
   at::autocast::set_enabled(true);
   at::autocast::set_autocast_gpu_dtype(dtype_);
   at::autocast::increment_nesting();
@@ -72,6 +101,9 @@ PrecisionRegistry& precision_registry() {
     built.add("64-true", [] { return std::make_shared<DoublePrecision>(); }, "float64 everywhere");
     built.add("16-true", [] { return std::make_shared<TruePrecision>("16-true", torch::kFloat16); }, "float16 everywhere");
     built.add("bf16-true", [] { return std::make_shared<TruePrecision>("bf16-true", torch::kBFloat16); }, "bfloat16 everywhere");
+    built.add("16-mixed",
+              [] { return std::make_shared<MixedPrecision>("16-mixed", torch::kFloat16, std::make_shared<LossScaler>()); },
+              "float32 parameters, float16 autocast in the forward, dynamic loss scaling (CUDA)");
     built.add("bf16-mixed", [] { return std::make_shared<MixedPrecision>("bf16-mixed", torch::kBFloat16); },
               "float32 parameters, bfloat16 autocast in the forward");
     return built;

@@ -7,10 +7,12 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "lightning/fabric/options.h"
 #include "lightning/fabric/plugins/collectives/collective.h"
 #include "lightning/fabric/strategies/launchers/subprocess_launcher.h"
 #include "lightning/fabric/strategies/strategy.h"
@@ -26,14 +28,24 @@ struct DDPOptions {
   bool find_unused_parameters = false;   // a parameter without a gradient counts as zero
   double bucket_cap_mb = 25.0;
   double first_bucket_mb = 1.0;         // small, so the first all-reduce starts early in backward
-  std::chrono::milliseconds timeout = std::chrono::minutes(30);
+  std::chrono::milliseconds timeout = std::chrono::minutes(30);  // of every collective and the store
+  std::optional<std::string> process_group_backend;             // "gloo" | "nccl"; default by device
 };
+
+/// DDP with settings, for FabricOptions().strategy(...):
+///   lf::DDPOptions ddp;
+///   ddp.timeout = std::chrono::minutes(5);
+///   ddp.bucket_cap_mb = 50;
+///   lf::Fabric fabric(lf::FabricOptions().strategy(lf::ddp_strategy(ddp)));
+/// Throws ValueError for non-positive bucket sizes or timeout, or an unknown backend.
+StrategySpec ddp_strategy(DDPOptions options = DDPOptions());
 
 class DDPStrategy : public Strategy {
  public:
   DDPStrategy(StrategyContext context, DDPOptions options = DDPOptions());
   ~DDPStrategy() override;
   std::string name() const override { return options_.name; }
+  const DDPOptions& options() const { return options_; }
   torch::Device root_device() const override;
   int world_size() const override;
   int global_rank() const override;

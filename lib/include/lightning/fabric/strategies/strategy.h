@@ -57,6 +57,10 @@ class Strategy {
 
   /// Once per process, before any setup: the accelerator's device setup, process groups, ...
   virtual void setup_environment();
+  /// The devices a FabricModule's forward splits each batch over within this process ("dp");
+  /// empty for every strategy that runs one device per process.
+  virtual const std::vector<torch::Device>& data_parallel_devices() const;
+
   /// Spawns this node's other local processes when nobody else did (Fabric::launch). Default:
   /// nothing, the strategy runs one process.
   virtual void launch_processes() {}

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "lightning/fabric/plugins/plugin.h"
+#include "lightning/fabric/plugins/precision/loss_scaler.h"
 #include "lightning/fabric/registry.h"
 #include "lightning/fabric/utilities/scope_guard.h"
 
@@ -44,6 +45,8 @@ class Precision : public Plugin {
                               const torch::optim::Optimizer::LossClosure& closure = nullptr) const;
   /// Brings gradients to their true scale before clipping (no-op without a loss scaler).
   virtual void unscale_gradients(torch::optim::Optimizer& optimizer) const { (void)optimizer; }
+  /// The loss scaler whose state checkpoints save and restore; null for precisions without one.
+  virtual std::shared_ptr<LossScaler> loss_scaler() const { return nullptr; }
 };
 
 /// "64-true", "16-true", "bf16-true": parameters, inputs, new tensors (inside init_tensor(),
@@ -68,21 +71,30 @@ class DoublePrecision : public TruePrecision {
   DoublePrecision() : TruePrecision("64-true", torch::kFloat64) {}
 };
 
-/// "bf16-mixed" (and "16-mixed" once a loss scaler exists): parameters stay float32; the forward
-/// runs under LibTorch's autocast (CPU and CUDA) in the low dtype; inputs are cast to it and
-/// floating outputs come back in float32.
+/// "bf16-mixed" and "16-mixed": parameters stay float32; the forward runs under LibTorch's
+/// autocast in the low dtype (bfloat16 on CPU and CUDA; float16 on CUDA only, as LibTorch 1.13 has
+/// no float16 CPU autocast); inputs are cast to it and floating outputs come back in float32.
+/// With a loss scaler ("16-mixed" gets one by default), backward scales the loss and the optimizer
+/// step unscales, skips steps with inf/NaN gradients and updates the scale.
 class MixedPrecision : public Precision {
  public:
-  MixedPrecision(std::string name, c10::ScalarType dtype) : name_(std::move(name)), dtype_(dtype) {}
+  MixedPrecision(std::string name, c10::ScalarType dtype, std::shared_ptr<LossScaler> scaler = nullptr);
   std::string name() const override { return name_; }
   at::Tensor convert_input(const at::Tensor& input) const override;
   at::Tensor convert_output(const at::Tensor& output) const override;
   ScopeGuard forward_context() const override;
   c10::ScalarType autocast_dtype() const { return dtype_; }
 
+  void pre_backward(at::Tensor& loss) const override;
+  bool optimizer_step(torch::optim::Optimizer& optimizer,
+                      const torch::optim::Optimizer::LossClosure& closure = nullptr) const override;
+  void unscale_gradients(torch::optim::Optimizer& optimizer) const override;
+  std::shared_ptr<LossScaler> loss_scaler() const override { return scaler_; }
+
  private:
   std::string name_;
   c10::ScalarType dtype_;
+  std::shared_ptr<LossScaler> scaler_;
 };
 
 using PrecisionRegistry = Registry<Precision>;

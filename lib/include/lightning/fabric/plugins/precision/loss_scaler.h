@@ -1,0 +1,76 @@
+// Dynamic loss scaling for float16 mixed precision ("16-mixed"), with PyTorch GradScaler's
+// semantics (REFERENCE.md §5): the loss is multiplied by the scale before backward; before the
+// optimizer steps, gradients are divided by it and checked for inf/NaN; a step with a non-finite
+// gradient is skipped and the scale multiplied by backoff_factor; after growth_interval clean steps
+// in a row the scale is multiplied by growth_factor.
+//
+// CUDA gradients use ATen's fused AMP kernels; CPU gradients (LibTorch 1.13 has no CPU kernels for
+// them) use plain tensor operations with the same results. Not thread-safe: one training loop
+// drives it. Owned by the MixedPrecision plugin; Fabric calls scale/unscale/step/update for you.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <unordered_map>
+
+namespace lightning::fabric {
+
+struct LossScalerOptions {
+  double init_scale = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+};
+
+class LossScaler {
+ public:
+  /// Throws ValueError for growth_factor <= 1, backoff_factor outside (0, 1), init_scale <= 0 or
+  /// growth_interval < 1.
+  explicit LossScaler(LossScalerOptions options = {});
+
+  /// loss * scale (the scale lives on the loss's device from the first call on).
+  at::Tensor scale(const at::Tensor& loss);
+
+  /// Divides the optimizer's gradients by the scale in place and records whether any is inf/NaN.
+  /// At most once per optimizer between update() calls (RuntimeError otherwise); float16
+  /// gradients are refused (their unscaled values would underflow). Gradients present although no
+  /// loss went through scale() since the last update() are a RuntimeError: their backward bypassed
+  /// fabric.backward(loss), and dividing them by the scale would silently shrink the step.
+  void unscale_(torch::optim::Optimizer& optimizer);
+
+  /// Unscales (unless unscale_ was already called for this optimizer) and steps the optimizer if
+  /// every gradient is finite. Returns whether it stepped. Once per optimizer between update()s.
+  bool step(torch::optim::Optimizer& optimizer);
+
+  /// Adjusts the scale from the steps since the last update (backoff if any optimizer saw inf/NaN,
+  /// growth after growth_interval clean updates) and forgets the per-optimizer state.
+  void update();
+
+  double get_scale() const;
+  int64_t growth_tracker() const;
+  const LossScalerOptions& options() const { return options_; }
+
+  /// {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"}, the keys
+  /// and value types of PyTorch's GradScaler.state_dict().
+  c10::impl::GenericDict state_dict() const;
+  /// Restores a state_dict(); ValueError naming a missing or mistyped key.
+  void load_state_dict(const c10::impl::GenericDict& state);
+
+ private:
+  enum class Stage { kReady, kUnscaled, kStepped };
+  struct OptimizerState {
+    Stage stage = Stage::kReady;
+    at::Tensor found_inf;  // float32 scalar, 1 if a gradient was inf/NaN
+  };
+  void ensure_tensors(const at::Device& device);
+
+  LossScalerOptions options_;
+  at::Tensor scale_;           // float32 scalar
+  at::Tensor growth_tracker_;  // int32 scalar: clean steps since the last change
+  std::unordered_map<const torch::optim::Optimizer*, OptimizerState> per_optimizer_;
+  bool scaled_since_update_ = false;
+};
+
+}  // namespace lightning::fabric

@@ -1,0 +1,185 @@
+#include "lightning/fabric/plugins/precision/loss_scaler.h"
+
+#include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
+#include <ATen/ops/_amp_update_scale.h>
+#include <torch/types.h>
+
+#include <map>
+#include <vector>
+
+#include "lightning/fabric/errors.h"
+
+namespace lightning::fabric {
+
+namespace {
+// Gradients of the optimizer's parameters, grouped by device (sparse gradients are coalesced first).
+std::map<std::string, std::vector<at::Tensor>> gradients_by_device(torch::optim::Optimizer& optimizer) {
+  std::map<std::string, std::vector<at::Tensor>> groups;
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& parameter : group.params()) {
+      at::Tensor grad = parameter.grad();
+      if (!grad.defined()) continue;
+      LF_CHECK(grad.scalar_type() != torch::kFloat16, ValueError,
+               "LossScaler: a gradient is float16; unscaling it would underflow. Keep parameters in float32 "
+               "under \"16-mixed\" (autocast runs the forward in float16), or use \"16-true\" without a scaler.");
+      if (grad.is_sparse()) grad = grad.coalesce()._values();
+      groups[grad.device().str()].push_back(grad);
+    }
+  }
+  return groups;
+}
+
+// The CPU equivalent of at::_amp_foreach_non_finite_check_and_unscale_.
+void unscale_on_cpu(const std::vector<at::Tensor>& grads, at::Tensor& found_inf, const at::Tensor& inv_scale) {
+  for (const auto& grad : grads) {
+    if (!at::isfinite(grad).all().item<bool>()) found_inf.fill_(1.0);
+    grad.mul_(inv_scale.to(grad.scalar_type()));
+  }
+}
+}  // namespace
+
+LossScaler::LossScaler(LossScalerOptions options) : options_(options) {
+  LF_CHECK(options_.init_scale > 0, ValueError, "LossScaler: init_scale=", options_.init_scale,
+           " must be positive (PyTorch's default is 65536).");
+  LF_CHECK(options_.growth_factor > 1.0, ValueError, "LossScaler: growth_factor=", options_.growth_factor,
+           " must be greater than 1 (default 2).");
+  LF_CHECK(options_.backoff_factor > 0.0 && options_.backoff_factor < 1.0, ValueError,
+           "LossScaler: backoff_factor=", options_.backoff_factor, " must lie in (0, 1) (default 0.5).");
+  LF_CHECK(options_.growth_interval >= 1, ValueError, "LossScaler: growth_interval=", options_.growth_interval,
+           " must be at least 1 (default 2000).");
+  ensure_tensors(torch::kCPU);
+}
+
+void LossScaler::ensure_tensors(const at::Device& device) {
+  if (!scale_.defined()) {
+    scale_ = torch::full({}, options_.init_scale, torch::TensorOptions().dtype(torch::kFloat32).device(device));
+    growth_tracker_ = torch::zeros({}, torch::TensorOptions().dtype(torch::kInt32).device(device));
+  } else if (scale_.device() != device) {
+    scale_ = scale_.to(device);
+    growth_tracker_ = growth_tracker_.to(device);
+  }
+}
+
+at::Tensor LossScaler::scale(const at::Tensor& loss) {
+  ensure_tensors(loss.device());
+  scaled_since_update_ = true;
+  return loss * scale_.to(loss.scalar_type());
+}
+
+void LossScaler::unscale_(torch::optim::Optimizer& optimizer) {
+  auto& state = per_optimizer_[&optimizer];
+  LF_CHECK(state.stage != Stage::kUnscaled, RuntimeError,
+           "LossScaler::unscale_ was already called for this optimizer since the last update(): gradients "
+           "are unscaled once per step (clip_gradients and the optimizer step share it).");
+  LF_CHECK(state.stage != Stage::kStepped, RuntimeError,
+           "LossScaler::unscale_ was called after step() for this optimizer: unscale before stepping.");
+  const at::Tensor inv_scale = scale_.to(torch::kFloat64).reciprocal().to(torch::kFloat32);
+  at::Tensor found_inf = torch::zeros({}, scale_.options().dtype(torch::kFloat32));
+  const auto groups = gradients_by_device(optimizer);
+  LF_CHECK(groups.empty() || scaled_since_update_, RuntimeError,
+           "The optimizer has gradients, but no loss was scaled since the last step: the backward bypassed "
+           "fabric.backward(loss) (e.g. loss.backward() on the raw module's output), so the loss scaler of "
+           "precision=\"16-mixed\" would divide unscaled gradients. Call fabric.backward(loss).");
+  for (const auto& [device_name, grads] : groups) {
+    const at::Device device(device_name);
+    at::Tensor device_inf = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
+    const at::Tensor device_inv = inv_scale.to(device);
+    if (device.is_cuda()) {
+      at::_amp_foreach_non_finite_check_and_unscale_(grads, device_inf, device_inv);
+    } else {
+      unscale_on_cpu(grads, device_inf, device_inv);
+    }
+    found_inf.add_(device_inf.to(found_inf.device()));
+  }
+  state.found_inf = found_inf;
+  state.stage = Stage::kUnscaled;
+}
+
+bool LossScaler::step(torch::optim::Optimizer& optimizer) {
+  LF_CHECK(per_optimizer_[&optimizer].stage != Stage::kStepped, RuntimeError,
+           "LossScaler::step was already called for this optimizer since the last update(): call update() "
+           "once per iteration, after the optimizers stepped.");
+  if (per_optimizer_[&optimizer].stage == Stage::kReady) unscale_(optimizer);
+  auto& state = per_optimizer_[&optimizer];
+  const bool finite = state.found_inf.item<float>() == 0.0f;
+  if (finite) optimizer.step();
+  state.stage = Stage::kStepped;
+  return finite;
+}
+
+void LossScaler::update() {
+  at::Tensor found_inf = torch::zeros({}, scale_.options().dtype(torch::kFloat32));
+  bool any = false;
+  for (auto& [optimizer, state] : per_optimizer_) {
+    if (!state.found_inf.defined()) continue;
+    found_inf.add_(state.found_inf.to(found_inf.device()));
+    any = true;
+  }
+  per_optimizer_.clear();
+  scaled_since_update_ = false;
+  if (!any) return;  // nothing was unscaled since the last update
+  if (scale_.is_cuda()) {
+    at::_amp_update_scale_(scale_, growth_tracker_, found_inf, options_.growth_factor, options_.backoff_factor,
+                           options_.growth_interval);
+    return;
+  }
+  // The CPU equivalent of at::_amp_update_scale_.
+  if (found_inf.item<float>() > 0.0f) {
+    scale_.mul_(options_.backoff_factor);
+    growth_tracker_.zero_();
+    return;
+  }
+  const int64_t clean = growth_tracker_.item<int32_t>() + 1;
+  if (clean == options_.growth_interval) {
+    scale_.mul_(options_.growth_factor);
+    growth_tracker_.zero_();
+  } else {
+    growth_tracker_.fill_(clean);
+  }
+}
+
+double LossScaler::get_scale() const { return scale_.item<double>(); }
+
+int64_t LossScaler::growth_tracker() const { return growth_tracker_.item<int64_t>(); }
+
+c10::impl::GenericDict LossScaler::state_dict() const {
+  c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
+  state.insert("scale", get_scale());
+  state.insert("growth_factor", options_.growth_factor);
+  state.insert("backoff_factor", options_.backoff_factor);
+  state.insert("growth_interval", options_.growth_interval);
+  state.insert("_growth_tracker", growth_tracker());
+  return state;
+}
+
+namespace {
+c10::IValue required(const c10::impl::GenericDict& state, const std::string& key) {
+  auto found = state.find(key);
+  LF_CHECK(found != state.end(), ValueError, "LossScaler::load_state_dict: key \"", key,
+           "\" is missing; expected scale, growth_factor, backoff_factor, growth_interval, _growth_tracker.");
+  return found->value();
+}
+double required_number(const c10::impl::GenericDict& state, const std::string& key) {
+  const c10::IValue value = required(state, key);
+  LF_CHECK(value.isDouble() || value.isInt(), ValueError, "LossScaler::load_state_dict: \"", key,
+           "\" must be a number, got ", value.tagKind(), ".");
+  return value.isDouble() ? value.toDouble() : static_cast<double>(value.toInt());
+}
+}  // namespace
+
+void LossScaler::load_state_dict(const c10::impl::GenericDict& state) {
+  LossScalerOptions restored;
+  restored.init_scale = required_number(state, "scale");
+  restored.growth_factor = required_number(state, "growth_factor");
+  restored.backoff_factor = required_number(state, "backoff_factor");
+  restored.growth_interval = static_cast<int64_t>(required_number(state, "growth_interval"));
+  const auto tracker = static_cast<int64_t>(required_number(state, "_growth_tracker"));
+  LossScaler validated(restored);  // the same checks as the constructor
+  options_ = validated.options_;
+  scale_.fill_(restored.init_scale);
+  growth_tracker_.fill_(tracker);
+  per_optimizer_.clear();
+  scaled_since_update_ = false;
+}
+
+}  // namespace lightning::fabric
