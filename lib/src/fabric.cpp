@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <torch/nn/utils/clip_grad.h>
+#include <torch/serialize/input-archive.h>
 
+#include "lightning/fabric/checkpoint/checkpoint_io.h"
 #include "lightning/fabric/utilities/empty_init.h"
 #include "lightning/fabric/utilities/error_file.h"
 #include "lightning/fabric/utilities/rank_zero.h"
@@ -209,6 +211,36 @@ std::optional<at::Tensor> Fabric::clip_optimizer_gradients(torch::optim::Optimiz
   const double norm = torch::nn::utils::clip_grad_norm_(parameters, *clipping.max_norm, clipping.norm_type,
                                                         clipping.error_if_nonfinite);
   return at::scalar_tensor(norm, at::kDouble);
+}
+
+void Fabric::save(const std::filesystem::path& path, const State& state, const StateFilter& filter) {
+  connector_.strategy->save_checkpoint(path, state, filter);
+}
+
+StateDict Fabric::load(const std::filesystem::path& path, State& state, bool strict) {
+  return restore_from_checkpoint(state, connector_.strategy->load_checkpoint(path), strict);
+}
+
+StateDict Fabric::load(const std::filesystem::path& path) { return connector_.strategy->load_checkpoint(path); }
+
+void Fabric::load_raw(const std::filesystem::path& path, const StateEntry& target, bool strict) {
+  std::optional<StateDict> state;
+  try {
+    state = load_state_dict_file(path);
+  } catch (const RuntimeError&) {
+    // Not a pickled dict: a module may come as a LibTorch archive written by torch::save(module, path).
+    if (target.kind() != StateEntry::Kind::Module || !std::filesystem::is_regular_file(path)) throw;
+    torch::serialize::InputArchive archive;
+    try {
+      archive.load_from(path.string());
+    } catch (const c10::Error&) {
+      throw RuntimeError("load_raw: " + path.string() + " is neither a state-dict checkpoint nor a LibTorch "
+                         "archive of a module (torch::save). Is it truncated or another format?");
+    }
+    target.module().load(archive);
+    return;
+  }
+  load_state_dict_into(target, *state, strict);
 }
 
 ScopeGuard Fabric::autocast() const { return connector_.precision->forward_context(); }

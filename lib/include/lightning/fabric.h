@@ -3,6 +3,9 @@
 
 #include "lightning/fabric/accelerators/accelerator.h"
 #include "lightning/fabric/callbacks/callback.h"
+#include "lightning/fabric/checkpoint/checkpoint_io.h"
+#include "lightning/fabric/checkpoint/state.h"
+#include "lightning/fabric/checkpoint/state_dict.h"
 #include "lightning/fabric/connector.h"
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/fabric.h"

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 
+#include "lightning/fabric/checkpoint/checkpoint_io.h"
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/strategies/ddp.h"
 #include "lightning/fabric/strategies/dp.h"
@@ -54,6 +55,25 @@ SingleDeviceStrategy::SingleDeviceStrategy(StrategyContext context) : Strategy(s
            "device, but ", context_.parallel_devices.size(), " devices were selected. Use devices=1, or a ",
            "distributed strategy such as \"ddp\".");
 }
+
+void Strategy::save_checkpoint(const std::filesystem::path& path, const State& state, const StateFilter& filter) {
+  std::string failure;
+  if (is_global_zero()) {
+    try {
+      save_state_dict_file(path, to_checkpoint(state, filter));
+    } catch (const c10::Error& error) {
+      failure = error.what_without_backtrace();
+    } catch (const std::exception& error) {
+      failure = error.what();
+    }
+    if (failure.empty() && !std::filesystem::exists(path)) failure = "the file is missing after writing it";
+  }
+  // Every rank learns rank 0's outcome (this is also the barrier after the write).
+  failure = broadcast_bytes(failure, 0);
+  LF_CHECK(failure.empty(), RuntimeError, "fabric.save(", path.string(), ") failed on rank 0: ", failure);
+}
+
+StateDict Strategy::load_checkpoint(const std::filesystem::path& path) { return load_state_dict_file(path); }
 
 const std::vector<torch::Device>& Strategy::data_parallel_devices() const {
   static const std::vector<torch::Device> none;

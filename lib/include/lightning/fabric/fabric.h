@@ -14,6 +14,7 @@
 #include <torch/optim/optimizer.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
 
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -22,6 +23,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "lightning/fabric/checkpoint/state_dict.h"
 #include "lightning/fabric/connector.h"
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/options.h"
@@ -277,6 +279,22 @@ class Fabric {
 
   // ---- collectives (every process must call them) ----
   void barrier(const std::string& name = {});
+
+  /// Saves state (modules, optimizers, schedulers, loss scalers as state dicts; plain values as
+  /// they are) to path. Collective: every rank calls it. One file, written by rank 0 atomically
+  /// (see checkpoint/checkpoint_io.h), then every rank learns the outcome (a failure is raised on
+  /// all ranks alike). filter: per key, which items of that entry's state dict to keep.
+  void save(const std::filesystem::path& path, const State& state, const StateFilter& filter = {});
+  /// Restores state in place from path (modules, optimizers, ... loaded; plain values replaced)
+  /// and returns the checkpoint's entries that state did not ask for. strict: an entry of state
+  /// missing from the file is an error. Every rank reads the file.
+  StateDict load(const std::filesystem::path& path, State& state, bool strict = true);
+  /// The whole checkpoint as stored, nothing restored.
+  StateDict load(const std::filesystem::path& path);
+  /// Loads a file holding one plain state dict into target (a module, optimizer, scheduler or loss
+  /// scaler), e.g. weights from a consolidated checkpoint's "model" entry or a file written by
+  /// torch::save(module) (modules only).
+  void load_raw(const std::filesystem::path& path, const StateEntry& target, bool strict = true);
   /// reduce_op: "sum", "mean" (default), "max", "min", "product". Tensors, numbers, and tensors
   /// nested in containers (each tensor reduced on its own).
   at::Tensor all_reduce(const at::Tensor& tensor, const std::string& reduce_op = "mean");

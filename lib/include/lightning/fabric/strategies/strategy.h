@@ -7,11 +7,13 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "lightning/fabric/accelerators/accelerator.h"
+#include "lightning/fabric/checkpoint/state_fwd.h"
 #include "lightning/fabric/plugins/environments/cluster_environment.h"
 #include "lightning/fabric/plugins/precision/precision.h"
 #include "lightning/fabric/registry.h"
@@ -91,6 +93,10 @@ class Strategy {
   virtual at::Tensor broadcast(const at::Tensor& tensor, int src) { (void)src; return tensor; }
   /// Broadcasts raw bytes (serialised objects) from src to every rank.
   virtual std::string broadcast_bytes(const std::string& bytes, int src) { (void)src; return bytes; }
+
+  // Checkpoints (collective). Default: rank 0 writes one file, every rank reads it.
+  virtual void save_checkpoint(const std::filesystem::path& path, const State& state, const StateFilter& filter);
+  virtual StateDict load_checkpoint(const std::filesystem::path& path);
 
  protected:
   StrategyContext context_;

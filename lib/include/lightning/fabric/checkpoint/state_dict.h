@@ -1,0 +1,47 @@
+// State dicts as c10 generic dicts, the form checkpoints store (and Python's torch.load reads as
+// plain dicts): modules, optimizers, LR schedulers; and the conversion of a whole State to and
+// from a checkpoint. None of these is collective; Fabric::save/load add the file and the ranks.
+#pragma once
+
+#include <ATen/core/Dict.h>
+#include <ATen/core/ivalue.h>
+
+#include "lightning/fabric/checkpoint/state.h"
+
+namespace lightning::fabric {
+
+/// A new empty StateDict (string keys, any values).
+StateDict make_state_dict();
+
+/// Parameters and buffers by their dotted names, as CPU tensors.
+StateDict module_state_dict(const torch::nn::Module& module);
+/// Copies values into the module's parameters and buffers (on their devices and dtypes). strict:
+/// the keys must match both ways (RuntimeError listing missing and unexpected keys); shapes must
+/// always match.
+void load_module_state_dict(torch::nn::Module& module, const StateDict& state, bool strict = true);
+
+/// PyTorch's layout for SGD, Adam, AdamW, RMSprop and Adagrad: {"state": {index: {name: value}},
+/// "param_groups": [{option: value, ..., "params": [indices]}]}, parameters numbered across groups
+/// in order. Any other optimizer (LBFGS, your own) is stored as its LibTorch archive:
+/// {"libtorch_archive": uint8 tensor}.
+StateDict optimizer_state_dict(torch::optim::Optimizer& optimizer);
+/// Restores options and per-parameter state; ValueError when the group or parameter counts, the
+/// optimizer type or a tensor shape do not match.
+void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const StateDict& state);
+
+/// {"_step_count": steps taken, "_last_lr": [current learning rates]}; the rates themselves live in
+/// the optimizer's param_groups, so restore the optimizer too.
+StateDict scheduler_state_dict(torch::optim::LRScheduler& scheduler);
+void load_scheduler_state_dict(torch::optim::LRScheduler& scheduler, const StateDict& state);
+
+/// What Fabric::save writes: every live object replaced by its state dict (filtered per key),
+/// plain values as they are, nested States recursively.
+StateDict to_checkpoint(const State& state, const StateFilter& filter = {});
+/// Restores every entry of state from checkpoint in place and returns the checkpoint's entries
+/// that state did not ask for. strict: a key of state missing from the checkpoint is a
+/// RuntimeError naming it (modules are then also loaded strictly).
+StateDict restore_from_checkpoint(State& state, const StateDict& checkpoint, bool strict = true);
+/// Loads a plain state dict into one object (module, optimizer, scheduler or loss scaler).
+void load_state_dict_into(const StateEntry& target, const StateDict& state, bool strict = true);
+
+}  // namespace lightning::fabric
