@@ -11,6 +11,7 @@ packages=(
   libopenblas0-pthread zlib1g-dev
   dataset-fashion-mnist
   procps iproute2
+  python3-torch   # tests: Python's torch.load reads our checkpoint files
 )
 
 missing=()

@@ -7,6 +7,7 @@
 //   build/bin/image_classifier --epochs 1 --devices 2          (Fabric starts 2 processes itself)
 //   lightning-run model --devices 2 build/bin/image_classifier --epochs 1
 //   build/bin/image_classifier --precision bf16-mixed          (mixed precision, one flag)
+//   build/bin/image_classifier --checkpoint-dir ck --max-steps 100, then --resume ck/epoch=1-step=100.ckpt
 // Rank 0 prints one JSON object per epoch: epoch, train_loss, test_accuracy, seconds, steps.
 #include <CLI/CLI.hpp>
 #include <lightning/fabric.h>
@@ -49,7 +50,14 @@ struct Settings {
   std::string accelerator = "auto";
   std::string devices = "auto";
   std::string precision = "32-true";
+  std::string checkpoint_dir;  // save at the end of every epoch and at --max-steps
+  std::string resume;          // a checkpoint written by --checkpoint-dir
 };
+
+// One checkpoint entry per save: DIR/epoch=E-step=S.ckpt (Lightning's naming).
+std::string checkpoint_path(const Settings& settings, int epoch, int64_t step) {
+  return settings.checkpoint_dir + "/epoch=" + std::to_string(epoch) + "-step=" + std::to_string(step) + ".ckpt";
+}
 
 template <class Model, class Loader>
 double evaluate(lf::Fabric& fabric, Model& model, Loader& loader) {
@@ -88,29 +96,57 @@ int run(const Settings& settings) {
   torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(settings.lr));
   auto [model, optimizer] = fabric.setup(net, adam);
 
-  int64_t steps = 0;
-  for (int epoch = 1; epoch <= settings.epochs; ++epoch) {
+  // What a checkpoint holds; --resume restores it in place.
+  int64_t steps = 0, epoch = 1, batches_done = 0;  // batches_done: of `epoch`, when saved mid-epoch
+  lf::State state{{"model", model}, {"optimizer", optimizer}, {"epoch", epoch}, {"step", steps},
+                  {"batches_done", batches_done}};
+  if (!settings.resume.empty()) {
+    fabric.load(settings.resume, state);
+    epoch = state.at("epoch").to<int64_t>();
+    steps = state.at("step").to<int64_t>();
+    batches_done = state.at("batches_done").to<int64_t>();
+    fabric.print("resumed from", settings.resume, "at epoch", epoch, "step", steps);
+  }
+  auto save = [&](bool epoch_finished) {
+    if (settings.checkpoint_dir.empty()) return;
+    state.at("epoch").set_value(epoch_finished ? epoch + 1 : epoch);
+    state.at("step").set_value(steps);
+    state.at("batches_done").set_value(epoch_finished ? int64_t{0} : batches_done);
+    fabric.save(checkpoint_path(settings, static_cast<int>(epoch), steps), state);
+  };
+
+  for (; epoch <= settings.epochs; ++epoch) {
     const auto start = std::chrono::steady_clock::now();
     double loss_sum = 0;
-    int64_t batches = 0;
+    int64_t batches = 0, skipped = 0;
+    const int64_t to_skip = batches_done;  // resuming mid-epoch: the batches already trained on
+    train_loader.set_epoch(epoch - 1);  // the same shuffle as an uninterrupted run (after --resume)
     for (auto& batch : train_loader) {
+      if (skipped < to_skip) {  // the sampler repeats this epoch's order; skip what was done
+        ++skipped;
+        continue;
+      }
       optimizer.zero_grad();
       auto loss = torch::nn::functional::cross_entropy(model(batch.data), batch.target);
       fabric.backward(loss);
       optimizer.step();
       loss_sum += loss.item<double>();
       ++batches;
+      ++batches_done;
       if (++steps == settings.max_steps) break;
     }
+    const bool finished = steps != settings.max_steps;
     const double train_loss = fabric.all_reduce(torch::tensor(loss_sum / std::max<int64_t>(batches, 1)), "mean").item<double>();
     const double accuracy = evaluate(fabric, model, test_loader);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    save(finished);
+    batches_done = 0;
     if (fabric.is_global_zero()) {
       nlohmann::json line = {{"epoch", epoch},          {"train_loss", train_loss}, {"test_accuracy", accuracy},
                              {"seconds", seconds},      {"steps", steps},           {"world_size", fabric.world_size()}};
       std::cout << line.dump() << std::endl;
     }
-    if (steps == settings.max_steps) break;
+    if (!finished) break;
   }
   return 0;
 }
@@ -126,6 +162,10 @@ int main(int argc, char** argv) {
   app.add_option("--seed", settings.seed, "Global seed");
   app.add_option("--accelerator", settings.accelerator, "cpu, cuda, gpu or auto (lightning-run's --accelerator overrides)");
   app.add_option("--devices", settings.devices, "Processes/devices on this node (lightning-run's --devices overrides)");
+  app.add_option("--checkpoint-dir", settings.checkpoint_dir,
+                 "Save a checkpoint here at the end of every epoch and at --max-steps (epoch=E-step=S.ckpt)");
+  app.add_option("--resume", settings.resume, "Continue from a checkpoint written by --checkpoint-dir")
+      ->check(CLI::ExistingPath);
   app.add_option("--precision", settings.precision, "32-true, bf16-mixed, 16-mixed, ... (lightning-run's --precision overrides)");
   CLI11_PARSE(app, argc, argv);
   try {

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <filesystem>
 #include <iostream>
 #include <thread>
 #include <map>
@@ -165,6 +166,24 @@ void check_sampler(lf::Fabric& fabric) {
     expect(seen.sum().item<double>() == 103 + padded, "no sample seen twice but the padding");
   }
 }
+// fabric.save on every rank writes one file (rank 0's), after which every rank can load it.
+void check_checkpoint(lf::Fabric& fabric) {
+  const std::string folder = fabric.broadcast(fabric.is_global_zero() ? lf::make_temporary_directory("lf-ddp-ckpt") : "");
+  torch::manual_seed(21 + fabric.global_rank());  // different on every rank on purpose
+  Net net;
+  const auto rank_zero_weight = fabric.broadcast(net->fc1->weight.detach().clone(), 0);
+  fabric.save(folder + "/shared.ckpt", {{"model", net}, {"rank", fabric.global_rank()}});
+  Net restored;
+  lf::State state{{"model", restored}, {"rank", -1}};
+  fabric.load(folder + "/shared.ckpt", state);
+  expect(state.at("rank").to<int64_t>() == 0, "the file holds rank 0's state");
+  expect(torch::equal(restored->fc1->weight, rank_zero_weight), "every rank loads rank 0's weights");
+  int files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(folder)) files += entry.is_regular_file();
+  expect(files == 1, "one file written, no temporary left (" + std::to_string(files) + ")");
+  fabric.barrier();
+  if (fabric.is_global_zero()) std::filesystem::remove_all(folder);
+}
 }  // namespace
 
 // A process-group timeout set through FabricOptions().strategy(ddp_strategy(...)) ends a barrier
@@ -203,6 +222,7 @@ int main(int argc, char** argv) {
   check_no_backward_sync(fabric);
   check_collectives(fabric);
   check_sampler(fabric);
+  check_checkpoint(fabric);
   if (failures == 0) std::cout << "rank " << fabric.global_rank() << ": all DDP checks passed" << std::endl;
   return failures == 0 ? 0 : 1;
 }

@@ -57,7 +57,12 @@ void DistributedSampler::build_indices() {
 
 void DistributedSampler::reset(c10::optional<size_t> new_size) {
   if (new_size) dataset_size_ = *new_size;
-  if (started_) ++epoch_;
+  if (next_epoch_->has_value()) {
+    epoch_ = next_epoch_->value();
+    next_epoch_->reset();
+  } else if (started_) {
+    ++epoch_;
+  }
   started_ = true;
   build_indices();
 }

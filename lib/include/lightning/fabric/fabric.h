@@ -226,9 +226,10 @@ class Fabric {
     const size_t per_rank = sampler.num_samples();
     const size_t batch = options.batch_size();
     const size_t batches = options.drop_last() ? per_rank / batch : (per_rank + batch - 1) / batch;
+    auto set_epoch = [control = sampler](int64_t epoch) mutable { control.set_epoch(epoch); };  // shares the setting
     auto loader = torch::data::make_data_loader(std::move(dataset), std::move(sampler), std::move(options));
     using Loader = typename decltype(loader)::element_type;
-    return FabricDataLoader<Loader>(std::move(loader), loader_device(settings), batches);
+    return FabricDataLoader<Loader>(std::move(loader), loader_device(settings), batches, std::move(set_epoch));
   }
 
   /// Wraps a loader the user built: batches are moved to the device; its sampler is kept. With

@@ -11,6 +11,7 @@
 #include <torch/nn/parallel/data_parallel.h>
 #endif
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -166,9 +167,10 @@ class FabricDataLoader {
  public:
   using Batch = typename Loader::BatchType;
 
+  /// set_epoch: reaches the loader's DistributedSampler (null for a loader the user built).
   FabricDataLoader(std::unique_ptr<Loader> loader, std::optional<torch::Device> device,
-                   std::optional<size_t> num_batches)
-      : loader_(std::move(loader)), device_(device), num_batches_(num_batches) {}
+                   std::optional<size_t> num_batches, std::function<void(int64_t)> set_epoch = nullptr)
+      : loader_(std::move(loader)), device_(device), num_batches_(num_batches), set_epoch_(std::move(set_epoch)) {}
 
   class iterator {
    public:
@@ -200,11 +202,19 @@ class FabricDataLoader {
   /// Batches per epoch on this rank, when known.
   std::optional<size_t> size() const { return num_batches_; }
   Loader& loader() const { return *loader_; }
+  /// The next iteration shuffles as epoch `epoch` (0-based) does; epochs otherwise advance by one
+  /// per iteration. Resuming mid-run calls it so the order matches the interrupted run.
+  void set_epoch(int64_t epoch) {
+    LF_CHECK(set_epoch_ != nullptr, ValueError, "set_epoch: this loader was built by you, so Fabric does not own its ",
+             "sampler; call set_epoch on your DistributedSampler instead.");
+    set_epoch_(epoch);
+  }
 
  private:
   std::unique_ptr<Loader> loader_;
   std::optional<torch::Device> device_;
   std::optional<size_t> num_batches_;
+  std::function<void(int64_t)> set_epoch_;
 };
 
 }  // namespace lightning::fabric

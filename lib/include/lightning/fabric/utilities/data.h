@@ -5,6 +5,7 @@
 #include <torch/data/samplers/base.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -27,6 +28,10 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
 
   /// The epoch the current (or next, before the first reset) pass uses.
   int64_t epoch() const { return epoch_; }
+  /// The next pass (reset) uses this epoch's order instead of the one after the current: for
+  /// resuming, as PyTorch's set_epoch. Copies of this sampler (the one inside a data loader)
+  /// share the setting.
+  void set_epoch(int64_t epoch) { *next_epoch_ = epoch; }
   /// Samples this rank yields per epoch.
   size_t num_samples() const;
   /// This rank's indices for the current epoch.
@@ -42,6 +47,7 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
   uint64_t seed_;
   bool drop_last_;
   int64_t epoch_ = 0;
+  std::shared_ptr<std::optional<int64_t>> next_epoch_ = std::make_shared<std::optional<int64_t>>();
   bool started_ = false;
   size_t cursor_ = 0;
   std::vector<size_t> indices_;

@@ -1,0 +1,95 @@
+// Checkpoint files exercised from outside: the atomic-write test kills this writer mid-save, the
+// Python test reads what it writes.
+//   checkpoint_tool loop PATH MB      save forever: version N, a tensor of MB megabytes all equal
+//                                     to N; prints "saved N" after each save
+//   checkpoint_tool check PATH        load, verify the tensor is uniformly the version, print it
+//   checkpoint_tool write PATH        a small model + Adam + values, for Python's torch.load
+//   checkpoint_tool same PATH PATH KEY  exit 0 when both files hold bitwise-equal tensors under KEY
+#include <torch/torch.h>
+
+#include <iostream>
+
+#include "lightning/fabric.h"
+
+namespace lf = lightning::fabric;
+
+namespace {
+// Bitwise equality of checkpoint values: tensors, dicts and lists compared element by element.
+bool same(const c10::IValue& a, const c10::IValue& b) {
+  if (a.tagKind() != b.tagKind()) return false;
+  if (a.isTensor()) return torch::equal(a.toTensor(), b.toTensor());
+  if (a.isGenericDict()) {
+    const auto x = a.toGenericDict(), y = b.toGenericDict();
+    if (x.size() != y.size()) return false;
+    for (const auto& item : x) {
+      auto found = y.find(item.key());
+      if (found == y.end() || !same(item.value(), found->value())) return false;
+    }
+    return true;
+  }
+  if (a.isList()) {
+    const auto x = a.toList(), y = b.toList();
+    if (x.size() != y.size()) return false;
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (!same(x.get(i), y.get(i))) return false;
+    }
+    return true;
+  }
+  if (a.isDouble()) return a.toDouble() == b.toDouble();
+  if (a.isInt()) return a.toInt() == b.toInt();
+  if (a.isBool()) return a.toBool() == b.toBool();
+  if (a.isString()) return a.toStringRef() == b.toStringRef();
+  return a.isNone();
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::cerr << "usage: checkpoint_tool loop PATH MB | check PATH | write PATH" << std::endl;
+    return 2;
+  }
+  const std::string mode = argv[1], path = argv[2];
+  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu"));
+  try {
+    if (mode == "loop") {
+      const int64_t elements = std::stoll(argc > 3 ? argv[3] : "64") * 1024 * 1024 / 4;
+      for (int64_t version = 1;; ++version) {
+        fabric.save(path, {{"version", version}, {"payload", torch::full({elements}, static_cast<float>(version))}});
+        std::cout << "saved " << version << std::endl;
+      }
+    }
+    if (mode == "check") {
+      auto checkpoint = fabric.load(path);
+      const int64_t version = checkpoint.at("version").toInt();
+      const auto payload = checkpoint.at("payload").toTensor();
+      if (!payload.eq(static_cast<float>(version)).all().item<bool>()) {
+        std::cout << "FAIL: payload does not match version " << version << std::endl;
+        return 1;
+      }
+      std::cout << "intact version " << version << std::endl;
+      return 0;
+    }
+    if (mode == "same" && argc == 5) {
+      const bool equal = same(fabric.load(path).at(argv[4]), fabric.load(argv[3]).at(argv[4]));
+      std::cout << (equal ? "same " : "FAIL: different ") << argv[4] << " in " << path << " and " << argv[3] << std::endl;
+      return equal ? 0 : 1;
+    }
+    if (mode == "write") {
+      torch::manual_seed(0);
+      torch::nn::Linear model(3, 2);
+      torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(0.01));
+      adam.zero_grad();
+      model(torch::ones({4, 3})).sum().backward();
+      adam.step();
+      fabric.save(path, {{"model", model}, {"optimizer", adam}, {"step", 7}, {"name", std::string("demo")},
+                         {"loss", 0.5}, {"nested", lf::State{{"epoch", 2}}}});
+      std::cout << "weight_sum " << model->weight.sum().item<double>() << std::endl;
+      return 0;
+    }
+  } catch (const std::exception& error) {
+    std::cerr << "checkpoint_tool: " << error.what() << std::endl;
+    return 1;
+  }
+  std::cerr << "checkpoint_tool: unknown mode " << mode << std::endl;
+  return 2;
+}
