@@ -2,10 +2,12 @@
 #include <iostream>
 
 #include "lightning/launcher/args.h"
+#include "lightning/launcher/consolidate.h"
 #include "lightning/launcher/run.h"
 
 int main(int argc, char** argv) {
   namespace launcher = lightning::launcher;
+  if (launcher::is_consolidate_command(argc, argv)) return launcher::run_consolidate(argc, argv, std::cout, std::cerr);
   launcher::block_launcher_signals();  // before any thread exists (the store starts some)
   const auto parsed = launcher::parse_command_line(argc, argv, std::cout, std::cerr);
   if (parsed.exit_now) return *parsed.exit_now;

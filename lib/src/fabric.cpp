@@ -208,8 +208,8 @@ std::optional<at::Tensor> Fabric::clip_optimizer_gradients(torch::optim::Optimiz
     torch::nn::utils::clip_grad_value_(parameters, *clipping.clip_val);
     return std::nullopt;
   }
-  const double norm = torch::nn::utils::clip_grad_norm_(parameters, *clipping.max_norm, clipping.norm_type,
-                                                        clipping.error_if_nonfinite);
+  const double norm = connector_.strategy->clip_gradients_by_norm(parameters, *clipping.max_norm, clipping.norm_type,
+                                                                 clipping.error_if_nonfinite);
   return at::scalar_tensor(norm, at::kDouble);
 }
 
@@ -218,10 +218,10 @@ void Fabric::save(const std::filesystem::path& path, const State& state, const S
 }
 
 StateDict Fabric::load(const std::filesystem::path& path, State& state, bool strict) {
-  return restore_from_checkpoint(state, connector_.strategy->load_checkpoint(path), strict);
+  return connector_.strategy->load_checkpoint(path, &state, strict);
 }
 
-StateDict Fabric::load(const std::filesystem::path& path) { return connector_.strategy->load_checkpoint(path); }
+StateDict Fabric::load(const std::filesystem::path& path) { return connector_.strategy->load_checkpoint(path, nullptr, true); }
 
 void Fabric::load_raw(const std::filesystem::path& path, const StateEntry& target, bool strict) {
   std::optional<StateDict> state;

@@ -1,5 +1,7 @@
 #include "lightning/fabric/strategies/strategy.h"
 
+#include <torch/nn/utils/clip_grad.h>
+
 #include <algorithm>
 #include <cctype>
 
@@ -7,6 +9,7 @@
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/strategies/ddp.h"
 #include "lightning/fabric/strategies/dp.h"
+#include "lightning/fabric/strategies/fsdp.h"
 #include "lightning/fabric/utilities/rank_zero.h"
 
 namespace lightning::fabric {
@@ -73,7 +76,15 @@ void Strategy::save_checkpoint(const std::filesystem::path& path, const State& s
   LF_CHECK(failure.empty(), RuntimeError, "fabric.save(", path.string(), ") failed on rank 0: ", failure);
 }
 
-StateDict Strategy::load_checkpoint(const std::filesystem::path& path) { return load_state_dict_file(path); }
+StateDict Strategy::load_checkpoint(const std::filesystem::path& path, State* state, bool strict) {
+  StateDict checkpoint = load_state_dict_file(path);
+  return state ? restore_from_checkpoint(*state, checkpoint, strict) : checkpoint;
+}
+
+double Strategy::clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type,
+                                        bool error_if_nonfinite) {
+  return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type, error_if_nonfinite);
+}
 
 const std::vector<torch::Device>& Strategy::data_parallel_devices() const {
   static const std::vector<torch::Device> none;
@@ -96,6 +107,15 @@ StrategyRegistry& strategy_registry() {
     built.add("ddp_spawn", ddp("ddp_spawn", false), "ddp; processes started by re-executing the program");
     built.add("ddp_find_unused_parameters_true", ddp("ddp_find_unused_parameters_true", true), "ddp, unused parameters allowed");
     built.add("ddp_find_unused_parameters_false", ddp("ddp_find_unused_parameters_false", false), "ddp");
+    built.add("fsdp", fsdp_strategy().create, "parameters, gradients and optimizer state sharded over the ranks");
+    built.add(
+        "fsdp_cpu_offload",
+        [](StrategyContext) -> std::shared_ptr<Strategy> {
+          throw ValueError(
+              "strategy=\"fsdp_cpu_offload\" is not supported: on CPU devices use strategy=\"fsdp\" (everything "
+              "already lives in host memory); offloading CUDA parameters to the CPU is not implemented.");
+        },
+        "refused: not implemented");
     built.add("dp", [](StrategyContext context) { return std::make_shared<DataParallelStrategy>(std::move(context)); },
               "one process, each batch split over several CUDA devices");
     built.add(

@@ -61,6 +61,7 @@ class FabricModule {
   decltype(auto) forward(Args&&... args) {
     const Precision& precision = *strategy_->precision();
     const torch::Device device = strategy_->root_device();
+    strategy_->before_forward(*module_);
     auto prepare = [&](const at::Tensor& tensor) {
       return precision.convert_input(tensor.device() == device ? tensor : tensor.to(device));
     };
@@ -98,6 +99,7 @@ class FabricModule {
   template <class Output, class Prepare, class... Args>
   Output data_parallel_forward(const std::vector<torch::Device>& devices, Prepare& prepare, Args&&... args) {
 #ifndef LF_TORCH_HAS_CUDA
+    (void)devices, (void)prepare, ((void)args, ...);
     throw RuntimeError("strategy=\"dp\" needs a CUDA LibTorch; this build has none.");
 #else
     constexpr bool splittable = sizeof...(Args) == 1 && (std::is_convertible_v<Args, at::Tensor> && ...) &&

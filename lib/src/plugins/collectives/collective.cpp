@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -50,6 +51,8 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& main_a
 
 struct Collective::Impl {
   c10::intrusive_ptr<c10d::ProcessGroup> group;
+  c10::intrusive_ptr<c10d::Store> store;  // prefixed; subgroups prefix it further
+  CollectiveOptions options;
   std::string backend;
   int rank = 0;
   int world_size = 1;
@@ -84,16 +87,22 @@ Collective::Collective(const CollectiveOptions& options, c10::intrusive_ptr<c10d
     tcp.timeout = options.timeout;
     base = c10::make_intrusive<c10d::TCPStore>(options.main_address, tcp);
   }
-  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(options.restart_count), base);
+  impl_->store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(options.restart_count), base);
+  impl_->options = options;
+  create_group();
+}
+
+void Collective::create_group() {
+  const CollectiveOptions& options = impl_->options;
   if (options.backend == "gloo") {
     auto gloo = c10d::ProcessGroupGloo::Options::create(options.timeout);
     gloo->devices.push_back(gloo_device(options.main_address));
-    impl_->group = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, options.rank, options.world_size, gloo);
+    impl_->group = c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, impl_->rank, impl_->world_size, gloo);
   } else if (options.backend == "nccl") {
 #ifdef USE_C10D_NCCL
     auto nccl = c10d::ProcessGroupNCCL::Options::create();
     nccl->timeout = options.timeout;
-    impl_->group = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, options.rank, options.world_size, nccl);
+    impl_->group = c10::make_intrusive<c10d::ProcessGroupNCCL>(impl_->store, impl_->rank, impl_->world_size, nccl);
 #else
     throw RuntimeError("The nccl backend is not available: this LibTorch was built without NCCL. Use a CUDA "
                        "LibTorch (CMAKE_PREFIX_PATH) or accelerator=\"cpu\" (gloo).");
@@ -101,6 +110,19 @@ Collective::Collective(const CollectiveOptions& options, c10::intrusive_ptr<c10d
   } else {
     throw ValueError("Collective backend \"" + options.backend + "\" is not supported. Choose gloo or nccl.");
   }
+}
+
+Collective::Collective(const Collective& parent, const std::string& name, const std::vector<int>& ranks)
+    : impl_(std::make_unique<Impl>()) {
+  const auto position = std::find(ranks.begin(), ranks.end(), parent.rank());
+  LF_CHECK(position != ranks.end(), ValueError, "Collective subgroup '", name, "': rank ", parent.rank(),
+           " is not one of its ranks.");
+  impl_->options = parent.impl_->options;
+  impl_->backend = parent.impl_->backend;
+  impl_->rank = static_cast<int>(position - ranks.begin());
+  impl_->world_size = static_cast<int>(ranks.size());
+  impl_->store = c10::make_intrusive<c10d::PrefixStore>("/subgroup/" + name, parent.impl_->store);
+  create_group();
 }
 
 Collective::~Collective() = default;

@@ -65,7 +65,7 @@ class DDPStrategy : public Strategy {
   /// The process group (after setup_environment).
   Collective& collective();
 
- private:
+ protected:
   int num_processes() const { return static_cast<int>(context_.parallel_devices.size()); }
 
   DDPOptions options_;

@@ -96,7 +96,17 @@ class Strategy {
 
   // Checkpoints (collective). Default: rank 0 writes one file, every rank reads it.
   virtual void save_checkpoint(const std::filesystem::path& path, const State& state, const StateFilter& filter);
-  virtual StateDict load_checkpoint(const std::filesystem::path& path);
+  /// With state: restores it in place and returns the unrequested entries; without: the whole
+  /// checkpoint as stored.
+  virtual StateDict load_checkpoint(const std::filesystem::path& path, State* state, bool strict);
+
+  /// Called by FabricModule before every forward of a set-up module (sharded strategies gather
+  /// parameters here). Default: nothing.
+  virtual void before_forward(const torch::nn::Module& module) { (void)module; }
+  /// Scales gradients so their global norm_type-norm is at most max_norm; returns the norm before
+  /// clipping. parameters: those of one optimizer (shards under fsdp, where the norm is global).
+  virtual double clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type,
+                                        bool error_if_nonfinite);
 
  protected:
   StrategyContext context_;

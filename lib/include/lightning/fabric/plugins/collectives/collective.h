@@ -38,6 +38,9 @@ class Collective {
   /// Creates the process group. store: a server store this process already hosts (Fabric::launch
   /// creates it before spawning, so the port is known without a race); null = as options say.
   explicit Collective(const CollectiveOptions& options, c10::intrusive_ptr<c10d::Store> store = {});
+  /// A group of some of parent's ranks (collective over those ranks: each calls it with the same
+  /// name and rank list, in the same order). This process's rank in it is its position in ranks.
+  Collective(const Collective& parent, const std::string& name, const std::vector<int>& ranks);
   ~Collective();
   Collective(const Collective&) = delete;
   Collective& operator=(const Collective&) = delete;
@@ -61,6 +64,7 @@ class Collective {
   std::string broadcast_bytes(const std::string& bytes, int src);
 
  private:
+  void create_group();
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -1,0 +1,77 @@
+#include "lightning/launcher/consolidate.h"
+
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+
+#include "lightning/fabric/checkpoint/checkpoint_io.h"
+#include "lightning/fabric/checkpoint/sharded.h"
+#include "lightning/fabric/errors.h"
+
+namespace lightning::launcher {
+
+namespace fs = std::filesystem;
+
+bool is_consolidate_command(int argc, const char* const* argv) {
+  return argc >= 3 && std::string(argv[1]) == "model" && std::string(argv[2]) == "consolidate";
+}
+
+namespace {
+// A problem with the arguments (exit 2) rather than with the checkpoint's content (exit 1).
+struct ArgumentProblem : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+void check_arguments(const fs::path& folder, const fs::path& output) {
+  if (!fs::exists(folder)) throw ArgumentProblem(folder.string() + " does not exist.");
+  if (!fs::is_directory(folder)) {
+    throw ArgumentProblem(folder.string() + " is a file, not a sharded checkpoint folder. A single-file checkpoint "
+                          "needs no consolidation: fabric.load and torch.load read it as it is.");
+  }
+  if (!fabric::is_sharded_checkpoint(folder)) {
+    throw ArgumentProblem(folder.string() + " is not a sharded checkpoint: it has no metadata.json (strategy=\"fsdp\" "
+                          "writes one with every sharded save).");
+  }
+  if (fs::exists(output)) {
+    throw ArgumentProblem("the output " + output.string() + " already exists; consolidate never overwrites. Remove it "
+                          "or choose another with --output-file PATH.");
+  }
+}
+}  // namespace
+
+int run_consolidate(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
+  CLI::App app{"Merge a sharded checkpoint folder into one file that fabric.load and torch.load read"};
+  app.name("lightning-run model consolidate");
+  std::string folder_text, output_text;
+  app.add_option("checkpoint_folder", folder_text, "The sharded checkpoint folder (written by strategy=\"fsdp\")")->required();
+  app.add_option("--output-file,--output_file", output_text, "Where to write the file (default: FOLDER.consolidated)");
+  try {
+    app.parse(argc - 2, argv + 2);
+  } catch (const CLI::ParseError& error) {
+    const int code = app.exit(error, out, err);
+    return error.get_exit_code() == 0 ? code : 2;
+  }
+  const fs::path folder = fs::path(folder_text).lexically_normal();
+  const fs::path stripped = folder.has_filename() ? folder : folder.parent_path();
+  const fs::path output = output_text.empty() ? fs::path(stripped.string() + ".consolidated") : fs::path(output_text);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    check_arguments(stripped, output);
+    const fabric::StateDict whole = fabric::consolidate_sharded_checkpoint(stripped);
+    fabric::save_state_dict_file(output, whole);
+  } catch (const ArgumentProblem& problem) {
+    err << "lightning-run model consolidate: " << problem.what() << "\n";
+    return 2;
+  } catch (const std::exception& error) {
+    err << "lightning-run model consolidate: " << error.what() << "\n";
+    return 1;
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  out << "lightning-run: consolidated " << stripped.string() << " into " << output.string() << " ("
+      << fs::file_size(output) << " bytes, " << seconds << " s)\n";
+  return 0;
+}
+
+}  // namespace lightning::launcher

@@ -1,0 +1,100 @@
+// "fsdp": fully sharded data parallel (ZeRO) on c10d, gloo on CPU and NCCL on CUDA. Every
+// parameter is flattened and split into world-size chunks of ceil(numel / world) elements;
+// rank r owns chunk r (the last chunks may be short or empty). The optimizer steps over the
+// owned chunks only ("shards"), so optimizer state is sharded; gradients are averaged over all
+// ranks and only the owned chunk is kept. Sharding strategies (Python's names):
+//   FULL_SHARD     parameters, gradients and optimizer state sharded; full parameters exist only
+//                  from a forward until its backward ended (gathered before the forward)
+//   SHARD_GRAD_OP  gradients and optimizer state sharded; full parameters stay (shards are views
+//                  of them); refreshed from the other ranks' shards before the next forward
+//   NO_SHARD       nothing sharded: DDP, with gradients averaged after backward
+//   HYBRID_SHARD   FULL_SHARD inside each node, replicated across nodes (a shard group per node,
+//                  gradients of a shard averaged over its replicas on the other nodes)
+// The sharding unit is the whole set-up module (see docs/fsdp.md for what that means for peak
+// memory). Between a backward and the next forward, a FULL_SHARD module's parameters have zero
+// elements: read weights through fabric.save / load, or after a forward.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "lightning/fabric/strategies/ddp.h"
+
+namespace lightning::fabric {
+
+enum class ShardingStrategy { FullShard, ShardGradOp, NoShard, HybridShard };
+/// "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD" (ValueError for others).
+ShardingStrategy parse_sharding_strategy(const std::string& name);
+std::string to_string(ShardingStrategy strategy);
+
+struct FSDPOptions {
+  ShardingStrategy sharding_strategy = ShardingStrategy::FullShard;
+  std::chrono::milliseconds timeout = std::chrono::minutes(30);
+  /// "sharded": fabric.save writes a folder, one shard file per rank plus metadata (fast, every
+  /// rank writes in parallel). "full": rank 0 gathers everything and writes one file.
+  std::string state_dict_type = "sharded";
+};
+
+/// FSDP with settings, for FabricOptions().strategy(...). ValueError for a bad state_dict_type.
+StrategySpec fsdp_strategy(FSDPOptions options = FSDPOptions());
+
+/// Where a flattened tensor of numel elements splits over `parts` ranks: chunk = ceil(numel /
+/// parts); part r holds [r * chunk, min((r + 1) * chunk, numel)). Used by the strategy and by
+/// sharded checkpoints, so that any world size can reshard them.
+struct ShardSlice {
+  int64_t begin = 0;
+  int64_t length = 0;
+};
+ShardSlice shard_slice(int64_t numel, int parts, int part);
+
+class FSDPStrategy : public DDPStrategy {
+ public:
+  FSDPStrategy(StrategyContext context, FSDPOptions options = FSDPOptions());
+  ~FSDPStrategy() override;
+  std::string name() const override { return "fsdp"; }
+  const FSDPOptions& fsdp_options() const { return fsdp_options_; }
+
+  void setup_module(const std::shared_ptr<torch::nn::Module>& module) override;
+  void setup_optimizer(torch::optim::Optimizer& optimizer) override;
+  void before_forward(const torch::nn::Module& module) override;
+  void backward(at::Tensor& loss, torch::nn::Module* module) override;
+  bool optimizer_step(torch::optim::Optimizer& optimizer,
+                      const torch::optim::Optimizer::LossClosure& closure = nullptr) override;
+  double clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type,
+                                bool error_if_nonfinite) override;
+
+  void save_checkpoint(const std::filesystem::path& path, const State& state, const StateFilter& filter) override;
+  StateDict load_checkpoint(const std::filesystem::path& path, State* state, bool strict) override;
+
+  /// Ranks that share the shards of a parameter (all, or one node's under HYBRID_SHARD), and this
+  /// rank's place among them.
+  int shard_group_size() const;
+  int shard_group_rank() const;
+  /// Bytes of parameters, gradients and optimizer state this rank holds for the set-up modules
+  /// and optimizers (benchmark P6).
+  int64_t resident_bytes() const;
+
+  struct ShardedParameter;
+  struct ShardedModule;
+
+ private:
+  void gather(ShardedModule& sharded);
+  void reduce_gradients(ShardedModule& sharded);
+  void free_full_parameters(ShardedModule& sharded);
+  ShardedModule* find(const torch::nn::Module& module);
+  const ShardedParameter* find_shard(const at::Tensor& shard) const;
+  /// The checkpoint as this rank holds it (shard tensors for sharded entries) and, per sharded
+  /// tensor path, its global shape.
+  StateDict local_checkpoint(const State& state, const StateFilter& filter,
+                             std::map<std::string, std::vector<int64_t>>& global_shapes);
+  /// Turns a checkpoint whose sharded tensors are whole into this rank's slices, restores.
+  StateDict restore_local(State& state, const StateDict& whole_or_local, bool strict, bool tensors_are_local);
+
+  FSDPOptions fsdp_options_;
+  std::vector<std::unique_ptr<ShardedModule>> modules_;
+  std::shared_ptr<Collective> shard_group_;    // HYBRID_SHARD: this node's ranks
+  std::shared_ptr<Collective> replica_group_;  // HYBRID_SHARD: this local rank on every node
+};
+
+}  // namespace lightning::fabric

@@ -1,0 +1,191 @@
+#include "lightning/fabric/checkpoint/sharded.h"
+
+#include <nlohmann/json.hpp>
+#include <torch/types.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "lightning/fabric/checkpoint/checkpoint_io.h"
+#include "lightning/fabric/errors.h"
+#include "lightning/fabric/strategies/fsdp.h"
+
+namespace lightning::fabric {
+
+namespace fs = std::filesystem;
+
+namespace {
+constexpr const char* kFormat = "lightning-fabric-sharded";
+constexpr int kVersion = 1;
+
+std::vector<std::string> split_path(const std::string& path) {
+  std::vector<std::string> parts;
+  std::stringstream stream(path);
+  std::string part;
+  while (std::getline(stream, part, '/')) parts.push_back(part);
+  return parts;
+}
+
+c10::IValue key_for(const StateDict& dict, const std::string& element) {
+  if (dict.keyType()->kind() == c10::TypeKind::IntType) return static_cast<int64_t>(std::stoll(element));
+  return element;
+}
+}  // namespace
+
+int64_t ShardedTensorInfo::numel() const {
+  int64_t count = 1;
+  for (int64_t size : shape) count *= size;
+  return count;
+}
+
+std::string shard_file_name(int part, int parts) {
+  return "shard-" + std::to_string(part) + "-of-" + std::to_string(parts) + ".pt";
+}
+
+void write_sharded_metadata(const fs::path& folder, const ShardedMetadata& metadata) {
+  nlohmann::json json = {{"format", kFormat}, {"version", kVersion}, {"world_size", metadata.world_size},
+                         {"parts", metadata.parts}, {"tensors", nlohmann::json::object()}};
+  for (const auto& [path, info] : metadata.tensors) {
+    json["tensors"][path] = {{"shape", info.shape}, {"dtype", c10::toString(info.dtype)}};
+  }
+  write_file_atomically(folder / "metadata.json", json.dump(1));
+}
+
+bool is_sharded_checkpoint(const fs::path& folder) {
+  return fs::is_directory(folder) && fs::is_regular_file(folder / "metadata.json");
+}
+
+ShardedMetadata read_sharded_metadata(const fs::path& folder) {
+  LF_CHECK(fs::exists(folder), RuntimeError, "Sharded checkpoint ", folder.string(), " does not exist.");
+  LF_CHECK(fs::is_directory(folder), RuntimeError, folder.string(), " is a file, not a sharded checkpoint folder. ",
+           "A single-file checkpoint needs no consolidation: fabric.load and torch.load read it as it is.");
+  LF_CHECK(fs::is_regular_file(folder / "metadata.json"), RuntimeError, "Folder ", folder.string(),
+           " is not a sharded checkpoint: it has no metadata.json (fsdp writes one with every sharded save).");
+  nlohmann::json json;
+  try {
+    std::ifstream(folder / "metadata.json") >> json;
+  } catch (const nlohmann::json::exception& error) {
+    throw RuntimeError("The metadata.json of " + folder.string() + " is not valid JSON (" + error.what() + ").");
+  }
+  LF_CHECK(json.value("format", "") == kFormat && json.value("version", 0) == kVersion, RuntimeError,
+           "The metadata.json of ", folder.string(), " is not a ", kFormat, " version ", kVersion, " file.");
+  ShardedMetadata metadata;
+  metadata.world_size = json.at("world_size").get<int>();
+  metadata.parts = json.at("parts").get<int>();
+  static const std::map<std::string, c10::ScalarType> dtypes = {
+      {"Float", torch::kFloat32}, {"Double", torch::kFloat64}, {"Half", torch::kFloat16}, {"BFloat16", torch::kBFloat16},
+      {"Long", torch::kInt64},    {"Int", torch::kInt32},      {"Bool", torch::kBool},    {"Byte", torch::kUInt8}};
+  for (const auto& [path, info] : json.at("tensors").items()) {
+    ShardedTensorInfo tensor;
+    tensor.shape = info.at("shape").get<std::vector<int64_t>>();
+    auto dtype = dtypes.find(info.at("dtype").get<std::string>());
+    LF_CHECK(dtype != dtypes.end(), RuntimeError, "metadata.json of ", folder.string(), ": unknown dtype for ", path, ".");
+    tensor.dtype = dtype->second;
+    metadata.tensors[path] = tensor;
+  }
+  return metadata;
+}
+
+void insert_at_path(StateDict& root, const std::string& path, const c10::IValue& value) {
+  const auto elements = split_path(path);
+  StateDict current = root;  // dicts share their storage: edits reach root
+  for (size_t i = 0; i + 1 < elements.size(); ++i) {
+    const c10::IValue key = key_for(current, elements[i]);
+    auto found = current.find(key);
+    if (found == current.end()) {
+      current.insert(key, make_state_dict());
+      found = current.find(key);
+    }
+    LF_CHECK(found->value().isGenericDict(), RuntimeError, "Checkpoint path ", path, ": '", elements[i],
+             "' is not a dictionary.");
+    current = found->value().toGenericDict();
+  }
+  current.insert_or_assign(key_for(current, elements.back()), value);
+}
+
+at::Tensor tensor_at_path(const StateDict& root, const std::string& path) {
+  const auto elements = split_path(path);
+  StateDict current = root;
+  for (size_t i = 0; i < elements.size(); ++i) {
+    auto found = current.find(key_for(current, elements[i]));
+    LF_CHECK(found != current.end(), RuntimeError, "Checkpoint path ", path, " does not exist.");
+    if (i + 1 == elements.size()) {
+      LF_CHECK(found->value().isTensor(), RuntimeError, "Checkpoint path ", path, " is not a tensor.");
+      return found->value().toTensor();
+    }
+    LF_CHECK(found->value().isGenericDict(), RuntimeError, "Checkpoint path ", path, " does not exist.");
+    current = found->value().toGenericDict();
+  }
+  throw RuntimeError("Checkpoint path " + path + " is empty.");
+}
+
+bool remove_at_path(StateDict& root, const std::string& path) {
+  const auto elements = split_path(path);
+  StateDict current = root;
+  for (size_t i = 0; i + 1 < elements.size(); ++i) {
+    auto found = current.find(key_for(current, elements[i]));
+    if (found == current.end() || !found->value().isGenericDict()) return false;
+    current = found->value().toGenericDict();
+  }
+  return current.erase(key_for(current, elements.back())) > 0;
+}
+
+at::Tensor slice_for_part(const at::Tensor& whole, int parts, int part) {
+  const ShardSlice slice = shard_slice(whole.numel(), parts, part);
+  return whole.reshape(-1).narrow(0, slice.begin, slice.length).clone();
+}
+
+namespace {
+const StateDict& shard_file(const fs::path& folder, const ShardedMetadata& metadata, int part,
+                            std::map<int, StateDict>& cache) {
+  auto found = cache.find(part);
+  if (found != cache.end()) return found->second;
+  const fs::path file = folder / shard_file_name(part, metadata.parts);
+  LF_CHECK(fs::is_regular_file(file), RuntimeError, "Sharded checkpoint ", folder.string(), " is incomplete: ",
+           file.filename().string(), " is missing (it was saved by ", metadata.parts, " shard writers).");
+  return cache.emplace(part, load_state_dict_file(file)).first->second;
+}
+
+at::Tensor shard_tensor(const StateDict& shard, const fs::path& folder, int part, const ShardedMetadata& metadata,
+                        const std::string& path) {
+  auto found = shard.find(path);
+  LF_CHECK(found != shard.end() && found->value().isTensor(), RuntimeError, "Sharded checkpoint ", folder.string(),
+           ": ", shard_file_name(part, metadata.parts), " lacks tensor ", path, ".");
+  return found->value().toTensor();
+}
+}  // namespace
+
+at::Tensor read_resharded(const fs::path& folder, const ShardedMetadata& metadata, const std::string& path, int parts,
+                          int part, std::map<int, StateDict>& cache) {
+  const ShardedTensorInfo& info = metadata.tensors.at(path);
+  const ShardSlice wanted = shard_slice(info.numel(), parts, part);
+  at::Tensor result = torch::empty({wanted.length}, torch::TensorOptions().dtype(info.dtype));
+  for (int old = 0; old < metadata.parts && wanted.length > 0; ++old) {
+    const ShardSlice held = shard_slice(info.numel(), metadata.parts, old);
+    const int64_t begin = std::max(held.begin, wanted.begin);
+    const int64_t end = std::min(held.begin + held.length, wanted.begin + wanted.length);
+    if (begin >= end) continue;
+    const at::Tensor piece = shard_tensor(shard_file(folder, metadata, old, cache), folder, old, metadata, path);
+    LF_CHECK(piece.numel() == held.length, RuntimeError, "Sharded checkpoint ", folder.string(), ": ",
+             shard_file_name(old, metadata.parts), " holds ", piece.numel(), " values of ", path, ", expected ",
+             held.length, ".");
+    result.narrow(0, begin - wanted.begin, end - begin).copy_(piece.narrow(0, begin - held.begin, end - begin));
+  }
+  return result;
+}
+
+StateDict consolidate_sharded_checkpoint(const fs::path& folder) {
+  const ShardedMetadata metadata = read_sharded_metadata(folder);
+  const fs::path common = folder / "common.pt";
+  LF_CHECK(fs::is_regular_file(common), RuntimeError, "Sharded checkpoint ", folder.string(),
+           " is incomplete: common.pt is missing.");
+  StateDict whole = load_state_dict_file(common);
+  std::map<int, StateDict> cache;
+  for (const auto& [path, info] : metadata.tensors) {
+    at::Tensor full = read_resharded(folder, metadata, path, 1, 0, cache);
+    insert_at_path(whole, path, full.view(info.shape));
+  }
+  return whole;
+}
+
+}  // namespace lightning::fabric

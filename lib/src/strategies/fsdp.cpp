@@ -1,0 +1,500 @@
+#include "lightning/fabric/strategies/fsdp.h"
+
+#include <c10/util/accumulate.h>
+#include <torch/types.h>
+
+#include <cmath>
+#include <unistd.h>
+
+#include "lightning/fabric/checkpoint/checkpoint_io.h"
+#include "lightning/fabric/checkpoint/sharded.h"
+#include "lightning/fabric/errors.h"
+
+namespace lightning::fabric {
+
+namespace fs = std::filesystem;
+
+ShardingStrategy parse_sharding_strategy(const std::string& name) {
+  if (name == "FULL_SHARD") return ShardingStrategy::FullShard;
+  if (name == "SHARD_GRAD_OP") return ShardingStrategy::ShardGradOp;
+  if (name == "NO_SHARD") return ShardingStrategy::NoShard;
+  if (name == "HYBRID_SHARD") return ShardingStrategy::HybridShard;
+  throw ValueError("sharding_strategy=\"" + name +
+                   "\" is not valid. Choose one of: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD.");
+}
+
+std::string to_string(ShardingStrategy strategy) {
+  switch (strategy) {
+    case ShardingStrategy::FullShard: return "FULL_SHARD";
+    case ShardingStrategy::ShardGradOp: return "SHARD_GRAD_OP";
+    case ShardingStrategy::NoShard: return "NO_SHARD";
+    case ShardingStrategy::HybridShard: return "HYBRID_SHARD";
+  }
+  return "?";
+}
+
+ShardSlice shard_slice(int64_t numel, int parts, int part) {
+  const int64_t chunk = (numel + parts - 1) / parts;
+  const int64_t begin = std::min(numel, chunk * part);
+  return {begin, std::min(numel, begin + chunk) - begin};
+}
+
+StrategySpec fsdp_strategy(FSDPOptions options) {
+  LF_CHECK(options.state_dict_type == "sharded" || options.state_dict_type == "full", ValueError,
+           "FSDPOptions: state_dict_type=\"", options.state_dict_type, "\" is not valid. Choose \"sharded\" or \"full\".");
+  LF_CHECK(options.timeout.count() > 0, ValueError, "FSDPOptions: timeout must be positive.");
+  return StrategySpec{"fsdp", [options](StrategyContext context) -> std::shared_ptr<Strategy> {
+                        return std::make_shared<FSDPStrategy>(std::move(context), options);
+                      }};
+}
+
+struct FSDPStrategy::ShardedParameter {
+  std::string name;
+  at::Tensor parameter;  // the module's own parameter: full while materialized, else 0 elements
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+  int64_t chunk = 0;   // ceil(numel / parts): the padded slot size in communication buffers
+  ShardSlice slice;    // this rank's part
+  at::Tensor shard;    // 1-D, slice.length elements: what the optimizer steps
+};
+
+struct FSDPStrategy::ShardedModule {
+  const torch::nn::Module* address = nullptr;
+  std::weak_ptr<torch::nn::Module> module;
+  std::vector<ShardedParameter> parameters;
+  bool materialized = true;  // full parameters present
+  bool stale = false;        // shards stepped since the last gather
+};
+
+namespace {
+DDPOptions ddp_options_for(const FSDPOptions& options) {
+  DDPOptions ddp;
+  ddp.name = "fsdp";
+  ddp.timeout = options.timeout;
+  return ddp;
+}
+}  // namespace
+
+FSDPStrategy::FSDPStrategy(StrategyContext context, FSDPOptions options)
+    : DDPStrategy(std::move(context), ddp_options_for(options)), fsdp_options_(std::move(options)) {}
+
+FSDPStrategy::~FSDPStrategy() = default;
+
+int FSDPStrategy::shard_group_size() const {
+  switch (fsdp_options_.sharding_strategy) {
+    case ShardingStrategy::NoShard: return 1;
+    case ShardingStrategy::HybridShard: return num_processes();
+    default: return world_size();
+  }
+}
+
+int FSDPStrategy::shard_group_rank() const {
+  switch (fsdp_options_.sharding_strategy) {
+    case ShardingStrategy::NoShard: return 0;
+    case ShardingStrategy::HybridShard: return global_rank() % num_processes();
+    default: return global_rank();
+  }
+}
+
+void FSDPStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module) {
+  setup_environment();
+  LF_CHECK(precision()->loss_scaler() == nullptr, ValueError, "strategy=\"fsdp\" with precision=\"",
+           precision()->name(), "\": a loss scaler over sharded gradients is not supported yet. Use \"bf16-mixed\" ",
+           "(no scaler needed) or strategy=\"ddp\".");
+  const auto sharding = fsdp_options_.sharding_strategy;
+  if (sharding == ShardingStrategy::HybridShard && !shard_group_) {
+    const int local = num_processes(), node = global_rank() / local;
+    std::vector<int> node_ranks, replica_ranks;
+    for (int r = 0; r < local; ++r) node_ranks.push_back(node * local + r);
+    for (int n = 0; n < world_size() / local; ++n) replica_ranks.push_back(n * local + global_rank() % local);
+    shard_group_ = std::make_shared<Collective>(collective(), "fsdp-node-" + std::to_string(node), node_ranks);
+    replica_group_ = std::make_shared<Collective>(collective(), "fsdp-replica-" + std::to_string(global_rank() % local),
+                                                  replica_ranks);
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& parameter : module->parameters()) {
+    at::Tensor data = parameter.data();
+    collective().broadcast_(data, 0);
+  }
+  for (auto& buffer : module->buffers()) collective().broadcast_(buffer, 0);
+
+  auto sharded = std::make_unique<ShardedModule>();
+  sharded->address = module.get();
+  sharded->module = module;
+  const int parts = shard_group_size(), part = shard_group_rank();
+  for (const auto& item : module->named_parameters(true)) {
+    ShardedParameter p;
+    p.name = item.key();
+    p.parameter = item.value();
+    p.shape = item.value().sizes().vec();
+    p.numel = item.value().numel();
+    p.chunk = (p.numel + parts - 1) / parts;
+    p.slice = shard_slice(p.numel, parts, part);
+    at::Tensor flat = p.parameter.detach().view(-1).narrow(0, p.slice.begin, p.slice.length);
+    // FULL_SHARD and HYBRID_SHARD keep the shard in its own memory (the full parameter is freed);
+    // SHARD_GRAD_OP and NO_SHARD step a view of the full parameter in place.
+    const bool own_memory = sharding == ShardingStrategy::FullShard || sharding == ShardingStrategy::HybridShard;
+    p.shard = own_memory ? flat.clone() : flat;
+    sharded->parameters.push_back(std::move(p));
+  }
+  if (sharding == ShardingStrategy::FullShard || sharding == ShardingStrategy::HybridShard) free_full_parameters(*sharded);
+  modules_.push_back(std::move(sharded));
+}
+
+void FSDPStrategy::setup_optimizer(torch::optim::Optimizer& optimizer) {
+  LF_CHECK(optimizer.state().empty(), ValueError, "fsdp: this optimizer has already stepped; its state belongs to the ",
+           "full parameters. Build the optimizer after setup_module(model), and set it up before the first step.");
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& parameter : group.params()) {
+      const ShardedParameter* found = nullptr;
+      for (const auto& sharded : modules_) {
+        for (const auto& p : sharded->parameters) {
+          if (p.parameter.unsafeGetTensorImpl() == parameter.unsafeGetTensorImpl()) found = &p;
+        }
+      }
+      LF_CHECK(found != nullptr, ValueError, "fsdp: the optimizer holds a parameter that no set-up module owns. ",
+               "Set the module up first (fabric.setup(model, optimizer) or setup_module), with the optimizer built ",
+               "over that module's parameters.");
+      parameter = found->shard;
+    }
+  }
+}
+
+FSDPStrategy::ShardedModule* FSDPStrategy::find(const torch::nn::Module& module) {
+  for (auto& sharded : modules_) {
+    if (sharded->address == &module && !sharded->module.expired()) return sharded.get();
+  }
+  return nullptr;
+}
+
+const FSDPStrategy::ShardedParameter* FSDPStrategy::find_shard(const at::Tensor& shard) const {
+  for (const auto& sharded : modules_) {
+    for (const auto& p : sharded->parameters) {
+      if (p.shard.unsafeGetTensorImpl() == shard.unsafeGetTensorImpl()) return &p;
+    }
+  }
+  return nullptr;
+}
+
+void FSDPStrategy::free_full_parameters(ShardedModule& sharded) {
+  for (auto& p : sharded.parameters) p.parameter.set_data(at::empty({0}, p.parameter.options()));
+  sharded.materialized = false;
+}
+
+void FSDPStrategy::gather(ShardedModule& sharded) {
+  torch::NoGradGuard no_grad;
+  const int parts = shard_group_size();
+  if (fsdp_options_.sharding_strategy == ShardingStrategy::NoShard) {  // the shards are the full parameters
+    sharded.stale = false;
+    return;
+  }
+  int64_t slots = 0;
+  for (const auto& p : sharded.parameters) slots += p.chunk;
+  const auto options = sharded.parameters.empty() ? torch::TensorOptions() : sharded.parameters.front().shard.options();
+  at::Tensor local = torch::zeros({slots}, options);
+  int64_t offset = 0;
+  for (const auto& p : sharded.parameters) {
+    LF_CHECK(p.shard.scalar_type() == local.scalar_type(), ValueError, "fsdp: parameter ", p.name, " is ",
+             c10::toString(p.shard.scalar_type()), " but others are ", c10::toString(local.scalar_type()),
+             "; one dtype per set-up module is supported.");
+    local.narrow(0, offset, p.slice.length).copy_(p.shard);
+    offset += p.chunk;
+  }
+  Collective& group = shard_group_ ? *shard_group_ : collective();
+  const at::Tensor gathered = parts > 1 ? group.all_gather(local) : local.view({1, slots});  // [parts, slots]
+  offset = 0;
+  for (auto& p : sharded.parameters) {
+    at::Tensor full = gathered.narrow(1, offset, p.chunk).reshape(-1).narrow(0, 0, p.numel).view(p.shape);
+    if (sharded.materialized) {
+      p.parameter.detach().copy_(full);
+    } else {
+      p.parameter.set_data(full.clone());
+    }
+    offset += p.chunk;
+  }
+  sharded.materialized = true;
+  sharded.stale = false;
+}
+
+void FSDPStrategy::before_forward(const torch::nn::Module& module) {
+  ShardedModule* sharded = find(module);
+  if (sharded != nullptr && (!sharded->materialized || sharded->stale)) gather(*sharded);
+}
+
+void FSDPStrategy::reduce_gradients(ShardedModule& sharded) {
+  torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> pieces;
+  for (const auto& p : sharded.parameters) {
+    const at::Tensor grad = p.parameter.grad();
+    pieces.push_back(grad.defined() ? grad.reshape(-1) : torch::zeros({p.numel}, p.shard.options()));
+  }
+  if (pieces.empty()) return;
+  // One all-reduce over every rank (gloo has no reduce-scatter): each rank keeps its own slice.
+  at::Tensor flat = torch::cat(pieces);
+  collective().all_reduce_(flat, ReduceOp::Sum);
+  flat.div_(world_size());
+  int64_t offset = 0;
+  for (auto& p : sharded.parameters) {
+    const at::Tensor mine = flat.narrow(0, offset + p.slice.begin, p.slice.length);
+    if (p.shard.grad().defined()) {
+      p.shard.mutable_grad().add_(mine);
+    } else {
+      p.shard.mutable_grad() = mine.clone();
+    }
+    p.parameter.mutable_grad() = at::Tensor();
+    offset += p.numel;
+  }
+}
+
+void FSDPStrategy::backward(at::Tensor& loss, torch::nn::Module* module) {
+  Strategy::backward(loss, module);
+  const auto sharding = fsdp_options_.sharding_strategy;
+  for (auto& sharded : modules_) {
+    if (sharded->module.expired() || sync_disabled_.count(sharded->address) != 0) continue;
+    reduce_gradients(*sharded);
+    if (sharding == ShardingStrategy::FullShard || sharding == ShardingStrategy::HybridShard) {
+      free_full_parameters(*sharded);
+    }
+  }
+}
+
+bool FSDPStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
+                                  const torch::optim::Optimizer::LossClosure& closure) {
+  const bool stepped = Strategy::optimizer_step(optimizer, closure);
+  for (auto& sharded : modules_) sharded->stale = true;
+  return stepped;
+}
+
+double FSDPStrategy::clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm,
+                                            double norm_type, bool error_if_nonfinite) {
+  torch::NoGradGuard no_grad;
+  const bool infinity = std::isinf(norm_type);
+  at::Tensor local = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(root_device()));
+  for (const auto& parameter : parameters) {
+    if (!parameter.grad().defined() || parameter.grad().numel() == 0) continue;
+    const at::Tensor grad = parameter.grad().to(torch::kFloat64);
+    local = infinity ? torch::maximum(local, grad.abs().max()) : local + grad.abs().pow(norm_type).sum();
+  }
+  if (shard_group_size() > 1) {
+    Collective& group = shard_group_ ? *shard_group_ : collective();
+    group.all_reduce_(local, infinity ? ReduceOp::Max : ReduceOp::Sum);
+  }
+  const double total = infinity ? local.item<double>() : std::pow(local.item<double>(), 1.0 / norm_type);
+  LF_CHECK(!error_if_nonfinite || std::isfinite(total), RuntimeError, "clip_gradients: the total norm of order ",
+           norm_type, " of the gradients is non-finite (", total, "). Pass nonfinite_is_error(false) to clip anyway.");
+  const double coefficient = max_norm / (total + 1e-6);
+  if (coefficient < 1.0) {
+    for (const auto& parameter : parameters) {
+      if (parameter.grad().defined()) parameter.grad().mul_(coefficient);
+    }
+  }
+  return total;
+}
+
+int64_t FSDPStrategy::resident_bytes() const {
+  int64_t bytes = 0;
+  auto size_of = [](const at::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; };
+  for (const auto& sharded : modules_) {
+    for (const auto& p : sharded->parameters) {
+      bytes += size_of(p.parameter) + size_of(p.parameter.grad()) + size_of(p.shard.grad());
+      if (!p.shard.is_alias_of(p.parameter)) bytes += size_of(p.shard);
+    }
+  }
+  return bytes;
+}
+
+// ---- checkpoints -----------------------------------------------------------------------------
+
+StateDict FSDPStrategy::local_checkpoint(const State& state, const StateFilter& filter,
+                                         std::map<std::string, std::vector<int64_t>>& global_shapes) {
+  StateDict out = to_checkpoint(state, filter);  // shard tensors in optimizer entries already
+  for (const auto& [key, entry] : state) {
+    if (entry.kind() == StateEntry::Kind::Module) {
+      ShardedModule* sharded = find(entry.module());
+      if (sharded == nullptr) continue;
+      StateDict module_dict = out.at(key).toGenericDict();
+      for (const auto& p : sharded->parameters) {
+        if (!module_dict.contains(p.name)) continue;  // filtered out
+        module_dict.insert_or_assign(p.name, p.shard.detach().cpu());
+        global_shapes[key + "/" + p.name] = p.shape;
+      }
+    } else if (entry.kind() == StateEntry::Kind::Optimizer) {
+      StateDict optimizer_dict = out.at(key).toGenericDict();
+      if (!optimizer_dict.contains("state")) continue;
+      const auto per_parameter = optimizer_dict.at("state").toGenericDict();
+      int64_t index = 0;
+      for (const auto& group : entry.optimizer().param_groups()) {
+        for (const auto& parameter : group.params()) {
+          const ShardedParameter* p = find_shard(parameter);
+          auto found = per_parameter.find(index);
+          if (p != nullptr && found != per_parameter.end()) {
+            for (const auto& item : found->value().toGenericDict()) {
+              if (item.value().isTensor() && item.value().toTensor().dim() == 1 &&
+                  item.value().toTensor().numel() == p->slice.length) {
+                global_shapes[key + "/state/" + std::to_string(index) + "/" + item.key().toStringRef()] = p->shape;
+              }
+            }
+          }
+          ++index;
+        }
+      }
+    }
+  }
+  return out;
+}
+
+void FSDPStrategy::save_checkpoint(const fs::path& path, const State& state, const StateFilter& filter) {
+  std::map<std::string, std::vector<int64_t>> global_shapes;
+  StateDict local = local_checkpoint(state, filter, global_shapes);
+  const int parts = shard_group_size(), part = shard_group_rank();
+  std::string failure;
+  if (fsdp_options_.state_dict_type == "full") {
+    for (const auto& [tensor_path, shape] : global_shapes) {  // the same order on every rank
+      at::Tensor slot = torch::zeros({(c10::multiply_integers(shape) + parts - 1) / parts});
+      const at::Tensor mine = tensor_at_path(local, tensor_path);
+      slot.narrow(0, 0, mine.numel()).copy_(mine);
+      Collective& group = shard_group_ ? *shard_group_ : collective();
+      const at::Tensor whole = parts > 1 ? group.all_gather(slot).reshape(-1) : slot;
+      insert_at_path(local, tensor_path, whole.narrow(0, 0, c10::multiply_integers(shape)).view(shape).clone());
+    }
+    if (is_global_zero()) {
+      try {
+        save_state_dict_file(path, local);
+      } catch (const std::exception& error) {
+        failure = error.what();
+      }
+    }
+    failure = broadcast_bytes(failure, 0);
+    LF_CHECK(failure.empty(), RuntimeError, "fabric.save(", path.string(), ") failed on rank 0: ", failure);
+    return;
+  }
+  // Sharded: every part writes its file into a fresh folder that replaces `path` at the end.
+  const std::string staging =
+      broadcast_bytes(is_global_zero() ? path.string() + ".tmp-" + std::to_string(::getpid()) : std::string(), 0);
+  if (is_global_zero()) {
+    std::error_code error;
+    fs::remove_all(staging, error);
+    fs::create_directories(staging, error);
+    if (error) failure = "cannot create " + staging + ": " + error.message();
+  }
+  failure = broadcast_bytes(failure, 0);
+  LF_CHECK(failure.empty(), RuntimeError, "fabric.save(", path.string(), "): ", failure);
+  try {
+    if (global_rank() < parts) {  // one replica of every part (HYBRID_SHARD: node 0's ranks)
+      StateDict shard = make_state_dict();
+      for (const auto& [tensor_path, shape] : global_shapes) shard.insert(tensor_path, tensor_at_path(local, tensor_path));
+      save_state_dict_file(fs::path(staging) / shard_file_name(part, parts), shard);
+    }
+    if (is_global_zero()) {
+      ShardedMetadata metadata;
+      metadata.world_size = world_size();
+      metadata.parts = parts;
+      for (const auto& [tensor_path, shape] : global_shapes) {
+        metadata.tensors[tensor_path] = {shape, tensor_at_path(local, tensor_path).scalar_type()};
+        remove_at_path(local, tensor_path);
+      }
+      save_state_dict_file(fs::path(staging) / "common.pt", local);
+      write_sharded_metadata(staging, metadata);
+    }
+  } catch (const std::exception& error) {
+    failure = error.what();
+  }
+  // Every rank's outcome reaches rank 0, which then moves the folder into place.
+  const at::Tensor failed = all_reduce(torch::full({1}, failure.empty() ? 0.0 : 1.0), ReduceOp::Max);
+  if (is_global_zero() && failed.item<double>() == 0.0) {
+    std::error_code error;
+    const fs::path previous = path.string() + ".old-" + std::to_string(::getpid());
+    if (fs::exists(path)) fs::rename(path, previous, error);
+    if (!error) fs::rename(staging, path, error);
+    if (error) failure = "cannot move " + staging + " to " + path.string() + ": " + error.message();
+    fs::remove_all(previous, error);
+  }
+  failure = broadcast_bytes(failed.item<double>() != 0.0 && failure.empty() ? "a rank failed to write its shard" : failure, 0);
+  LF_CHECK(failure.empty(), RuntimeError, "fabric.save(", path.string(), ") failed: ", failure);
+}
+
+StateDict FSDPStrategy::load_checkpoint(const fs::path& path, State* state, bool strict) {
+  if (!fs::is_directory(path)) return state ? restore_local(*state, load_state_dict_file(path), strict, false)
+                                           : load_state_dict_file(path);
+  if (state == nullptr) return consolidate_sharded_checkpoint(path);
+  const ShardedMetadata metadata = read_sharded_metadata(path);
+  StateDict local = load_state_dict_file(path / "common.pt");
+  std::map<int, StateDict> cache;
+  for (const auto& [tensor_path, info] : metadata.tensors) {
+    insert_at_path(local, tensor_path,
+                   read_resharded(path, metadata, tensor_path, shard_group_size(), shard_group_rank(), cache));
+  }
+  return restore_local(*state, local, strict, true);
+}
+
+StateDict FSDPStrategy::restore_local(State& state, const StateDict& checkpoint, bool strict, bool tensors_are_local) {
+  const int parts = shard_group_size(), part = shard_group_rank();
+  std::string missing;
+  for (const auto& [key, entry] : state) {
+    if (!checkpoint.contains(key)) missing += (missing.empty() ? "'" : ", '") + key + "'";
+  }
+  LF_CHECK(!strict || missing.empty(), RuntimeError, "load(strict=true): the checkpoint has no entry for ", missing,
+           ". Pass strict=false to restore only what is there.");
+  StateDict remainder = make_state_dict();
+  torch::NoGradGuard no_grad;
+  for (const auto& item : checkpoint) {
+    const std::string& key = item.key().toStringRef();
+    auto found = state.find(key);
+    if (found == state.end()) {
+      remainder.insert(key, item.value());
+      continue;
+    }
+    StateEntry& entry = found->second;
+    ShardedModule* sharded = entry.kind() == StateEntry::Kind::Module ? find(entry.module()) : nullptr;
+    if (sharded != nullptr) {
+      StateDict values = item.value().toGenericDict();
+      for (auto& p : sharded->parameters) {
+        auto value = values.find(p.name);
+        LF_CHECK(value != values.end() || !strict, RuntimeError, "load(strict=true): the checkpoint's '", key,
+                 "' lacks parameter ", p.name, ".");
+        if (value == values.end()) continue;
+        const at::Tensor tensor = value->value().toTensor();
+        LF_CHECK(tensors_are_local || tensor.numel() == p.numel, RuntimeError, "load: '", key, "/", p.name, "' has ",
+                 tensor.numel(), " elements in the checkpoint but ", p.numel, " in the module.");
+        p.shard.copy_(tensors_are_local ? tensor.reshape(-1) : slice_for_part(tensor, parts, part));
+        (void)values.erase(p.name);
+      }
+      for (auto& buffer : entry.module().named_buffers(true)) {
+        auto value = values.find(buffer.key());
+        if (value != values.end()) buffer.value().copy_(value->value().toTensor());
+      }
+      sharded->stale = true;  // the next forward gathers the restored shards
+    } else if (entry.kind() == StateEntry::Kind::Optimizer && !tensors_are_local) {
+      // A whole checkpoint: slice each parameter's state to this rank's shard.
+      StateDict values = item.value().toGenericDict();
+      if (values.contains("state")) {
+        auto per_parameter = values.at("state").toGenericDict();
+        int64_t index = 0;
+        for (const auto& group : entry.optimizer().param_groups()) {
+          for (const auto& parameter : group.params()) {
+            const ShardedParameter* p = find_shard(parameter);
+            auto slot = per_parameter.find(index++);
+            if (p == nullptr || slot == per_parameter.end()) continue;
+            auto param_state = slot->value().toGenericDict();
+            for (const auto& field : param_state) {
+              if (field.value().isTensor() && field.value().toTensor().dim() >= 1 &&
+                  field.value().toTensor().numel() == p->numel) {
+                param_state.insert_or_assign(field.key(), slice_for_part(field.value().toTensor(), parts, part));
+              }
+            }
+          }
+        }
+      }
+      load_optimizer_state_dict(entry.optimizer(), values);
+    } else if (entry.kind() == StateEntry::Kind::Value) {
+      entry.set_value(item.value());
+    } else if (entry.kind() == StateEntry::Kind::Nested) {
+      restore_from_checkpoint(entry.nested(), item.value().toGenericDict(), strict);
+    } else {
+      load_state_dict_into(entry, item.value().toGenericDict(), strict);
+    }
+  }
+  return remainder;
+}
+
+}  // namespace lightning::fabric
