@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Every way `lightning-run model consolidate` refuses its input: message and exit code.
+# Usage: consolidate_errors.sh LIGHTNING_RUN FSDP_CHECKS
+set -uo pipefail
+run="$1"; checks="$2"
+dir="$(mktemp -d)"
+trap 'rm -rf "$dir"' EXIT
+expect() {  # expect CODE TEXT -- ARGS...
+  local code="$1" text="$2"; shift 3
+  local output status
+  output="$("$run" model consolidate "$@" 2>&1)"; status=$?
+  if [ "$status" -ne "$code" ] || ! grep -qF -- "$text" <<<"$output"; then
+    echo "FAIL: consolidate $* exited $status (expected $code) with: $output (expected to mention: $text)"
+    return 1
+  fi
+  echo "ok ($status): consolidate $* -> $(head -n 1 <<<"$output")"
+}
+"$run" model --accelerator cpu --devices 2 "$checks" save FULL_SHARD "$dir" >/dev/null || { echo "FAIL: could not save"; exit 1; }
+failed=0
+expect 2 "required" -- || failed=1
+expect 2 "does not exist" -- "$dir/missing" || failed=1
+expect 2 "is a file" -- "$dir/reference.pt" || failed=1
+mkdir "$dir/plain"
+expect 2 "no metadata.json" -- "$dir/plain" || failed=1
+touch "$dir/taken.pt"
+expect 2 "already exists" -- "$dir/ck" --output-file "$dir/taken.pt" || failed=1
+cp -r "$dir/ck" "$dir/missing-shard" && rm "$dir/missing-shard/shard-1-of-2.pt"
+expect 1 "shard-1-of-2.pt is missing" -- "$dir/missing-shard" || failed=1
+cp -r "$dir/ck" "$dir/truncated" && truncate -s 100 "$dir/truncated/shard-0-of-2.pt"
+expect 1 "truncated" -- "$dir/truncated" || failed=1
+[ ! -e "$dir/missing-shard.consolidated" ] && [ ! -e "$dir/truncated.consolidated" ] ||
+  { echo "FAIL: a failed consolidation left an output file"; failed=1; }
+expect 0 "consolidated" -- "$dir/ck/" || failed=1
+[ -f "$dir/ck.consolidated" ] || { echo "FAIL: default output DIR.consolidated missing"; failed=1; }
+exit "$failed"
