@@ -9,6 +9,7 @@
 // --precision P runs the Fabric side in precision P (e.g. bf16-mixed) against the raw float32
 // loop: the ratio is then P's step time over 32-true's.
 #include <lightning/fabric.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -48,10 +49,14 @@ std::string loaded_blas() {
   return "unknown";
 }
 
+bool g_cuda = false;  // synchronise around each timed step (CUDA work is asynchronous)
+
 template <class Fn>
 double time_ms(Fn&& fn) {
+  if (g_cuda) torch::cuda::synchronize();
   const auto start = std::chrono::steady_clock::now();
   fn();
+  if (g_cuda) torch::cuda::synchronize();
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 }
 
@@ -75,13 +80,18 @@ int main(int argc, char** argv) {
   const int warmup = arg_int(argc, argv, "--warmup", 30);
   const int batch_size = arg_int(argc, argv, "--batch-size", 64);
   const std::string precision = arg_string(argc, argv, "--precision", "32-true");
+  const torch::Device device(arg_string(argc, argv, "--accelerator", "cpu") == "cuda" ? torch::kCUDA : torch::kCPU);
+  g_cuda = device.is_cuda();
 
   torch::manual_seed(0);
   std::vector<std::pair<torch::Tensor, torch::Tensor>> data;
-  for (int i = 0; i < 16; ++i) data.emplace_back(torch::randn({batch_size, 784}), torch::randint(10, {batch_size}));
+  for (int i = 0; i < 16; ++i) {
+    data.emplace_back(torch::randn({batch_size, 784}).to(device), torch::randint(10, {batch_size}).to(device));
+  }
 
   torch::manual_seed(1);
   Mlp raw_net;
+  raw_net->to(device);
   torch::optim::SGD raw_sgd(raw_net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   auto raw_step = [&](const torch::Tensor& x, const torch::Tensor& y) {
     raw_sgd.zero_grad();
@@ -90,7 +100,7 @@ int main(int argc, char** argv) {
     raw_sgd.step();
   };
 
-  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").precision(precision));
+  lf::Fabric fabric(lf::FabricOptions().accelerator(device.is_cuda() ? "cuda" : "cpu").precision(precision));
   fabric.seed_everything(1);
   Mlp fabric_net;
   torch::optim::SGD fabric_sgd(fabric_net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));

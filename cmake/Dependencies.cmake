@@ -1,11 +1,18 @@
 # Every third-party package the build uses (DESIGN.md §3). scripts/install-deps.sh installs them.
 find_package(Torch REQUIRED)
 find_package(Threads REQUIRED)
-find_package(spdlog REQUIRED)
-find_package(fmt REQUIRED)
-find_package(nlohmann_json 3 REQUIRED)
-find_package(CLI11 REQUIRED)
-find_package(ZLIB REQUIRED)
+# LF_THIRD_PARTY_DIR: a folder made by scripts/vendor-headers.sh with header-only copies of the
+# libraries below, for machines without Debian's packages (the GPU machine: scripts/device-check.sh).
+set(LF_THIRD_PARTY_DIR "" CACHE PATH "Header-only copies of CLI11, nlohmann/json, spdlog, fmt, Catch2, zlib headers")
+if(LF_THIRD_PARTY_DIR)
+  include(${CMAKE_CURRENT_LIST_DIR}/ThirdPartyHeaders.cmake)
+else()
+  find_package(spdlog REQUIRED)
+  find_package(fmt REQUIRED)
+  find_package(nlohmann_json 3 REQUIRED)
+  find_package(CLI11 REQUIRED)
+  find_package(ZLIB REQUIRED)
+endif()
 
 # Tell the user which LibTorch was found and what it can do.
 set(LF_TORCH_HAS_CUDA OFF)

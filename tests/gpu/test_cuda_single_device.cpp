@@ -54,6 +54,22 @@ TEST_CASE("cuda: the Fabric loop matches the raw loop on the same GPU", "[gpu]")
   CHECK(torch::allclose(raw->weight, net->weight));
 }
 
+// Hidden ([.]): run under lightning-run, which provides the rendezvous:
+//   lightning-run model --accelerator cuda --devices 1 --strategy ddp lf_gpu_tests "[nccl]"
+TEST_CASE("cuda: an nccl process group with world size 1 reduces and trains", "[.][nccl]") {
+  lf::DDPOptions ddp;
+  ddp.process_group_backend = "nccl";
+  lf::Fabric fabric(lf::FabricOptions().accelerator("cuda").devices(1).strategy(lf::ddp_strategy(ddp)));
+  auto reduced = fabric.all_reduce(torch::ones({4}, torch::kCUDA), "sum");
+  CHECK(torch::equal(reduced.cpu(), torch::ones({4})));
+  torch::nn::Linear net(8, 2);
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  auto [model, optimizer] = fabric.setup(net, sgd);
+  fabric.backward(model(torch::randn({4, 8})).sum());
+  CHECK(optimizer.step());
+  CHECK(dynamic_cast<lf::DDPStrategy&>(*fabric.strategy()).collective().backend() == "nccl");
+}
+
 int main(int argc, char** argv) {
   if (!torch::cuda::is_available()) {
     std::cout << "SKIPPED: no CUDA GPU visible to this LibTorch (a CPU build, or no device)." << std::endl;
