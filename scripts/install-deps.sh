@@ -12,6 +12,7 @@ packages=(
   dataset-fashion-mnist
   procps iproute2
   python3-torch   # tests: Python's torch.load reads our checkpoint files
+  protobuf-compiler  # tests: protoc --decode_raw reads our TensorBoard event files
 )
 
 missing=()

@@ -213,6 +213,25 @@ std::optional<at::Tensor> Fabric::clip_optimizer_gradients(torch::optim::Optimiz
   return at::scalar_tensor(norm, at::kDouble);
 }
 
+void Fabric::call(const std::string& name, const HookArgs& args) {
+  for (const auto& callback : callbacks_) invoke_hook(*callback, name, args);
+}
+
+void Fabric::log(const std::string& name, double value, std::optional<int64_t> step) {
+  log_dict({{name, value}}, step);
+}
+
+void Fabric::log(const std::string& name, const at::Tensor& value, std::optional<int64_t> step) {
+  LF_CHECK(value.numel() == 1, ValueError, "fabric.log('", name, "', tensor): the tensor has ", value.numel(),
+           " elements; log a scalar (e.g. loss.mean()).");
+  log_dict({{name, value.item<double>()}}, step);
+}
+
+void Fabric::log_dict(const std::map<std::string, double>& metrics, std::optional<int64_t> step) {
+  if (!is_global_zero()) return;
+  for (const auto& logger : loggers_) logger->log_metrics(metrics, step);
+}
+
 void Fabric::save(const std::filesystem::path& path, const State& state, const StateFilter& filter) {
   connector_.strategy->save_checkpoint(path, state, filter);
 }

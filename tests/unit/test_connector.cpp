@@ -141,7 +141,7 @@ TEST_CASE("build instantiates the resolved parts", "[connector]") {
   CHECK(connector.strategy->root_device() == torch::Device(torch::kCPU));
 }
 
-TEST_CASE("a precision plugin replaces the precision flag; both together is an error", "[connector]") {
+TEST_CASE("a precision plugin replaces the precision flag, both together is an error", "[connector]") {
   auto plugin = std::make_shared<lf::DoublePrecision>();
   auto connector = lf::Connector::build(lf::FabricOptions().plugin(plugin), lf::env::map_env({}));
   CHECK(connector.precision == plugin);
@@ -230,7 +230,7 @@ TEST_CASE("ddp_strategy refuses bad settings", "[connector][ddp][errors]") {
   CHECK_THROWS_WITH(lf::ddp_strategy(bad), Contains("\"mpi\"") && Contains("gloo"));
 }
 
-TEST_CASE("dp: single process over CUDA devices; refused on CPU devices", "[connector][dp]") {
+TEST_CASE("dp: single process over CUDA devices, refused on CPU devices", "[connector][dp]") {
   lf::StrategyContext context;
   context.parallel_devices = {torch::Device(torch::kCPU), torch::Device(torch::kCPU)};
   CHECK_THROWS_WITH(lf::DataParallelStrategy(context), Contains("strategy=\"dp\"") && Contains("cpu"));

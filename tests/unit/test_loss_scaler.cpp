@@ -164,7 +164,7 @@ TEST_CASE("Fabric with a loss-scaling precision: backward scales, step unscales 
   CHECK(fabric.precision()->loss_scaler() == scaler);
 }
 
-TEST_CASE("16-mixed: float16 autocast with a loss scaler; on CPU it becomes bf16-mixed", "[precision]") {
+TEST_CASE("16-mixed: float16 autocast with a loss scaler, on CPU it becomes bf16-mixed", "[precision]") {
   auto sixteen = lf::precision_registry().create("16-mixed");
   auto* mixed = dynamic_cast<lf::MixedPrecision*>(sixteen.get());
   REQUIRE(mixed != nullptr);

@@ -16,6 +16,7 @@
 
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -131,6 +132,18 @@ class Fabric {
   const ResolvedConfig& config() const { return connector_.config; }
   const std::vector<std::shared_ptr<Logger>>& loggers() const { return loggers_; }
   const std::vector<std::shared_ptr<Callback>>& callbacks() const { return callbacks_; }
+  /// The first logger (Python's fabric.logger), or null without loggers.
+  std::shared_ptr<Logger> logger() const { return loggers_.empty() ? nullptr : loggers_.front(); }
+
+  // ---- callbacks and loggers ----
+  /// Calls hook `name` on every callback, in the order they were given; callbacks that do not
+  /// override it are skipped. Not collective: call it on every rank that should run the hooks.
+  void call(const std::string& name, const HookArgs& args = HookArgs());
+  /// Sends a metric to every logger, on global rank zero only (other ranks return at once).
+  /// step: the x-axis value (default: the logger's next step).
+  void log(const std::string& name, double value, std::optional<int64_t> step = std::nullopt);
+  void log(const std::string& name, const at::Tensor& value, std::optional<int64_t> step = std::nullopt);
+  void log_dict(const std::map<std::string, double>& metrics, std::optional<int64_t> step = std::nullopt);
 
   // ---- launching ----
   /// Prepares this process for the strategy (device, process group). Refused with RuntimeError

@@ -2,6 +2,7 @@
 // beside this header; this is the interface FabricOptions::loggers() accepts.
 #pragma once
 
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
@@ -19,5 +20,10 @@ class Logger {
   /// Flushes and closes; called once at the end of training.
   virtual void finalize(const std::string& status) { (void)status; }
 };
+
+/// Lightning's log folder layout: root/name/version_N, N = version when given, else one more
+/// than the highest existing version_* (0 for the first run). Creates the folder.
+std::filesystem::path versioned_log_dir(const std::filesystem::path& root, const std::string& name,
+                                        std::optional<int> version);
 
 }  // namespace lightning::fabric

@@ -1,0 +1,178 @@
+// Callbacks through fabric.call (order, arguments, skipping, user hooks), fabric.log/log_dict
+// into loggers, the CSV logger's files, and CRC-32C. The TensorBoard file is read back by an
+// independent reader in tests/integration/tensorboard_reader.sh.
+#include <torch/torch.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "lightning/fabric.h"
+// Catch2 last: glog (inside LibTorch) defines its own CHECK macro, Catch2 must win.
+#include <catch2/catch.hpp>
+
+namespace lf = lightning::fabric;
+namespace fs = std::filesystem;
+using Catch::Matchers::Contains;
+
+namespace {
+std::vector<std::string>& journal() {
+  static std::vector<std::string> entries;
+  return entries;
+}
+
+struct Recorder : lf::Callback {
+  explicit Recorder(std::string id) : id(std::move(id)) {}
+  void on_train_batch_end(const lf::HookArgs& args) override {
+    journal().push_back(id + ":on_train_batch_end:" + std::to_string(args.get<int64_t>("batch_idx")) + ":" +
+                        std::to_string(args.get<double>("loss")));
+  }
+  void on_before_backward(const lf::HookArgs& args) override {
+    journal().push_back(id + ":on_before_backward:" + std::to_string(args.get<torch::Tensor>("loss").item<float>()));
+  }
+  void on_hook(const std::string& name, const lf::HookArgs& args) override {
+    journal().push_back(id + ":" + name + ":" + args.get<std::string>("message"));
+  }
+  std::string id;
+};
+
+// Overrides one hook only: every other hook skips it.
+struct EpochOnly : lf::Callback {
+  void on_train_epoch_end(const lf::HookArgs& args) override {
+    journal().push_back("epoch:" + std::to_string(args.get<int64_t>("epoch")));
+  }
+};
+
+std::string read(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+fs::path scratch() { return lf::make_temporary_directory("lf-logger-test"); }
+}  // namespace
+
+TEST_CASE("fabric.call runs hooks in callback order with their arguments and skips the rest", "[callbacks]") {
+  journal().clear();
+  lf::Fabric fabric(lf::FabricOptions()
+                        .accelerator("cpu")
+                        .callback(std::make_shared<Recorder>("a"))
+                        .callback(std::make_shared<EpochOnly>())
+                        .callback(std::make_shared<Recorder>("b")),
+                    lf::env::map_env({}));
+  fabric.call("on_train_batch_end", {{"batch_idx", 3}, {"loss", 0.5f}});
+  fabric.call("on_before_backward", {{"loss", torch::tensor(2.0f)}});
+  fabric.call("on_train_epoch_end", {{"epoch", 1}});
+  fabric.call("on_my_event", {{"message", "hello"}});  // a user-defined hook
+  fabric.call("on_validation_epoch_start");             // nobody overrides it: nothing happens
+  const std::vector<std::string> expected = {
+      "a:on_train_batch_end:3:0.500000", "b:on_train_batch_end:3:0.500000", "a:on_before_backward:2.000000",
+      "b:on_before_backward:2.000000",   "epoch:1",                         "a:on_my_event:hello",
+      "b:on_my_event:hello"};
+  CHECK(journal() == expected);
+  CHECK(lf::trainer_hook_names().size() == 12);
+}
+
+TEST_CASE("HookArgs: a missing or mistyped argument names itself and what was passed", "[callbacks][errors]") {
+  lf::HookArgs args{{"loss", 1.5}, {"step", 7}};
+  CHECK(args.get<int64_t>("step") == 7);
+  CHECK(args.find<std::string>("loss") == nullptr);
+  CHECK_THROWS_WITH(args.get<double>("epoch"), Contains("'epoch'") && Contains("not passed") && Contains("loss, step"));
+  CHECK_THROWS_WITH(args.get<std::string>("loss"), Contains("another type"));
+  CHECK_THROWS_AS(args.get<std::string>("loss"), lf::TypeError);
+}
+
+TEST_CASE("CSVLogger: a step column, one column per metric, widened when a metric appears late", "[loggers]") {
+  const fs::path root = scratch();
+  auto csv = std::make_shared<lf::CSVLogger>(root, "run");
+  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").logger(csv), lf::env::map_env({}));
+  fabric.log("loss", 0.5, 0);
+  fabric.log_dict({{"loss", 0.25}}, 1);
+  fabric.log_dict({{"loss", 0.125}, {"acc", 0.75}}, 2);
+  fabric.log("acc", torch::tensor(1.0), 3);
+  CHECK(csv->log_dir() == root / "run" / "version_0");
+  CHECK(read(csv->log_dir() / "metrics.csv") == "step,loss,acc\n0,0.5,\n1,0.25,\n2,0.125,0.75\n3,,1\n");
+  csv->log_hyperparams({{"lr", "0.001"}, {"batch_size", "64"}});
+  CHECK(read(csv->log_dir() / "hparams.yaml") == "batch_size: 64\nlr: 0.001\n");
+  CHECK_THROWS_WITH(fabric.log("bad", torch::ones(3)), Contains("3 elements"));
+  CHECK_THROWS_WITH(fabric.log("a,b", 1.0), Contains("comma"));
+  // A second logger in the same folder gets the next version.
+  lf::CSVLogger second(root, "run");
+  second.log_metrics({{"x", 1.0}}, std::nullopt);
+  CHECK(second.log_dir() == root / "run" / "version_1");
+  CHECK(read(second.log_dir() / "metrics.csv") == "step,x\n,1\n");
+  CHECK(fabric.logger() == csv);
+}
+
+TEST_CASE("log on a rank other than zero writes nothing", "[loggers]") {
+  const fs::path root = scratch();
+  auto csv = std::make_shared<lf::CSVLogger>(root, "run");
+  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").logger(csv),
+                    lf::env::map_env({{"LT_CLI_USED", "1"}, {"LT_ACCELERATOR", "cpu"}, {"LT_DEVICES", "2"},
+                                      {"LOCAL_RANK", "1"}, {"NODE_RANK", "0"}, {"WORLD_SIZE", "2"}, {"RANK", "1"},
+                                      {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "1"}}));
+  REQUIRE(fabric.global_rank() == 1);
+  fabric.log("loss", 1.0, 0);
+  CHECK_FALSE(fs::exists(root / "run" / "version_0" / "metrics.csv"));
+}
+
+TEST_CASE("crc32c matches the standard check value", "[loggers]") {
+  CHECK(lf::crc32c("123456789") == 0xE3069283u);
+  CHECK(lf::crc32c("") == 0u);
+}
+
+// Hidden: tests/integration/tensorboard_reader.sh runs it to get an event file to read back.
+TEST_CASE("write a TensorBoard event file into $LF_TB_DIR", "[.][tensorboard-writer]") {
+  const char* dir = std::getenv("LF_TB_DIR");
+  REQUIRE(dir != nullptr);
+  auto board = std::make_shared<lf::TensorBoardLogger>(dir, "tb", 0);
+  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").logger(board), lf::env::map_env({}));
+  fabric.log_dict({{"loss", 0.5}, {"acc", 0.25}}, 10);
+  fabric.log("loss", 0.125, 20);
+  std::cout << "event_file " << board->event_file().string() << std::endl;
+}
+
+TEST_CASE("ProgressBar: plain periodic lines off a terminal, rate, ETA and loss", "[progress]") {
+  double now = 0;
+  std::ostringstream out;
+  lf::ProgressBarOptions options;
+  options.terminal = false;
+  options.plain_interval_s = 10;
+  options.clock = [&] { return now; };
+  {
+    lf::ProgressBar bar("epoch 1", 100, true, out, options);
+    for (int i = 0; i < 50; ++i) {
+      now += 0.5;  // 2 it/s
+      bar.update(1, 1.0 / (i + 1));
+    }
+    CHECK(bar.line() == "epoch 1: 50/100 (50%) 00:25<00:25, 2.00 it/s, loss 0.02");
+  }
+  // Lines at 0.5 s (the first update), 10.5 s and 20.5 s, then the final one at close.
+  const std::string text = out.str();
+  CHECK(std::count(text.begin(), text.end(), '\n') == 4);
+  CHECK_THAT(text, Contains("epoch 1: 1/100 (1%)") && Contains("epoch 1: 50/100 (50%) 00:25<00:25"));
+  CHECK(text.find('\r') == std::string::npos);
+}
+
+TEST_CASE("ProgressBar: a terminal line redrawn in place, and disabled bars print nothing", "[progress]") {
+  double now = 0;
+  std::ostringstream out, silent;
+  lf::ProgressBarOptions options;
+  options.terminal = true;
+  options.clock = [&] { return now; };
+  lf::ProgressBar bar("train", 4, true, out, options);
+  lf::ProgressBar other_rank("train", 4, false, silent, options);
+  for (int i = 0; i < 4; ++i) {
+    now += 1;
+    bar.update();
+    other_rank.update();
+  }
+  bar.close();
+  other_rank.close();
+  CHECK_THAT(out.str(), Contains("\r\033[Ktrain: ####################") && Contains("4/4 (100%)"));
+  CHECK(silent.str().empty());
+  lf::ProgressBar unknown("eval", std::nullopt, true, out, options);
+  now += 2;
+  unknown.update(3);
+  CHECK_THAT(unknown.line(), Contains("eval: 3 00:02, 1.50 it/s"));
+}
