@@ -13,6 +13,8 @@ packages=(
   procps iproute2
   python3-torch   # tests: Python's torch.load reads our checkpoint files
   protobuf-compiler  # tests: protoc --decode_raw reads our TensorBoard event files
+  libstb-dev      # examples/dcgan writes PNG grids with stb_image_write
+  gnuplot-nox     # scripts/plot_metrics.sh
 )
 
 missing=()

@@ -43,7 +43,7 @@ torch::Tensor read_images(const std::string& dir, const std::string& stem) {
   if (bytes.size() != static_cast<size_t>(16 + count * rows * cols)) throw std::runtime_error(stem + " is truncated");
   auto images = torch::from_blob(bytes.data() + 16, {count, 1, rows, cols}, torch::kUInt8).to(torch::kFloat32);
   // Fashion-MNIST pixel statistics (mean 0.2860, std 0.3530 on [0, 1]).
-  return images.div_(255.0).sub_(0.2860).div_(0.3530);
+  return images.div_(255.0).sub_(kPixelMean).div_(kPixelStd);
 }
 
 torch::Tensor read_labels(const std::string& dir, const std::string& stem) {

@@ -5,6 +5,7 @@
 
 #include <torch/data/datasets/base.h>
 #include <torch/data/example.h>
+#include <torch/types.h>
 
 #include <string>
 
@@ -12,6 +13,11 @@ namespace examples {
 
 /// Where Debian's dataset-fashion-mnist package puts the files.
 inline constexpr const char* kDefaultFashionMnistDir = "/usr/share/datasets/fashion-mnist";
+/// The pixel mean and standard deviation the images are normalised with.
+inline constexpr double kPixelMean = 0.2860, kPixelStd = 0.3530;
+
+/// Normalised images back to pixel intensities in [0, 1] (for generative examples).
+inline torch::Tensor to_unit_range(const torch::Tensor& normalised) { return normalised * kPixelStd + kPixelMean; }
 
 class FashionMnist : public torch::data::datasets::Dataset<FashionMnist> {
  public:

@@ -1,0 +1,73 @@
+// Autoencoder on Fashion-MNIST: an encoder and a decoder under one parent module, one optimizer,
+// a reconstruction loss (pixels in [0, 1]). Prints the mean reconstruction error of the test set per epoch.
+//   build/bin/autoencoder --epochs 1
+//   lightning-run model --accelerator cpu --devices 2 build/bin/autoencoder --epochs 1
+#include <CLI/CLI.hpp>
+#include <lightning/fabric.h>
+#include <torch/torch.h>
+
+#include <iostream>
+
+#include "fashion_mnist.h"
+
+namespace lf = lightning::fabric;
+
+struct AutoencoderImpl : torch::nn::Module {
+  AutoencoderImpl()
+      : encoder(register_module("encoder", torch::nn::Sequential(torch::nn::Linear(784, 128), torch::nn::ReLU(),
+                                                                 torch::nn::Linear(128, 16)))),
+        decoder(register_module("decoder", torch::nn::Sequential(torch::nn::Linear(16, 128), torch::nn::ReLU(),
+                                                                 torch::nn::Linear(128, 784), torch::nn::Sigmoid()))) {}
+  torch::Tensor forward(const torch::Tensor& images) { return decoder->forward(encoder->forward(images.flatten(1))); }
+  torch::nn::Sequential encoder, decoder;
+};
+TORCH_MODULE(Autoencoder);
+
+int main(int argc, char** argv) {
+  int epochs = 1;
+  int64_t max_steps = -1, batch_size = 64;
+  std::string data_dir = examples::kDefaultFashionMnistDir, accelerator = "auto", devices = "auto";
+  CLI::App app{"An autoencoder on Fashion-MNIST with Lightning Fabric: two submodules, one optimizer"};
+  app.add_option("--epochs", epochs, "Passes over the training set")->check(CLI::PositiveNumber);
+  app.add_option("--max-steps", max_steps, "Stop after this many steps (-1: no limit)");
+  app.add_option("--batch-size", batch_size, "Images per step and process")->check(CLI::PositiveNumber);
+  app.add_option("--data-dir", data_dir, "Folder with the Fashion-MNIST idx files");
+  app.add_option("--accelerator", accelerator, "cpu, cuda, gpu or auto");
+  app.add_option("--devices", devices, "Processes/devices on this node");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    lf::Fabric fabric(lf::FabricOptions().accelerator(accelerator).devices(devices));
+    fabric.seed_everything(3);
+    examples::FashionMnist train(data_dir, examples::FashionMnist::Split::Train);
+    examples::FashionMnist test(data_dir, examples::FashionMnist::Split::Test);
+    auto train_loader = fabric.setup_dataloaders(train.map(torch::data::transforms::Stack<>()),
+                                                 torch::data::DataLoaderOptions(batch_size), lf::DataLoaderSettings{true});
+    auto test_loader = fabric.setup_dataloaders(test.map(torch::data::transforms::Stack<>()),
+                                                torch::data::DataLoaderOptions(1000));
+    Autoencoder net;
+    torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-3));
+    auto [model, optimizer] = fabric.setup(net, adam);  // encoder and decoder travel together
+    int64_t step = 0;
+    for (int epoch = 1; epoch <= epochs; ++epoch) {
+      for (auto& batch : train_loader) {
+        optimizer.zero_grad();
+        fabric.backward(torch::mse_loss(model(batch.data), examples::to_unit_range(batch.data).flatten(1)));
+        optimizer.step();
+        if (++step == max_steps) break;
+      }
+      torch::NoGradGuard no_grad;
+      auto totals = torch::zeros({2}, torch::kFloat64);  // squared error sum, pixels
+      for (auto& batch : test_loader) {
+        totals[0] += (model(batch.data) - examples::to_unit_range(batch.data).flatten(1)).pow(2).sum().item<double>();
+        totals[1] += static_cast<double>(batch.data.numel());
+      }
+      totals = fabric.all_reduce(totals, "sum");
+      fabric.print("epoch", epoch, "steps", step, "test_reconstruction_mse", (totals[0] / totals[1]).item<double>());
+      if (step == max_steps) break;
+    }
+    return 0;
+  } catch (const std::exception& error) {
+    std::cerr << "autoencoder: " << error.what() << std::endl;
+    return 1;
+  }
+}
