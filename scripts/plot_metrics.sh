@@ -28,6 +28,7 @@ panels=$(( (${#losses} > 0) + (${#accuracies} > 0) ))
   echo "set output '$png'"
   echo "set datafile separator ','"
   echo "set datafile missing ''"
+  echo "set termoption noenhanced"  # metric names keep their underscores
   echo "set key autotitle columnhead"
   echo "set grid"
   echo "set multiplot layout $panels,1"

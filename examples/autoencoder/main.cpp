@@ -8,7 +8,7 @@
 
 #include <iostream>
 
-#include "fashion_mnist.h"
+#include "example_flags.h"
 
 namespace lf = lightning::fabric;
 
@@ -24,36 +24,24 @@ struct AutoencoderImpl : torch::nn::Module {
 TORCH_MODULE(Autoencoder);
 
 int main(int argc, char** argv) {
-  int epochs = 1;
-  int64_t max_steps = -1, batch_size = 64;
-  std::string data_dir = examples::kDefaultFashionMnistDir, accelerator = "auto", devices = "auto";
+  examples::ExampleFlags flags;
   CLI::App app{"An autoencoder on Fashion-MNIST with Lightning Fabric: two submodules, one optimizer"};
-  app.add_option("--epochs", epochs, "Passes over the training set")->check(CLI::PositiveNumber);
-  app.add_option("--max-steps", max_steps, "Stop after this many steps (-1: no limit)");
-  app.add_option("--batch-size", batch_size, "Images per step and process")->check(CLI::PositiveNumber);
-  app.add_option("--data-dir", data_dir, "Folder with the Fashion-MNIST idx files");
-  app.add_option("--accelerator", accelerator, "cpu, cuda, gpu or auto");
-  app.add_option("--devices", devices, "Processes/devices on this node");
+  flags.add_to(app);
   CLI11_PARSE(app, argc, argv);
   try {
-    lf::Fabric fabric(lf::FabricOptions().accelerator(accelerator).devices(devices));
+    lf::Fabric fabric(flags.fabric_options());
     fabric.seed_everything(3);
-    examples::FashionMnist train(data_dir, examples::FashionMnist::Split::Train);
-    examples::FashionMnist test(data_dir, examples::FashionMnist::Split::Test);
-    auto train_loader = fabric.setup_dataloaders(train.map(torch::data::transforms::Stack<>()),
-                                                 torch::data::DataLoaderOptions(batch_size), lf::DataLoaderSettings{true});
-    auto test_loader = fabric.setup_dataloaders(test.map(torch::data::transforms::Stack<>()),
-                                                torch::data::DataLoaderOptions(1000));
+    auto [train_loader, test_loader] = examples::fashion_mnist_loaders(fabric, flags);
     Autoencoder net;
     torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-3));
     auto [model, optimizer] = fabric.setup(net, adam);  // encoder and decoder travel together
     int64_t step = 0;
-    for (int epoch = 1; epoch <= epochs; ++epoch) {
+    for (int epoch = 1; epoch <= flags.epochs; ++epoch) {
       for (auto& batch : train_loader) {
         optimizer.zero_grad();
         fabric.backward(torch::mse_loss(model(batch.data), examples::to_unit_range(batch.data).flatten(1)));
         optimizer.step();
-        if (++step == max_steps) break;
+        if (++step == flags.max_steps) break;
       }
       torch::NoGradGuard no_grad;
       auto totals = torch::zeros({2}, torch::kFloat64);  // squared error sum, pixels
@@ -63,7 +51,7 @@ int main(int argc, char** argv) {
       }
       totals = fabric.all_reduce(totals, "sum");
       fabric.print("epoch", epoch, "steps", step, "test_reconstruction_mse", (totals[0] / totals[1]).item<double>());
-      if (step == max_steps) break;
+      if (step == flags.max_steps) break;
     }
     return 0;
   } catch (const std::exception& error) {

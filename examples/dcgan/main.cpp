@@ -13,7 +13,7 @@
 #include <filesystem>
 #include <iostream>
 
-#include "fashion_mnist.h"
+#include "example_flags.h"
 
 namespace lf = lightning::fabric;
 
@@ -76,24 +76,18 @@ void write_grid(const torch::Tensor& images, const std::string& path) {
 }
 
 int main(int argc, char** argv) {
-  int epochs = 1;
-  int64_t max_steps = -1, batch_size = 64;
-  std::string output_dir = "dcgan-out", data_dir = examples::kDefaultFashionMnistDir, accelerator = "auto", devices = "auto";
+  examples::ExampleFlags flags;
+  std::string output_dir = "dcgan-out";
   CLI::App app{"DCGAN on Fashion-MNIST with Lightning Fabric: two models, two optimizers"};
-  app.add_option("--epochs", epochs, "Passes over the training set")->check(CLI::PositiveNumber);
-  app.add_option("--max-steps", max_steps, "Stop after this many steps (-1: no limit)");
-  app.add_option("--batch-size", batch_size, "Real images per step and process")->check(CLI::PositiveNumber);
+  flags.add_to(app);
   app.add_option("--output-dir", output_dir, "Where the PNG grids go");
-  app.add_option("--data-dir", data_dir, "Folder with the Fashion-MNIST idx files");
-  app.add_option("--accelerator", accelerator, "cpu, cuda, gpu or auto");
-  app.add_option("--devices", devices, "Processes/devices on this node");
   CLI11_PARSE(app, argc, argv);
   try {
-    lf::Fabric fabric(lf::FabricOptions().accelerator(accelerator).devices(devices));
+    lf::Fabric fabric(flags.fabric_options());
     fabric.seed_everything(7);
-    examples::FashionMnist train(data_dir, examples::FashionMnist::Split::Train);
+    examples::FashionMnist train(flags.data_dir, examples::FashionMnist::Split::Train);
     auto loader = fabric.setup_dataloaders(train.map(torch::data::transforms::Stack<>()),
-                                           torch::data::DataLoaderOptions(batch_size).drop_last(true),
+                                           torch::data::DataLoaderOptions(flags.batch_size).drop_last(true),
                                            lf::DataLoaderSettings{/*shuffle=*/true});
     Generator generator_net;
     Discriminator discriminator_net;
@@ -105,7 +99,7 @@ int main(int argc, char** argv) {
     if (fabric.is_global_zero()) std::filesystem::create_directories(output_dir);
 
     int64_t step = 0;
-    for (int epoch = 1; epoch <= epochs; ++epoch) {
+    for (int epoch = 1; epoch <= flags.epochs; ++epoch) {
       lf::ProgressBar bar("epoch " + std::to_string(epoch), loader.size(), fabric.is_global_zero());
       double d_sum = 0, g_sum = 0;
       int64_t batches = 0;
@@ -128,7 +122,7 @@ int main(int argc, char** argv) {
         g_sum += g_loss.item<double>();
         ++batches;
         bar.update(1, g_loss.item<double>());
-        if (++step == max_steps) break;
+        if (++step == flags.max_steps) break;
       }
       bar.close();
       generator.eval();
@@ -142,7 +136,7 @@ int main(int argc, char** argv) {
       if (fabric.is_global_zero()) write_grid(samples, path);
       fabric.print("epoch", epoch, "steps", step, "d_loss", d_sum / std::max<int64_t>(batches, 1), "g_loss",
                    g_sum / std::max<int64_t>(batches, 1), "grid", path);
-      if (step == max_steps) break;
+      if (step == flags.max_steps) break;
     }
     return 0;
   } catch (const std::exception& error) {

@@ -10,31 +10,19 @@
 #include <iostream>
 
 #include "fashion_cnn.h"
-#include "fashion_mnist.h"
+#include "example_flags.h"
 
 namespace lf = lightning::fabric;
 
 int main(int argc, char** argv) {
-  int epochs = 1;
-  int64_t max_steps = -1, batch_size = 64;
-  std::string data_dir = examples::kDefaultFashionMnistDir, accelerator = "auto", devices = "auto";
+  examples::ExampleFlags flags;
   CLI::App app{"Two optimizers and a scheduler over one model with Lightning Fabric"};
-  app.add_option("--epochs", epochs, "Passes over the training set")->check(CLI::PositiveNumber);
-  app.add_option("--max-steps", max_steps, "Stop after this many steps (-1: no limit)");
-  app.add_option("--batch-size", batch_size, "Images per step and process")->check(CLI::PositiveNumber);
-  app.add_option("--data-dir", data_dir, "Folder with the Fashion-MNIST idx files");
-  app.add_option("--accelerator", accelerator, "cpu, cuda, gpu or auto");
-  app.add_option("--devices", devices, "Processes/devices on this node");
+  flags.add_to(app);
   CLI11_PARSE(app, argc, argv);
   try {
-    lf::Fabric fabric(lf::FabricOptions().accelerator(accelerator).devices(devices));
+    lf::Fabric fabric(flags.fabric_options());
     fabric.seed_everything(5);
-    examples::FashionMnist train(data_dir, examples::FashionMnist::Split::Train);
-    examples::FashionMnist test(data_dir, examples::FashionMnist::Split::Test);
-    auto train_loader = fabric.setup_dataloaders(train.map(torch::data::transforms::Stack<>()),
-                                                 torch::data::DataLoaderOptions(batch_size), lf::DataLoaderSettings{true});
-    auto test_loader = fabric.setup_dataloaders(test.map(torch::data::transforms::Stack<>()),
-                                                torch::data::DataLoaderOptions(1000));
+    auto [train_loader, test_loader] = examples::fashion_mnist_loaders(fabric, flags);
     examples::FashionCnn net;
     std::vector<torch::Tensor> body, head;
     for (const auto& item : net->named_parameters()) (item.key().rfind("fc2.", 0) == 0 ? head : body).push_back(item.value());
@@ -43,14 +31,14 @@ int main(int argc, char** argv) {
     torch::optim::StepLR body_schedule(body_sgd, /*step_size=*/1, /*gamma=*/0.5);  // halve per epoch
     auto [model, body_optimizer, head_optimizer, scheduler] = fabric.setup(net, body_sgd, head_adam, body_schedule);
     int64_t step = 0;
-    for (int epoch = 1; epoch <= epochs; ++epoch) {
+    for (int epoch = 1; epoch <= flags.epochs; ++epoch) {
       for (auto& batch : train_loader) {
         body_optimizer.zero_grad();
         head_optimizer.zero_grad();
         fabric.backward(torch::nn::functional::cross_entropy(model(batch.data), batch.target));
         body_optimizer.step();
         head_optimizer.step();
-        if (++step == max_steps) break;
+        if (++step == flags.max_steps) break;
       }
       torch::NoGradGuard no_grad;
       auto counts = torch::zeros({2}, torch::kFloat64);
@@ -63,7 +51,7 @@ int main(int argc, char** argv) {
                    "head_lr", head_optimizer.param_groups()[0].options().get_lr(), "test_accuracy",
                    (counts[0] / counts[1]).item<double>());
       scheduler.step();
-      if (step == max_steps) break;
+      if (step == flags.max_steps) break;
     }
     return 0;
   } catch (const std::exception& error) {

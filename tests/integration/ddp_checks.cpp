@@ -10,19 +10,14 @@
 #include <map>
 #include <string>
 
+#include "expect.h"
 #include "lightning/fabric.h"
 #include "lightning/fabric/strategies/ddp.h"
 
 namespace lf = lightning::fabric;
 
 namespace {
-int failures = 0;
-void expect(bool ok, const std::string& what) {
-  if (!ok) {
-    ++failures;
-    std::cout << "FAIL: " << what << std::endl;
-  }
-}
+using checks::expect;
 
 struct NetImpl : torch::nn::Module {
   NetImpl() : fc1(register_module("fc1", torch::nn::Linear(16, 32))), fc2(register_module("fc2", torch::nn::Linear(32, 4))) {}
@@ -223,6 +218,6 @@ int main(int argc, char** argv) {
   check_collectives(fabric);
   check_sampler(fabric);
   check_checkpoint(fabric);
-  if (failures == 0) std::cout << "rank " << fabric.global_rank() << ": all DDP checks passed" << std::endl;
-  return failures == 0 ? 0 : 1;
+  if (checks::failures() == 0) std::cout << "rank " << fabric.global_rank() << ": all DDP checks passed" << std::endl;
+  return checks::failures() == 0 ? 0 : 1;
 }

@@ -11,18 +11,13 @@
 
 #include <iostream>
 
+#include "expect.h"
 #include "lightning/fabric.h"
 
 namespace lf = lightning::fabric;
 
 namespace {
-int failures = 0;
-void expect(bool ok, const std::string& what) {
-  if (!ok) {
-    ++failures;
-    std::cout << "FAIL: " << what << std::endl;
-  }
-}
+using checks::expect;
 
 struct NetImpl : torch::nn::Module {
   NetImpl()
@@ -150,6 +145,6 @@ int main(int argc, char** argv) {
     std::cout << "FAIL: " << error.what() << std::endl;
     return 1;
   }
-  if (failures == 0) std::cout << "all fsdp checks passed" << std::endl;
-  return failures == 0 ? 0 : 1;
+  if (checks::failures() == 0) std::cout << "all fsdp checks passed" << std::endl;
+  return checks::failures() == 0 ? 0 : 1;
 }

@@ -394,7 +394,7 @@ StateDict to_checkpoint(const State& state, const StateFilter& filter) {
   return out;
 }
 
-StateDict restore_from_checkpoint(State& state, const StateDict& checkpoint, bool strict) {
+StateDict restore_from_checkpoint(State& state, const StateDict& checkpoint, bool strict, const EntryRestorer& custom) {
   std::string missing;
   for (const auto& [key, entry] : state) {
     if (!checkpoint.contains(key)) missing += (missing.empty() ? "'" : ", '") + key + "'";
@@ -410,6 +410,7 @@ StateDict restore_from_checkpoint(State& state, const StateDict& checkpoint, boo
       continue;
     }
     StateEntry& entry = found->second;
+    if (custom && custom(key, entry, item.value())) continue;
     if (entry.kind() == StateEntry::Kind::Value) {
       entry.set_value(item.value());
     } else {

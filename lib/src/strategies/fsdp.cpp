@@ -429,25 +429,11 @@ StateDict FSDPStrategy::load_checkpoint(const fs::path& path, State* state, bool
 
 StateDict FSDPStrategy::restore_local(State& state, const StateDict& checkpoint, bool strict, bool tensors_are_local) {
   const int parts = shard_group_size(), part = shard_group_rank();
-  std::string missing;
-  for (const auto& [key, entry] : state) {
-    if (!checkpoint.contains(key)) missing += (missing.empty() ? "'" : ", '") + key + "'";
-  }
-  LF_CHECK(!strict || missing.empty(), RuntimeError, "load(strict=true): the checkpoint has no entry for ", missing,
-           ". Pass strict=false to restore only what is there.");
-  StateDict remainder = make_state_dict();
   torch::NoGradGuard no_grad;
-  for (const auto& item : checkpoint) {
-    const std::string& key = item.key().toStringRef();
-    auto found = state.find(key);
-    if (found == state.end()) {
-      remainder.insert(key, item.value());
-      continue;
-    }
-    StateEntry& entry = found->second;
+  auto restore_sharded = [&](const std::string& key, StateEntry& entry, const c10::IValue& saved) {
     ShardedModule* sharded = entry.kind() == StateEntry::Kind::Module ? find(entry.module()) : nullptr;
     if (sharded != nullptr) {
-      StateDict values = item.value().toGenericDict();
+      StateDict values = saved.toGenericDict();
       for (auto& p : sharded->parameters) {
         auto value = values.find(p.name);
         LF_CHECK(value != values.end() || !strict, RuntimeError, "load(strict=true): the checkpoint's '", key,
@@ -457,44 +443,39 @@ StateDict FSDPStrategy::restore_local(State& state, const StateDict& checkpoint,
         LF_CHECK(tensors_are_local || tensor.numel() == p.numel, RuntimeError, "load: '", key, "/", p.name, "' has ",
                  tensor.numel(), " elements in the checkpoint but ", p.numel, " in the module.");
         p.shard.copy_(tensors_are_local ? tensor.reshape(-1) : slice_for_part(tensor, parts, part));
-        (void)values.erase(p.name);
       }
       for (auto& buffer : entry.module().named_buffers(true)) {
         auto value = values.find(buffer.key());
         if (value != values.end()) buffer.value().copy_(value->value().toTensor());
       }
       sharded->stale = true;  // the next forward gathers the restored shards
-    } else if (entry.kind() == StateEntry::Kind::Optimizer && !tensors_are_local) {
-      // A whole checkpoint: slice each parameter's state to this rank's shard.
-      StateDict values = item.value().toGenericDict();
-      if (values.contains("state")) {
-        auto per_parameter = values.at("state").toGenericDict();
-        int64_t index = 0;
-        for (const auto& group : entry.optimizer().param_groups()) {
-          for (const auto& parameter : group.params()) {
-            const ShardedParameter* p = find_shard(parameter);
-            auto slot = per_parameter.find(index++);
-            if (p == nullptr || slot == per_parameter.end()) continue;
-            auto param_state = slot->value().toGenericDict();
-            for (const auto& field : param_state) {
-              if (field.value().isTensor() && field.value().toTensor().dim() >= 1 &&
-                  field.value().toTensor().numel() == p->numel) {
-                param_state.insert_or_assign(field.key(), slice_for_part(field.value().toTensor(), parts, part));
-              }
+      return true;
+    }
+    if (entry.kind() != StateEntry::Kind::Optimizer || tensors_are_local) return false;
+    // A whole checkpoint: slice each parameter's state to this rank's shard.
+    StateDict values = saved.toGenericDict();
+    if (values.contains("state")) {
+      auto per_parameter = values.at("state").toGenericDict();
+      int64_t index = 0;
+      for (const auto& group : entry.optimizer().param_groups()) {
+        for (const auto& parameter : group.params()) {
+          const ShardedParameter* p = find_shard(parameter);
+          auto slot = per_parameter.find(index++);
+          if (p == nullptr || slot == per_parameter.end()) continue;
+          auto param_state = slot->value().toGenericDict();
+          for (const auto& field : param_state) {
+            if (field.value().isTensor() && field.value().toTensor().dim() >= 1 &&
+                field.value().toTensor().numel() == p->numel) {
+              param_state.insert_or_assign(field.key(), slice_for_part(field.value().toTensor(), parts, part));
             }
           }
         }
       }
-      load_optimizer_state_dict(entry.optimizer(), values);
-    } else if (entry.kind() == StateEntry::Kind::Value) {
-      entry.set_value(item.value());
-    } else if (entry.kind() == StateEntry::Kind::Nested) {
-      restore_from_checkpoint(entry.nested(), item.value().toGenericDict(), strict);
-    } else {
-      load_state_dict_into(entry, item.value().toGenericDict(), strict);
     }
-  }
-  return remainder;
+    load_optimizer_state_dict(entry.optimizer(), values);
+    return true;
+  };
+  return restore_from_checkpoint(state, checkpoint, strict, restore_sharded);
 }
 
 }  // namespace lightning::fabric

@@ -37,10 +37,16 @@ void load_scheduler_state_dict(torch::optim::LRScheduler& scheduler, const State
 /// What Fabric::save writes: every live object replaced by its state dict (filtered per key),
 /// plain values as they are, nested States recursively.
 StateDict to_checkpoint(const State& state, const StateFilter& filter = {});
+/// A strategy's own way to restore some entries (fsdp: sharded modules); returns false to leave
+/// the entry to the default.
+using EntryRestorer = std::function<bool(const std::string& key, StateEntry& entry, const c10::IValue& saved)>;
+
 /// Restores every entry of state from checkpoint in place and returns the checkpoint's entries
 /// that state did not ask for. strict: a key of state missing from the checkpoint is a
-/// RuntimeError naming it (modules are then also loaded strictly).
-StateDict restore_from_checkpoint(State& state, const StateDict& checkpoint, bool strict = true);
+/// RuntimeError naming it (modules are then also loaded strictly). custom, when given, is asked
+/// first for every entry.
+StateDict restore_from_checkpoint(State& state, const StateDict& checkpoint, bool strict = true,
+                                  const EntryRestorer& custom = nullptr);
 /// Loads a plain state dict into one object (module, optimizer, scheduler or loss scaler).
 void load_state_dict_into(const StateEntry& target, const StateDict& state, bool strict = true);
 
