@@ -4,7 +4,8 @@
 #   (device)      run(command="bash scripts/device-check.sh", carry=["third_party"], timeout_s=580)
 # It configures the project against the machine's Python PyTorch LibTorch (with CUDA), builds the
 # library, the launcher and the GPU tests, runs the `gpu`-labelled tests, NCCL with world size 1
-# under lightning-run, and the GPU step-time benchmark per precision, within 10 minutes.
+# under lightning-run, the GPU step-time benchmark per precision, and P8 (examples/gpt against
+# scripts/p8_python_fabric.py under Python Lightning Fabric), within 10 minutes.
 # Logs and results.md go to $OUT (when set), else build-device/out.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -35,7 +36,7 @@ status=$?
 say "- configure: exit $status (configure.log)"
 [ "$status" -eq 0 ] || { tail -n 30 "$out/configure.log" | tee -a "$results"; exit 1; }
 
-targets=(lightning_fabric lightning-run lf_gpu_tests bench_step_time)
+targets=(lightning_fabric lightning-run lf_gpu_tests bench_step_time gpt)
 timeout "$(left)" cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" >"$out/build.log" 2>&1
 status=$?
 say "- build: exit $status (build.log)"
@@ -59,5 +60,11 @@ for precision in 32-true bf16-mixed 16-mixed; do
     --precision "$precision" --accelerator cuda
   grep -h '"benchmark"' "$out/step-time-$precision.log" | tee -a "$results"
 done
+# P8: the same GPT-style model and batch, bf16-mixed, ours and Python Lightning Fabric's, alternated.
+for round in 1 2; do
+  run_step "p8-cpp-$round" "$bin/gpt" --accelerator cuda --precision bf16-mixed
+  grep -h '"P8' "$out/p8-cpp-$round.log" | tee -a "$results"
+  run_step "p8-python-$round" "$python" "$root/scripts/p8_python_fabric.py" --accelerator cuda --precision bf16-mixed
+  grep -h '"P8' "$out/p8-python-$round.log" | tee -a "$results"
+done
 say "- not run here yet: two ranks sharing the GPU over gloo (needs a --devices mapping of 2 ranks to one GPU)"
-say "- not run here yet: P8 (GPT-style model, bf16-mixed, against Python Lightning Fabric): the example and its Python twin are owed (issue #8)"

@@ -16,3 +16,13 @@ grep -q "body_lr 0.05 head_lr 0.001" "$dir/lr.log" || { echo "FAIL: layerwise_lr
 printf 'step,train_loss,val_acc,val_loss\n1,2.3,,\n2,2.1,,\n3,1.9,0.5,1.8\n4,1.7,,\n5,1.5,0.6,1.4\n' >"$dir/metrics.csv"
 bash "$source/scripts/plot_metrics.sh" "$dir/metrics.csv" "$dir/metrics.png"
 /usr/bin/python3 "$source/tests/integration/check_png.py" "$dir/metrics.png"
+# The GPT example and its Python twin (P8) build the same model: equal parameter counts.
+tiny=(--accelerator cpu --layers 2 --d-model 64 --heads 4 --seq 32 --vocab 128 --batch-size 2 --steps 2 --warmup 1)
+ours="$("$bin/gpt" "${tiny[@]}" --precision 32-true)"
+echo "$ours"
+if /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  theirs="$(/usr/bin/python3 "$source/scripts/p8_python_fabric.py" --plain "${tiny[@]}")"
+  echo "$theirs"
+  count() { sed -n 's/.*"parameters": *\([0-9]*\).*/\1/p' <<<"$1"; }
+  [ "$(count "$ours")" = "$(count "$theirs")" ] || { echo "FAIL: the C++ and Python GPT differ in size"; exit 1; }
+fi

@@ -1,0 +1,121 @@
+// A small GPT-style language model (token and position embeddings, pre-norm transformer blocks
+// with causal self-attention, a linear head) trained on synthetic tokens: the workload of
+// benchmark P8, where the same model and batch run under Python Lightning Fabric
+// (scripts/p8_python_fabric.py) on the same GPU. Prints one JSON line: median step time,
+// tokens/s, and the fraction of the card's bf16 peak the model's FLOPs reach.
+//   build/bin/gpt --accelerator cuda --precision bf16-mixed --steps 100
+//   build/bin/gpt --accelerator cpu --layers 2 --d-model 128 --seq 64 --batch-size 4 --steps 5   (smoke)
+#include <CLI/CLI.hpp>
+#include <lightning/fabric.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+
+namespace lf = lightning::fabric;
+
+struct GptSettings {
+  int64_t vocab = 8192, seq = 512, d_model = 768, heads = 12, layers = 12, batch_size = 16;
+  int steps = 60, warmup = 10;
+  double peak_tflops = 989.0;  // H100/H200 SXM dense bf16
+  std::string accelerator = "auto", precision = "bf16-mixed";
+};
+
+struct BlockImpl : torch::nn::Module {
+  BlockImpl(int64_t d, int64_t heads)
+      : ln1(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})))),
+        attention(register_module("attention", torch::nn::MultiheadAttention(torch::nn::MultiheadAttentionOptions(d, heads)))),
+        ln2(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})))),
+        fc1(register_module("fc1", torch::nn::Linear(d, 4 * d))),
+        fc2(register_module("fc2", torch::nn::Linear(4 * d, d))) {}
+  // x: [T, B, D] (LibTorch 1.13's attention is sequence-first); mask: [T, T] additive causal mask.
+  torch::Tensor forward(torch::Tensor x, const torch::Tensor& mask) {
+    auto h = ln1(x);
+    x = x + std::get<0>(attention->forward(h, h, h, /*key_padding_mask=*/torch::Tensor(), /*need_weights=*/false, mask));
+    return x + fc2(torch::gelu(fc1(ln2(x))));
+  }
+  torch::nn::LayerNorm ln1;
+  torch::nn::MultiheadAttention attention;
+  torch::nn::LayerNorm ln2;
+  torch::nn::Linear fc1, fc2;
+};
+TORCH_MODULE(Block);
+
+struct GptImpl : torch::nn::Module {
+  explicit GptImpl(const GptSettings& s)
+      : tokens(register_module("tokens", torch::nn::Embedding(s.vocab, s.d_model))),
+        positions(register_module("positions", torch::nn::Embedding(s.seq, s.d_model))),
+        ln_f(register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({s.d_model})))),
+        head(register_module("head", torch::nn::Linear(torch::nn::LinearOptions(s.d_model, s.vocab).bias(false)))) {
+    for (int64_t i = 0; i < s.layers; ++i) blocks.push_back(register_module("block" + std::to_string(i), Block(s.d_model, s.heads)));
+  }
+  // tokens: [B, T] -> logits [B, T, vocab]
+  torch::Tensor forward(const torch::Tensor& ids) {
+    const int64_t length = ids.size(1);
+    auto mask = torch::full({length, length}, -INFINITY, torch::TensorOptions().device(ids.device())).triu(1);
+    auto x = (tokens(ids) + positions(torch::arange(length, ids.options()))).transpose(0, 1);  // [T, B, D]
+    for (auto& block : blocks) x = block(x, mask.to(x.scalar_type()));
+    return head(ln_f(x)).transpose(0, 1);
+  }
+  torch::nn::Embedding tokens, positions;
+  std::vector<Block> blocks;
+  torch::nn::LayerNorm ln_f;
+  torch::nn::Linear head;
+};
+TORCH_MODULE(Gpt);
+
+int main(int argc, char** argv) {
+  GptSettings s;
+  CLI::App app{"A small GPT-style model on synthetic tokens (benchmark P8)"};
+  app.add_option("--vocab", s.vocab, "Vocabulary size");
+  app.add_option("--seq", s.seq, "Sequence length");
+  app.add_option("--d-model", s.d_model, "Model width");
+  app.add_option("--heads", s.heads, "Attention heads");
+  app.add_option("--layers", s.layers, "Transformer blocks");
+  app.add_option("--batch-size", s.batch_size, "Sequences per step");
+  app.add_option("--steps", s.steps, "Timed steps");
+  app.add_option("--warmup", s.warmup, "Untimed steps first");
+  app.add_option("--peak-tflops", s.peak_tflops, "The card's bf16 peak, for the utilisation figure");
+  app.add_option("--accelerator", s.accelerator, "cpu, cuda or auto");
+  app.add_option("--precision", s.precision, "bf16-mixed, 32-true, ...");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    lf::Fabric fabric(lf::FabricOptions().accelerator(s.accelerator).devices(1).precision(s.precision));
+    fabric.seed_everything(0);
+    Gpt net(s);
+    int64_t parameters = 0;
+    for (const auto& p : net->parameters()) parameters += p.numel();
+    torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(3e-4));
+    auto [model, optimizer] = fabric.setup(net, adamw);
+    const auto device = fabric.device();
+    const bool cuda = device.is_cuda();
+    std::vector<double> step_ms;
+    for (int step = 0; step < s.warmup + s.steps; ++step) {
+      auto batch = torch::randint(s.vocab, {s.batch_size, s.seq + 1}, torch::TensorOptions().dtype(torch::kLong).device(device));
+      if (cuda) torch::cuda::synchronize();
+      const auto start = std::chrono::steady_clock::now();
+      optimizer.zero_grad();
+      auto logits = model(batch.narrow(1, 0, s.seq));
+      auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, s.vocab}), batch.narrow(1, 1, s.seq).reshape(-1));
+      fabric.backward(loss);
+      optimizer.step();
+      if (cuda) torch::cuda::synchronize();
+      if (step >= s.warmup) step_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    }
+    std::sort(step_ms.begin(), step_ms.end());
+    const double median = step_ms[step_ms.size() / 2];
+    const double tokens = static_cast<double>(s.batch_size * s.seq);
+    // Training FLOPs per token: 6 per parameter plus attention's 12 * layers * seq * d_model.
+    const double flops = tokens * (6.0 * static_cast<double>(parameters) + 12.0 * s.layers * s.seq * s.d_model);
+    std::cout << "{\"benchmark\":\"P8 gpt\",\"implementation\":\"lightning-fabric-cpp\",\"device\":\"" << device.str()
+              << "\",\"precision\":\"" << s.precision << "\",\"parameters\":" << parameters << ",\"batch_size\":" << s.batch_size
+              << ",\"seq\":" << s.seq << ",\"median_step_ms\":" << median << ",\"tokens_per_s\":" << tokens / (median / 1e3)
+              << ",\"model_tflops\":" << flops / (median / 1e3) / 1e12
+              << ",\"fraction_of_peak\":" << flops / (median / 1e3) / (s.peak_tflops * 1e12) << "}" << std::endl;
+    return 0;
+  } catch (const std::exception& error) {
+    std::cerr << "gpt: " << error.what() << std::endl;
+    return 1;
+  }
+}

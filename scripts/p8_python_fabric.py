@@ -1,0 +1,89 @@
+"""P8's Python twin of examples/gpt: the same GPT-style model, batch and synthetic tokens, trained
+with Python Lightning Fabric (precision as given) on the same GPU; prints the same JSON fields.
+    python3 scripts/p8_python_fabric.py --accelerator cuda --precision bf16-mixed --steps 60
+--plain runs the loop in plain PyTorch without Lightning (a check where Lightning is missing)."""
+import argparse, json, math, time
+
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.ln1, self.attention = nn.LayerNorm(d), nn.MultiheadAttention(d, heads)  # sequence-first, as LibTorch 1.13
+        self.ln2, self.fc1, self.fc2 = nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x, mask):
+        h = self.ln1(x)
+        x = x + self.attention(h, h, h, need_weights=False, attn_mask=mask)[0]
+        return x + self.fc2(nn.functional.gelu(self.fc1(self.ln2(x))))
+
+
+class Gpt(nn.Module):
+    def __init__(self, a):
+        super().__init__()
+        self.tokens, self.positions = nn.Embedding(a.vocab, a.d_model), nn.Embedding(a.seq, a.d_model)
+        self.blocks = nn.ModuleList(Block(a.d_model, a.heads) for _ in range(a.layers))
+        self.ln_f, self.head = nn.LayerNorm(a.d_model), nn.Linear(a.d_model, a.vocab, bias=False)
+
+    def forward(self, ids):
+        length = ids.size(1)
+        mask = torch.full((length, length), -math.inf, device=ids.device).triu(1)
+        x = (self.tokens(ids) + self.positions(torch.arange(length, device=ids.device))).transpose(0, 1)
+        for block in self.blocks:
+            x = block(x, mask.to(x.dtype))
+        return self.head(self.ln_f(x)).transpose(0, 1)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    for name, default in [("vocab", 8192), ("seq", 512), ("d-model", 768), ("heads", 12), ("layers", 12),
+                          ("batch-size", 16), ("steps", 60), ("warmup", 10)]:
+        p.add_argument("--" + name, type=int, default=default)
+    p.add_argument("--peak-tflops", type=float, default=989.0)
+    p.add_argument("--accelerator", default="auto")
+    p.add_argument("--precision", default="bf16-mixed")
+    p.add_argument("--plain", action="store_true")
+    a = p.parse_args()
+    torch.manual_seed(0)
+    model = Gpt(a)
+    parameters = sum(t.numel() for t in model.parameters())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    if a.plain:
+        device = torch.device("cuda" if a.accelerator in ("cuda", "gpu") else "cpu")
+        model.to(device)
+        backward, forward = (lambda loss: loss.backward()), model
+    else:
+        import lightning as L
+        fabric = L.Fabric(accelerator=a.accelerator, devices=1, precision=a.precision)
+        model, optimizer = fabric.setup(model, optimizer)
+        device, backward, forward = fabric.device, fabric.backward, model
+    cuda = device.type == "cuda"
+    times = []
+    for step in range(a.warmup + a.steps):
+        batch = torch.randint(a.vocab, (a.batch_size, a.seq + 1), device=device)
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        logits = forward(batch[:, :-1])
+        loss = nn.functional.cross_entropy(logits.reshape(-1, a.vocab).float(), batch[:, 1:].reshape(-1))
+        backward(loss)
+        optimizer.step()
+        if cuda:
+            torch.cuda.synchronize()
+        if step >= a.warmup:
+            times.append((time.perf_counter() - start) * 1e3)
+    median = sorted(times)[len(times) // 2]
+    tokens = a.batch_size * a.seq
+    flops = tokens * (6.0 * parameters + 12.0 * a.layers * a.seq * a.d_model)
+    print(json.dumps({"benchmark": "P8 gpt", "implementation": "plain-pytorch" if a.plain else "python-lightning-fabric",
+                      "device": str(device), "precision": "32-true" if a.plain else a.precision,
+                      "parameters": parameters, "batch_size": a.batch_size, "seq": a.seq, "median_step_ms": median,
+                      "tokens_per_s": tokens / (median / 1e3), "model_tflops": flops / (median / 1e3) / 1e12,
+                      "fraction_of_peak": flops / (median / 1e3) / (a.peak_tflops * 1e12)}))
+
+
+if __name__ == "__main__":
+    main()
