@@ -223,26 +223,38 @@ void FSDPStrategy::before_forward(const torch::nn::Module& module) {
 
 void FSDPStrategy::reduce_gradients(ShardedModule& sharded) {
   torch::NoGradGuard no_grad;
-  std::vector<at::Tensor> pieces;
+  if (sharded.parameters.empty()) return;
+  const int parts = shard_group_size();
+  // Row r holds every parameter's chunk r (padded to the chunk size), so one reduce-scatter over
+  // the shard group leaves each rank the sum of its own chunks.
+  int64_t slots = 0;
+  for (const auto& p : sharded.parameters) slots += p.chunk;
+  at::Tensor rows = torch::zeros({parts, slots}, sharded.parameters.front().shard.options());
+  int64_t offset = 0;
   for (const auto& p : sharded.parameters) {
     const at::Tensor grad = p.parameter.grad();
-    pieces.push_back(grad.defined() ? grad.reshape(-1) : torch::zeros({p.numel}, p.shard.options()));
+    if (grad.defined()) {
+      at::Tensor padded = torch::zeros({parts * p.chunk}, rows.options());
+      padded.narrow(0, 0, p.numel).copy_(grad.reshape(-1));
+      rows.narrow(1, offset, p.chunk).copy_(padded.view({parts, p.chunk}));
+    }
+    offset += p.chunk;
   }
-  if (pieces.empty()) return;
-  // One all-reduce over every rank (gloo has no reduce-scatter): each rank keeps its own slice.
-  at::Tensor flat = torch::cat(pieces);
-  collective().all_reduce_(flat, ReduceOp::Sum);
-  flat.div_(world_size());
-  int64_t offset = 0;
+  Collective& group = shard_group_ ? *shard_group_ : collective();
+  at::Tensor mine = parts > 1 ? group.reduce_scatter_rows(rows) : rows[0].clone();
+  if (parts == 1 && world_size() > 1) collective().all_reduce_(mine, ReduceOp::Sum);  // NO_SHARD: DDP
+  if (replica_group_ && replica_group_->world_size() > 1) replica_group_->all_reduce_(mine, ReduceOp::Sum);
+  mine.div_(world_size());
+  offset = 0;
   for (auto& p : sharded.parameters) {
-    const at::Tensor mine = flat.narrow(0, offset + p.slice.begin, p.slice.length);
+    const at::Tensor slice = mine.narrow(0, offset, p.slice.length);
     if (p.shard.grad().defined()) {
-      p.shard.mutable_grad().add_(mine);
+      p.shard.mutable_grad().add_(slice);
     } else {
-      p.shard.mutable_grad() = mine.clone();
+      p.shard.mutable_grad() = slice.clone();
     }
     p.parameter.mutable_grad() = at::Tensor();
-    offset += p.numel;
+    offset += p.chunk;
   }
 }
 

@@ -175,6 +175,18 @@ at::Tensor Collective::all_gather(const at::Tensor& tensor) {
   return at::stack(output[0]);
 }
 
+at::Tensor Collective::reduce_scatter_rows(const at::Tensor& rows) {
+  LF_CHECK(rows.dim() == 2 && rows.size(0) == impl_->world_size, ValueError,
+           "reduce_scatter_rows: expected a [world_size, n] tensor, got ", rows.sizes(), ".");
+  if (impl_->world_size == 1) return rows[0].clone();
+  // Gloo has no reduce-scatter: an all-to-all sends row j to rank j, then each rank sums what it got.
+  at::Tensor input = rows.contiguous(), received = at::empty_like(input);
+  std::vector<int64_t> equal_splits;
+  ++impl_->operations;
+  impl_->group->alltoall_base(received, input, equal_splits, equal_splits)->wait();
+  return received.sum(0);
+}
+
 void Collective::broadcast_(at::Tensor& tensor, int src) {
   std::vector<at::Tensor> one{tensor};
   c10d::BroadcastOptions options;

@@ -60,6 +60,9 @@ class Collective {
   std::function<void()> all_reduce_start_(at::Tensor& tensor);
   /// A new tensor with a leading world-size dimension.
   at::Tensor all_gather(const at::Tensor& tensor);
+  /// Reduce-scatter (sum): rows is [world_size, n]; returns the sum over ranks of their row r, on
+  /// rank r. Moves (N-1)/N of the data, half of an all-reduce.
+  at::Tensor reduce_scatter_rows(const at::Tensor& rows);
   void broadcast_(at::Tensor& tensor, int src);
   std::string broadcast_bytes(const std::string& bytes, int src);
 
