@@ -5,6 +5,7 @@
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/strategies/ddp.h"
 #include "lightning/fabric/strategies/dp.h"
+#include "lightning/fabric/strategies/fsdp.h"
 // Catch2 last: glog (inside LibTorch) defines its own CHECK macro, Catch2 must win.
 #include <catch2/catch.hpp>
 
@@ -242,4 +243,14 @@ TEST_CASE("dp: single process over CUDA devices, refused on CPU devices", "[conn
   CHECK(lf::strategy_registry().contains("dp"));
   context.num_nodes = 2;
   CHECK_THROWS_WITH(lf::DataParallelStrategy(context), Contains("num_nodes=2"));
+}
+
+TEST_CASE("fsdp_cpu_offload is fsdp on CPU devices and refused with CUDA devices", "[connector][fsdp]") {
+  auto connector = lf::Connector::build(lf::FabricOptions().accelerator("cpu").devices(2).strategy("fsdp_cpu_offload"),
+                                        lf::env::map_env({}));
+  CHECK(dynamic_cast<lf::FSDPStrategy*>(connector.strategy.get()) != nullptr);
+  lf::StrategyContext context;
+  context.parallel_devices = {torch::Device(torch::kCUDA, 0)};
+  CHECK_THROWS_WITH(lf::strategy_registry().create("fsdp_cpu_offload", context),
+                    Contains("fsdp_cpu_offload") && Contains("use strategy=\"fsdp\""));
 }

@@ -110,12 +110,16 @@ StrategyRegistry& strategy_registry() {
     built.add("fsdp", fsdp_strategy().create, "parameters, gradients and optimizer state sharded over the ranks");
     built.add(
         "fsdp_cpu_offload",
-        [](StrategyContext) -> std::shared_ptr<Strategy> {
-          throw ValueError(
-              "strategy=\"fsdp_cpu_offload\" is not supported: on CPU devices use strategy=\"fsdp\" (everything "
-              "already lives in host memory); offloading CUDA parameters to the CPU is not implemented.");
+        [](StrategyContext context) -> std::shared_ptr<Strategy> {
+          // Offloading keeps shards and optimizer state in host memory: on CPU devices that is fsdp.
+          for (const auto& device : context.parallel_devices) {
+            LF_CHECK(!device.is_cuda(), ValueError, "strategy=\"fsdp_cpu_offload\" keeps shards in host memory ",
+                     "and computes there; with CUDA devices (", device.str(), ") use strategy=\"fsdp\", which ",
+                     "keeps the shards on the GPU, or accelerator=\"cpu\".");
+          }
+          return fsdp_strategy().create(std::move(context));
         },
-        "refused: not implemented");
+        "fsdp with everything in host memory (CPU devices)");
     built.add("dp", [](StrategyContext context) { return std::make_shared<DataParallelStrategy>(std::move(context)); },
               "one process, each batch split over several CUDA devices");
     built.add(
