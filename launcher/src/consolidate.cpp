@@ -6,9 +6,8 @@
 #include <filesystem>
 #include <string>
 
-#include "lightning/fabric/checkpoint/checkpoint_io.h"
-#include "lightning/fabric/checkpoint/sharded.h"
-#include "lightning/fabric/errors.h"
+#include "lightning/fabric/checkpoint/consolidate.h"
+#include "lightning/fabric/checkpoint/sharded_format.h"
 
 namespace lightning::launcher {
 
@@ -57,10 +56,10 @@ int run_consolidate(int argc, const char* const* argv, std::ostream& out, std::o
   const fs::path stripped = folder.has_filename() ? folder : folder.parent_path();
   const fs::path output = output_text.empty() ? fs::path(stripped.string() + ".consolidated") : fs::path(output_text);
   const auto start = std::chrono::steady_clock::now();
+  fabric::ConsolidateSummary summary;
   try {
     check_arguments(stripped, output);
-    const fabric::StateDict whole = fabric::consolidate_sharded_checkpoint(stripped);
-    fabric::save_state_dict_file(output, whole);
+    summary = fabric::consolidate_sharded_folder(stripped, output);
   } catch (const ArgumentProblem& problem) {
     err << "lightning-run model consolidate: " << problem.what() << "\n";
     return 2;
@@ -70,7 +69,7 @@ int run_consolidate(int argc, const char* const* argv, std::ostream& out, std::o
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   out << "lightning-run: consolidated " << stripped.string() << " into " << output.string() << " ("
-      << fs::file_size(output) << " bytes, " << seconds << " s)\n";
+      << summary.bytes << " bytes, " << summary.tensors << " tensors merged, " << seconds << " s)\n";
   return 0;
 }
 

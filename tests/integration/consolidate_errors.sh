@@ -28,7 +28,21 @@ cp -r "$dir/ck" "$dir/missing-shard" && rm "$dir/missing-shard/shard-1-of-2.pt"
 expect 1 "shard-1-of-2.pt is missing" -- "$dir/missing-shard" || failed=1
 cp -r "$dir/ck" "$dir/truncated" && truncate -s 100 "$dir/truncated/shard-0-of-2.pt"
 expect 1 "truncated" -- "$dir/truncated" || failed=1
-[ ! -e "$dir/missing-shard.consolidated" ] && [ ! -e "$dir/truncated.consolidated" ] ||
+cp -r "$dir/ck" "$dir/corrupted"
+# Four bytes inside the first tensor record (the zip's alignment padding is not checksummed).
+offset=$(python3 - "$dir/corrupted/shard-0-of-2.pt" <<'PY'
+import struct, sys, zipfile
+name = next(n for n in zipfile.ZipFile(sys.argv[1]).namelist() if "/data/" in n)
+info = zipfile.ZipFile(sys.argv[1]).getinfo(name)
+header = open(sys.argv[1], "rb").read()[info.header_offset:info.header_offset + 30]
+name_length, extra_length = struct.unpack("<HH", header[26:30])
+print(info.header_offset + 30 + name_length + extra_length)
+PY
+)
+printf 'XXXX' | dd of="$dir/corrupted/shard-0-of-2.pt" bs=1 seek="$offset" conv=notrunc status=none
+expect 1 "is corrupted" -- "$dir/corrupted" || failed=1
+[ ! -e "$dir/missing-shard.consolidated" ] && [ ! -e "$dir/truncated.consolidated" ] &&
+  [ ! -e "$dir/corrupted.consolidated" ] ||
   { echo "FAIL: a failed consolidation left an output file"; failed=1; }
 expect 0 "consolidated" -- "$dir/ck/" || failed=1
 [ -f "$dir/ck.consolidated" ] || { echo "FAIL: default output DIR.consolidated missing"; failed=1; }

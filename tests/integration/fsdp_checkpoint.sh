@@ -13,3 +13,25 @@ for ranks in 1 4; do
 done
 "$run" model consolidate "$dir/ck"
 "$tool" same "$dir/ck.consolidated" "$dir/reference.pt" model
+# Python's torch.load reads the spliced file, and every tensor equals the unsharded reference.
+python=/usr/bin/python3
+if "$python" -c "import torch" 2>/dev/null; then
+  "$python" - "$dir/ck.consolidated" "$dir/reference.pt" <<'PY'
+import sys, torch
+merged, reference = torch.load(sys.argv[1]), torch.load(sys.argv[2])
+def tensors(value, path=""):
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from tensors(item, f"{path}/{key}")
+    elif isinstance(value, torch.Tensor):
+        yield path, value
+found = dict(tensors(merged["model"]))
+expected = dict(tensors(reference["model"]))
+assert found.keys() == expected.keys(), (found.keys(), expected.keys())
+for path, tensor in expected.items():
+    assert torch.equal(found[path], tensor), path
+print("python read the consolidated file:", len(found), "model tensors equal")
+PY
+else
+  echo "python3-torch missing: the Python read-back was not checked"
+fi

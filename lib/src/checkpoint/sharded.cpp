@@ -1,9 +1,7 @@
 #include "lightning/fabric/checkpoint/sharded.h"
 
-#include <nlohmann/json.hpp>
 #include <torch/types.h>
 
-#include <fstream>
 #include <sstream>
 
 #include "lightning/fabric/checkpoint/checkpoint_io.h"
@@ -15,9 +13,6 @@ namespace lightning::fabric {
 namespace fs = std::filesystem;
 
 namespace {
-constexpr const char* kFormat = "lightning-fabric-sharded";
-constexpr int kVersion = 1;
-
 std::vector<std::string> split_path(const std::string& path) {
   std::vector<std::string> parts;
   std::stringstream stream(path);
@@ -38,50 +33,27 @@ int64_t ShardedTensorInfo::numel() const {
   return count;
 }
 
-std::string shard_file_name(int part, int parts) {
-  return "shard-" + std::to_string(part) + "-of-" + std::to_string(parts) + ".pt";
-}
-
 void write_sharded_metadata(const fs::path& folder, const ShardedMetadata& metadata) {
-  nlohmann::json json = {{"format", kFormat}, {"version", kVersion}, {"world_size", metadata.world_size},
-                         {"parts", metadata.parts}, {"tensors", nlohmann::json::object()}};
-  for (const auto& [path, info] : metadata.tensors) {
-    json["tensors"][path] = {{"shape", info.shape}, {"dtype", c10::toString(info.dtype)}};
-  }
-  write_file_atomically(folder / "metadata.json", json.dump(1));
-}
-
-bool is_sharded_checkpoint(const fs::path& folder) {
-  return fs::is_directory(folder) && fs::is_regular_file(folder / "metadata.json");
+  ShardedLayout layout;
+  layout.world_size = metadata.world_size;
+  layout.parts = metadata.parts;
+  for (const auto& [path, info] : metadata.tensors) layout.tensors[path] = {info.shape, c10::toString(info.dtype)};
+  write_sharded_layout(folder, layout);
 }
 
 ShardedMetadata read_sharded_metadata(const fs::path& folder) {
-  LF_CHECK(fs::exists(folder), RuntimeError, "Sharded checkpoint ", folder.string(), " does not exist.");
-  LF_CHECK(fs::is_directory(folder), RuntimeError, folder.string(), " is a file, not a sharded checkpoint folder. ",
-           "A single-file checkpoint needs no consolidation: fabric.load and torch.load read it as it is.");
-  LF_CHECK(fs::is_regular_file(folder / "metadata.json"), RuntimeError, "Folder ", folder.string(),
-           " is not a sharded checkpoint: it has no metadata.json (fsdp writes one with every sharded save).");
-  nlohmann::json json;
-  try {
-    std::ifstream(folder / "metadata.json") >> json;
-  } catch (const nlohmann::json::exception& error) {
-    throw RuntimeError("The metadata.json of " + folder.string() + " is not valid JSON (" + error.what() + ").");
-  }
-  LF_CHECK(json.value("format", "") == kFormat && json.value("version", 0) == kVersion, RuntimeError,
-           "The metadata.json of ", folder.string(), " is not a ", kFormat, " version ", kVersion, " file.");
-  ShardedMetadata metadata;
-  metadata.world_size = json.at("world_size").get<int>();
-  metadata.parts = json.at("parts").get<int>();
+  const ShardedLayout layout = read_sharded_layout(folder);
   static const std::map<std::string, c10::ScalarType> dtypes = {
       {"Float", torch::kFloat32}, {"Double", torch::kFloat64}, {"Half", torch::kFloat16}, {"BFloat16", torch::kBFloat16},
       {"Long", torch::kInt64},    {"Int", torch::kInt32},      {"Bool", torch::kBool},    {"Byte", torch::kUInt8}};
-  for (const auto& [path, info] : json.at("tensors").items()) {
-    ShardedTensorInfo tensor;
-    tensor.shape = info.at("shape").get<std::vector<int64_t>>();
-    auto dtype = dtypes.find(info.at("dtype").get<std::string>());
-    LF_CHECK(dtype != dtypes.end(), RuntimeError, "metadata.json of ", folder.string(), ": unknown dtype for ", path, ".");
-    tensor.dtype = dtype->second;
-    metadata.tensors[path] = tensor;
+  ShardedMetadata metadata;
+  metadata.world_size = layout.world_size;
+  metadata.parts = layout.parts;
+  for (const auto& [path, tensor] : layout.tensors) {
+    auto dtype = dtypes.find(tensor.dtype);
+    LF_CHECK(dtype != dtypes.end(), RuntimeError, "metadata.json of ", folder.string(), ": unknown dtype \"",
+             tensor.dtype, "\" for ", path, ".");
+    metadata.tensors[path] = {tensor.shape, dtype->second};
   }
   return metadata;
 }

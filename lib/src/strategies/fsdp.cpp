@@ -33,12 +33,6 @@ std::string to_string(ShardingStrategy strategy) {
   return "?";
 }
 
-ShardSlice shard_slice(int64_t numel, int parts, int part) {
-  const int64_t chunk = (numel + parts - 1) / parts;
-  const int64_t begin = std::min(numel, chunk * part);
-  return {begin, std::min(numel, begin + chunk) - begin};
-}
-
 StrategySpec fsdp_strategy(FSDPOptions options) {
   LF_CHECK(options.state_dict_type == "sharded" || options.state_dict_type == "full", ValueError,
            "FSDPOptions: state_dict_type=\"", options.state_dict_type, "\" is not valid. Choose \"sharded\" or \"full\".");
@@ -327,7 +321,9 @@ StateDict FSDPStrategy::local_checkpoint(const State& state, const StateFilter& 
       StateDict module_dict = out.at(key).toGenericDict();
       for (const auto& p : sharded->parameters) {
         if (!module_dict.contains(p.name)) continue;  // filtered out
-        module_dict.insert_or_assign(p.name, p.shard.detach().cpu());
+        // A shard that views its full parameter (SHARD_GRAD_OP, NO_SHARD) would save the whole storage.
+        const bool owns_storage = p.shard.storage().nbytes() == static_cast<size_t>(p.shard.nbytes());
+        module_dict.insert_or_assign(p.name, owns_storage ? p.shard.detach().cpu() : p.shard.detach().cpu().clone());
         global_shapes[key + "/" + p.name] = p.shape;
       }
     } else if (entry.kind() == StateEntry::Kind::Optimizer) {

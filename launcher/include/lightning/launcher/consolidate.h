@@ -1,6 +1,7 @@
 // `lightning-run model consolidate DIR [--output-file PATH]`: merges a sharded fsdp checkpoint
 // folder into one file (default DIR.consolidated, never overwritten) that fabric.load,
-// fabric.load_raw (per entry) and Python's torch.load read.
+// fabric.load_raw (per entry) and Python's torch.load read. Does not use LibTorch, so the
+// lightning-run front end runs it without loading LibTorch (docs/launcher.md).
 #pragma once
 
 #include <ostream>

@@ -1,13 +1,5 @@
-// Sharded checkpoint folders (DESIGN.md §6), as the fsdp strategy writes them:
-//   DIR/metadata.json          format, world size, number of parts, and per sharded tensor its
-//                              path in the checkpoint ("model/fc1.weight",
-//                              "optimizer/state/0/exp_avg"), global shape and dtype
-//   DIR/common.pt              the checkpoint without the sharded tensors (plain values, buffers,
-//                              optimizer options and scalars), written once
-//   DIR/shard-R-of-P.pt        part R's slice of every sharded tensor, flattened: {path: 1-D tensor}
-// Part R of a tensor with N elements holds [R * ceil(N / P), min((R + 1) * ceil(N / P), N)) of
-// its flattened values (fsdp.h shard_slice), so any number of ranks can reshard it. Nothing here
-// is collective.
+// Sharded checkpoint folders (layout: sharded_format.h) read and written with LibTorch tensors:
+// the fsdp strategy's saving, loading and resharding. Nothing here is collective.
 #pragma once
 
 #include <filesystem>
@@ -15,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "lightning/fabric/checkpoint/sharded_format.h"
 #include "lightning/fabric/checkpoint/state_dict.h"
 
 namespace lightning::fabric {
@@ -31,13 +24,10 @@ struct ShardedMetadata {
   std::map<std::string, ShardedTensorInfo> tensors;
 };
 
-std::string shard_file_name(int part, int parts);
 void write_sharded_metadata(const std::filesystem::path& folder, const ShardedMetadata& metadata);
 /// RuntimeError naming the folder for a missing path, a file instead of a folder, a folder without
 /// metadata.json (not a sharded checkpoint) or unreadable metadata.
 ShardedMetadata read_sharded_metadata(const std::filesystem::path& folder);
-/// True when folder holds a metadata.json of this format.
-bool is_sharded_checkpoint(const std::filesystem::path& folder);
 
 /// Inserts (or replaces) value at a "/"-separated path inside nested dicts; integer-keyed dicts
 /// (an optimizer's "state") take the path element as a number. Missing intermediate dicts are

@@ -19,6 +19,7 @@
 #include <memory>
 #include <vector>
 
+#include "lightning/fabric/checkpoint/sharded_format.h"
 #include "lightning/fabric/strategies/ddp.h"
 
 namespace lightning::fabric {
@@ -38,15 +39,6 @@ struct FSDPOptions {
 
 /// FSDP with settings, for FabricOptions().strategy(...). ValueError for a bad state_dict_type.
 StrategySpec fsdp_strategy(FSDPOptions options = FSDPOptions());
-
-/// Where a flattened tensor of numel elements splits over `parts` ranks: chunk = ceil(numel /
-/// parts); part r holds [r * chunk, min((r + 1) * chunk, numel)). Used by the strategy and by
-/// sharded checkpoints, so that any world size can reshard them.
-struct ShardSlice {
-  int64_t begin = 0;
-  int64_t length = 0;
-};
-ShardSlice shard_slice(int64_t numel, int parts, int part);
 
 class FSDPStrategy : public DDPStrategy {
  public:

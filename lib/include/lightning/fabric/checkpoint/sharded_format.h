@@ -1,0 +1,48 @@
+// The layout of a sharded checkpoint folder (DESIGN.md §6) without LibTorch, shared by the fsdp
+// strategy (which writes and reshards folders) and `lightning-run model consolidate`:
+//   DIR/metadata.json      {"format": "lightning-fabric-sharded", "version": 1, "world_size",
+//                          "parts", "tensors": {path: {"shape": [...], "dtype": "Float"}}}
+//   DIR/common.pt          the checkpoint without the sharded tensors, written once
+//   DIR/shard-R-of-P.pt    part R's slice of every sharded tensor, flattened: {path: 1-D tensor}
+// Part R of a tensor with N elements holds [R * ceil(N / P), min((R + 1) * ceil(N / P), N)) of
+// its flattened values, so any number of ranks can reshard it. Nothing here is collective.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace lightning::fabric {
+
+/// Where a flattened tensor of numel elements splits over `parts` ranks: chunk = ceil(numel /
+/// parts); part r holds [r * chunk, min((r + 1) * chunk, numel)).
+struct ShardSlice {
+  int64_t begin = 0;
+  int64_t length = 0;
+};
+ShardSlice shard_slice(int64_t numel, int parts, int part);
+
+struct ShardedTensorLayout {
+  std::vector<int64_t> shape;
+  std::string dtype = "Float";  // c10's names: "Float", "Double", "Half", "BFloat16", "Long", ...
+  int64_t numel() const;
+};
+
+struct ShardedLayout {
+  int world_size = 1;  // ranks of the run that saved
+  int parts = 1;       // shard files
+  std::map<std::string, ShardedTensorLayout> tensors;
+};
+
+std::string shard_file_name(int part, int parts);
+/// Writes DIR/metadata.json atomically.
+void write_sharded_layout(const std::filesystem::path& folder, const ShardedLayout& layout);
+/// RuntimeError naming the folder for a missing path, a file instead of a folder, a folder without
+/// metadata.json (not a sharded checkpoint) or unreadable metadata.
+ShardedLayout read_sharded_layout(const std::filesystem::path& folder);
+/// True when folder holds a metadata.json.
+bool is_sharded_checkpoint(const std::filesystem::path& folder);
+
+}  // namespace lightning::fabric
