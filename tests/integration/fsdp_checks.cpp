@@ -2,6 +2,9 @@
 //   fsdp_checks train SHARDING       50 Adam steps with fsdp match a single-process run on the
 //                                    concatenated batch (= ddp, see ddp_checks) within fp32 rounding;
 //                                    no_backward_sync accumulation and global-norm clipping included
+//   fsdp_checks units SHARDING       the same with sharding units (auto-wrapped Sequential children
+//                                    and a declared FSDPUnit); under FULL_SHARD the parameters held
+//                                    in full never exceed the set-up module's own plus one unit's
 //   fsdp_checks save SHARDING DIR    train, save a sharded checkpoint to DIR/ck and the full
 //                                    parameters to DIR/reference.pt (rank 0)
 //   fsdp_checks load DIR             load DIR/ck into a fresh model on any number of ranks: the
@@ -28,14 +31,60 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
-lf::Fabric make_fabric(const std::string& sharding) {
+// Bytes of every parameter storage of the watched model, at its largest: sampled by Probe in the
+// forward and, through ProbeFunction, in the backward.
+const torch::nn::Module* watched = nullptr;
+int64_t peak_parameter_bytes = 0;
+
+void sample_parameter_bytes() {
+  if (watched == nullptr) return;
+  int64_t bytes = 0;
+  for (const auto& parameter : watched->parameters()) bytes += static_cast<int64_t>(parameter.storage().nbytes());
+  peak_parameter_bytes = std::max(peak_parameter_bytes, bytes);
+}
+
+struct ProbeFunction : torch::autograd::Function<ProbeFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext*, const torch::Tensor& x) {
+    sample_parameter_bytes();
+    return x.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list grads) {
+    sample_parameter_bytes();
+    return {grads[0]};
+  }
+};
+
+struct ProbeImpl : torch::nn::Module {
+  torch::Tensor forward(const torch::Tensor& x) { return ProbeFunction::apply(x); }
+};
+TORCH_MODULE(Probe);
+
+// Units with auto_wrap_min_params = 500: body.0 (680 parameters) and body.4 (720) are wrapped
+// automatically, body.2 is declared (451, with a probe inside it), head (305) stays with the
+// set-up module.
+struct UnitNetImpl : torch::nn::Module {
+  UnitNetImpl()
+      : body(register_module("body", torch::nn::Sequential(
+                                         torch::nn::Linear(16, 40), torch::nn::Tanh(),
+                                         lf::FSDPUnit(torch::nn::Sequential(torch::nn::Linear(40, 11), Probe())),
+                                         torch::nn::Tanh(), torch::nn::Linear(11, 60), Probe()))),
+        head(register_module("head", torch::nn::Linear(60, 5))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return head(torch::tanh(body->forward(x))); }
+  torch::nn::Sequential body;
+  torch::nn::Linear head;
+};
+TORCH_MODULE(UnitNet);
+
+lf::Fabric make_fabric(const std::string& sharding, int64_t auto_wrap_min_params = 0) {
   lf::FSDPOptions options;
   options.sharding_strategy = lf::parse_sharding_strategy(sharding);
+  options.auto_wrap_min_params = auto_wrap_min_params;
   return lf::Fabric(lf::FabricOptions().accelerator("cpu").strategy(lf::fsdp_strategy(options)));
 }
 
-Net copy_of(const Net& source) {
-  Net copy;
+template <class Model>
+Model copy_of(const Model& source) {
+  Model copy;
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < copy->parameters().size(); ++i) copy->parameters()[i].copy_(source->parameters()[i]);
   return copy;
@@ -44,11 +93,12 @@ Net copy_of(const Net& source) {
 // Trains `steps` Adam steps under fsdp (with accumulation over two micro-batches every third
 // step and clipping) and the same on one process over the whole global batch; returns the
 // largest relative difference of the final parameters.
-double train_and_compare(lf::Fabric& fabric, Net& net, int steps) {
+template <class Model>
+double train_and_compare(lf::Fabric& fabric, Model& net, int steps) {
   const int world = fabric.world_size(), rank = fabric.global_rank();
   torch::manual_seed(5);
-  Net reference_init;
-  Net reference = copy_of(reference_init);
+  Model reference_init;
+  Model reference = copy_of(reference_init);
   {
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < net->parameters().size(); ++i) net->parameters()[i].copy_(reference_init->parameters()[i]);
@@ -76,11 +126,12 @@ double train_and_compare(lf::Fabric& fabric, Net& net, int steps) {
     torch::nn::utils::clip_grad_norm_(reference->parameters(), 0.5);
     reference_adam.step();
   }
-  model(torch::zeros({1, 16}));  // gathers the full parameters
+  auto& fsdp = dynamic_cast<lf::FSDPStrategy&>(*fabric.strategy());
+  auto full = fsdp.summon_full_parameters(*net);
   double worst = 0;
   for (size_t i = 0; i < net->parameters().size(); ++i) {
     const auto a = net->parameters()[i], b = reference->parameters()[i];
-    worst = std::max(worst, ((a - b).abs().max() / b.abs().max()).item<double>());
+    worst = std::max(worst, ((a - b).abs().max() / b.abs().max()).template item<double>());
   }
   return worst;
 }
@@ -94,6 +145,32 @@ int train(const std::string& sharding) {
   auto& fsdp = dynamic_cast<lf::FSDPStrategy&>(*fabric.strategy());
   std::cout << "rank " << fabric.global_rank() << " " << sharding << ": relative difference " << worst
             << ", resident parameter+gradient bytes " << fsdp.resident_bytes() << std::endl;
+  return 0;
+}
+
+int units(const std::string& sharding) {
+  auto fabric = make_fabric(sharding, 500);
+  UnitNet net;
+  watched = net.ptr().get();
+  const double worst = train_and_compare(fabric, net, 50);
+  watched = nullptr;
+  expect(worst < 1e-5, sharding + " with units: parameters after 50 steps within fp32 rounding of the reference " +
+                           "(relative " + std::to_string(worst) + ")");
+  int wrapped = 0;
+  for (const auto& module : net->modules()) wrapped += dynamic_cast<lf::FSDPUnitImpl*>(module.get()) != nullptr;
+  expect(wrapped == 3, "two Sequential children wrapped automatically next to the declared unit (found " +
+                           std::to_string(wrapped) + " units)");
+  expect(net->named_parameters().contains("body.2.0.weight"), "unit wrappers keep the parameter names");
+  const int64_t head = 305 * 4, largest_unit = 720 * 4, all = (680 + 451 + 720 + 305) * 4;
+  std::cout << "rank " << fabric.global_rank() << " " << sharding << " with units: relative difference " << worst
+            << ", peak bytes of full parameters " << peak_parameter_bytes << " (all: " << all << ")" << std::endl;
+  if (sharding == "FULL_SHARD" || sharding == "HYBRID_SHARD") {
+    expect(peak_parameter_bytes <= head + largest_unit,
+           "at most the set-up module's own parameters and one unit's are full at a time (peak " +
+               std::to_string(peak_parameter_bytes) + " bytes, bound " + std::to_string(head + largest_unit) + ")");
+  } else {
+    expect(peak_parameter_bytes == all, sharding + " keeps every parameter full");
+  }
   return 0;
 }
 
@@ -135,10 +212,11 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   try {
     if (mode == "train" && argc == 3) train(argv[2]);
+    else if (mode == "units" && argc == 3) units(argv[2]);
     else if (mode == "save" && argc == 4) save(argv[2], argv[3]);
     else if (mode == "load" && argc == 3) load(argv[2]);
     else {
-      std::cerr << "usage: fsdp_checks train SHARDING | save SHARDING DIR | load DIR" << std::endl;
+      std::cerr << "usage: fsdp_checks train SHARDING | units SHARDING | save SHARDING DIR | load DIR" << std::endl;
       return 2;
     }
   } catch (const std::exception& error) {

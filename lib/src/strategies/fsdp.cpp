@@ -1,6 +1,9 @@
 #include "lightning/fabric/strategies/fsdp.h"
 
 #include <c10/util/accumulate.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/types.h>
 
 #include <cmath>
@@ -50,14 +53,28 @@ struct FSDPStrategy::ShardedParameter {
   int64_t chunk = 0;   // ceil(numel / parts): the padded slot size in communication buffers
   ShardSlice slice;    // this rank's part
   at::Tensor shard;    // 1-D, slice.length elements: what the optimizer steps
+  std::shared_ptr<torch::autograd::Node> accumulator;  // kept alive: it carries the unit's hook
+  c10::Storage held;   // while released: the full parameter's storage, which autograd still refers to
+};
+
+// A sharding unit: the parameters gathered, given back and reduced together. Unit 0 holds the
+// set-up module's parameters that no FSDPUnit inside it claims.
+struct FSDPStrategy::Unit {
+  FSDPUnitImpl* module = nullptr;  // nullptr for unit 0
+  std::vector<size_t> parameters;  // indices into ShardedModule::parameters
+  bool materialized = true;  // full parameters present
+  bool stale = false;        // shards stepped since the last gather
+  bool released = false;     // storage given back after the forward; shapes kept for autograd
+  bool reduced = false;      // gradients reduced during the current backward
+  size_t pending = 0;        // gradient accumulations the current backward still owes
 };
 
 struct FSDPStrategy::ShardedModule {
   const torch::nn::Module* address = nullptr;
   std::weak_ptr<torch::nn::Module> module;
   std::vector<ShardedParameter> parameters;
-  bool materialized = true;  // full parameters present
-  bool stale = false;        // shards stepped since the last gather
+  std::vector<Unit> units;
+  std::vector<std::shared_ptr<FSDPUnitImpl::Hooks>> hooks;  // one per FSDPUnit (weakly held there)
 };
 
 namespace {
@@ -67,7 +84,53 @@ DDPOptions ddp_options_for(const FSDPOptions& options) {
   ddp.timeout = options.timeout;
   return ddp;
 }
+
+// Runs a function after AccumulateGrad has added a parameter's gradient.
+struct AfterAccumulation : torch::autograd::FunctionPostHook {
+  explicit AfterAccumulation(std::function<void()> action) : action(std::move(action)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    action();
+    return outputs;
+  }
+  std::function<void()> action;
+};
+
+// A storage's memory given back and allocated again in place: tensors autograd saved from a
+// parameter (views included) keep pointing at the same StorageImpl and see the refilled values.
+void release_storage(const c10::Storage& storage) {
+  c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(c10::DataPtr(nullptr, impl->device()));
+  impl->set_nbytes(0);
+}
+
+void restore_storage(const c10::Storage& storage, size_t bytes) {
+  c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(impl->allocator()->allocate(bytes));
+  impl->set_nbytes(bytes);
+}
+
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (size_t i = shape.size(); i-- > 1;) strides[i - 1] = strides[i] * shape[i];
+  return strides;
+}
 }  // namespace
+
+class FSDPStrategy::UnitHooks : public FSDPUnitImpl::Hooks {
+ public:
+  UnitHooks(FSDPStrategy& strategy, ShardedModule& sharded, size_t unit)
+      : strategy_(strategy), sharded_(sharded), unit_(unit) {}
+  void before_forward() override { strategy_.unit_before_forward(sharded_, sharded_.units[unit_]); }
+  at::Tensor after_forward(at::Tensor output) override {
+    return strategy_.unit_after_forward(sharded_, sharded_.units[unit_], std::move(output));
+  }
+
+ private:
+  FSDPStrategy& strategy_;
+  ShardedModule& sharded_;
+  size_t unit_;
+};
 
 FSDPStrategy::FSDPStrategy(StrategyContext context, FSDPOptions options)
     : DDPStrategy(std::move(context), ddp_options_for(options)), fsdp_options_(std::move(options)) {}
@@ -90,13 +153,17 @@ int FSDPStrategy::shard_group_rank() const {
   }
 }
 
+bool FSDPStrategy::frees_parameters() const {
+  return fsdp_options_.sharding_strategy == ShardingStrategy::FullShard ||
+         fsdp_options_.sharding_strategy == ShardingStrategy::HybridShard;
+}
+
 void FSDPStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module) {
   setup_environment();
   LF_CHECK(precision()->loss_scaler() == nullptr, ValueError, "strategy=\"fsdp\" with precision=\"",
            precision()->name(), "\": a loss scaler over sharded gradients is not supported yet. Use \"bf16-mixed\" ",
            "(no scaler needed) or strategy=\"ddp\".");
-  const auto sharding = fsdp_options_.sharding_strategy;
-  if (sharding == ShardingStrategy::HybridShard && !shard_group_) {
+  if (fsdp_options_.sharding_strategy == ShardingStrategy::HybridShard && !shard_group_) {
     const int local = num_processes(), node = global_rank() / local;
     std::vector<int> node_ranks, replica_ranks;
     for (int r = 0; r < local; ++r) node_ranks.push_back(node * local + r);
@@ -105,6 +172,7 @@ void FSDPStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module
     replica_group_ = std::make_shared<Collective>(collective(), "fsdp-replica-" + std::to_string(global_rank() % local),
                                                   replica_ranks);
   }
+  if (fsdp_options_.auto_wrap_min_params > 0) wrap_sequential_children(*module, fsdp_options_.auto_wrap_min_params);
   torch::NoGradGuard no_grad;
   for (auto& parameter : module->parameters()) {
     at::Tensor data = parameter.data();
@@ -127,12 +195,49 @@ void FSDPStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module
     at::Tensor flat = p.parameter.detach().view(-1).narrow(0, p.slice.begin, p.slice.length);
     // FULL_SHARD and HYBRID_SHARD keep the shard in its own memory (the full parameter is freed);
     // SHARD_GRAD_OP and NO_SHARD step a view of the full parameter in place.
-    const bool own_memory = sharding == ShardingStrategy::FullShard || sharding == ShardingStrategy::HybridShard;
-    p.shard = own_memory ? flat.clone() : flat;
+    p.shard = frees_parameters() ? flat.clone() : flat;
     sharded->parameters.push_back(std::move(p));
   }
-  if (sharding == ShardingStrategy::FullShard || sharding == ShardingStrategy::HybridShard) free_full_parameters(*sharded);
+  build_units(*sharded, *module);
+  for (auto& unit : sharded->units) {
+    if (frees_parameters()) free_full_parameters(*sharded, unit);
+  }
   modules_.push_back(std::move(sharded));
+}
+
+void FSDPStrategy::build_units(ShardedModule& sharded, torch::nn::Module& module) {
+  std::map<const c10::TensorImpl*, size_t> index_of;
+  for (size_t i = 0; i < sharded.parameters.size(); ++i) index_of[sharded.parameters[i].parameter.unsafeGetTensorImpl()] = i;
+  std::vector<FSDPUnitImpl*> unit_modules;
+  for (const auto& child : module.modules(/*include_self=*/false)) {
+    if (auto* unit = dynamic_cast<FSDPUnitImpl*>(child.get())) unit_modules.push_back(unit);
+  }
+  // Deepest units claim their parameters first; unit 0 takes what is left.
+  std::vector<int> owner(sharded.parameters.size(), 0);
+  std::vector<bool> claimed(sharded.parameters.size(), false);
+  for (size_t u = unit_modules.size(); u-- > 0;) {
+    for (const auto& parameter : unit_modules[u]->parameters()) {
+      const size_t i = index_of.at(parameter.unsafeGetTensorImpl());
+      if (!claimed[i]) owner[i] = static_cast<int>(u) + 1, claimed[i] = true;
+    }
+  }
+  sharded.units.resize(unit_modules.size() + 1);
+  for (size_t u = 0; u < unit_modules.size(); ++u) sharded.units[u + 1].module = unit_modules[u];
+  for (size_t i = 0; i < sharded.parameters.size(); ++i) sharded.units[static_cast<size_t>(owner[i])].parameters.push_back(i);
+  for (size_t u = 1; u < sharded.units.size(); ++u) {
+    auto hooks = std::make_shared<UnitHooks>(*this, sharded, u);
+    sharded.units[u].module->attach(hooks);
+    sharded.hooks.push_back(std::move(hooks));
+    for (size_t i : sharded.units[u].parameters) {  // the unit reduces once its last gradient arrived
+      ShardedParameter& p = sharded.parameters[i];
+      if (!p.parameter.requires_grad()) continue;
+      p.accumulator = torch::autograd::impl::grad_accumulator(p.parameter);
+      p.accumulator->add_post_hook(std::make_unique<AfterAccumulation>([this, &sharded, u] {
+        Unit& unit = sharded.units[u];
+        if (unit.pending > 0 && --unit.pending == 0) finish_unit_backward(sharded, unit);
+      }));
+    }
+  }
 }
 
 void FSDPStrategy::setup_optimizer(torch::optim::Optimizer& optimizer) {
@@ -170,62 +275,122 @@ const FSDPStrategy::ShardedParameter* FSDPStrategy::find_shard(const at::Tensor&
   return nullptr;
 }
 
-void FSDPStrategy::free_full_parameters(ShardedModule& sharded) {
-  for (auto& p : sharded.parameters) p.parameter.set_data(at::empty({0}, p.parameter.options()));
-  sharded.materialized = false;
+bool FSDPStrategy::syncing(const ShardedModule& sharded) const { return sync_disabled_.count(sharded.address) == 0; }
+
+void FSDPStrategy::free_full_parameters(ShardedModule& sharded, Unit& unit) {
+  for (size_t i : unit.parameters) {
+    ShardedParameter& p = sharded.parameters[i];
+    if (p.held) release_storage(p.held);
+    p.held = c10::Storage();
+    p.parameter.set_data(at::empty({0}, p.parameter.options()));
+  }
+  unit.materialized = false;
+  unit.released = false;
 }
 
-void FSDPStrategy::gather(ShardedModule& sharded) {
+void FSDPStrategy::release_full_parameters(ShardedModule& sharded, Unit& unit) {
+  for (size_t i : unit.parameters) {
+    ShardedParameter& p = sharded.parameters[i];
+    p.held = p.parameter.storage();
+    release_storage(p.held);
+    p.parameter.set_data(at::empty({0}, p.parameter.options()));  // reads see an empty tensor, not freed memory
+  }
+  unit.materialized = false;
+  unit.released = true;
+}
+
+void FSDPStrategy::gather(ShardedModule& sharded, Unit& unit) {
   torch::NoGradGuard no_grad;
   const int parts = shard_group_size();
-  if (fsdp_options_.sharding_strategy == ShardingStrategy::NoShard) {  // the shards are the full parameters
-    sharded.stale = false;
+  if (fsdp_options_.sharding_strategy == ShardingStrategy::NoShard || unit.parameters.empty()) {
+    unit.stale = false;  // NO_SHARD: the shards are the full parameters
     return;
   }
   int64_t slots = 0;
-  for (const auto& p : sharded.parameters) slots += p.chunk;
-  const auto options = sharded.parameters.empty() ? torch::TensorOptions() : sharded.parameters.front().shard.options();
-  at::Tensor local = torch::zeros({slots}, options);
+  for (size_t i : unit.parameters) slots += sharded.parameters[i].chunk;
+  at::Tensor local = torch::zeros({slots}, sharded.parameters[unit.parameters.front()].shard.options());
   int64_t offset = 0;
-  for (const auto& p : sharded.parameters) {
+  for (size_t i : unit.parameters) {
+    const ShardedParameter& p = sharded.parameters[i];
     LF_CHECK(p.shard.scalar_type() == local.scalar_type(), ValueError, "fsdp: parameter ", p.name, " is ",
-             c10::toString(p.shard.scalar_type()), " but others are ", c10::toString(local.scalar_type()),
-             "; one dtype per set-up module is supported.");
+             c10::toString(p.shard.scalar_type()), " but others of its unit are ", c10::toString(local.scalar_type()),
+             "; one dtype per sharding unit is supported (wrap the others in an FSDPUnit of their own).");
     local.narrow(0, offset, p.slice.length).copy_(p.shard);
     offset += p.chunk;
   }
   Collective& group = shard_group_ ? *shard_group_ : collective();
   const at::Tensor gathered = parts > 1 ? group.all_gather(local) : local.view({1, slots});  // [parts, slots]
   offset = 0;
-  for (auto& p : sharded.parameters) {
+  for (size_t i : unit.parameters) {
+    ShardedParameter& p = sharded.parameters[i];
     at::Tensor full = gathered.narrow(1, offset, p.chunk).reshape(-1).narrow(0, 0, p.numel).view(p.shape);
-    if (sharded.materialized) {
-      p.parameter.detach().copy_(full);
+    if (unit.released) {  // back into the storage autograd saved, with the full shape
+      restore_storage(p.held, static_cast<size_t>(p.numel) * p.shard.element_size());
+      p.parameter.set_data(at::empty({0}, p.parameter.options()).set_(p.held, 0, p.shape, contiguous_strides(p.shape)));
+      p.held = c10::Storage();
+    }
+    if (unit.materialized || unit.released) {
+      p.parameter.data().copy_(full);  // .data(): a fresh version counter, so autograd's saved copies stay valid
     } else {
       p.parameter.set_data(full.clone());
     }
     offset += p.chunk;
   }
-  sharded.materialized = true;
-  sharded.stale = false;
+  unit.materialized = true;
+  unit.released = false;
+  unit.stale = false;
 }
 
 void FSDPStrategy::before_forward(const torch::nn::Module& module) {
   ShardedModule* sharded = find(module);
-  if (sharded != nullptr && (!sharded->materialized || sharded->stale)) gather(*sharded);
+  if (sharded == nullptr) return;
+  for (auto& unit : sharded->units) unit.reduced = false;
+  Unit& own = sharded->units.front();
+  if (!own.materialized || own.stale) gather(*sharded, own);
 }
 
-void FSDPStrategy::reduce_gradients(ShardedModule& sharded) {
+void FSDPStrategy::unit_before_forward(ShardedModule& sharded, Unit& unit) {
+  if (!unit.materialized || unit.stale) gather(sharded, unit);
+  unit.pending = 0;
+  if (torch::GradMode::is_enabled()) {
+    for (size_t i : unit.parameters) unit.pending += sharded.parameters[i].parameter.requires_grad() ? 1 : 0;
+  }
+}
+
+at::Tensor FSDPStrategy::unit_after_forward(ShardedModule& sharded, Unit& unit, at::Tensor output) {
+  if (!frees_parameters()) return output;
+  if (!output.requires_grad()) {
+    free_full_parameters(sharded, unit);
+    return output;
+  }
+  release_full_parameters(sharded, unit);
+  // When the backward reaches this output, the unit's parameters are gathered again into the
+  // same storage, before any of its gradient functions runs.
+  output.register_hook([this, &sharded, &unit](const at::Tensor&) {
+    if (unit.released) gather(sharded, unit);
+  });
+  return output;
+}
+
+void FSDPStrategy::finish_unit_backward(ShardedModule& sharded, Unit& unit) {
+  if (unit.reduced) return;
+  if (syncing(sharded)) reduce_gradients(sharded, unit);  // else full gradients accumulate (no_backward_sync)
+  unit.reduced = true;
+  if (frees_parameters()) free_full_parameters(sharded, unit);
+}
+
+void FSDPStrategy::reduce_gradients(ShardedModule& sharded, Unit& unit) {
   torch::NoGradGuard no_grad;
-  if (sharded.parameters.empty()) return;
+  if (unit.parameters.empty()) return;
   const int parts = shard_group_size();
   // Row r holds every parameter's chunk r (padded to the chunk size), so one reduce-scatter over
   // the shard group leaves each rank the sum of its own chunks.
   int64_t slots = 0;
-  for (const auto& p : sharded.parameters) slots += p.chunk;
-  at::Tensor rows = torch::zeros({parts, slots}, sharded.parameters.front().shard.options());
+  for (size_t i : unit.parameters) slots += sharded.parameters[i].chunk;
+  at::Tensor rows = torch::zeros({parts, slots}, sharded.parameters[unit.parameters.front()].shard.options());
   int64_t offset = 0;
-  for (const auto& p : sharded.parameters) {
+  for (size_t i : unit.parameters) {
+    const ShardedParameter& p = sharded.parameters[i];
     const at::Tensor grad = p.parameter.grad();
     if (grad.defined()) {
       at::Tensor padded = torch::zeros({parts * p.chunk}, rows.options());
@@ -240,7 +405,8 @@ void FSDPStrategy::reduce_gradients(ShardedModule& sharded) {
   if (replica_group_ && replica_group_->world_size() > 1) replica_group_->all_reduce_(mine, ReduceOp::Sum);
   mine.div_(world_size());
   offset = 0;
-  for (auto& p : sharded.parameters) {
+  for (size_t i : unit.parameters) {
+    ShardedParameter& p = sharded.parameters[i];
     const at::Tensor slice = mine.narrow(0, offset, p.slice.length);
     if (p.shard.grad().defined()) {
       p.shard.mutable_grad().add_(slice);
@@ -254,12 +420,12 @@ void FSDPStrategy::reduce_gradients(ShardedModule& sharded) {
 
 void FSDPStrategy::backward(at::Tensor& loss, torch::nn::Module* module) {
   Strategy::backward(loss, module);
-  const auto sharding = fsdp_options_.sharding_strategy;
-  for (auto& sharded : modules_) {
-    if (sharded->module.expired() || sync_disabled_.count(sharded->address) != 0) continue;
-    reduce_gradients(*sharded);
-    if (sharding == ShardingStrategy::FullShard || sharding == ShardingStrategy::HybridShard) {
-      free_full_parameters(*sharded);
+  for (auto& sharded : modules_) {  // units the backward did not finish (unit 0, unused parameters), in order
+    if (sharded->module.expired()) continue;
+    for (auto& unit : sharded->units) {
+      finish_unit_backward(*sharded, unit);
+      unit.reduced = false;
+      unit.pending = 0;
     }
   }
 }
@@ -267,8 +433,27 @@ void FSDPStrategy::backward(at::Tensor& loss, torch::nn::Module* module) {
 bool FSDPStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
                                   const torch::optim::Optimizer::LossClosure& closure) {
   const bool stepped = Strategy::optimizer_step(optimizer, closure);
-  for (auto& sharded : modules_) sharded->stale = true;
+  mark_stale();
   return stepped;
+}
+
+ScopeGuard FSDPStrategy::summon_full_parameters(const torch::nn::Module& module) {
+  ShardedModule* sharded = find(module);
+  LF_CHECK(sharded != nullptr, ValueError, "summon_full_parameters: this module was not set up with strategy=\"fsdp\". ",
+           "Pass the module given to fabric.setup.");
+  for (auto& unit : sharded->units) {
+    if (!unit.materialized || unit.stale || unit.released) gather(*sharded, unit);
+  }
+  if (!frees_parameters()) return ScopeGuard();
+  return ScopeGuard([this, sharded] {
+    for (auto& unit : sharded->units) free_full_parameters(*sharded, unit);
+  });
+}
+
+void FSDPStrategy::mark_stale() {
+  for (auto& sharded : modules_) {
+    for (auto& unit : sharded->units) unit.stale = true;
+  }
 }
 
 double FSDPStrategy::clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm,
@@ -456,7 +641,7 @@ StateDict FSDPStrategy::restore_local(State& state, const StateDict& checkpoint,
         auto value = values.find(buffer.key());
         if (value != values.end()) buffer.value().copy_(value->value().toTensor());
       }
-      sharded->stale = true;  // the next forward gathers the restored shards
+      for (auto& unit : sharded->units) unit.stale = true;  // the next forward gathers the restored shards
       return true;
     }
     if (entry.kind() != StateEntry::Kind::Optimizer || tensors_are_local) return false;

@@ -10,9 +10,11 @@
 //   NO_SHARD       nothing sharded: DDP, with gradients averaged after backward
 //   HYBRID_SHARD   FULL_SHARD inside each node, replicated across nodes (a shard group per node,
 //                  gradients of a shard averaged over its replicas on the other nodes)
-// The sharding unit is the whole set-up module (see docs/fsdp.md for what that means for peak
-// memory). Between a backward and the next forward, a FULL_SHARD module's parameters have zero
-// elements: read weights through fabric.save / load, or after a forward.
+// Sharding units: the set-up module, plus every FSDPUnit inside it (declared by the model or made
+// by auto_wrap_min_params); a unit's full parameters exist only from its forward's start to its
+// end, and again from the backward reaching it until its gradients are reduce-scattered. Between
+// a backward and the next forward, a FULL_SHARD module's parameters have zero elements: read
+// weights through fabric.save / load, or after a forward.
 #pragma once
 
 #include <map>
@@ -21,6 +23,7 @@
 
 #include "lightning/fabric/checkpoint/sharded_format.h"
 #include "lightning/fabric/strategies/ddp.h"
+#include "lightning/fabric/strategies/fsdp_unit.h"
 
 namespace lightning::fabric {
 
@@ -35,6 +38,10 @@ struct FSDPOptions {
   /// "sharded": fabric.save writes a folder, one shard file per rank plus metadata (fast, every
   /// rank writes in parallel). "full": rank 0 gathers everything and writes one file.
   std::string state_dict_type = "sharded";
+  /// Automatic sharding units (Python's size_based_auto_wrap_policy): at setup, every child of a
+  /// Sequential inside the module that holds at least this many parameters becomes an FSDPUnit.
+  /// 0 (the default): only the units the model declares itself (fsdp_unit.h).
+  int64_t auto_wrap_min_params = 0;
 };
 
 /// FSDP with settings, for FabricOptions().strategy(...). ValueError for a bad state_dict_type.
@@ -63,17 +70,31 @@ class FSDPStrategy : public DDPStrategy {
   /// rank's place among them.
   int shard_group_size() const;
   int shard_group_rank() const;
+  /// Gathers every full parameter of a set-up module (every unit) until the guard ends, then
+  /// shards them again (Python's summon_full_params). Collective: every rank calls it. Run no
+  /// forward inside it.
+  ScopeGuard summon_full_parameters(const torch::nn::Module& module);
   /// Bytes of parameters, gradients and optimizer state this rank holds for the set-up modules
   /// and optimizers (benchmark P6).
   int64_t resident_bytes() const;
 
   struct ShardedParameter;
+  struct Unit;
   struct ShardedModule;
 
  private:
-  void gather(ShardedModule& sharded);
-  void reduce_gradients(ShardedModule& sharded);
-  void free_full_parameters(ShardedModule& sharded);
+  class UnitHooks;
+  bool frees_parameters() const;  // FULL_SHARD, HYBRID_SHARD
+  bool syncing(const ShardedModule& sharded) const;
+  void build_units(ShardedModule& sharded, torch::nn::Module& module);
+  void gather(ShardedModule& sharded, Unit& unit);  // collective over the shard group
+  void reduce_gradients(ShardedModule& sharded, Unit& unit);  // collective
+  void free_full_parameters(ShardedModule& sharded, Unit& unit);
+  void release_full_parameters(ShardedModule& sharded, Unit& unit);  // mid-step: autograd may refill
+  void unit_before_forward(ShardedModule& sharded, Unit& unit);
+  at::Tensor unit_after_forward(ShardedModule& sharded, Unit& unit, at::Tensor output);
+  void finish_unit_backward(ShardedModule& sharded, Unit& unit);  // reduce, then free (once per backward)
+  void mark_stale();
   ShardedModule* find(const torch::nn::Module& module);
   const ShardedParameter* find_shard(const at::Tensor& shard) const;
   /// The checkpoint as this rank holds it (shard tensors for sharded entries) and, per sharded

@@ -1,0 +1,58 @@
+// FSDPUnit: marks a submodule as its own fsdp sharding unit (Python's nested
+// FullyShardedDataParallel wrapping), so that under FULL_SHARD the full parameters of only one
+// unit exist at a time: gathered when its forward starts, given back when it ends, gathered again
+// when the backward reaches it, and given back once its gradients are reduce-scattered.
+//
+//   layers->push_back(lf::FSDPUnit(Block(...)));          // in the model's constructor
+//   FSDPOptions().auto_wrap_min_params = 1'000'000;       // or: wrap every Sequential child that
+//                                                         // holds at least that many parameters
+//
+// The wrapped module's forward must take and return one tensor. The wrapper is transparent
+// everywhere else: its parameters, buffers and children carry the wrapped module's names (a
+// checkpoint saved with units loads without them and back), and outside fsdp it only forwards.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/pimpl.h>
+
+#include <functional>
+#include <memory>
+
+namespace lightning::fabric {
+
+class FSDPUnitImpl : public torch::nn::Module {
+ public:
+  /// What the fsdp strategy does around the forward; attached by FSDPStrategy::setup_module.
+  struct Hooks {
+    virtual ~Hooks() = default;
+    virtual void before_forward() = 0;
+    virtual at::Tensor after_forward(at::Tensor output) = 0;
+  };
+
+  explicit FSDPUnitImpl(torch::nn::AnyModule wrapped);
+  /// A Sequential (which AnyModule cannot hold: its forward is a template).
+  explicit FSDPUnitImpl(torch::nn::Sequential wrapped);
+  template <typename ModuleType>
+  explicit FSDPUnitImpl(ModuleType wrapped) : FSDPUnitImpl(torch::nn::AnyModule(std::move(wrapped))) {}
+
+  at::Tensor forward(at::Tensor input);
+  void train(bool on = true) override;
+  const std::shared_ptr<torch::nn::Module>& wrapped() const { return wrapped_; }
+  void attach(std::shared_ptr<Hooks> hooks) { hooks_ = std::move(hooks); }
+
+ private:
+  FSDPUnitImpl(std::shared_ptr<torch::nn::Module> wrapped, std::function<at::Tensor(at::Tensor)> forward);
+
+  std::shared_ptr<torch::nn::Module> wrapped_;
+  std::function<at::Tensor(at::Tensor)> forward_;
+  std::weak_ptr<Hooks> hooks_;  // owned by the strategy
+};
+TORCH_MODULE(FSDPUnit);
+
+/// Replaces every child of every Sequential inside root that holds at least min_params
+/// parameters (and is not a unit already) by an FSDPUnit around it; returns how many it wrapped.
+int wrap_sequential_children(torch::nn::Module& root, int64_t min_params);
+
+}  // namespace lightning::fabric
