@@ -5,6 +5,8 @@
 //   fsdp_checks units SHARDING       the same with sharding units (auto-wrapped Sequential children
 //                                    and a declared FSDPUnit); under FULL_SHARD the parameters held
 //                                    in full never exceed the set-up module's own plus one unit's
+//   fsdp_checks scaler               a loss scaler over shards: when only rank 0's shard overflows,
+//                                    every rank skips the step and backs the scale off together
 //   fsdp_checks save SHARDING DIR    train, save a sharded checkpoint to DIR/ck and the full
 //                                    parameters to DIR/reference.pt (rank 0)
 //   fsdp_checks load DIR             load DIR/ck into a fresh model on any number of ranks: the
@@ -174,6 +176,42 @@ int units(const std::string& sharding) {
   return 0;
 }
 
+int scaler() {
+  auto loss_scaler = std::make_shared<lf::LossScaler>(lf::LossScalerOptions{1e36, 2.0, 0.5, 2000});
+  auto precision = std::make_shared<lf::MixedPrecision>("bf16-mixed", torch::kBFloat16, loss_scaler);
+  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").strategy(lf::fsdp_strategy()).plugin(precision));
+  torch::nn::Linear net(torch::nn::LinearOptions(4, 2).bias(false));  // 8 weights: row r is rank r's shard
+  {
+    torch::NoGradGuard no_grad;
+    net->weight.fill_(0.25);
+    net->weight[0].zero_();
+  }
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+  auto setup = fabric.setup(net, sgd);
+  auto& model = std::get<0>(setup);
+  auto& optimizer = std::get<1>(setup);
+  auto& fsdp = dynamic_cast<lf::FSDPStrategy&>(*fabric.strategy());
+  auto step = [&](double first_output_weight) {
+    optimizer.zero_grad();
+    const auto y = model(torch::ones({1, 4})).to(torch::kFloat32);
+    // d(loss * scale)/d(row 0) = 1e36 * first_output_weight: inf in float32 for 1000, finite for 1e-3.
+    fabric.backward((first_output_weight * y.select(1, 0) + 1e-3 * y.select(1, 1)).sum());
+    optimizer.step();
+  };
+  auto weights = [&] {
+    auto full = fsdp.summon_full_parameters(*net);
+    return net->weight.clone();
+  };
+  const auto before = weights();
+  step(1000.0);
+  expect(torch::equal(weights(), before), "an overflow in rank 0's shard skips the step on every rank");
+  expect(std::abs(loss_scaler->get_scale() / 5e35 - 1.0) < 1e-6, "every rank backs the scale off (scale " +
+                                               std::to_string(loss_scaler->get_scale()) + ")");
+  step(1e-3);
+  expect(!torch::equal(weights(), before), "a finite step after the skipped one updates the weights");
+  return 0;
+}
+
 int save(const std::string& sharding, const std::string& folder) {
   auto fabric = make_fabric(sharding);
   Net net;
@@ -213,10 +251,11 @@ int main(int argc, char** argv) {
   try {
     if (mode == "train" && argc == 3) train(argv[2]);
     else if (mode == "units" && argc == 3) units(argv[2]);
+    else if (mode == "scaler" && argc == 2) scaler();
     else if (mode == "save" && argc == 4) save(argv[2], argv[3]);
     else if (mode == "load" && argc == 3) load(argv[2]);
     else {
-      std::cerr << "usage: fsdp_checks train SHARDING | units SHARDING | save SHARDING DIR | load DIR" << std::endl;
+      std::cerr << "usage: fsdp_checks train SHARDING | units SHARDING | scaler | save SHARDING DIR | load DIR" << std::endl;
       return 2;
     }
   } catch (const std::exception& error) {

@@ -160,9 +160,9 @@ bool FSDPStrategy::frees_parameters() const {
 
 void FSDPStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module) {
   setup_environment();
-  LF_CHECK(precision()->loss_scaler() == nullptr, ValueError, "strategy=\"fsdp\" with precision=\"",
-           precision()->name(), "\": a loss scaler over sharded gradients is not supported yet. Use \"bf16-mixed\" ",
-           "(no scaler needed) or strategy=\"ddp\".");
+  if (const auto scaler = precision()->loss_scaler()) {  // each rank checks only its own shards for inf/NaN
+    scaler->set_found_inf_reducer([this](at::Tensor& found_inf) { collective().all_reduce_(found_inf, ReduceOp::Max); });
+  }
   if (fsdp_options_.sharding_strategy == ShardingStrategy::HybridShard && !shard_group_) {
     const int local = num_processes(), node = global_rank() / local;
     std::vector<int> node_ranks, replica_ranks;

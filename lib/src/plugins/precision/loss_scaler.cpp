@@ -91,6 +91,7 @@ void LossScaler::unscale_(torch::optim::Optimizer& optimizer) {
     }
     found_inf.add_(device_inf.to(found_inf.device()));
   }
+  if (found_inf_reducer_) found_inf_reducer_(found_inf);  // every rank skips when any shard overflowed
   state.found_inf = found_inf;
   state.stage = Stage::kUnscaled;
 }

@@ -13,6 +13,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <functional>
 #include <unordered_map>
 
 namespace lightning::fabric {
@@ -48,6 +49,11 @@ class LossScaler {
   /// growth after growth_interval clean updates) and forgets the per-optimizer state.
   void update();
 
+  /// Combines the inf/NaN flag of unscale_ across processes that hold different gradients (a
+  /// sharded strategy installs a MAX all-reduce, so all ranks skip or step together). The reducer
+  /// is collective: unscale_ then runs on every rank in the same order.
+  void set_found_inf_reducer(std::function<void(at::Tensor& found_inf)> reducer) { found_inf_reducer_ = std::move(reducer); }
+
   double get_scale() const;
   int64_t growth_tracker() const;
   const LossScalerOptions& options() const { return options_; }
@@ -71,6 +77,7 @@ class LossScaler {
   at::Tensor growth_tracker_;  // int32 scalar: clean steps since the last change
   std::unordered_map<const torch::optim::Optimizer*, OptimizerState> per_optimizer_;
   bool scaled_since_update_ = false;
+  std::function<void(at::Tensor&)> found_inf_reducer_;
 };
 
 }  // namespace lightning::fabric
