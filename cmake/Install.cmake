@@ -19,3 +19,5 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/LightningFabricConfigVers
 install(FILES ${PROJECT_BINARY_DIR}/LightningFabricConfig.cmake
               ${PROJECT_BINARY_DIR}/LightningFabricConfigVersion.cmake
         DESTINATION ${LF_CMAKE_DIR})
+# The launcher: the LibTorch-free front end and the program it execs, side by side.
+install(TARGETS lightning-run lightning-run-launcher RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

@@ -12,3 +12,6 @@ run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/build -DCMAKE_CXX_COMPILER=
     -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run(${WORK_DIR}/build/consumer)
+# The installed launcher: the front end finds lightning-run-launcher beside it (a dry run prints
+# the worker's command without starting it).
+run(${WORK_DIR}/prefix/bin/lightning-run model --accelerator cpu --devices 1 --dry-run ${WORK_DIR}/build/consumer)

@@ -218,6 +218,7 @@ int save(const std::string& sharding, const std::string& folder) {
   train_and_compare(fabric, net, 5);
   torch::optim::Adam unused(net->parameters());  // (the optimizer of train_and_compare is gone; save the model)
   fabric.save(folder + "/ck", {{"model", net}, {"step", 5}});
+  auto full = dynamic_cast<lf::FSDPStrategy&>(*fabric.strategy()).summon_full_parameters(*net);
   if (fabric.is_global_zero()) lf::save_state_dict_file(folder + "/reference.pt", lf::StateDict([&] {
     auto dict = lf::make_state_dict();
     dict.insert("model", lf::module_state_dict(*net));
