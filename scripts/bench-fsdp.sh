@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # P6 (memory per rank under ddp / SHARD_GRAD_OP / FULL_SHARD on 2 and 4 ranks against the ZeRO
-# formulas) and P7 (consolidate throughput against cp of the same bytes). docs/benchmarks.md.
+# formulas), P6b (a step's peak memory with and without sharding units) and P7 (consolidate throughput against cp of the same bytes). docs/benchmarks.md.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bin="${BUILD_DIR:-$root/build}/bin"
@@ -8,6 +8,13 @@ for ranks in 2 4; do
   for strategy in ddp SHARD_GRAD_OP FULL_SHARD; do
     "$bin/lightning-run" model --accelerator cpu --devices "$ranks" "$bin/bench_fsdp_memory" "$strategy" 2>/dev/null |
       grep '"P6' | sed 's/^\[rank 0\]: //'
+  done
+done
+# P6b: a FULL_SHARD step's peak memory above rest, one unit for the whole model against one per layer.
+for ranks in 2 4; do
+  for units in "" --units; do
+    "$bin/lightning-run" model --accelerator cpu --devices "$ranks" "$bin/bench_fsdp_peak" $units 2>/dev/null |
+      grep '"P6b' | sed 's/^\[rank 0\]: //'
   done
 done
 # P7: a sharded checkpoint of the MLP with width W (model + Adam state: 12 bytes x ~W^2, ~340 MB at 3072).

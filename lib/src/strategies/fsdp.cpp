@@ -323,16 +323,19 @@ void FSDPStrategy::gather(ShardedModule& sharded, Unit& unit) {
   offset = 0;
   for (size_t i : unit.parameters) {
     ShardedParameter& p = sharded.parameters[i];
-    at::Tensor full = gathered.narrow(1, offset, p.chunk).reshape(-1).narrow(0, 0, p.numel).view(p.shape);
     if (unit.released) {  // back into the storage autograd saved, with the full shape
       restore_storage(p.held, static_cast<size_t>(p.numel) * p.shard.element_size());
       p.parameter.set_data(at::empty({0}, p.parameter.options()).set_(p.held, 0, p.shape, contiguous_strides(p.shape)));
       p.held = c10::Storage();
+    } else if (!unit.materialized) {
+      p.parameter.set_data(at::empty(p.shape, p.shard.options()));
     }
-    if (unit.materialized || unit.released) {
-      p.parameter.data().copy_(full);  // .data(): a fresh version counter, so autograd's saved copies stay valid
-    } else {
-      p.parameter.set_data(full.clone());
+    // Row r of the gathered buffer holds part r's chunk: copied straight into place, no temporary.
+    // .data(): a fresh version counter, so the tensors autograd saved stay valid.
+    at::Tensor flat = p.parameter.data().view(-1);
+    for (int r = 0; r < parts; ++r) {
+      const ShardSlice held = shard_slice(p.numel, parts, r);
+      if (held.length > 0) flat.narrow(0, held.begin, held.length).copy_(gathered[r].narrow(0, offset, held.length));
     }
     offset += p.chunk;
   }
@@ -393,9 +396,11 @@ void FSDPStrategy::reduce_gradients(ShardedModule& sharded, Unit& unit) {
     const ShardedParameter& p = sharded.parameters[i];
     const at::Tensor grad = p.parameter.grad();
     if (grad.defined()) {
-      at::Tensor padded = torch::zeros({parts * p.chunk}, rows.options());
-      padded.narrow(0, 0, p.numel).copy_(grad.reshape(-1));
-      rows.narrow(1, offset, p.chunk).copy_(padded.view({parts, p.chunk}));
+      const at::Tensor flat = grad.reshape(-1);
+      for (int r = 0; r < parts; ++r) {
+        const ShardSlice slice = shard_slice(p.numel, parts, r);
+        if (slice.length > 0) rows[r].narrow(0, offset, slice.length).copy_(flat.narrow(0, slice.begin, slice.length));
+      }
     }
     offset += p.chunk;
   }
