@@ -46,14 +46,6 @@ struct Record {
   uint32_t crc32 = 0;
 };
 
-std::vector<std::string> split_path(const std::string& path) {
-  std::vector<std::string> parts;
-  std::stringstream stream(path);
-  std::string part;
-  while (std::getline(stream, part, '/')) parts.push_back(part);
-  return parts;
-}
-
 bool has_int_keys(const Node& dict) {
   for (size_t i = 0; i < dict.items.size(); i += 2) {
     if (dict.items[i]->kind == Node::Kind::Int) return true;
@@ -65,7 +57,7 @@ bool has_int_keys(const Node& dict) {
 // where the parent's keys are integers, like an optimizer's "state").
 void insert_at_path(const NodePtr& root, const std::string& path, NodePtr value) {
   Node* dict = pickle::as_dict(root);
-  const auto elements = split_path(path);
+  const auto elements = split_checkpoint_path(path);
   for (size_t i = 0; i < elements.size(); ++i) {
     LF_CHECK(dict != nullptr, RuntimeError, "Cannot place ", path, ": '", elements[i - 1], "' is not a dictionary.");
     NodePtr* slot = pickle::dict_find(*dict, elements[i]);

@@ -13,14 +13,6 @@ namespace lightning::fabric {
 namespace fs = std::filesystem;
 
 namespace {
-std::vector<std::string> split_path(const std::string& path) {
-  std::vector<std::string> parts;
-  std::stringstream stream(path);
-  std::string part;
-  while (std::getline(stream, part, '/')) parts.push_back(part);
-  return parts;
-}
-
 c10::IValue key_for(const StateDict& dict, const std::string& element) {
   if (dict.keyType()->kind() == c10::TypeKind::IntType) return static_cast<int64_t>(std::stoll(element));
   return element;
@@ -59,7 +51,7 @@ ShardedMetadata read_sharded_metadata(const fs::path& folder) {
 }
 
 void insert_at_path(StateDict& root, const std::string& path, const c10::IValue& value) {
-  const auto elements = split_path(path);
+  const auto elements = split_checkpoint_path(path);
   StateDict current = root;  // dicts share their storage: edits reach root
   for (size_t i = 0; i + 1 < elements.size(); ++i) {
     const c10::IValue key = key_for(current, elements[i]);
@@ -76,7 +68,7 @@ void insert_at_path(StateDict& root, const std::string& path, const c10::IValue&
 }
 
 at::Tensor tensor_at_path(const StateDict& root, const std::string& path) {
-  const auto elements = split_path(path);
+  const auto elements = split_checkpoint_path(path);
   StateDict current = root;
   for (size_t i = 0; i < elements.size(); ++i) {
     auto found = current.find(key_for(current, elements[i]));
@@ -92,7 +84,7 @@ at::Tensor tensor_at_path(const StateDict& root, const std::string& path) {
 }
 
 bool remove_at_path(StateDict& root, const std::string& path) {
-  const auto elements = split_path(path);
+  const auto elements = split_checkpoint_path(path);
   StateDict current = root;
   for (size_t i = 0; i + 1 < elements.size(); ++i) {
     auto found = current.find(key_for(current, elements[i]));

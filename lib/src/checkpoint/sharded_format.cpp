@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <sstream>
 
 #include "lightning/fabric/checkpoint/atomic_file.h"
 #include "lightning/fabric/errors.h"
@@ -31,6 +32,14 @@ int64_t ShardedTensorLayout::numel() const {
 
 std::string shard_file_name(int part, int parts) {
   return "shard-" + std::to_string(part) + "-of-" + std::to_string(parts) + ".pt";
+}
+
+std::vector<std::string> split_checkpoint_path(const std::string& path) {
+  std::vector<std::string> parts;
+  std::stringstream stream(path);
+  std::string part;
+  while (std::getline(stream, part, '/')) parts.push_back(part);
+  return parts;
 }
 
 void write_sharded_layout(const fs::path& folder, const ShardedLayout& layout) {

@@ -37,6 +37,8 @@ struct ShardedLayout {
 };
 
 std::string shard_file_name(int part, int parts);
+/// The elements of a "/"-separated path inside a checkpoint ("optimizer/state/0/exp_avg").
+std::vector<std::string> split_checkpoint_path(const std::string& path);
 /// Writes DIR/metadata.json atomically.
 void write_sharded_layout(const std::filesystem::path& folder, const ShardedLayout& layout);
 /// RuntimeError naming the folder for a missing path, a file instead of a folder, a folder without
