@@ -14,6 +14,7 @@
 // Each prints "FAIL: ..." per failed check and exits 1 if any failed.
 #include <torch/torch.h>
 
+#include <filesystem>
 #include <iostream>
 
 #include "expect.h"
@@ -163,6 +164,19 @@ int units(const std::string& sharding) {
   expect(wrapped == 3, "two Sequential children wrapped automatically next to the declared unit (found " +
                            std::to_string(wrapped) + " units)");
   expect(net->named_parameters().contains("body.2.0.weight"), "unit wrappers keep the parameter names");
+  // A sharded save with units reads back whole under the model's own names.
+  const std::string folder = fabric.broadcast(fabric.is_global_zero() ? lf::make_temporary_directory("lf-units") : "");
+  fabric.save(folder + "/ck", {{"model", net}});
+  {
+    const auto saved = fabric.load(folder + "/ck").at("model").toGenericDict();
+    auto full = dynamic_cast<lf::FSDPStrategy&>(*fabric.strategy()).summon_full_parameters(*net);
+    for (const auto& item : net->named_parameters()) {
+      expect(saved.contains(item.key()) && torch::equal(saved.at(item.key()).toTensor(), item.value()),
+             item.key() + " saved with units reads back whole");
+    }
+  }
+  fabric.barrier();
+  if (fabric.is_global_zero()) std::filesystem::remove_all(folder);
   const int64_t head = 305 * 4, largest_unit = 720 * 4, all = (680 + 451 + 720 + 305) * 4;
   std::cout << "rank " << fabric.global_rank() << " " << sharding << " with units: relative difference " << worst
             << ", peak bytes of full parameters " << peak_parameter_bytes << " (all: " << all << ")" << std::endl;
