@@ -11,12 +11,24 @@
 #ifdef USE_C10D_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
+#include <torch/version.h>
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#endif
 
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/strategies/strategy.h"
 
 namespace lightning::fabric {
 namespace {
+// What ProcessGroupGloo and ProcessGroupNCCL derive from, with the collectives we call: the
+// ProcessGroup itself in LibTorch 1.x, c10d::Backend since 2.0 (the ProcessGroup became a
+// dispatcher over backends).
+#if TORCH_VERSION_MAJOR >= 2
+using GroupBackend = c10d::Backend;
+#else
+using GroupBackend = c10d::ProcessGroup;
+#endif
 
 bool is_loopback(const std::string& host) {
   if (host == "localhost") return true;
@@ -50,7 +62,7 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& main_a
 }  // namespace
 
 struct Collective::Impl {
-  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  c10::intrusive_ptr<GroupBackend> group;
   c10::intrusive_ptr<c10d::Store> store;  // prefixed; subgroups prefix it further
   CollectiveOptions options;
   std::string backend;
