@@ -57,6 +57,7 @@ bool has_int_keys(const Node& dict) {
 // where the parent's keys are integers, like an optimizer's "state").
 void insert_at_path(const NodePtr& root, const std::string& path, NodePtr value) {
   Node* dict = pickle::as_dict(root);
+  LF_CHECK(dict != nullptr, RuntimeError, "common.pt does not hold a dictionary, so ", path, " has no place in it.");
   const auto elements = split_checkpoint_path(path);
   for (size_t i = 0; i < elements.size(); ++i) {
     LF_CHECK(dict != nullptr, RuntimeError, "Cannot place ", path, ": '", elements[i - 1], "' is not a dictionary.");
