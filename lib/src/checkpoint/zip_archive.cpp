@@ -79,6 +79,10 @@ Reader::Reader(std::string_view bytes, std::string what) : bytes_(bytes), what_(
     throw RuntimeError(what_ + " (" + std::to_string(bytes_.size()) + " bytes) is not a readable checkpoint: " + why +
                        ". It is truncated, corrupted or in another format.");
   };
+  // Whether [offset, offset + length) lies inside the file, without overflowing.
+  const auto fits = [&](uint64_t offset, uint64_t length) {
+    return offset <= bytes_.size() && length <= bytes_.size() - offset;
+  };
   if (bytes_.size() < kEndRecord) fail("too short for a zip archive");
   uint64_t end = bytes_.size() - kEndRecord;
   const uint64_t lowest = bytes_.size() > kEndRecord + 65535 ? bytes_.size() - kEndRecord - 65535 : 0;
@@ -88,14 +92,14 @@ Reader::Reader(std::string_view bytes, std::string what) : bytes_(bytes), what_(
   if (count == 0xFFFF || at == kOverflow32) {  // ZIP64: the real values sit in the ZIP64 end record
     if (end < kZip64Locator || read_le(bytes_, end - kZip64Locator, 4) != kZip64LocatorSignature) fail("no ZIP64 locator");
     const uint64_t record = read_le(bytes_, end - kZip64Locator + 8, 8);
-    if (record + kZip64EndRecord > bytes_.size() || read_le(bytes_, record, 4) != kZip64EndSignature) {
+    if (!fits(record, kZip64EndRecord) || read_le(bytes_, record, 4) != kZip64EndSignature) {
       fail("a broken ZIP64 end record");
     }
     count = read_le(bytes_, record + 32, 8);
     at = read_le(bytes_, record + 48, 8);
   }
   for (uint64_t i = 0; i < count; ++i) {
-    if (at + kCentralHeader > bytes_.size() || read_le(bytes_, at, 4) != kCentralSignature) fail("a broken entry table");
+    if (!fits(at, kCentralHeader) || read_le(bytes_, at, 4) != kCentralSignature) fail("a broken entry table");
     Entry entry;
     entry.stored = read_le(bytes_, at + 10, 2) == 0;
     entry.crc32 = static_cast<uint32_t>(read_le(bytes_, at + 16, 4));
@@ -103,7 +107,7 @@ Reader::Reader(std::string_view bytes, std::string what) : bytes_(bytes), what_(
     uint64_t local = read_le(bytes_, at + 42, 4);
     const uint64_t name_length = read_le(bytes_, at + 28, 2), extra_length = read_le(bytes_, at + 30, 2);
     const uint64_t comment_length = read_le(bytes_, at + 32, 2);
-    if (at + kCentralHeader + name_length + extra_length > bytes_.size()) fail("a broken entry table");
+    if (!fits(at, kCentralHeader + name_length + extra_length)) fail("a broken entry table");
     entry.name = std::string(bytes_.substr(at + kCentralHeader, name_length));
     // ZIP64 extra field: the 64-bit values of the fields that hold 0xFFFFFFFF, in this order.
     for (uint64_t extra = at + kCentralHeader + name_length; extra + 4 <= at + kCentralHeader + name_length + extra_length;) {
@@ -111,7 +115,7 @@ Reader::Reader(std::string_view bytes, std::string what) : bytes_(bytes), what_(
       uint64_t field = extra + 4;
       if (id == kZip64ExtraId) {
         for (uint64_t* value : {&size, &compressed, &local}) {
-          if (*value == kOverflow32 && field + 8 <= extra + 4 + length) {
+          if (*value == kOverflow32 && field + 8 <= extra + 4 + length && fits(field, 8)) {
             *value = read_le(bytes_, field, 8);
             field += 8;
           }
@@ -120,12 +124,12 @@ Reader::Reader(std::string_view bytes, std::string what) : bytes_(bytes), what_(
       extra += 4 + length;
     }
     at += kCentralHeader + name_length + extra_length + comment_length;
-    if (local + kLocalHeader > bytes_.size() || read_le(bytes_, local, 4) != kLocalSignature) {
+    if (!fits(local, kLocalHeader) || read_le(bytes_, local, 4) != kLocalSignature) {
       fail("entry " + entry.name + " has no header");
     }
     entry.data_offset = local + kLocalHeader + read_le(bytes_, local + 26, 2) + read_le(bytes_, local + 28, 2);
     entry.size = entry.stored ? size : compressed;
-    if (entry.data_offset + entry.size > bytes_.size()) {
+    if (!fits(entry.data_offset, entry.size)) {
       throw RuntimeError(what_ + " is truncated: entry " + entry.name + " ends past the end of the file (" +
                          std::to_string(bytes_.size()) + " bytes).");
     }
