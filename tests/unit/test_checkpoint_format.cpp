@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 #include "lightning/fabric.h"
 #include "lightning/fabric/checkpoint/checkpoint_io.h"
@@ -187,4 +188,45 @@ TEST_CASE("the pickle reader names the file for an opcode it does not know", "[c
   CHECK_THROWS_WITH(lf::pickle::parse(std::string("\x80\x02\xff.", 4), "demo.pkl"),
                     Contains("demo.pkl") && Contains("opcode 0xff"));
   CHECK_THROWS_WITH(lf::pickle::parse(std::string("\x80\x02(K\x01", 5), "cut.pkl"), Contains("ends early"));
+}
+
+TEST_CASE("damaged archives and pickles give errors and never crash", "[checkpoint][format][errors]") {
+  lf::save_state_dict_file(scratch("intact.pt"), varied_state());
+  std::ifstream in(scratch("intact.pt"), std::ios::binary);
+  const std::string intact((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // Reads an archive the way consolidate does; only lf::RuntimeError may come out.
+  auto read = [](const std::string& bytes) {
+    try {
+      lf::zip::Reader reader(bytes, "damaged");
+      reader.verify_all();
+      if (const auto* entry = reader.find_suffix("/data.pkl")) lf::pickle::parse(reader.content(*entry), "damaged");
+      return true;
+    } catch (const lf::RuntimeError&) {
+      return false;
+    }
+  };
+  CHECK(read(intact));
+  int refused = 0, cases = 0;
+  for (size_t length = 0; length < intact.size(); length += 7, ++cases) refused += read(intact.substr(0, length)) ? 0 : 1;
+  CHECK(refused == cases);  // every truncation is noticed
+  std::mt19937 random(7);
+  for (int i = 0; i < 2000; ++i) {
+    std::string bytes = intact;
+    bytes[random() % bytes.size()] = static_cast<char>(random());
+    read(bytes);  // may pass (a flipped padding byte), must not crash
+  }
+  // Pickles cut anywhere or with a byte changed.
+  lf::zip::Reader reader(intact, "intact");
+  const std::string pickle(reader.content(*reader.find_suffix("/data.pkl")));
+  for (size_t length = 0; length + 1 < pickle.size(); ++length) {
+    CHECK_THROWS_AS(lf::pickle::parse(pickle.substr(0, length), "cut"), lf::RuntimeError);
+  }
+  for (int i = 0; i < 2000; ++i) {
+    std::string bytes = pickle;
+    bytes[random() % bytes.size()] = static_cast<char>(random());
+    try {
+      lf::pickle::parse(bytes, "flipped");
+    } catch (const lf::RuntimeError&) {
+    }
+  }
 }
