@@ -377,9 +377,11 @@ at::Tensor FSDPStrategy::unit_after_forward(ShardedModule& sharded, Unit& unit, 
 
 void FSDPStrategy::finish_unit_backward(ShardedModule& sharded, Unit& unit) {
   if (unit.reduced) return;
+  // Parameters first: the reduction needs only the gradients, so both are never full at once
+  // with the communication buffer.
+  if (frees_parameters()) free_full_parameters(sharded, unit);
   if (syncing(sharded)) reduce_gradients(sharded, unit);  // else full gradients accumulate (no_backward_sync)
   unit.reduced = true;
-  if (frees_parameters()) free_full_parameters(sharded, unit);
 }
 
 void FSDPStrategy::reduce_gradients(ShardedModule& sharded, Unit& unit) {
@@ -393,7 +395,7 @@ void FSDPStrategy::reduce_gradients(ShardedModule& sharded, Unit& unit) {
   at::Tensor rows = torch::zeros({parts, slots}, sharded.parameters[unit.parameters.front()].shard.options());
   int64_t offset = 0;
   for (size_t i : unit.parameters) {
-    const ShardedParameter& p = sharded.parameters[i];
+    ShardedParameter& p = sharded.parameters[i];
     const at::Tensor grad = p.parameter.grad();
     if (grad.defined()) {
       const at::Tensor flat = grad.reshape(-1);
@@ -401,6 +403,7 @@ void FSDPStrategy::reduce_gradients(ShardedModule& sharded, Unit& unit) {
         const ShardSlice slice = shard_slice(p.numel, parts, r);
         if (slice.length > 0) rows[r].narrow(0, offset, slice.length).copy_(flat.narrow(0, slice.begin, slice.length));
       }
+      p.parameter.mutable_grad() = at::Tensor();  // copied: the full gradient is not needed any more
     }
     offset += p.chunk;
   }
@@ -418,7 +421,6 @@ void FSDPStrategy::reduce_gradients(ShardedModule& sharded, Unit& unit) {
     } else {
       p.shard.mutable_grad() = slice.clone();
     }
-    p.parameter.mutable_grad() = at::Tensor();
     offset += p.chunk;
   }
 }
