@@ -39,7 +39,7 @@ name_length, extra_length = struct.unpack("<HH", header[26:30])
 print(info.header_offset + 30 + name_length + extra_length)
 PY
 )
-printf 'XXXX' | dd of="$dir/corrupted/shard-0-of-2.pt" bs=1 seek="$offset" conv=notrunc status=none
+printf '\x5a\xa5\x5a\xa5' | dd of="$dir/corrupted/shard-0-of-2.pt" bs=1 seek="$offset" conv=notrunc status=none
 expect 1 "is corrupted" -- "$dir/corrupted" || failed=1
 [ ! -e "$dir/missing-shard.consolidated" ] && [ ! -e "$dir/truncated.consolidated" ] &&
   [ ! -e "$dir/corrupted.consolidated" ] ||

@@ -188,8 +188,7 @@ class Splicer {
     whole.storage_type = storage_type;
     whole.storage_numel = layout.numel();
     whole.sizes = layout.shape;
-    whole.strides.assign(layout.shape.size(), 1);
-    for (size_t i = layout.shape.size(); i-- > 1;) whole.strides[i - 1] = whole.strides[i] * layout.shape[i];
+    whole.strides = contiguous_strides(layout.shape);
     whole.key = add_record(std::move(record));
     return pickle::make_tensor(whole);
   }

@@ -19,11 +19,7 @@ c10::IValue key_for(const StateDict& dict, const std::string& element) {
 }
 }  // namespace
 
-int64_t ShardedTensorInfo::numel() const {
-  int64_t count = 1;
-  for (int64_t size : shape) count *= size;
-  return count;
-}
+int64_t ShardedTensorInfo::numel() const { return element_count(shape); }
 
 void write_sharded_metadata(const fs::path& folder, const ShardedMetadata& metadata) {
   ShardedLayout layout;

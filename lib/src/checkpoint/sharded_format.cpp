@@ -24,11 +24,19 @@ ShardSlice shard_slice(int64_t numel, int parts, int part) {
   return {begin, std::min(numel, begin + chunk) - begin};
 }
 
-int64_t ShardedTensorLayout::numel() const {
+int64_t element_count(const std::vector<int64_t>& shape) {
   int64_t count = 1;
   for (int64_t size : shape) count *= size;
   return count;
 }
+
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (size_t i = shape.size(); i-- > 1;) strides[i - 1] = strides[i] * shape[i];
+  return strides;
+}
+
+int64_t ShardedTensorLayout::numel() const { return element_count(shape); }
 
 std::string shard_file_name(int part, int parts) {
   return "shard-" + std::to_string(part) + "-of-" + std::to_string(parts) + ".pt";

@@ -109,12 +109,6 @@ void restore_storage(const c10::Storage& storage, size_t bytes) {
   impl->set_data_ptr_noswap(impl->allocator()->allocate(bytes));
   impl->set_nbytes(bytes);
 }
-
-std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
-  std::vector<int64_t> strides(shape.size(), 1);
-  for (size_t i = shape.size(); i-- > 1;) strides[i - 1] = strides[i] * shape[i];
-  return strides;
-}
 }  // namespace
 
 class FSDPStrategy::UnitHooks : public FSDPUnitImpl::Hooks {

@@ -24,6 +24,10 @@ struct ShardSlice {
 };
 ShardSlice shard_slice(int64_t numel, int parts, int part);
 
+/// Elements of a tensor of this shape, and the strides of its contiguous (row-major) layout.
+int64_t element_count(const std::vector<int64_t>& shape);
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape);
+
 struct ShardedTensorLayout {
   std::vector<int64_t> shape;
   std::string dtype = "Float";  // c10's names: "Float", "Double", "Half", "BFloat16", "Long", ...
