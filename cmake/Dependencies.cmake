@@ -1,17 +1,42 @@
-# Every third-party package the build uses (DESIGN.md §3). scripts/install-deps.sh installs them.
-find_package(Torch REQUIRED)
+# Every third-party package the build uses (docs/decisions.md, "Dependencies");
+# scripts/install-deps.sh installs them.
+#
+# LibTorch: any LibTorch 2.x. Without a hint the build takes the one inside the project's own Python
+# environment (.venv, made by scripts/install-deps.sh: PyTorch 2.11.0 from PyPI, built for CUDA 13.0).
+# Point it elsewhere with -DCMAKE_PREFIX_PATH=/path/to/libtorch (an official zip), or with
+# -DLF_PYTHON=/path/to/python (a conda or pip torch: its torch.utils.cmake_prefix_path is used).
+set(LF_PYTHON "" CACHE FILEPATH "A Python whose torch provides LibTorch (default: .venv/bin/python when it exists)")
+if(NOT LF_PYTHON AND EXISTS "${PROJECT_SOURCE_DIR}/.venv/bin/python")
+  set(LF_PYTHON "${PROJECT_SOURCE_DIR}/.venv/bin/python")
+endif()
+if(LF_PYTHON AND NOT Torch_DIR)
+  execute_process(COMMAND "${LF_PYTHON}" -c "import torch; print(torch.utils.cmake_prefix_path, end='')"
+                  OUTPUT_VARIABLE _lf_torch_prefix RESULT_VARIABLE _lf_python_status ERROR_QUIET)
+  if(_lf_python_status EQUAL 0 AND _lf_torch_prefix)
+    list(APPEND CMAKE_PREFIX_PATH "${_lf_torch_prefix}")
+  endif()
+endif()
+find_package(Torch 2 QUIET)
+if(NOT Torch_FOUND)
+  message(FATAL_ERROR "lightning-fabric needs LibTorch 2.x and found none. Run scripts/install-deps.sh "
+                      "(PyTorch 2.11.0 into .venv), or pass -DCMAKE_PREFIX_PATH=/path/to/libtorch, or "
+                      "-DLF_PYTHON=/path/to/python with torch installed.")
+endif()
 find_package(Threads REQUIRED)
 # LF_THIRD_PARTY_DIR: a folder made by scripts/vendor-headers.sh with header-only copies of the
 # libraries below, for machines without Debian's packages (the GPU machine: scripts/device-check.sh).
-set(LF_THIRD_PARTY_DIR "" CACHE PATH "Header-only copies of CLI11, nlohmann/json, spdlog, fmt, Catch2, zlib headers")
+set(LF_THIRD_PARTY_DIR "" CACHE PATH "Header-only copies of CLI11, nlohmann/json, Catch2, zlib headers")
 if(LF_THIRD_PARTY_DIR)
   include(${CMAKE_CURRENT_LIST_DIR}/ThirdPartyHeaders.cmake)
 else()
-  find_package(spdlog REQUIRED)
-  find_package(fmt REQUIRED)
   find_package(nlohmann_json 3 REQUIRED)
   find_package(CLI11 REQUIRED)
   find_package(ZLIB REQUIRED)
+endif()
+# LibTorch's public headers include <nlohmann/json.hpp> but the wheel does not ship it.
+get_target_property(_lf_json_include nlohmann_json::nlohmann_json INTERFACE_INCLUDE_DIRECTORIES)
+if(_lf_json_include)
+  include_directories(SYSTEM ${_lf_json_include})
 endif()
 
 # Tell the user which LibTorch was found and what it can do.
@@ -20,11 +45,15 @@ if(TORCH_CUDA_LIBRARIES)
   set(LF_TORCH_HAS_CUDA ON)
 endif()
 set(LF_TORCH_HAS_NCCL OFF)
-find_file(LF_NCCL_HEADER torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp PATHS ${TORCH_INCLUDE_DIRS} NO_DEFAULT_PATH)
-if(LF_TORCH_HAS_CUDA AND LF_NCCL_HEADER)
-  set(LF_TORCH_HAS_NCCL ON)
+if(TARGET torch_cuda)
+  get_target_property(_lf_cuda_definitions torch_cuda INTERFACE_COMPILE_DEFINITIONS)
+  if(_lf_cuda_definitions MATCHES "USE_C10D_NCCL")
+    set(LF_TORCH_HAS_NCCL ON)
+  endif()
 endif()
 get_filename_component(LF_TORCH_DIR "${Torch_DIR}" REALPATH)
+set(LF_TORCH_CMAKE_DIR "${Torch_DIR}")
+get_filename_component(LF_TORCH_LIBRARY_DIR "${TORCH_LIBRARY}" DIRECTORY)  # for installed run paths
 message(STATUS "lightning-fabric: LibTorch ${Torch_VERSION} from ${LF_TORCH_DIR} (CUDA: ${LF_TORCH_HAS_CUDA}, NCCL: ${LF_TORCH_HAS_NCCL})")
 if(LF_TORCH_HAS_CUDA)
   add_compile_definitions(LF_TORCH_HAS_CUDA=1)  # every target, the shared precompiled header included
@@ -33,8 +62,13 @@ if(LF_WITH_CUDA AND NOT LF_TORCH_HAS_CUDA)
   message(FATAL_ERROR "LF_WITH_CUDA=ON but the LibTorch at ${LF_TORCH_DIR} has no CUDA. "
                       "Point CMAKE_PREFIX_PATH at a CUDA LibTorch (e.g. a pip wheel's torch/share/cmake).")
 endif()
+# A CUDA LibTorch 2.x links the CUDA runtime, never the driver: programs start and train on a
+# machine without a GPU or driver (test launcher.programs_do_not_need_the_gpu_driver). No
+# --as-needed here: it would drop libtorch_cuda.so, whose load registers the CUDA kernels.
 
-# Debian ships reducer.hpp but not the distributed-autograd header it includes; a compatibility
-# header of ours stands in for it only when the real one is missing (BUILD-NOTES "CMake").
-find_file(LF_DIST_AUTOGRAD_CONTEXT torch/csrc/distributed/autograd/context/context.h
-          PATHS ${TORCH_INCLUDE_DIRS} NO_DEFAULT_PATH)
+# LF_TORCH_LINK: what every target links instead of ${TORCH_LIBRARIES}. The PyPI wheel's
+# libtorch.so exports its own copies of std::filesystem functions (built with a newer libstdc++),
+# and a program that finds them before the system libstdc++'s crashes in them (seen with
+# std::filesystem::remove_all on Debian 12). Naming libstdc++ first in the link puts it first in
+# the symbol lookup order of every program that links lightning::fabric (docs/decisions.md).
+set(LF_TORCH_LINK "-Wl,--push-state,--no-as-needed" stdc++ "-Wl,--pop-state" ${TORCH_LIBRARIES})

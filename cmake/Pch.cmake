@@ -25,7 +25,7 @@ endfunction()
 
 if(LF_USE_PCH)
   add_library(lf_pch OBJECT ${PROJECT_SOURCE_DIR}/cmake/pch_anchor.cpp)
-  target_link_libraries(lf_pch PRIVATE ${TORCH_LIBRARIES})
+  target_link_libraries(lf_pch PRIVATE ${LF_TORCH_LINK})
   target_precompile_headers(lf_pch PRIVATE ${PROJECT_SOURCE_DIR}/cmake/pch.h)
   if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
     target_compile_options(lf_pch PUBLIC -Xclang -fno-pch-timestamp)

@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
-# Installs every Debian package the build, tests, examples and benchmarks need.
-# Idempotent: packages already present are skipped, apt-get runs only when something is missing.
+# Installs everything the build, tests, examples and benchmarks need:
+#   1. Debian packages (apt-get), only those missing;
+#   2. the project's own Python environment .venv (git-ignored, reused by later runs) with PyTorch
+#      2.11.0 from PyPI (its LibTorch is what the build links: CUDA 13.0, NCCL 2.28), Python
+#      Lightning and tensorboard (peers and readers for tests and benchmarks).
+# Idempotent: a second run checks and changes nothing. LF_VENV=DIR puts the environment elsewhere.
 set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${LF_VENV:-$root/.venv}"
+
+# The versions the project is built and tested with (docs/decisions.md, "LibTorch").
+python_packages=(torch==2.11.0 lightning==2.6.6 tensorboard==2.21.0)
 
 packages=(
   cmake ninja-build clang g++ ccache
-  libtorch-dev libgloo-dev
-  libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
+  libcli11-dev nlohmann-json3-dev
   catch2
   libopenblas0-pthread zlib1g-dev
   dataset-fashion-mnist
   procps iproute2
-  python3-torch   # tests: Python's torch.load reads our checkpoint files
+  python3 python3-venv  # the project's Python environment (when no other python3 is on PATH)
   protobuf-compiler  # tests: protoc --decode_raw reads our TensorBoard event files
   libstb-dev      # examples/dcgan writes PNG grids with stb_image_write
   gnuplot-nox     # scripts/plot_metrics.sh
@@ -25,13 +33,36 @@ for pkg in "${packages[@]}"; do
 done
 
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all ${#packages[@]} packages present"
-  exit 0
+  echo "install-deps: all ${#packages[@]} Debian packages present"
+else
+  echo "install-deps: installing ${missing[*]}"
+  sudo_cmd=()
+  if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-echo "install-deps: installing ${missing[*]}"
-sudo_cmd=()
-if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
-export DEBIAN_FRONTEND=noninteractive
-"${sudo_cmd[@]}" apt-get update -qq
-"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# The Python environment: complete when every pinned version is installed.
+venv_complete() {
+  [ -x "$venv/bin/python" ] || return 1
+  "$venv/bin/python" - "${python_packages[@]}" <<'EOF' 2>/dev/null
+import sys
+from importlib.metadata import version
+for spec in sys.argv[1:]:
+    name, wanted = spec.split("==")
+    have = version(name)
+    if have.split("+")[0] != wanted:
+        sys.exit(1)
+EOF
+}
+if venv_complete; then
+  echo "install-deps: $venv has ${python_packages[*]}"
+  exit 0
+fi
+python="$(command -v python3)"
+echo "install-deps: installing ${python_packages[*]} into $venv (about 3 GB with the CUDA runtime wheels)"
+[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+started=$SECONDS
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --progress-bar off "${python_packages[@]}"
+echo "install-deps: Python environment ready in $((SECONDS - started)) s ($(du -sh "$venv" | cut -f1))"

@@ -7,9 +7,9 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="${1:-$root/third_party}"
 "$root/scripts/install-deps.sh" >/dev/null
 rm -rf "$out"
-mkdir -p "$out/include" "$out/cmake" "$out/gloo-include"
-cp -r /usr/include/CLI /usr/include/nlohmann /usr/include/spdlog /usr/include/fmt /usr/include/catch2 "$out/include/"
+mkdir -p "$out/include" "$out/cmake"
+cp -r /usr/include/CLI /usr/include/nlohmann /usr/include/catch2 "$out/include/"
 cp /usr/include/zlib.h /usr/include/zconf.h "$out/include/"
 cp /usr/lib/cmake/Catch2/Catch.cmake /usr/lib/cmake/Catch2/CatchAddTests.cmake "$out/cmake/"
-cp -r /usr/include/gloo "$out/gloo-include/"
+
 echo "vendor-headers: $(du -sh "$out" | cut -f1) in $out"

@@ -1,5 +1,5 @@
-// GPU checks (label "gpu"): 16-mixed and bf16-mixed on CUDA, and the loss scaler's CUDA-kernel
-// path against its CPU tensor-op path. main() lives in test_cuda_single_device.cpp.
+// GPU checks (label "gpu"): 16-mixed and bf16-mixed on CUDA, and the loss scaler on CUDA against
+// the same scaler on CPU. main() lives in test_cuda_single_device.cpp.
 #include <cmath>
 #include <torch/torch.h>
 

@@ -22,10 +22,10 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "lightning/fabric/plugins/collectives/collective.h"
 #include "lightning/fabric/utilities/env_vars.h"
 #include "lightning/fabric/utilities/error_file.h"
 
@@ -39,19 +39,17 @@ int int_env(const char* name) {
 
 // Joins the launcher's store as torchrun workers do and passes one gloo barrier.
 void barrier(std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
-  c10d::TCPStoreOptions options;
-  options.port = static_cast<uint16_t>(int_env(env::kMasterPort));
-  options.isServer = false;
+  if (const char* iface = std::getenv("LF_TEST_GLOO_IFACE")) setenv("GLOO_SOCKET_IFNAME", iface, 1);  // two-host test
+  lightning::fabric::CollectiveOptions options;
+  options.main_address = std::getenv(env::kMasterAddr);
+  options.main_port = int_env(env::kMasterPort);
+  options.rank = int_env(env::kRank);
+  options.world_size = int_env(env::kWorldSize);
+  options.restart_count = int_env(env::kRestartCount);
+  options.use_agent_store = true;
   options.timeout = timeout;
-  auto tcp = c10::make_intrusive<c10d::TCPStore>(std::getenv(env::kMasterAddr), options);
-  auto store = c10::make_intrusive<c10d::PrefixStore>(
-      "/worker/attempt_" + std::to_string(int_env(env::kRestartCount)), tcp);
-  auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout);
-  const char* iface = std::getenv("LF_TEST_GLOO_IFACE");  // set by the two-host test
-  gloo_options->devices.push_back(iface != nullptr ? c10d::ProcessGroupGloo::createDeviceForInterface(iface)
-                                                   : c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-  c10d::ProcessGroupGloo group(store, int_env(env::kRank), int_env(env::kWorldSize), gloo_options);
-  group.barrier()->wait();
+  lightning::fabric::Collective group(options);
+  group.barrier();
 }
 
 volatile std::sig_atomic_t got_usr1 = 0;

@@ -1,4 +1,4 @@
-// The dynamic loss scaler on CPU (the tensor-op path; the CUDA-kernel path is in tests/gpu), its
+// The dynamic loss scaler on CPU (ATen's AMP kernels; the same on CUDA is in tests/gpu), its
 // use by Fabric through a MixedPrecision plugin, "16-mixed" on CPU, and init_module(empty_init).
 #include <cmath>
 #include <torch/torch.h>

@@ -45,7 +45,7 @@ TEST_CASE("bf16-mixed: float32 parameters, bfloat16 activations, float32 outputs
   fabric.backward(out.sum());
   CHECK(probe->fc->weight.grad().scalar_type() == torch::kFloat32);
   CHECK(optimizer.step());
-  CHECK_FALSE(at::autocast::is_cpu_enabled());  // the forward's autocast ended with it
+  CHECK_FALSE(at::autocast::is_autocast_enabled(at::kCPU));  // the forward's autocast ended with it
 }
 
 TEST_CASE("fabric.autocast() applies the precision outside the forward and nests", "[precision]") {
@@ -56,9 +56,9 @@ TEST_CASE("fabric.autocast() applies the precision outside the forward and nests
     CHECK(torch::mm(a, b).scalar_type() == torch::kBFloat16);
     {
       auto inner = fabric.autocast();
-      CHECK(at::autocast::is_cpu_enabled());
+      CHECK(at::autocast::is_autocast_enabled(at::kCPU));
     }
-    CHECK(at::autocast::is_cpu_enabled());  // the inner guard restored, not disabled
+    CHECK(at::autocast::is_autocast_enabled(at::kCPU));  // the inner guard restored, not disabled
   }
   CHECK(torch::mm(a, b).scalar_type() == torch::kFloat32);
   auto full = fabric_with("32-true");

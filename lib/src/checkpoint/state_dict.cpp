@@ -236,7 +236,8 @@ const OptimizerCodec* codec_for(const torch::optim::Optimizer& optimizer) {
   return nullptr;
 }
 
-std::string state_key(const at::Tensor& parameter) { return c10::guts::to_string(parameter.unsafeGetTensorImpl()); }
+// The key of a parameter in torch::optim::Optimizer::state(): its TensorImpl.
+void* state_key(const at::Tensor& parameter) { return parameter.unsafeGetTensorImpl(); }
 
 StateDict archive_state_dict(torch::optim::Optimizer& optimizer) {
   torch::serialize::OutputArchive archive;

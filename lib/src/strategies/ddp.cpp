@@ -80,6 +80,7 @@ void DDPStrategy::setup_environment() {
   options.restart_count = env_int(context_.env, env::kRestartCount, 0);
   options.use_agent_store = env_true(context_.env, env::kUseAgentStore);
   options.backend = options_.process_group_backend.value_or(root_device().is_cuda() ? "nccl" : "gloo");
+  options.device = root_device();
   options.timeout = options_.timeout;
   c10::intrusive_ptr<c10d::Store> store;
   if (launcher_) store = launcher_->hosted_store();

@@ -1,8 +1,7 @@
 #include "lightning/fabric/utilities/rank_zero.h"
 
-#include <spdlog/spdlog.h>
-
 #include <cstdlib>
+#include <iostream>
 #include <string>
 
 namespace lightning::fabric {
@@ -29,11 +28,11 @@ int rank_zero_only_rank() { return current_rank(); }
 void set_rank_zero_only_rank(int rank) { current_rank() = rank; }
 
 void rank_zero_warn(const std::string& message) {
-  if (current_rank() == 0) spdlog::warn("{}", message);
+  if (current_rank() == 0) std::cerr << "[lightning-fabric] warning: " << message << std::endl;
 }
 
 void rank_zero_info(const std::string& message) {
-  if (current_rank() == 0) spdlog::info("{}", message);
+  if (current_rank() == 0) std::cerr << "[lightning-fabric] " << message << std::endl;
 }
 
 }  // namespace lightning::fabric

@@ -5,15 +5,12 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>  // gloo names: src/internal/gloo_interface
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #ifdef USE_C10D_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
-#endif
-#include <torch/version.h>
-#if TORCH_VERSION_MAJOR >= 2
-#include <torch/csrc/distributed/c10d/Backend.hpp>
 #endif
 
 #include "lightning/fabric/errors.h"
@@ -21,14 +18,9 @@
 
 namespace lightning::fabric {
 namespace {
-// What ProcessGroupGloo and ProcessGroupNCCL derive from, with the collectives we call: the
-// ProcessGroup itself in LibTorch 1.x, c10d::Backend since 2.0 (the ProcessGroup became a
-// dispatcher over backends).
-#if TORCH_VERSION_MAJOR >= 2
+// What ProcessGroupGloo and ProcessGroupNCCL derive from: every collective goes through its
+// virtual functions, whose code lives in LibTorch.
 using GroupBackend = c10d::Backend;
-#else
-using GroupBackend = c10d::ProcessGroup;
-#endif
 
 bool is_loopback(const std::string& host) {
   if (host == "localhost") return true;
@@ -39,8 +31,9 @@ bool is_loopback(const std::string& host) {
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum:
-    case ReduceOp::Mean:
       return c10d::ReduceOp::SUM;
+    case ReduceOp::Mean:
+      return c10d::ReduceOp::AVG;
     case ReduceOp::Max:
       return c10d::ReduceOp::MAX;
     case ReduceOp::Min:
@@ -66,6 +59,7 @@ struct Collective::Impl {
   c10::intrusive_ptr<c10d::Store> store;  // prefixed; subgroups prefix it further
   CollectiveOptions options;
   std::string backend;
+  at::Device device = at::kCPU;
   int rank = 0;
   int world_size = 1;
   uint64_t operations = 0;
@@ -88,6 +82,9 @@ Collective::Collective(const CollectiveOptions& options, c10::intrusive_ptr<c10d
   impl_->rank = options.rank;
   impl_->world_size = options.world_size;
   impl_->backend = options.backend;
+  impl_->device = options.backend == "nccl" ? options.device : at::Device(at::kCPU);
+  LF_CHECK(options.backend != "nccl" || impl_->device.is_cuda(), ValueError, "Collective: the nccl backend needs a "
+           "CUDA device (CollectiveOptions::device), got ", impl_->device, ". Use gloo for CPU tensors.");
   c10::intrusive_ptr<c10d::Store> base;
   if (store) {
     base = store;
@@ -131,6 +128,7 @@ Collective::Collective(const Collective& parent, const std::string& name, const 
            " is not one of its ranks.");
   impl_->options = parent.impl_->options;
   impl_->backend = parent.impl_->backend;
+  impl_->device = parent.impl_->device;
   impl_->rank = static_cast<int>(position - ranks.begin());
   impl_->world_size = static_cast<int>(ranks.size());
   impl_->store = c10::make_intrusive<c10d::PrefixStore>("/subgroup/" + name, parent.impl_->store);
@@ -143,28 +141,49 @@ int Collective::rank() const { return impl_->rank; }
 uint64_t Collective::operation_count() const { return impl_->operations; }
 int Collective::world_size() const { return impl_->world_size; }
 const std::string& Collective::backend() const { return impl_->backend; }
+at::Device Collective::device() const { return impl_->device; }
+
+namespace {
+// The tensor a collective works on: tensor itself when it is on the group's device and contiguous,
+// else a contiguous copy there. write_back() copies the result into tensor when they differ.
+struct Staged {
+  at::Tensor& original;
+  at::Tensor work;
+  Staged(at::Tensor& tensor, at::Device device)
+      : original(tensor),
+        work(tensor.device() == device && tensor.is_contiguous() ? tensor : tensor.to(device).contiguous()) {}
+  void write_back() {
+    if (!work.is_same(original)) original.copy_(work);
+  }
+};
+}  // namespace
 
 void Collective::barrier() {
   ++impl_->operations;
-  impl_->group->barrier()->wait();
+  c10d::BarrierOptions options;
+  if (impl_->device.is_cuda()) options.device_ids = {impl_->device.index()};  // else NCCL guesses a GPU
+  impl_->group->barrier(options)->wait();
 }
 
 void Collective::all_reduce_many_(std::vector<at::Tensor>& tensors, ReduceOp op) {
+  std::vector<Staged> staged;
+  staged.reserve(tensors.size());
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   c10d::AllreduceOptions options;
   options.reduceOp = to_c10d(op);
   for (auto& tensor : tensors) {
     ++impl_->operations;
-    std::vector<at::Tensor> one{tensor};
+    staged.emplace_back(tensor, impl_->device);
+    std::vector<at::Tensor> one{staged.back().work};
     works.push_back(impl_->group->allreduce(one, options));
   }
   for (auto& work : works) work->wait();
-  if (op == ReduceOp::Mean) {
-    for (auto& tensor : tensors) tensor.div_(impl_->world_size);
-  }
+  for (auto& stage : staged) stage.write_back();
 }
 
 std::function<void()> Collective::all_reduce_start_(at::Tensor& tensor) {
+  LF_CHECK(tensor.device() == impl_->device && tensor.is_contiguous(), ValueError, "Collective::all_reduce_start_: "
+           "the tensor must be contiguous and on the group's device ", impl_->device, ", got ", tensor.device(), ".");
   ++impl_->operations;
   std::vector<at::Tensor> one{tensor};
   c10d::AllreduceOptions options;
@@ -179,41 +198,52 @@ void Collective::all_reduce_(at::Tensor& tensor, ReduceOp op) {
 }
 
 at::Tensor Collective::all_gather(const at::Tensor& tensor) {
-  std::vector<at::Tensor> input{tensor.contiguous()};
-  std::vector<std::vector<at::Tensor>> output(1);
-  for (int i = 0; i < impl_->world_size; ++i) output[0].push_back(at::empty_like(input[0]));
+  std::vector<int64_t> shape{impl_->world_size};
+  shape.insert(shape.end(), tensor.sizes().begin(), tensor.sizes().end());
+  // Nothing to move (and gloo divides by the element count): every rank's part is empty too.
+  if (tensor.numel() == 0) return at::empty(shape, tensor.options());
+  // Flat on both sides: c10d splits the output into world_size chunks shaped like the input.
+  at::Tensor input = tensor.to(impl_->device).contiguous().view(-1);
+  at::Tensor output = at::empty({impl_->world_size * input.numel()}, input.options());
   ++impl_->operations;
-  impl_->group->allgather(output, input)->wait();
-  return at::stack(output[0]);
+  impl_->group->_allgather_base(output, input)->wait();
+  return output.view(shape).to(tensor.device());
 }
 
 at::Tensor Collective::reduce_scatter_rows(const at::Tensor& rows) {
   LF_CHECK(rows.dim() == 2 && rows.size(0) == impl_->world_size, ValueError,
            "reduce_scatter_rows: expected a [world_size, n] tensor, got ", rows.sizes(), ".");
   if (impl_->world_size == 1) return rows[0].clone();
-  // Gloo has no reduce-scatter: an all-to-all sends row j to rank j, then each rank sums what it got.
-  at::Tensor input = rows.contiguous(), received = at::empty_like(input);
-  std::vector<int64_t> equal_splits;
+  at::Tensor input = rows.to(impl_->device).contiguous().view(-1);  // c10d wants it flat
+  at::Tensor output = at::empty({rows.size(1)}, input.options());
   ++impl_->operations;
-  impl_->group->alltoall_base(received, input, equal_splits, equal_splits)->wait();
-  return received.sum(0);
+  impl_->group->_reduce_scatter_base(output, input)->wait();
+  return output.to(rows.device());
 }
 
 void Collective::broadcast_(at::Tensor& tensor, int src) {
-  std::vector<at::Tensor> one{tensor};
+  Staged stage(tensor, impl_->device);
+  std::vector<at::Tensor> one{stage.work};
   c10d::BroadcastOptions options;
   options.rootRank = src;
   ++impl_->operations;
   impl_->group->broadcast(one, options)->wait();
+  stage.write_back();
 }
 
 std::string Collective::broadcast_bytes(const std::string& bytes, int src) {
-  at::Tensor size = at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong);
+  const auto on_device = at::TensorOptions().device(impl_->device);
+  at::Tensor size = at::full({1}, static_cast<int64_t>(bytes.size()), on_device.dtype(at::kLong));
   broadcast_(size, src);
-  at::Tensor data = at::empty({size.item<int64_t>()}, at::kByte);
+  const int64_t count = size.item<int64_t>();
+  at::Tensor data = at::empty({count}, at::TensorOptions().dtype(at::kByte));
   if (impl_->rank == src) std::copy(bytes.begin(), bytes.end(), data.data_ptr<uint8_t>());
-  broadcast_(data, src);
-  return std::string(reinterpret_cast<const char*>(data.data_ptr<uint8_t>()), static_cast<size_t>(data.numel()));
+  if (count > 0) {
+    data = data.to(impl_->device);
+    broadcast_(data, src);
+    data = data.cpu();
+  }
+  return std::string(reinterpret_cast<const char*>(data.data_ptr<uint8_t>()), static_cast<size_t>(count));
 }
 
 }  // namespace lightning::fabric

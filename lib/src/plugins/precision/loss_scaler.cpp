@@ -28,14 +28,6 @@ std::map<std::string, std::vector<at::Tensor>> gradients_by_device(torch::optim:
   }
   return groups;
 }
-
-// The CPU equivalent of at::_amp_foreach_non_finite_check_and_unscale_.
-void unscale_on_cpu(const std::vector<at::Tensor>& grads, at::Tensor& found_inf, const at::Tensor& inv_scale) {
-  for (const auto& grad : grads) {
-    if (!at::isfinite(grad).all().item<bool>()) found_inf.fill_(1.0);
-    grad.mul_(inv_scale.to(grad.scalar_type()));
-  }
-}
 }  // namespace
 
 LossScaler::LossScaler(LossScalerOptions options) : options_(options) {
@@ -84,11 +76,7 @@ void LossScaler::unscale_(torch::optim::Optimizer& optimizer) {
     const at::Device device(device_name);
     at::Tensor device_inf = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
     const at::Tensor device_inv = inv_scale.to(device);
-    if (device.is_cuda()) {
-      at::_amp_foreach_non_finite_check_and_unscale_(grads, device_inf, device_inv);
-    } else {
-      unscale_on_cpu(grads, device_inf, device_inv);
-    }
+    at::_amp_foreach_non_finite_check_and_unscale_(grads, device_inf, device_inv);
     found_inf.add_(device_inf.to(found_inf.device()));
   }
   if (found_inf_reducer_) found_inf_reducer_(found_inf);  // every rank skips when any shard overflowed
@@ -119,24 +107,8 @@ void LossScaler::update() {
   per_optimizer_.clear();
   scaled_since_update_ = false;
   if (!any) return;  // nothing was unscaled since the last update
-  if (scale_.is_cuda()) {
-    at::_amp_update_scale_(scale_, growth_tracker_, found_inf, options_.growth_factor, options_.backoff_factor,
-                           options_.growth_interval);
-    return;
-  }
-  // The CPU equivalent of at::_amp_update_scale_.
-  if (found_inf.item<float>() > 0.0f) {
-    scale_.mul_(options_.backoff_factor);
-    growth_tracker_.zero_();
-    return;
-  }
-  const int64_t clean = growth_tracker_.item<int32_t>() + 1;
-  if (clean == options_.growth_interval) {
-    scale_.mul_(options_.growth_factor);
-    growth_tracker_.zero_();
-  } else {
-    growth_tracker_.fill_(clean);
-  }
+  at::_amp_update_scale_(scale_, growth_tracker_, found_inf, options_.growth_factor, options_.backoff_factor,
+                         options_.growth_interval);
 }
 
 double LossScaler::get_scale() const { return scale_.item<double>(); }

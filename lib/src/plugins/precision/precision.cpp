@@ -1,6 +1,8 @@
 #include "lightning/fabric/plugins/precision/precision.h"
 
 #include <ATen/autocast_mode.h>
+
+#include <vector>
 #include <c10/core/DefaultDtype.h>
 #include <torch/types.h>
 
@@ -69,22 +71,26 @@ at::Tensor MixedPrecision::convert_input(const at::Tensor& input) const {
 at::Tensor MixedPrecision::convert_output(const at::Tensor& output) const { return to_default_dtype(output); }
 
 ScopeGuard MixedPrecision::forward_context() const {
-  // Autocast for both device types: it only affects operations dispatched on that device.
-  const bool cpu_was = at::autocast::is_cpu_enabled(), cuda_was = at::autocast::is_enabled();
-  const auto cpu_dtype = at::autocast::get_autocast_cpu_dtype(), cuda_dtype = at::autocast::get_autocast_gpu_dtype();
-  if (dtype_ == torch::kBFloat16) {  // CPU autocast supports bfloat16 only
-    at::autocast::set_cpu_enabled(true);
-    at::autocast::set_autocast_cpu_dtype(dtype_);
+  // Autocast on CPU and CUDA alike: each only affects operations dispatched on its device. LibTorch
+  // 2.x autocasts both bfloat16 and float16 on both.
+  struct Saved {
+    at::DeviceType type;
+    bool enabled;
+    at::ScalarType dtype;
+  };
+  std::vector<Saved> saved;
+  for (const auto type : {at::kCPU, at::kCUDA}) {
+    saved.push_back({type, at::autocast::is_autocast_enabled(type), at::autocast::get_autocast_dtype(type)});
+    at::autocast::set_autocast_enabled(type, true);
+    at::autocast::set_autocast_dtype(type, dtype_);
   }
-  at::autocast::set_enabled(true);
-  at::autocast::set_autocast_gpu_dtype(dtype_);
   at::autocast::increment_nesting();
-  return ScopeGuard([=] {
+  return ScopeGuard([saved] {
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_cpu_enabled(cpu_was);
-    at::autocast::set_autocast_cpu_dtype(cpu_dtype);
-    at::autocast::set_enabled(cuda_was);
-    at::autocast::set_autocast_gpu_dtype(cuda_dtype);
+    for (const auto& before : saved) {
+      at::autocast::set_autocast_enabled(before.type, before.enabled);
+      at::autocast::set_autocast_dtype(before.type, before.dtype);
+    }
   });
 }
 

@@ -10,7 +10,7 @@ namespace lightning::fabric {
 int rank_zero_only_rank();
 void set_rank_zero_only_rank(int rank);
 
-/// Logs a warning on global rank 0 only (through spdlog, to stderr).
+/// Logs a warning on global rank 0 only (to stderr, prefixed "[lightning-fabric] warning: ").
 void rank_zero_warn(const std::string& message);
 /// Logs an informational line on global rank 0 only.
 void rank_zero_info(const std::string& message);

@@ -3,9 +3,16 @@
 // joins the launcher's TCPStore as a client; otherwise rank 0 hosts the store at
 // MASTER_ADDR:MASTER_PORT (or uses one it already hosts). Every method is collective: all ranks
 // call it in the same order.
+//
+// Devices: a group moves tensors of one device, device(): the CPU for gloo, this rank's GPU for
+// nccl (ProcessGroupNCCL rejects CPU tensors at any world size). Every method below takes tensors
+// on any device: a tensor already on device() is used in place, any other is staged through
+// device() (one copy there, one back) and the result lands on the caller's tensor as documented.
+// The only exception is all_reduce_start_, which must get a tensor on device().
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <c10/util/intrusive_ptr.h>
 
 #include <chrono>
@@ -30,6 +37,7 @@ struct CollectiveOptions {
   int restart_count = 0;                 // store prefix /worker/attempt_<N>, as torchrun
   bool use_agent_store = false;          // join a launcher's store instead of hosting on rank 0
   std::string backend = "gloo";          // "gloo" | "nccl"
+  at::Device device = at::kCPU;          // the group's device: this rank's GPU for nccl
   std::chrono::milliseconds timeout = std::chrono::minutes(30);
 };
 
@@ -50,20 +58,25 @@ class Collective {
   uint64_t operation_count() const;
   int world_size() const;
   const std::string& backend() const;
+  /// The device this group communicates on (see the top of this header).
+  at::Device device() const;
 
   void barrier();
-  /// In place on a contiguous tensor. Mean is a sum divided by the world size (gloo has no AVG).
+  /// In place on a tensor of any device (Mean is c10d's AVG, on gloo and nccl alike).
   void all_reduce_(at::Tensor& tensor, ReduceOp op);
   /// Several tensors in flight at once, then waited for (bucketed gradient averaging).
   void all_reduce_many_(std::vector<at::Tensor>& tensors, ReduceOp op);
-  /// Starts a sum all-reduce of tensor in place and returns a function that waits for it.
+  /// Starts a sum all-reduce of tensor (which must be on device()) in place and returns a function
+  /// that waits for it.
   std::function<void()> all_reduce_start_(at::Tensor& tensor);
-  /// A new tensor with a leading world-size dimension.
+  /// A new tensor, on tensor's device, with a leading world-size dimension. Empty tensors work.
   at::Tensor all_gather(const at::Tensor& tensor);
   /// Reduce-scatter (sum): rows is [world_size, n]; returns the sum over ranks of their row r, on
-  /// rank r. Moves (N-1)/N of the data, half of an all-reduce.
+  /// rank r, on rows' device. Moves (N-1)/N of the data, half of an all-reduce.
   at::Tensor reduce_scatter_rows(const at::Tensor& rows);
+  /// In place on a contiguous tensor of any device.
   void broadcast_(at::Tensor& tensor, int src);
+  /// src's bytes on every rank (the size first, then the bytes, both through device()).
   std::string broadcast_bytes(const std::string& bytes, int src);
 
  private:

@@ -1,11 +1,11 @@
 // Dynamic loss scaling for float16 mixed precision ("16-mixed"), with PyTorch GradScaler's
-// semantics (REFERENCE.md §5): the loss is multiplied by the scale before backward; before the
+// semantics: the loss is multiplied by the scale before backward; before the
 // optimizer steps, gradients are divided by it and checked for inf/NaN; a step with a non-finite
 // gradient is skipped and the scale multiplied by backoff_factor; after growth_interval clean steps
 // in a row the scale is multiplied by growth_factor.
 //
-// CUDA gradients use ATen's fused AMP kernels; CPU gradients (LibTorch 1.13 has no CPU kernels for
-// them) use plain tensor operations with the same results. Not thread-safe: one training loop
+// Gradients on every device go through ATen's fused AMP kernels (_amp_foreach_non_finite_check_and_
+// unscale_, _amp_update_scale_), which LibTorch 2.x has for CPU and CUDA. Not thread-safe: one training loop
 // drives it. Owned by the MixedPrecision plugin; Fabric calls scale/unscale/step/update for you.
 #pragma once
 

@@ -72,8 +72,8 @@ class DoublePrecision : public TruePrecision {
 };
 
 /// "bf16-mixed" and "16-mixed": parameters stay float32; the forward runs under LibTorch's
-/// autocast in the low dtype (bfloat16 on CPU and CUDA; float16 on CUDA only, as LibTorch 1.13 has
-/// no float16 CPU autocast); inputs are cast to it and floating outputs come back in float32.
+/// autocast in the low dtype (on CPU and CUDA); inputs are cast to it and floating outputs come
+/// back in float32. ("16-mixed" on a CPU accelerator becomes "bf16-mixed", as in Python Fabric.)
 /// With a loss scaler ("16-mixed" gets one by default), backward scales the loss and the optimizer
 /// step unscales, skips steps with inf/NaN gradients and updates the scale.
 class MixedPrecision : public Precision {
