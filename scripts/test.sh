@@ -6,6 +6,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build_dir="${BUILD_DIR:-$root/build}"
 
 "$root/scripts/install-deps.sh"
-"$root/scripts/build.sh"
+# The CUDA code paths are compiled and linked on every run (LF_WITH_CUDA=OFF for a CPU LibTorch).
+"$root/scripts/build.sh" -DLF_WITH_CUDA="${LF_WITH_CUDA:-ON}"
 cd "$build_dir"
 ctest --output-on-failure -j "${JOBS:-$(nproc)}" "$@"

@@ -132,7 +132,13 @@ ResolvedConfig resolve_config(const FabricOptions& options, const env::EnvLookup
   config.precision = resolve_precision(precision.empty() ? "32-true" : precision, config.warnings);
   config.accelerator = resolve_accelerator(accelerator);
   // The code's own DevicesSpec keeps its form (a list stays a list) unless the environment replaced it.
-  const DevicesSpec spec = devices == options.devices().to_string() ? options.devices() : DevicesSpec(devices);
+  DevicesSpec spec = devices == options.devices().to_string() ? options.devices() : DevicesSpec(devices);
+  // Under torchrun, srun or mpirun, "auto" is the number of processes the launcher started here.
+  if (devices == "auto") {
+    auto environment = single_plugin<ClusterEnvironment>(options.plugins(), "cluster environment");
+    if (!environment) environment = detect_cluster_environment(env);
+    if (auto launched = environment->launched_processes_per_node()) spec = DevicesSpec(*launched);
+  }
   config.device_indices = accelerator_registry().create(config.accelerator)->parse_devices(spec);
   config.num_nodes = resolve_num_nodes(num_nodes);
   if (config.precision == "16-mixed" && config.accelerator == "cpu") {

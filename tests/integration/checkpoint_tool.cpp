@@ -5,6 +5,11 @@
 //   checkpoint_tool check PATH        load, verify the tensor is uniformly the version, print it
 //   checkpoint_tool write PATH        a small model + Adam + values, for Python's torch.load
 //   checkpoint_tool same PATH PATH KEY  exit 0 when both files hold bitwise-equal tensors under KEY
+//   checkpoint_tool interop-save PATH AFTER   the interop MLP + Adam after 3 steps to PATH (model,
+//                                     optimizer, step), then one more step; its weights to AFTER
+//   checkpoint_tool interop-load PATH AFTER   loads PATH (written by Python Fabric) into the interop
+//                                     MLP + Adam, takes one step, compares with AFTER within 1e-6
+// The interop MLP, batch and steps are mirrored by tests/integration/python_fabric_interop.py.
 #include <torch/torch.h>
 
 #include <iostream>
@@ -41,6 +46,20 @@ bool same(const c10::IValue& a, const c10::IValue& b) {
   if (a.isString()) return a.toStringRef() == b.toStringRef();
   return a.isNone();
 }
+
+// The interop model: Sequential(Linear(4, 8), Tanh, Linear(8, 2)), Adam(lr=0.01), MSE on one
+// fixed batch; the same in python_fabric_interop.py.
+torch::nn::Sequential interop_model() {
+  torch::manual_seed(0);
+  return torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::Tanh(), torch::nn::Linear(8, 2));
+}
+void interop_step(torch::nn::Sequential& model, torch::optim::Optimizer& optimizer) {
+  const auto x = torch::linspace(-1, 1, 32).reshape({8, 4});
+  const auto y = x.index({torch::indexing::Slice(), torch::indexing::Slice(0, 2)}) * 0.5 + 0.1;
+  optimizer.zero_grad();
+  torch::mse_loss(model->forward(x), y).backward();
+  optimizer.step();
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -73,6 +92,34 @@ int main(int argc, char** argv) {
       const bool equal = same(fabric.load(path).at(argv[4]), fabric.load(argv[3]).at(argv[4]));
       std::cout << (equal ? "same " : "FAIL: different ") << argv[4] << " in " << path << " and " << argv[3] << std::endl;
       return equal ? 0 : 1;
+    }
+    if (mode == "interop-save" && argc == 4) {
+      auto model = interop_model();
+      torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(0.01));
+      for (int step = 0; step < 3; ++step) interop_step(model, adam);
+      fabric.save(path, {{"model", model}, {"optimizer", adam}, {"step", 3}});
+      interop_step(model, adam);
+      fabric.save(argv[3], {{"model", model}});
+      std::cout << "saved after 3 steps, then stepped once more" << std::endl;
+      return 0;
+    }
+    if (mode == "interop-load" && argc == 4) {
+      auto model = interop_model();
+      torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(0.5));  // lr comes from the file
+      lf::State state{{"model", model}, {"optimizer", adam}};
+      auto rest = fabric.load(path, state);
+      const int64_t step = rest.at("step").toInt();
+      interop_step(model, adam);
+      const auto expected = fabric.load(argv[3]).at("model").toGenericDict();
+      double worst = 0;
+      for (const auto& item : model->named_parameters()) {
+        const auto theirs = expected.at(item.key()).toTensor();
+        worst = std::max(worst, (item.value() - theirs).abs().max().item<double>());
+      }
+      const bool ok = step == 3 && worst <= 1e-6;
+      std::cout << (ok ? "" : "FAIL: ") << "loaded Python Fabric's step " << step << ", one more step differs by "
+                << worst << " from Python's" << std::endl;
+      return ok ? 0 : 1;
     }
     if (mode == "write") {
       torch::manual_seed(0);

@@ -14,7 +14,7 @@ done
 "$run" model consolidate "$dir/ck"
 "$tool" same "$dir/ck.consolidated" "$dir/reference.pt" model
 # Python's torch.load reads the spliced file, and every tensor equals the unsharded reference.
-python=/usr/bin/python3
+python="${LF_PYTHON:-python3}"
 if "$python" -c "import torch" 2>/dev/null; then
   "$python" - "$dir/ck.consolidated" "$dir/reference.pt" <<'PY'
 import sys, torch
@@ -33,5 +33,5 @@ for path, tensor in expected.items():
 print("python read the consolidated file:", len(found), "model tensors equal")
 PY
 else
-  echo "python3-torch missing: the Python read-back was not checked"
+  echo "FAIL: $python has no torch: the Python read-back was not checked (scripts/install-deps.sh)"; exit 1
 fi

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Python's torch.load (Debian python3-torch) reads a checkpoint written by fabric.save as plain
+# Python's torch.load (the project environment's torch, LF_PYTHON) reads a checkpoint written by fabric.save as plain
 # dicts, lists, numbers, strings and tensors. Usage: python_reads_checkpoint.sh CHECKPOINT_TOOL
 set -euo pipefail
 tool="$1"
-python=/usr/bin/python3
-"$python" -c "import torch" 2>/dev/null || { echo "SKIPPED: python3-torch is not installed (scripts/install-deps.sh installs it)"; exit 77; }
+python="${LF_PYTHON:-python3}"
+"$python" -c "import torch" 2>/dev/null || { echo "SKIPPED: $python has no torch (scripts/install-deps.sh installs it into .venv)"; exit 77; }
 dir="$(mktemp -d)"
 trap 'rm -rf "$dir"' EXIT
 expected="$("$tool" write "$dir/demo.ckpt" | sed -n 's/weight_sum //p')"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Reads back the TensorBoard event file our logger writes, independently of our code: the
-# TFRecord framing and masked CRC-32Cs are checked by a bitwise CRC in Python (standard library
-# only), and each record is decoded by protoc --decode_raw. Usage: tensorboard_reader.sh UNIT_TESTS
+# Reads back the TensorBoard event file our logger writes, independently of our code: first with
+# TensorBoard's own reader (the tensorboard package of LF_PYTHON), then byte by byte: the TFRecord
+# framing and masked CRC-32Cs are checked by a bitwise CRC in Python (standard library only), and
+# each record is decoded by protoc --decode_raw. Usage: tensorboard_reader.sh UNIT_TESTS
 set -euo pipefail
 tests="$1"
 command -v protoc >/dev/null || { echo "SKIPPED: protoc missing (scripts/install-deps.sh installs protobuf-compiler)"; exit 77; }
@@ -10,6 +11,20 @@ trap 'rm -rf "$dir"' EXIT
 LF_TB_DIR="$dir" "$tests" "[tensorboard-writer]" >"$dir/log"
 file="$(sed -n 's/^event_file //p' "$dir/log")"
 [ -f "$file" ] || { cat "$dir/log"; echo "FAIL: no event file"; exit 1; }
+python="${LF_PYTHON:-python3}"
+"$python" - "$file" <<'PY' || { echo "FAIL: TensorBoard's reader disagrees"; exit 1; }
+import sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+events = EventAccumulator(sys.argv[1])
+events.Reload()
+tags = sorted(events.Tags()["scalars"])
+assert tags == ["acc", "loss"], tags
+loss = [(e.step, e.value) for e in events.Scalars("loss")]
+acc = [(e.step, e.value) for e in events.Scalars("acc")]
+assert loss == [(10, 0.5), (20, 0.125)], loss
+assert acc == [(10, 0.25)], acc
+print("TensorBoard's EventAccumulator reads", tags, loss, acc)
+PY
 /usr/bin/python3 - "$file" "$dir" <<'PY'
 import struct, sys
 def crc32c(data):

@@ -62,6 +62,14 @@ bool same_value(const c10::IValue& a, const c10::IValue& b) {
     }
     return true;
   }
+  if (a.isList() && b.isList()) {  // element by element: files hold untagged lists (no element type)
+    const auto x = a.toList(), y = b.toList();
+    if (x.size() != y.size()) return false;
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (!same_value(x.get(i), y.get(i))) return false;
+    }
+    return true;
+  }
   return a == b;
 }
 

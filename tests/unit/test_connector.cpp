@@ -161,8 +161,24 @@ TEST_CASE("torchrun-style variables select the torchelastic environment", "[conn
   CHECK(connector.cluster_environment->creates_processes_externally());
   CHECK(connector.cluster_environment->main_port() == 29500);
   torchrun["LOCAL_WORLD_SIZE"] = "2";
-  CHECK_THROWS_WITH(lf::Connector::build(kDefaults, lf::env::map_env(torchrun)),
+  CHECK_THROWS_WITH(lf::Connector::build(lf::FabricOptions().devices(1), lf::env::map_env(torchrun)),
                     Contains("LOCAL_WORLD_SIZE=2") && Contains("devices=1"));
+}
+
+TEST_CASE("devices auto is the number of processes an external launcher started on this node", "[connector]") {
+  Env torchrun{{"TORCHELASTIC_RUN_ID", "job"}, {"RANK", "1"}, {"GROUP_RANK", "0"}, {"LOCAL_RANK", "1"},
+               {"LOCAL_WORLD_SIZE", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}};
+  auto config = resolve(kDefaults, torchrun);
+  CHECK(config.num_processes_per_node() == 2);
+  CHECK(config.strategy == "ddp");
+  Env mpi{{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "3"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+          {"OMPI_COMM_WORLD_LOCAL_SIZE", "3"}};
+  CHECK(resolve(kDefaults, mpi).num_processes_per_node() == 3);
+  Env slurm{{"SLURM_NTASKS", "4"}, {"SLURM_JOB_NAME", "train"}, {"SLURM_NODELIST", "n1"}, {"SLURM_PROCID", "0"},
+            {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "0"}, {"SLURM_STEP_TASKS_PER_NODE", "4(x1)"}};
+  CHECK(resolve(kDefaults, slurm).num_processes_per_node() == 4);
+  CHECK(resolve(kDefaults, {}).num_processes_per_node() == 1);  // not launched: one CPU process
+  CHECK(resolve(lf::FabricOptions().devices(2), torchrun).num_processes_per_node() == 2);  // explicit stays
 }
 
 namespace {

@@ -5,10 +5,13 @@
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/import_read.h>
 #include <torch/csrc/jit/serialization/pickler.h>
+#include <torch/csrc/jit/serialization/unpickler.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 
+#include "lightning/fabric/checkpoint/pickle_tree.h"
 #include "lightning/fabric/checkpoint/zip_archive.h"
 #include "lightning/fabric/errors.h"
 
@@ -36,13 +39,54 @@ class MappedCheckpoint : public caffe2::serialize::ReadAdapterInterface {
 };
 }  // namespace
 
+namespace {
+// The same value with every list generic: typed lists (c10::List<int64_t>, <double>, ...) pickle
+// as torch.jit globals that torch.load's weights_only=True refuses. Tensors are shared, not copied.
+c10::IValue plain(const c10::IValue& value) {
+  if (value.isGenericDict()) {
+    c10::impl::GenericDict out(c10::AnyType::get(), c10::AnyType::get());
+    for (const auto& item : value.toGenericDict()) out.insert(plain(item.key()), plain(item.value()));
+    return out;
+  }
+  if (value.isList()) {
+    c10::impl::GenericList out(c10::AnyType::get());
+    for (const c10::IValue item : value.toList()) out.push_back(plain(item));
+    return out;
+  }
+  return value;
+}
+}  // namespace
+
+namespace {
+// The archive's data.pkl through LibTorch's unpickler, after pickle::plain_dicts: files written by
+// Python (torch.save, Python Fabric) hold OrderedDicts, which LibTorch alone reads as None.
+c10::IValue unpickle_archive(caffe2::serialize::PyTorchStreamReader& reader, const fs::path& path) {
+  const auto [data, size] = reader.getRecord("data.pkl");
+  const std::string_view original(static_cast<const char*>(data.get()), size);
+  const std::string pickled = pickle::write(*pickle::plain_dicts(pickle::parse(original, "Checkpoint " + path.string())));
+  size_t at = 0;
+  torch::jit::Unpickler unpickler(
+      [&](char* buffer, size_t wanted) {
+        const size_t n = std::min(wanted, pickled.size() - at);
+        std::memcpy(buffer, pickled.data() + at, n);
+        at += n;
+        return n;
+      },
+      nullptr, nullptr, [&](const std::string& name) { return std::get<0>(reader.getRecord("data/" + name)); },
+      std::nullopt);
+  return unpickler.parse_ivalue();
+}
+}  // namespace
+
 void save_state_dict_file(const fs::path& path, const StateDict& state) {
   // torch::pickle_save's layout (what torch.load reads), streamed to the file instead of memory.
+  // Untagged aggregates: a type tag is a torch.jit global that torch.load's default
+  // weights_only=True refuses, so Python could not load the file without opting out.
   std::vector<char> pickle;
   torch::jit::Pickler pickler([&](const char* data, size_t size) { pickle.insert(pickle.end(), data, data + size); },
-                              nullptr, nullptr, nullptr);
+                              nullptr, nullptr, nullptr, nullptr, /*tag_aggregates=*/false);
   pickler.protocol();
-  pickler.pushIValue(c10::IValue(state));
+  pickler.pushIValue(plain(c10::IValue(state)));
   pickler.stop();
   write_file_atomically(path, [&](const ByteSink& sink) {
     caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
@@ -67,7 +111,7 @@ StateDict load_state_dict_file(const fs::path& path) {
   c10::IValue value;
   try {
     caffe2::serialize::PyTorchStreamReader reader(file);
-    value = torch::jit::readArchiveAndTensors("data", "", "", c10::nullopt, c10::nullopt, c10::nullopt, reader);
+    value = unpickle_archive(reader, path);
   } catch (const c10::Error& error) {
     const std::string detail = error.what_without_backtrace();
     throw RuntimeError("Checkpoint " + path.string() + " (" + std::to_string(file->size()) +

@@ -192,6 +192,12 @@ class Parser {
       }
       case 'R': {
         NodePtr args = pop(), callable = pop();
+        if (is_global(callable, "collections", "OrderedDict") && args->kind == Kind::Tuple && args->items.empty()) {
+          auto dict = make(Kind::Dict);  // Python's state dicts: SETITEMS follow, as on a dict
+          dict->name = "OrderedDict";
+          stack_.push_back(std::move(dict));
+          break;
+        }
         stack_.push_back(make_reduce(std::move(callable), std::move(args)));
         break;
       }
@@ -263,7 +269,11 @@ void write_node(const Node& node, std::string& out) {
       break;
     case Kind::List:
     case Kind::Dict:
-      out += node.kind == Kind::List ? ']' : '}';
+      if (node.kind == Kind::Dict && node.name == "OrderedDict") {
+        out += "ccollections\nOrderedDict\n)R";
+      } else {
+        out += node.kind == Kind::List ? ']' : '}';
+      }
       if (node.items.empty()) break;
       out += '(';
       for (const auto& item : node.items) write_node(*item, out);
@@ -343,6 +353,19 @@ NodePtr make_tagged_dict() {
 }
 
 NodePtr parse(std::string_view bytes, const std::string& what) { return Parser(bytes, what).run(); }
+
+NodePtr plain_dicts(const NodePtr& node) {
+  if (!node) return node;
+  if (node->kind == Kind::Build && node->items[0]->kind == Kind::Dict) return plain_dicts(node->items[0]);
+  if (storage_tuple(*node) != nullptr) return node;  // a tensor: LibTorch reads its arguments itself
+  const bool containers = node->kind == Kind::Dict || node->kind == Kind::List || node->kind == Kind::Tuple ||
+                          node->kind == Kind::Reduce || node->kind == Kind::Build;
+  if (!containers) return node;
+  auto copy = std::make_shared<Node>(*node);
+  if (copy->kind == Kind::Dict) copy->name.clear();
+  for (auto& item : copy->items) item = plain_dicts(item);
+  return copy;
+}
 
 std::string write(const Node& root) {
   std::string out = "\x80\x02";

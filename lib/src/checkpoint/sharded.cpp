@@ -13,7 +13,16 @@ namespace lightning::fabric {
 namespace fs = std::filesystem;
 
 namespace {
+// The key of dict that a path element names: an existing key whose text or decimal form equals it
+// (files hold untagged dicts, so an int-keyed dict is known by its keys), else a new key of the
+// dict's key type.
 c10::IValue key_for(const StateDict& dict, const std::string& element) {
+  for (const auto& item : dict) {
+    const c10::IValue& key = item.key();
+    if ((key.isString() && key.toStringRef() == element) || (key.isInt() && std::to_string(key.toInt()) == element)) {
+      return key;
+    }
+  }
   if (dict.keyType()->kind() == c10::TypeKind::IntType) return static_cast<int64_t>(std::stoll(element));
   return element;
 }

@@ -121,7 +121,9 @@ c10::IValue betas_value(const std::tuple<double, double>& betas) {
 std::tuple<double, double> betas_for(const StateDict& state) {
   auto found = state.find("betas");
   LF_CHECK(found != state.end(), ValueError, "load_optimizer_state_dict: param_groups entry lacks \"betas\".");
-  auto list = found->value().toList();
+  const auto& value = found->value();  // a list from C++, a tuple from Python
+  if (value.isTuple()) return {as_double(value.toTupleRef().elements().at(0)), as_double(value.toTupleRef().elements().at(1))};
+  auto list = value.toList();
   return {as_double(list.get(0)), as_double(list.get(1))};
 }
 
@@ -395,6 +397,21 @@ StateDict to_checkpoint(const State& state, const StateFilter& filter) {
   return out;
 }
 
+namespace {
+// Files hold plain lists (no type tags: torch.load's weights_only refuses them). A value entry that
+// held a typed list, e.g. c10::List<int64_t>, gets its loaded list back with that element type.
+c10::IValue with_list_type_of(const c10::IValue& current, const c10::IValue& loaded) {
+  if (!current.isList() || !loaded.isList()) return loaded;
+  const auto type = current.toList().elementType();
+  c10::impl::GenericList typed(type);
+  for (const c10::IValue item : loaded.toList()) {
+    if (!item.type()->isSubtypeOf(*type)) return loaded;  // not that type after all: keep it as stored
+    typed.push_back(item);
+  }
+  return typed;
+}
+}  // namespace
+
 StateDict restore_from_checkpoint(State& state, const StateDict& checkpoint, bool strict, const EntryRestorer& custom) {
   std::string missing;
   for (const auto& [key, entry] : state) {
@@ -413,7 +430,7 @@ StateDict restore_from_checkpoint(State& state, const StateDict& checkpoint, boo
     StateEntry& entry = found->second;
     if (custom && custom(key, entry, item.value())) continue;
     if (entry.kind() == StateEntry::Kind::Value) {
-      entry.set_value(item.value());
+      entry.set_value(with_list_type_of(entry.value(), item.value()));
     } else {
       LF_CHECK(item.value().isGenericDict(), ValueError, "load: checkpoint entry '", key, "' is a ",
                item.value().tagKind(), ", but the state expects ", kind_name(entry.kind()), "'s state dict.");

@@ -81,6 +81,10 @@ void TorchElasticEnvironment::validate_settings(int num_devices, int num_nodes) 
            "leave devices at \"auto\" and launch with lightning-run, which passes its value in LT_DEVICES.");
 }
 
+std::optional<int> TorchElasticEnvironment::launched_processes_per_node() const {
+  return int_var(env_, env::kLocalWorldSize);
+}
+
 // ---- host lists ----
 
 std::vector<std::string> expand_host_list(const std::string& hosts) {
@@ -173,6 +177,19 @@ void SLURMEnvironment::validate_settings(int num_devices, int num_nodes) const {
     LF_CHECK(*nodes == num_nodes, ValueError, "Fabric is configured for num_nodes=", num_nodes,
              ", but the SLURM allocation has SLURM_NNODES=", *nodes, ". Make them match.");
   }
+}
+
+std::optional<int> SLURMEnvironment::launched_processes_per_node() const {
+  // Per step when srun started this process, else the allocation's: "2(x3)" -> 2.
+  for (const char* name : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"}) {
+    if (auto value = env_(name)) {
+      try {
+        return std::stoi(value->substr(0, value->find('(')));
+      } catch (const std::exception&) {
+      }
+    }
+  }
+  return std::nullopt;
 }
 
 // ---- LSF ----
@@ -291,6 +308,11 @@ std::shared_ptr<ClusterEnvironment> detect_cluster_environment(const env::EnvLoo
   if (MPIEnvironment::detect(env)) return std::make_shared<MPIEnvironment>(env);
   if (KubeflowEnvironment::detect(env)) return std::make_shared<KubeflowEnvironment>(env);
   return std::make_shared<LightningEnvironment>(env);
+}
+
+std::optional<int> MPIEnvironment::launched_processes_per_node() const {
+  auto local_size = int_var(env_, "OMPI_COMM_WORLD_LOCAL_SIZE");
+  return local_size ? local_size : int_var(env_, "MPI_LOCALNRANKS");
 }
 
 }  // namespace lightning::fabric

@@ -25,7 +25,7 @@ struct Node {
   int64_t integer = 0;
   double real = 0.0;
   std::string text;            // String, Bytes; Global: "module" and name below
-  std::string name;            // Global only
+  std::string name;            // Global; Dict: "OrderedDict" for collections.OrderedDict()
   std::vector<NodePtr> items;  // Tuple, List; Dict: key, value, key, value...; Reduce: callable, args;
                                // PersistentId: the id; Build: object, state
 };
@@ -42,6 +42,10 @@ NodePtr make_tagged_dict();
 NodePtr parse(std::string_view bytes, const std::string& what);
 /// Protocol-2 pickle of the tree.
 std::string write(const Node& root);
+/// The tree as LibTorch's unpickler reads it: Python's OrderedDicts (state dicts) become plain
+/// dicts and their attributes (BUILD of `_metadata`) are dropped; tensors are left as they are.
+/// LibTorch would read an OrderedDict as None. Returns new nodes where it changed something.
+NodePtr plain_dicts(const NodePtr& node);
 
 /// The dict node itself, seeing through LibTorch's restore_type_tag(dict, type) wrapper;
 /// nullptr for anything else.

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,10 @@ class ClusterEnvironment : public Plugin {
     (void)num_devices;
     (void)num_nodes;
   }
+  /// How many processes the external launcher started on this node, when its variables say so:
+  /// devices "auto" resolves to this count (one device per process), so a program started by
+  /// torchrun, srun or mpirun needs no devices flag. nullopt: not launched externally, or unknown.
+  virtual std::optional<int> launched_processes_per_node() const { return std::nullopt; }
   /// The Lightning environment learns its rank from the strategy; others ignore these.
   virtual void set_world_size(int size) { (void)size; }
   virtual void set_global_rank(int rank) { (void)rank; }
@@ -70,6 +75,7 @@ class TorchElasticEnvironment : public ClusterEnvironment {
   int local_rank() const override;
   int node_rank() const override;
   void validate_settings(int num_devices, int num_nodes) const override;
+  std::optional<int> launched_processes_per_node() const override;
 
  private:
   env::EnvLookup env_;
@@ -91,6 +97,7 @@ class SLURMEnvironment : public ClusterEnvironment {
   int local_rank() const override;
   int node_rank() const override;
   void validate_settings(int num_devices, int num_nodes) const override;
+  std::optional<int> launched_processes_per_node() const override;
 
  private:
   env::EnvLookup env_;
@@ -131,6 +138,8 @@ class MPIEnvironment : public ClusterEnvironment {
   int global_rank() const override;
   int local_rank() const override;
   int node_rank() const override;
+
+  std::optional<int> launched_processes_per_node() const override;
 
  private:
   env::EnvLookup env_;
