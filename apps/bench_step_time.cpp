@@ -8,6 +8,7 @@
 //   build/bin/bench_step_time --steps 300 --warmup 30
 // --precision P runs the Fabric side in precision P (e.g. bf16-mixed) against the raw float32
 // loop: the ratio is then P's step time over 32-true's.
+#include <ATen/Version.h>
 #include <lightning/fabric.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
@@ -37,7 +38,8 @@ double median(std::vector<double> values) {
   return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
-// Which BLAS the process actually loaded (BUILD-NOTES: the biggest CPU speed factor).
+// Which BLAS the process uses (the biggest CPU speed factor): a BLAS library it loaded, else the
+// one LibTorch was built with (the PyPI wheel links MKL statically).
 std::string loaded_blas() {
   std::ifstream maps("/proc/self/maps");
   std::string line;
@@ -46,7 +48,9 @@ std::string loaded_blas() {
       if (line.find(name) != std::string::npos) return line.substr(line.find('/'));
     }
   }
-  return "unknown";
+  const std::string config = at::show_config();
+  const auto at = config.find("BLAS_INFO=");
+  return at == std::string::npos ? "unknown" : "built-in " + config.substr(at + 10, config.find_first_of(", \n", at) - at - 10);
 }
 
 bool g_cuda = false;  // synchronise around each timed step (CUDA work is asynchronous)

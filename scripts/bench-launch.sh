@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
 # P4: time from start until every worker has passed a first gloo barrier and the job has exited,
 # for 2 and 8 workers: lightning-run, a raw fork/exec of the same worker with the environment set
-# by hand (apps/bench_raw_launch.cpp), and torchrun --no_python (Debian python3-torch, through
-# scripts/torchrun_fixed.py, --monitor_interval 0.1). Runs interleaved, REPEATS times each; prints
-# medians and ratios, and the launchers' peak resident memory (GNU time).
+# by hand (apps/bench_raw_launch.cpp), and torchrun --no-python (PyTorch 2.11 of the project's
+# environment, --monitor-interval 0.1). Runs interleaved, REPEATS times each; prints medians and
+# ratios, and the launchers' peak resident memory (GNU time).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bin="${BUILD_DIR:-$root/build}/bin"
 repeats="${REPEATS:-7}"
-if ! /usr/bin/python3 -c "import torch" 2>/dev/null || [ ! -x /usr/bin/time ]; then
+python="${LF_PYTHON:-$root/.venv/bin/python}"
+torchrun="$(dirname "$python")/torchrun"
+if [ ! -x /usr/bin/time ]; then
   sudo_cmd=(); [ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
-  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends python3-torch time
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends time
 fi
 export OMP_NUM_THREADS=1
 worker="$bin/lf_test_worker"
 
-free_port() { /usr/bin/python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"; }
 timed() {  # prints seconds and peak KiB of the launcher process
   /usr/bin/time -f "%e %M" -o /tmp/lf-bench-time "$@" >/dev/null 2>&1
   cat /tmp/lf-bench-time
@@ -25,10 +26,10 @@ for n in 2 8; do
   for _ in $(seq "$repeats"); do
     echo "lightning-run $(timed "$bin/lightning-run" model --accelerator cpu --devices "$n" "$worker" barrier)" >> /tmp/lf-bench-$n
     echo "raw $(timed "$bin/bench_raw_launch" "$n" "$worker" barrier)" >> /tmp/lf-bench-$n
-    echo "torchrun $(timed /usr/bin/python3 "$root/scripts/torchrun_fixed.py" --nproc_per_node "$n" --monitor_interval 0.1 \
-      --master_addr 127.0.0.1 --master_port "$(free_port)" --no_python "$worker" barrier)" >> /tmp/lf-bench-$n
+    echo "torchrun $(timed "$torchrun" --nproc-per-node "$n" --monitor-interval 0.1 \
+      --master-addr 127.0.0.1 --master-port 0 --no-python "$worker" barrier)" >> /tmp/lf-bench-$n
   done
-  /usr/bin/python3 - "$n" <<'PY'
+  "$python" - "$n" <<'PY'
 import statistics, sys
 n = sys.argv[1]
 rows = [line.split() for line in open(f"/tmp/lf-bench-{n}")]

@@ -100,18 +100,18 @@ TEST_CASE("FabricModule exposes train/eval and parameters of the original", "[wr
   CHECK(model.parameters().empty());
 }
 
-TEST_CASE("FabricOptimizer zero_grad zeroes in place or releases", "[wrappers]") {
+TEST_CASE("FabricOptimizer zero_grad releases by default or zeroes in place", "[wrappers]") {
   auto fabric = cpu_fabric();
   torch::nn::Linear net(2, 1);
   torch::optim::SGD sgd(net->parameters(), 0.1);
   auto [model, optimizer] = fabric.setup(net, sgd);
   fabric.backward(model(torch::ones({1, 2})).sum());
   auto grad = net->weight.grad();
-  optimizer.zero_grad();
+  optimizer.zero_grad(/*set_to_none=*/false);
   CHECK(net->weight.grad().defined());
   CHECK(net->weight.grad().data_ptr() == grad.data_ptr());  // same storage: in place
   CHECK(net->weight.grad().abs().sum().item<double>() == 0.0);
-  optimizer.zero_grad(/*set_to_none=*/true);
+  optimizer.zero_grad();  // Python's and LibTorch 2.x's default: set_to_none
   CHECK_FALSE(net->weight.grad().defined());
   CHECK(optimizer->param_groups().size() == 1);
 }

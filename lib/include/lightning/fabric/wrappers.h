@@ -150,9 +150,10 @@ class FabricOptimizer {
   bool step(const torch::optim::Optimizer::LossClosure& closure = nullptr) {
     return strategy_->optimizer_step(*optimizer_, closure);
   }
-  /// Clears gradients. Default: zero them in place (LibTorch's convention, and safe with DDP
-  /// bucket views); set_to_none=true releases them instead.
-  void zero_grad(bool set_to_none = false);
+  /// Clears gradients. Default: releases them (set_to_none, the default of LibTorch 2.x and
+  /// Python), so the next backward writes fresh gradients instead of adding to zeros;
+  /// set_to_none=false zeroes them in place.
+  void zero_grad(bool set_to_none = true);
 
   torch::optim::Optimizer& optimizer() const { return *optimizer_; }
   torch::optim::Optimizer* operator->() const { return optimizer_.get(); }
