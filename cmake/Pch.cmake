@@ -1,5 +1,5 @@
 # One precompiled header of the LibTorch API, built once in lf_pch and reused by every target.
-# With clang it halves a translation unit (BUILD-NOTES); with g++ it is 0.5 GB and saves little,
+# With clang it halves a translation unit (measured here); with g++ it is 0.5 GB and saves little,
 # so AUTO turns it on for clang only.
 if(LF_USE_PCH STREQUAL "AUTO")
   if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")

@@ -8,6 +8,8 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bin="${BUILD_DIR:-$root/build}/bin"
 python="${LF_PYTHON:-$root/.venv/bin/python}"
 torchrun="$(dirname "$python")/torchrun"
+# torchrun needs a real port: with 0 its workers are told port 0 and never meet.
+free_port() { "$python" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"; }
 repeats="${REPEATS:-3}"
 export OMP_NUM_THREADS=1
 for config in "784-1024-1024-10 64" "32-64-10 16"; do
@@ -17,7 +19,7 @@ for config in "784-1024-1024-10 64" "32-64-10 16"; do
       "$bin/lightning-run" model --accelerator cpu --devices "$ranks" "$bin/bench_ddp_step" "$1" "$2" 300 30 2>/dev/null \
         | sed 's/^\[rank 0\]: //'
       for impl in --ddp --fabric; do
-        "$torchrun" --nproc-per-node "$ranks" --monitor-interval 0.1 --master-addr 127.0.0.1 --master-port 0 \
+        "$torchrun" --nproc-per-node "$ranks" --monitor-interval 0.1 --master-addr 127.0.0.1 --master-port "$(free_port)" \
           "$root/scripts/bench_ddp_python.py" "$impl" "$1" "$2" 300 30 2>/dev/null | grep '^{'
       done
     done

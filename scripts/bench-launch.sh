@@ -10,6 +10,8 @@ bin="${BUILD_DIR:-$root/build}/bin"
 repeats="${REPEATS:-7}"
 python="${LF_PYTHON:-$root/.venv/bin/python}"
 torchrun="$(dirname "$python")/torchrun"
+# torchrun needs a real port: with 0 its workers are told port 0 and never meet.
+free_port() { "$python" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"; }
 if [ ! -x /usr/bin/time ]; then
   sudo_cmd=(); [ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends time
@@ -27,7 +29,7 @@ for n in 2 8; do
     echo "lightning-run $(timed "$bin/lightning-run" model --accelerator cpu --devices "$n" "$worker" barrier)" >> /tmp/lf-bench-$n
     echo "raw $(timed "$bin/bench_raw_launch" "$n" "$worker" barrier)" >> /tmp/lf-bench-$n
     echo "torchrun $(timed "$torchrun" --nproc-per-node "$n" --monitor-interval 0.1 \
-      --master-addr 127.0.0.1 --master-port 0 --no-python "$worker" barrier)" >> /tmp/lf-bench-$n
+      --master-addr 127.0.0.1 --master-port "$(free_port)" --no-python "$worker" barrier)" >> /tmp/lf-bench-$n
   done
   "$python" - "$n" <<'PY'
 import statistics, sys

@@ -34,6 +34,7 @@ def main():
         import lightning as L
         fabric = L.Fabric(accelerator="cpu", devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
                           strategy="ddp" if world > 1 else "auto")
+        fabric.launch()  # under torchrun: joins the group, starts nothing
         model, optimizer = fabric.setup(model, optimizer)
         backward = fabric.backward
         name = "python-lightning-fabric"

@@ -1,5 +1,5 @@
 // A reusable Trainer built only from Fabric's primitives: the C++ counterpart of Lightning's
-// "build your own trainer" example (REFERENCE.md §6). Copy it and change what you need.
+// "build your own trainer" example (after Python Lightning's example of that name). Copy it and change what you need.
 //
 // It trains a classifier (batches of data and target, cross-entropy loss by default) with:
 // max_epochs / max_steps, gradient accumulation through no_backward_sync, limit_train_batches /

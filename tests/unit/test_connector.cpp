@@ -1,4 +1,4 @@
-// The Connector's rules (REFERENCE.md §2): LT_* overrides, the CLI conflict error, accelerator,
+// The Connector's rules (as Python Lightning Fabric's): LT_* overrides, the CLI conflict error, accelerator,
 // precision and strategy resolution with their warnings and errors, plugins.
 
 #include "lightning/fabric/connector.h"

@@ -1,4 +1,4 @@
-// The devices table of REFERENCE.md §2, for CPU and CUDA (CUDA parsing is pure: it takes the
+// Python Fabric's devices rules, for CPU and CUDA (CUDA parsing is pure: it takes the
 // number of visible GPUs as an argument, so it is tested here without a GPU).
 
 #include "lightning/fabric/errors.h"

@@ -1,5 +1,5 @@
-// lightning-run's command line: Fabric's CLI flags with their defaults and choices (REFERENCE.md
-// §3), our supervision flags on top, and everything after the binary passed to it untouched.
+// lightning-run's command line: Python Fabric's CLI flags with their defaults and choices, our
+// supervision flags on top, and everything after the binary passed to it untouched.
 #pragma once
 
 #include <optional>

@@ -1,4 +1,4 @@
-// The environment each worker gets (DESIGN.md §4): the parent's, plus the LT_* variables and the
+// The environment each worker gets (docs/launcher.md): the parent's, plus the LT_* variables and the
 // torchrun set. Pinned by tests on both sides through lightning/fabric/utilities/env_vars.h.
 #pragma once
 

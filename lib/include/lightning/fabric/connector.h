@@ -1,5 +1,5 @@
 // The Connector turns FabricOptions plus the LT_* environment into concrete choices, with the
-// rules of Python's _Connector (REFERENCE.md §2): environment overrides and the CLI conflict
+// rules of Python's _Connector: environment overrides and the CLI conflict
 // error, accelerator "auto"/"gpu", the devices table, precision strings and aliases, strategy
 // "auto" and its fallbacks. resolve() is pure (names only); build() instantiates the plugins.
 #pragma once

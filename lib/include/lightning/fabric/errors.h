@@ -1,4 +1,4 @@
-// Typed errors of the runtime (DESIGN.md §7). They mirror Python's built-in exception classes so
+// Typed errors of the runtime. They mirror Python's built-in exception classes so
 // that users coming from Lightning Fabric catch what they expect. Every message names the call or
 // flag, the bad value, the valid choices and the fix.
 #pragma once

@@ -1,5 +1,5 @@
 // Fabric: the facade a training loop calls. It owns the Connector's choices and forwards to the
-// strategy; it owns nothing clever itself (DESIGN.md §5).
+// strategy; it owns nothing clever itself.
 //
 //   Fabric fabric(FabricOptions().accelerator("cpu"));
 //   fabric.launch();

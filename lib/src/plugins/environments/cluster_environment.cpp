@@ -77,7 +77,7 @@ void TorchElasticEnvironment::validate_settings(int num_devices, int num_nodes) 
   const int local_world = required_int(env_, env::kLocalWorldSize, "torchelastic");
   LF_CHECK(local_world == num_devices, ValueError, "The launcher started LOCAL_WORLD_SIZE=", local_world,
            " processes on this node, but this Fabric is configured for devices=", num_devices,
-           ". Make the launcher's --devices (torchrun: --nproc_per_node) match the Fabric options, or "
+           ". Make the launcher's --devices (torchrun: --nproc-per-node) match the Fabric options, or "
            "leave devices at \"auto\" and launch with lightning-run, which passes its value in LT_DEVICES.");
 }
 

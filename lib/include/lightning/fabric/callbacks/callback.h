@@ -1,5 +1,5 @@
 // Callbacks: user objects whose hooks Fabric::call(name, args) invokes, in the order the callbacks
-// were given to FabricOptions. The trainer's hooks (REFERENCE.md §6) are virtual methods that do
+// were given to FabricOptions. The trainer's hooks are virtual methods that do
 // nothing by default, so a callback overrides only those it needs and is skipped for the rest;
 // any other hook name (your own) reaches on_hook. C++ cannot look at a function's parameters as
 // Python does, so every hook receives the call's named arguments and takes what it needs:
@@ -78,7 +78,7 @@ class Callback {
 /// on_hook. Not collective.
 void invoke_hook(Callback& callback, const std::string& name, const HookArgs& args);
 
-/// The trainer's hook names, in REFERENCE.md §6's order.
+/// The trainer's hook names, in the order Python Lightning's trainer example calls them.
 const std::vector<std::string>& trainer_hook_names();
 
 }  // namespace lightning::fabric

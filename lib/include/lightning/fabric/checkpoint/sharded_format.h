@@ -1,4 +1,4 @@
-// The layout of a sharded checkpoint folder (DESIGN.md §6) without LibTorch, shared by the fsdp
+// The layout of a sharded checkpoint folder (docs/checkpoints.md) without LibTorch, shared by the fsdp
 // strategy (which writes and reshards folders) and `lightning-run model consolidate`:
 //   DIR/metadata.json      {"format": "lightning-fabric-sharded", "version": 1, "world_size",
 //                          "parts", "tensors": {path: {"shape": [...], "dtype": "Float"}}}

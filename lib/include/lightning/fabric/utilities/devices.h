@@ -1,6 +1,6 @@
 // The `devices` setting: what the user may write (an int, a string such as "2", "0,2", "-1" or
 // "auto", or a list of indices) and how each accelerator turns it into concrete devices
-// (REFERENCE.md §2, the devices table).
+// (Python Fabric's devices rules).
 #pragma once
 
 #include <string>

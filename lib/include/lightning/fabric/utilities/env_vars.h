@@ -1,4 +1,4 @@
-// The launcher <-> runtime contract (DESIGN.md §4): the name of every environment variable that
+// The launcher <-> runtime contract (docs/launcher.md): the name of every environment variable that
 // lightning-run sets and the runtime reads. Tests on both sides pin these names.
 #pragma once
 

@@ -1,6 +1,6 @@
 // The torchrun variables of one worker, built from where its node stands in the job. Shared by
 // lightning-run (launcher/) and Fabric::launch() (strategies/launchers/), so that a program sees
-// the same contract either way (DESIGN.md §4).
+// the same contract either way (docs/launcher.md).
 #pragma once
 
 #include <map>

@@ -1,7 +1,7 @@
 // Child processes for the launcher and for Fabric::launch(): spawning with the environment
 // contract, each worker in its own process group and killed if its parent dies, exit notification
 // through pidfds (no polling loops), and bounded teardown (polite signal, grace, SIGKILL, reap).
-// One implementation serves both lightning-run and Fabric::launch() (DESIGN.md §4).
+// One implementation serves both lightning-run and Fabric::launch().
 #pragma once
 
 #include <sys/types.h>

@@ -1,6 +1,6 @@
 // Precision plugins: how a module's parameters, inputs and outputs are typed and how backward and
 // the optimizer step run. The base class is full precision ("32-true"); subclasses override only
-// what differs. Registry names and aliases are resolved by the Connector (REFERENCE.md §2, §5).
+// what differs. Registry names and aliases are resolved by the Connector.
 #pragma once
 
 #include <torch/nn/module.h>

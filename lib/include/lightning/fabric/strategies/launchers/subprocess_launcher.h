@@ -1,5 +1,5 @@
 // Fabric::launch() without a launcher: re-executes the current program once per extra local
-// rank with the environment contract lightning-run would give it (DESIGN.md §4), supervises the
+// rank with the environment contract lightning-run would give it, supervises the
 // children with the launcher's process code, and lets this process continue as local rank 0.
 // When a child fails, the others and this process are stopped and the job exits with the child's
 // code (or 128 + signal); when this process exits normally it first waits for its children.
