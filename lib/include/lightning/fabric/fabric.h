@@ -292,6 +292,9 @@ class Fabric {
   }
 
   // ---- collectives (every process must call them) ----
+  // Devices: tensors may be on the CPU or on this rank's device, whatever the backend (gloo: CPU,
+  // nccl: this rank's GPU); a tensor on the other device is staged through the group's device, and
+  // results come back on the device of the tensor passed in (plugins/collectives/collective.h).
   void barrier(const std::string& name = {});
 
   /// Saves state (modules, optimizers, schedulers, loss scalers as state dicts; plain values as

@@ -86,7 +86,8 @@ class Strategy {
                               const torch::optim::Optimizer::LossClosure& closure = nullptr);
 
   // Collectives. Every process of the group must call them (they are collective); on a single
-  // process they return their input (all_gather adds no dimension there).
+  // process they return their input (all_gather adds no dimension there). Tensors on any device:
+  // results come back on the input's device (see Collective for how they cross to the group's).
   virtual void barrier(const std::string& name = {}) { (void)name; }
   virtual at::Tensor all_reduce(const at::Tensor& tensor, ReduceOp op) { (void)op; return tensor; }
   virtual at::Tensor all_gather(const at::Tensor& tensor) { return tensor; }
