@@ -126,8 +126,11 @@ ResolvedConfig resolve_config(const FabricOptions& options, const env::EnvLookup
       from_env(env, env::kDevices, "devices", "devices", options.devices().to_string(), "auto");
   const std::string num_nodes =
       from_env(env, env::kNumNodes, "num_nodes", "num-nodes", std::to_string(options.num_nodes()), "1");
+  // precision("32-true") written in code is the documented default: no conflict with a flag.
+  const std::string code_precision = options.precision().value_or("");
+  const bool default_precision = code_precision == "32-true" || code_precision == "32";
   const std::string precision =
-      from_env(env, env::kPrecision, "precision", "precision", options.precision().value_or(""), "");
+      from_env(env, env::kPrecision, "precision", "precision", default_precision ? "" : code_precision, "");
 
   config.precision = resolve_precision(precision.empty() ? "32-true" : precision, config.warnings);
   config.accelerator = resolve_accelerator(accelerator);

@@ -57,8 +57,8 @@ TEST_CASE("under the CLI a code value that differs from default and flag is a co
   CHECK_THROWS_AS(resolve(lf::FabricOptions().devices(2), cli), lf::ValueError);
   CHECK_THROWS_WITH(resolve(lf::FabricOptions().num_nodes(3), cli), Contains("--num-nodes=1"));
   Env precision_cli{{"LT_CLI_USED", "1"}, {"LT_PRECISION", "64-true"}};
-  CHECK_THROWS_WITH(resolve(lf::FabricOptions().precision("32-true"), precision_cli),
-                    Contains("precision(32-true)") && Contains("--precision=64-true"));
+  CHECK_THROWS_WITH(resolve(lf::FabricOptions().precision("bf16-mixed"), precision_cli),
+                    Contains("precision(bf16-mixed)") && Contains("--precision=64-true"));
   Env strategy_cli{{"LT_CLI_USED", "1"}, {"LT_STRATEGY", "ddp"}};
   CHECK_THROWS_WITH(resolve(lf::FabricOptions().strategy("single_device"), strategy_cli), Contains("--strategy=ddp"));
   Env accel_cli{{"LT_CLI_USED", "1"}, {"LT_ACCELERATOR", "cpu"}};
@@ -70,6 +70,11 @@ TEST_CASE("under the CLI, defaults and equal values are no conflict", "[connecto
   CHECK(resolve(kDefaults, cli).device_indices.size() == 2);
   CHECK(resolve(lf::FabricOptions().devices(2).accelerator("cpu"), cli).device_indices.size() == 2);
   CHECK(resolve(lf::FabricOptions().devices("2"), cli).device_indices.size() == 2);
+  // The documented default written out in code is no conflict either (Python raises here).
+  Env precision_cli{{"LT_CLI_USED", "1"}, {"LT_PRECISION", "bf16-mixed"}};
+  CHECK(resolve(lf::FabricOptions().precision("32-true"), precision_cli).precision == "bf16-mixed");
+  CHECK(resolve(lf::FabricOptions().precision("32"), precision_cli).precision == "bf16-mixed");
+  CHECK(resolve(lf::FabricOptions().precision("32-true"), {}).precision == "32-true");
 }
 
 TEST_CASE("accelerator names: auto, cpu, gpu/cuda without a GPU, invalid", "[connector]") {
