@@ -4,6 +4,8 @@
 
 #include "lightning/fabric.h"
 // Catch2 last: glog (inside LibTorch) defines its own CHECK macro, Catch2 must win.
+#include <type_traits>
+
 #include <catch2/catch.hpp>
 
 namespace lf = lightning::fabric;
@@ -57,6 +59,11 @@ std::vector<torch::Tensor> snapshot(const std::vector<torch::Tensor>& params) {
   return copies;
 }
 }  // namespace
+
+// A copy of a Fabric would share the strategy but not the launch state (it could start the
+// workers twice): copying is refused at compile time.
+static_assert(!std::is_copy_constructible_v<lf::Fabric> && !std::is_copy_assignable_v<lf::Fabric>,
+              "Fabric must not be copyable");
 
 TEST_CASE("pattern 1: one model and one optimizer", "[setup]") {
   auto fabric = cpu_fabric();

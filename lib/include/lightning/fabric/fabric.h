@@ -118,6 +118,10 @@ class Fabric {
   explicit Fabric(FabricOptions options = FabricOptions());
   /// Same, under an explicit environment (tests, embedding).
   Fabric(FabricOptions options, env::EnvLookup env);
+  /// One Fabric per job: a copy would share the strategy but not the launch state, and could start
+  /// the workers twice. Pass it by reference.
+  Fabric(const Fabric&) = delete;
+  Fabric& operator=(const Fabric&) = delete;
 
   // ---- where this process stands ----
   torch::Device device() const { return connector_.strategy->root_device(); }
