@@ -1,7 +1,7 @@
-# Every third-party package the build uses (docs/decisions.md, "Dependencies");
-# scripts/install-deps.sh installs them.
+# Every third-party package the build uses (why each: docs/decisions.md); scripts/install-deps.sh
+# installs them.
 #
-# LibTorch: any LibTorch 2.x. Without a hint the build takes the one inside the project's own Python
+# LibTorch: 2.11 or newer. Without a hint the build takes the one inside the project's own Python
 # environment (.venv, made by scripts/install-deps.sh: PyTorch 2.11.0 from PyPI, built for CUDA 13.0).
 # Point it elsewhere with -DCMAKE_PREFIX_PATH=/path/to/libtorch (an official zip), or with
 # -DLF_PYTHON=/path/to/python (a conda or pip torch: its torch.utils.cmake_prefix_path is used).
@@ -18,9 +18,13 @@ if(LF_PYTHON AND NOT Torch_DIR)
 endif()
 find_package(Torch 2 QUIET)
 if(NOT Torch_FOUND)
-  message(FATAL_ERROR "lightning-fabric needs LibTorch 2.x and found none. Run scripts/install-deps.sh "
+  message(FATAL_ERROR "lightning-fabric needs LibTorch 2.11 or newer and found none. Run scripts/install-deps.sh "
                       "(PyTorch 2.11.0 into .venv), or pass -DCMAKE_PREFIX_PATH=/path/to/libtorch, or "
                       "-DLF_PYTHON=/path/to/python with torch installed.")
+endif()
+if(Torch_VERSION VERSION_LESS 2.11)
+  message(WARNING "lightning-fabric: LibTorch ${Torch_VERSION} is older than 2.11, the oldest supported "
+                  "(docs/decisions.md): it may build and then fail in a gloo collective at run time.")
 endif()
 find_package(Threads REQUIRED)
 # LF_THIRD_PARTY_DIR: a folder made by scripts/vendor-headers.sh with header-only copies of the
@@ -63,7 +67,7 @@ if(LF_WITH_CUDA AND NOT LF_TORCH_HAS_CUDA)
                       "Point CMAKE_PREFIX_PATH at a CUDA LibTorch (e.g. a pip wheel's torch/share/cmake).")
 endif()
 # A CUDA LibTorch 2.x links the CUDA runtime, never the driver: programs start and train on a
-# machine without a GPU or driver (test launcher.programs_do_not_need_the_gpu_driver). No
+# machine without a GPU or driver (test build.programs_do_not_need_the_gpu_driver). No
 # --as-needed here: it would drop libtorch_cuda.so, whose load registers the CUDA kernels.
 
 # LF_TORCH_LINK: what every target links instead of ${TORCH_LIBRARIES}. The PyPI wheel's

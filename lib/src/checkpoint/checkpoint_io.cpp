@@ -55,9 +55,7 @@ c10::IValue plain(const c10::IValue& value) {
   }
   return value;
 }
-}  // namespace
 
-namespace {
 // The archive's data.pkl through LibTorch's unpickler, after pickle::plain_dicts: files written by
 // Python (torch.save, Python Fabric) hold OrderedDicts, which LibTorch alone reads as None.
 c10::IValue unpickle_archive(caffe2::serialize::PyTorchStreamReader& reader, const fs::path& path) {

@@ -232,17 +232,13 @@ void Collective::broadcast_(at::Tensor& tensor, int src) {
 }
 
 std::string Collective::broadcast_bytes(const std::string& bytes, int src) {
-  const auto on_device = at::TensorOptions().device(impl_->device);
-  at::Tensor size = at::full({1}, static_cast<int64_t>(bytes.size()), on_device.dtype(at::kLong));
+  // CPU tensors: broadcast_ stages them through the group's device.
+  at::Tensor size = at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong);
   broadcast_(size, src);
   const int64_t count = size.item<int64_t>();
-  at::Tensor data = at::empty({count}, at::TensorOptions().dtype(at::kByte));
+  at::Tensor data = at::empty({count}, at::kByte);
   if (impl_->rank == src) std::copy(bytes.begin(), bytes.end(), data.data_ptr<uint8_t>());
-  if (count > 0) {
-    data = data.to(impl_->device);
-    broadcast_(data, src);
-    data = data.cpu();
-  }
+  if (count > 0) broadcast_(data, src);
   return std::string(reinterpret_cast<const char*>(data.data_ptr<uint8_t>()), static_cast<size_t>(count));
 }
 

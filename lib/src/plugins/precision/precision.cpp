@@ -1,10 +1,10 @@
 #include "lightning/fabric/plugins/precision/precision.h"
 
 #include <ATen/autocast_mode.h>
-
-#include <vector>
 #include <c10/core/DefaultDtype.h>
 #include <torch/types.h>
+
+#include <array>
 
 #include "lightning/fabric/errors.h"
 
@@ -78,11 +78,12 @@ ScopeGuard MixedPrecision::forward_context() const {
     bool enabled;
     at::ScalarType dtype;
   };
-  std::vector<Saved> saved;
-  for (const auto type : {at::kCPU, at::kCUDA}) {
-    saved.push_back({type, at::autocast::is_autocast_enabled(type), at::autocast::get_autocast_dtype(type)});
-    at::autocast::set_autocast_enabled(type, true);
-    at::autocast::set_autocast_dtype(type, dtype_);
+  std::array<Saved, 2> saved{};  // every forward passes here: no allocation
+  const std::array<at::DeviceType, 2> types{at::kCPU, at::kCUDA};
+  for (size_t i = 0; i < types.size(); ++i) {
+    saved[i] = {types[i], at::autocast::is_autocast_enabled(types[i]), at::autocast::get_autocast_dtype(types[i])};
+    at::autocast::set_autocast_enabled(types[i], true);
+    at::autocast::set_autocast_dtype(types[i], dtype_);
   }
   at::autocast::increment_nesting();
   return ScopeGuard([saved] {
