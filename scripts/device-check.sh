@@ -10,7 +10,8 @@
 #      (fsdp with a float16 loss scaler whose overflow flag crosses the group);
 #   3. the step-time benchmark per precision;
 #   4. P8: the bf16-mixed GPT step of examples/gpt against scripts/p8_python_fabric.py under Python
-#      Lightning Fabric, same GPU, model and batch, alternated (goal: C++ at most 0.95 of Python).
+#      Lightning Fabric, same GPU, model and batch, alternated (goal: C++ at most 0.95 of Python),
+#      then the Python loop once more in plain PyTorch.
 # It ends with a summary. Logs and results.md go to $OUT (when set), else build-device/out.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -83,6 +84,9 @@ for round in 1 2; do
   grep -h '"P8' "$out/p8-python-$round.log" | tee -a "$results"
   python_ms+=("$(median "$out/p8-python-$round.log")")
 done
+# The same loop in plain PyTorch: how much of Python's time is Lightning's own.
+run_step p8-python-plain "$python" "$root/scripts/p8_python_fabric.py" --accelerator cuda --precision bf16-mixed --plain
+grep -h '"P8' "$out/p8-python-plain.log" | tee -a "$results"
 
 say ""
 say "## summary"

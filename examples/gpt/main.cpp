@@ -25,20 +25,27 @@ struct GptSettings {
 struct BlockImpl : torch::nn::Module {
   BlockImpl(int64_t d, int64_t heads)
       : ln1(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})))),
-        attention(register_module("attention", torch::nn::MultiheadAttention(torch::nn::MultiheadAttentionOptions(d, heads)))),
+        qkv(register_module("qkv", torch::nn::Linear(d, 3 * d))),
+        projection(register_module("projection", torch::nn::Linear(d, d))),
         ln2(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})))),
         fc1(register_module("fc1", torch::nn::Linear(d, 4 * d))),
-        fc2(register_module("fc2", torch::nn::Linear(4 * d, d))) {}
-  // x: [T, B, D] (LibTorch 1.13's attention is sequence-first); mask: [T, T] additive causal mask.
-  torch::Tensor forward(torch::Tensor x, const torch::Tensor& mask) {
-    auto h = ln1(x);
-    x = x + std::get<0>(attention->forward(h, h, h, /*key_padding_mask=*/torch::Tensor(), /*need_weights=*/false, mask));
+        fc2(register_module("fc2", torch::nn::Linear(4 * d, d))),
+        heads(heads) {}
+  // x: [B, T, D]; causal self-attention through scaled_dot_product_attention (flash/efficient
+  // kernels on CUDA), the same call as the Python twin's.
+  torch::Tensor forward(torch::Tensor x) {
+    const int64_t batch = x.size(0), length = x.size(1), d = x.size(2);
+    auto split = qkv(ln1(x)).view({batch, length, 3, heads, d / heads}).permute({2, 0, 3, 1, 4});  // [3, B, H, T, hd]
+    auto attended = at::scaled_dot_product_attention(split[0], split[1], split[2], /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                                     /*is_causal=*/true);
+    x = x + projection(attended.transpose(1, 2).reshape({batch, length, d}));
     return x + fc2(torch::gelu(fc1(ln2(x))));
   }
   torch::nn::LayerNorm ln1;
-  torch::nn::MultiheadAttention attention;
+  torch::nn::Linear qkv, projection;
   torch::nn::LayerNorm ln2;
   torch::nn::Linear fc1, fc2;
+  int64_t heads;
 };
 TORCH_MODULE(Block);
 
@@ -52,11 +59,9 @@ struct GptImpl : torch::nn::Module {
   }
   // tokens: [B, T] -> logits [B, T, vocab]
   torch::Tensor forward(const torch::Tensor& ids) {
-    const int64_t length = ids.size(1);
-    auto mask = torch::full({length, length}, -INFINITY, torch::TensorOptions().device(ids.device())).triu(1);
-    auto x = (tokens(ids) + positions(torch::arange(length, ids.options()))).transpose(0, 1);  // [T, B, D]
-    for (auto& block : blocks) x = block(x, mask.to(x.scalar_type()));
-    return head(ln_f(x)).transpose(0, 1);
+    auto x = tokens(ids) + positions(torch::arange(ids.size(1), ids.options()));  // [B, T, D]
+    for (auto& block : blocks) x = block(x);
+    return head(ln_f(x));
   }
   torch::nn::Embedding tokens, positions;
   std::vector<Block> blocks;

@@ -49,8 +49,10 @@ TEST_CASE("cuda: 16-mixed runs the forward in float16 and scales the loss", "[gp
   auto out = model(torch::randn({4, 8}));
   CHECK(probe->activation == torch::kFloat16);
   CHECK(out.scalar_type() == torch::kFloat32);
-  fabric.backward(out.sum());
-  CHECK(probe->fc->bias.grad()[0].item<float>() == Approx(4.0 * 65536.0));  // scaled by the initial scale
+  // mean, not sum: d(sum)/d(out) = 65536 would overflow float16 (max 65504), and the step would be
+  // skipped, as under Python's GradScaler. Each of the 16 outputs gets 65536 / 16; the bias sums 4 rows.
+  fabric.backward(out.mean());
+  CHECK(probe->fc->bias.grad()[0].item<float>() == Approx(4.0 * 65536.0 / 16.0));
   CHECK(optimizer.step());
   CHECK(fabric.precision()->loss_scaler()->growth_tracker() == 1);
 }
