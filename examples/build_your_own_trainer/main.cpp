@@ -7,6 +7,7 @@
 
 #include <iostream>
 
+#include "fabric_flags.h"
 #include "fashion_cnn.h"
 #include "fashion_mnist.h"
 #include "trainer.h"
@@ -15,7 +16,8 @@ namespace lf = lightning::fabric;
 
 int main(int argc, char** argv) {
   trainer::TrainerOptions options;
-  std::string accelerator = "auto", devices = "auto", strategy = "auto", precision = "32-true", log_dir;
+  examples::FabricFlags fabric;  // unset unless given: lightning-run or the launcher decides
+  std::string log_dir;
   std::string data_dir = examples::kDefaultFashionMnistDir;
   int64_t batch_size = 64;
   double lr = 1e-3;
@@ -34,13 +36,10 @@ int main(int argc, char** argv) {
   app.add_option("--lr", lr, "Adam learning rate")->check(CLI::PositiveNumber);
   app.add_option("--seed", seed, "Global seed");
   app.add_option("--data-dir", data_dir, "Folder with the Fashion-MNIST idx files");
-  app.add_option("--accelerator", accelerator, "cpu, cuda, gpu or auto");
-  app.add_option("--devices", devices, "Processes/devices on this node");
-  app.add_option("--strategy", strategy, "auto, ddp, fsdp, ...");
-  app.add_option("--precision", precision, "32-true, bf16-mixed, ...");
+  fabric.add_to(app);
   CLI11_PARSE(app, argc, argv);
   try {
-    options.fabric.accelerator(accelerator).devices(devices).strategy(strategy).precision(precision);
+    options.fabric = fabric.apply(options.fabric);
     if (!log_dir.empty()) {
       options.fabric.logger(std::make_shared<lf::CSVLogger>(log_dir, "csv"));
       options.fabric.logger(std::make_shared<lf::TensorBoardLogger>(log_dir, "tensorboard"));

@@ -10,6 +10,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+
+#include "fabric_flags.h"
 #include <chrono>
 #include <iostream>
 
@@ -19,7 +21,7 @@ struct GptSettings {
   int64_t vocab = 8192, seq = 512, d_model = 768, heads = 12, layers = 12, batch_size = 16;
   int steps = 60, warmup = 10;
   double peak_tflops = 989.0;  // H100/H200 SXM dense bf16
-  std::string accelerator = "auto", precision = "bf16-mixed";
+  examples::FabricFlags fabric;  // --accelerator, --devices, --strategy, --precision: unset unless given
 };
 
 struct BlockImpl : torch::nn::Module {
@@ -82,11 +84,10 @@ int main(int argc, char** argv) {
   app.add_option("--steps", s.steps, "Timed steps");
   app.add_option("--warmup", s.warmup, "Untimed steps first");
   app.add_option("--peak-tflops", s.peak_tflops, "The card's bf16 peak, for the utilisation figure");
-  app.add_option("--accelerator", s.accelerator, "cpu, cuda or auto");
-  app.add_option("--precision", s.precision, "bf16-mixed, 32-true, ...");
+  s.fabric.add_to(app);
   CLI11_PARSE(app, argc, argv);
   try {
-    lf::Fabric fabric(lf::FabricOptions().accelerator(s.accelerator).devices(1).precision(s.precision));
+    lf::Fabric fabric(s.fabric.apply());
     fabric.seed_everything(0);
     Gpt net(s);
     int64_t parameters = 0;
@@ -113,8 +114,9 @@ int main(int argc, char** argv) {
     const double tokens = static_cast<double>(s.batch_size * s.seq);
     // Training FLOPs per token: 6 per parameter plus attention's 12 * layers * seq * d_model.
     const double flops = tokens * (6.0 * static_cast<double>(parameters) + 12.0 * s.layers * s.seq * s.d_model);
+    if (!fabric.is_global_zero()) return 0;  // one line per job, from rank 0 (its own steps' times)
     std::cout << "{\"benchmark\":\"P8 gpt\",\"implementation\":\"lightning-fabric-cpp\",\"device\":\"" << device.str()
-              << "\",\"precision\":\"" << s.precision << "\",\"parameters\":" << parameters << ",\"batch_size\":" << s.batch_size
+              << "\",\"precision\":\"" << fabric.precision()->name() << "\",\"parameters\":" << parameters << ",\"batch_size\":" << s.batch_size
               << ",\"seq\":" << s.seq << ",\"median_step_ms\":" << median << ",\"tokens_per_s\":" << tokens / (median / 1e3)
               << ",\"model_tflops\":" << flops / (median / 1e3) / 1e12
               << ",\"fraction_of_peak\":" << flops / (median / 1e3) / (s.peak_tflops * 1e12) << "}" << std::endl;

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <iostream>
 
+#include "fabric_flags.h"
 #include "fashion_cnn.h"
 #include "fashion_mnist.h"
 
@@ -31,9 +32,7 @@ struct Settings {
   int64_t max_steps = -1;  // stop after this many optimizer steps in total (smoke runs)
   std::string data_dir = examples::kDefaultFashionMnistDir;
   uint64_t seed = 42;
-  std::string accelerator = "auto";
-  std::string devices = "auto";
-  std::string precision = "32-true";
+  examples::FabricFlags fabric;  // unset unless given: lightning-run or the launcher decides
   std::string checkpoint_dir;  // save at the end of every epoch and at --max-steps
   std::string resume;          // a checkpoint written by --checkpoint-dir
 };
@@ -60,10 +59,7 @@ double evaluate(lf::Fabric& fabric, Model& model, Loader& loader) {
 
 int run(const Settings& settings) {
   // devices, strategy, ... come from the command line: --devices N here, or lightning-run's flags.
-  lf::Fabric fabric(lf::FabricOptions()
-                        .accelerator(settings.accelerator)
-                        .devices(settings.devices)
-                        .precision(settings.precision));
+  lf::Fabric fabric(settings.fabric.apply());
   // No fabric.launch() call: the first setup starts the other processes when devices > 1, and
   // under lightning-run (which refuses launch(), as Python's CLI does) it has nothing to start.
   fabric.seed_everything(settings.seed);
@@ -144,13 +140,11 @@ int main(int argc, char** argv) {
   app.add_option("--max-steps", settings.max_steps, "Stop after this many steps in total (-1: no limit)");
   app.add_option("--data-dir", settings.data_dir, "Folder with the Fashion-MNIST idx files");
   app.add_option("--seed", settings.seed, "Global seed");
-  app.add_option("--accelerator", settings.accelerator, "cpu, cuda, gpu or auto (lightning-run's --accelerator overrides)");
-  app.add_option("--devices", settings.devices, "Processes/devices on this node (lightning-run's --devices overrides)");
+  settings.fabric.add_to(app);
   app.add_option("--checkpoint-dir", settings.checkpoint_dir,
                  "Save a checkpoint here at the end of every epoch and at --max-steps (epoch=E-step=S.ckpt)");
   app.add_option("--resume", settings.resume, "Continue from a checkpoint written by --checkpoint-dir")
       ->check(CLI::ExistingPath);
-  app.add_option("--precision", settings.precision, "32-true, bf16-mixed, 16-mixed, ... (lightning-run's --precision overrides)");
   CLI11_PARSE(app, argc, argv);
   try {
     return run(settings);

@@ -90,7 +90,8 @@ std::string resolve_strategy(const std::string& value, bool configured, const Re
   LF_CHECK(known || configured || strategy_registry().contains(value), ValueError, "strategy=\"", value,
            "\" is not valid. Choose one of: ", choices_with(choices, strategy_registry().names()), ".");
   if (value == "auto") {
-    return (config.num_nodes > 1 || config.num_processes_per_node() > 1) ? "ddp" : "single_device";
+    const bool several = config.num_nodes > 1 || config.num_processes_per_node() > 1 || config.launched_world_size > 1;
+    return several ? "ddp" : "single_device";
   }
   if (value == "dp" && config.accelerator == "cpu") {
     warnings.push_back("strategy=\"dp\" is not supported on CPU: using strategy=\"ddp\" instead.");
@@ -124,7 +125,7 @@ ResolvedConfig resolve_config(const FabricOptions& options, const env::EnvLookup
   const std::string strategy = from_env(env, env::kStrategy, "strategy", "strategy", options.strategy(), "auto");
   const std::string devices =
       from_env(env, env::kDevices, "devices", "devices", options.devices().to_string(), "auto");
-  const std::string num_nodes =
+  std::string num_nodes =
       from_env(env, env::kNumNodes, "num_nodes", "num-nodes", std::to_string(options.num_nodes()), "1");
   // precision("32-true") written in code is the documented default: no conflict with a flag.
   const std::string code_precision = options.precision().value_or("");
@@ -136,11 +137,22 @@ ResolvedConfig resolve_config(const FabricOptions& options, const env::EnvLookup
   config.accelerator = resolve_accelerator(accelerator);
   // The code's own DevicesSpec keeps its form (a list stays a list) unless the environment replaced it.
   DevicesSpec spec = devices == options.devices().to_string() ? options.devices() : DevicesSpec(devices);
-  // Under torchrun, srun or mpirun, "auto" is the number of processes the launcher started here.
+  // Under torchrun, srun or mpirun, devices "auto" is the number of processes the launcher started
+  // here, and an unset num_nodes is the number of nodes its job spans.
+  auto environment = single_plugin<ClusterEnvironment>(options.plugins(), "cluster environment");
+  if (!environment) environment = detect_cluster_environment(env);
   if (devices == "auto") {
-    auto environment = single_plugin<ClusterEnvironment>(options.plugins(), "cluster environment");
-    if (!environment) environment = detect_cluster_environment(env);
     if (auto launched = environment->launched_processes_per_node()) spec = DevicesSpec(*launched);
+  }
+  if (!options.num_nodes_given() && !env(env::kNumNodes)) {
+    if (auto nodes = environment->launched_num_nodes()) num_nodes = std::to_string(*nodes);
+  }
+  if (environment->creates_processes_externally()) {
+    try {
+      config.launched_world_size = environment->world_size();
+    } catch (const std::exception&) {
+      // a missing rank variable is reported where the strategy needs it, with its own message
+    }
   }
   config.device_indices = accelerator_registry().create(config.accelerator)->parse_devices(spec);
   config.num_nodes = resolve_num_nodes(num_nodes);
@@ -168,6 +180,12 @@ Connector Connector::build(const FabricOptions& options, const env::EnvLookup& e
   auto environment_plugin = single_plugin<ClusterEnvironment>(options.plugins(), "cluster environment");
   connector.cluster_environment = environment_plugin ? environment_plugin : detect_cluster_environment(env);
   connector.cluster_environment->validate_settings(config.num_processes_per_node(), config.num_nodes);
+  const auto& environment = *connector.cluster_environment;
+  LF_CHECK(!(environment.creates_processes_externally() && environment.world_size() > 1 &&
+             (config.strategy == "single_device" || config.strategy == "dp")),
+           ValueError, "strategy=\"", config.strategy, "\" runs one process, but ", environment.launch_description(),
+           " started this process as one of ", environment.world_size(), ". Use strategy \"ddp\" or \"fsdp\" (or ",
+           "\"auto\"), or launch one process.");
 
   StrategyContext context;
   context.accelerator = connector.accelerator;

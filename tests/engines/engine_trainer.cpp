@@ -97,8 +97,8 @@ int main(int argc, char** argv) {
     std::cerr << "rank " << args.fail_rank << " fails on purpose before joining" << std::endl;
     return 3;
   }
-  fabric.launch();
-
+  // No launch() call: setup() forms the group (and starts the processes when Fabric must), which
+  // also works under lightning-run, where an explicit launch() is refused as in Python.
   lf::Fabric::seed_everything(7);
   torch::nn::Sequential net(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 1));
   net->to(torch::kFloat64);

@@ -426,8 +426,8 @@ TEST_CASE("the same binary runs under hand-made srun-like and mpirun-like enviro
   REQUIRE(expected.size() == 2);
   const std::string port = std::to_string(lf_test::free_port());
   const std::vector<std::map<std::string, std::string>> schedulers = {
-      {{"SLURM_NTASKS", "2"}, {"SLURM_NTASKS_PER_NODE", "2"}, {"SLURM_NODEID", "0"}, {"SLURM_NODELIST", "localhost"},
-       {"SLURM_JOB_ID", "77"}, {"MASTER_PORT", port}},
+      {{"SLURM_NTASKS", "2"}, {"SLURM_STEP_ID", "0"}, {"SLURM_STEP_TASKS_PER_NODE", "2"}, {"SLURM_NODEID", "0"},
+       {"SLURM_NODELIST", "localhost"}, {"SLURM_JOB_ID", "77"}, {"MASTER_PORT", port}},
       {{"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
        {"MASTER_PORT", port}}};
   for (const auto& common : schedulers) {

@@ -179,11 +179,35 @@ TEST_CASE("devices auto is the number of processes an external launcher started 
   Env mpi{{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "3"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
           {"OMPI_COMM_WORLD_LOCAL_SIZE", "3"}};
   CHECK(resolve(kDefaults, mpi).num_processes_per_node() == 3);
-  Env slurm{{"SLURM_NTASKS", "4"}, {"SLURM_JOB_NAME", "train"}, {"SLURM_NODELIST", "n1"}, {"SLURM_PROCID", "0"},
+  Env slurm{{"SLURM_NTASKS", "4"}, {"SLURM_STEP_ID", "0"}, {"SLURM_JOB_NAME", "interactive"}, {"SLURM_PROCID", "0"},
             {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "0"}, {"SLURM_STEP_TASKS_PER_NODE", "4(x1)"}};
   CHECK(resolve(kDefaults, slurm).num_processes_per_node() == 4);
   CHECK(resolve(kDefaults, {}).num_processes_per_node() == 1);  // not launched: one CPU process
   CHECK(resolve(lf::FabricOptions().devices(2), torchrun).num_processes_per_node() == 2);  // explicit stays
+  CHECK(resolve(lf::FabricOptions().devices("auto"), torchrun).num_processes_per_node() == 2);  // the default, written
+}
+
+TEST_CASE("an unset num_nodes follows the launcher; an explicit one that disagrees is an error", "[connector]") {
+  // One rank of a 2-node srun step with 1 task per node: without num_nodes it must be ddp over 2.
+  Env slurm{{"SLURM_NTASKS", "2"}, {"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "1"}, {"SLURM_LOCALID", "0"},
+            {"SLURM_NODEID", "1"}, {"SLURM_STEP_TASKS_PER_NODE", "1(x2)"}, {"SLURM_STEP_NUM_NODES", "2"},
+            {"SLURM_STEP_NODELIST", "n[1-2]"}, {"SLURM_JOB_ID", "9"}};
+  auto connector = lf::Connector::build(lf::FabricOptions().accelerator("cpu"), lf::env::map_env(slurm));
+  CHECK(connector.config.num_nodes == 2);
+  CHECK(connector.config.strategy == "ddp");
+  CHECK_THROWS_WITH(lf::Connector::build(lf::FabricOptions().accelerator("cpu").num_nodes(1), lf::env::map_env(slurm)),
+                    Contains("num_nodes=1") && Contains("spans 2 nodes") && Contains("SLURM_STEP_NUM_NODES=2"));
+  CHECK_THROWS_WITH(lf::Connector::build(lf::FabricOptions().accelerator("cpu").devices(2), lf::env::map_env(slurm)),
+                    Contains("devices=2") && Contains("started 1 processes"));
+}
+
+TEST_CASE("never single_device while the launcher started several processes", "[connector]") {
+  // PMI without MPI_LOCALNRANKS: no count per node, so devices "auto" is 1, but the world is 2.
+  Env mpi{{"PMI_RANK", "0"}, {"PMI_SIZE", "2"}};
+  CHECK(lf::Connector::build(lf::FabricOptions().accelerator("cpu"), lf::env::map_env(mpi)).config.strategy == "ddp");
+  CHECK_THROWS_WITH(
+      lf::Connector::build(lf::FabricOptions().accelerator("cpu").strategy("single_device"), lf::env::map_env(mpi)),
+      Contains("single_device") && Contains("one of 2"));
 }
 
 namespace {

@@ -33,9 +33,11 @@ TEST_CASE("no variables: the Lightning environment, not launched", "[environment
   CHECK(environment->main_address() == "127.0.0.1");
 }
 
-TEST_CASE("slurm: ranks, host list, port from the job id, interactive mode", "[environments]") {
-  Env slurm{{"SLURM_NTASKS", "8"}, {"SLURM_PROCID", "5"}, {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "2"},
-            {"SLURM_NODELIST", "gpu[07-10]"}, {"SLURM_JOB_ID", "1234567"}, {"SLURM_NTASKS_PER_NODE", "2(x4)"},
+TEST_CASE("slurm: ranks, host list, port from the job id, counts per node", "[environments]") {
+  // As srun sets them for one task of an 8-task step over 4 nodes (values seen on slurm-wlm 22.05).
+  Env slurm{{"SLURM_NTASKS", "8"}, {"SLURM_STEP_NUM_TASKS", "8"}, {"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "5"},
+            {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "2"}, {"SLURM_STEP_NODELIST", "gpu[07-10]"},
+            {"SLURM_JOB_ID", "1234567"}, {"SLURM_STEP_TASKS_PER_NODE", "2(x4)"}, {"SLURM_STEP_NUM_NODES", "4"},
             {"SLURM_NNODES", "4"}};
   auto environment = detect(slurm);
   CHECK(environment->name() == "slurm");
@@ -46,15 +48,35 @@ TEST_CASE("slurm: ranks, host list, port from the job id, interactive mode", "[e
   CHECK(environment->node_rank() == 2);
   CHECK(environment->main_address() == "gpu07");
   CHECK(environment->main_port() == 15000 + 4567);
+  CHECK(environment->launched_processes_per_node() == 2);
+  CHECK(environment->launched_num_nodes() == 4);
   CHECK_NOTHROW(environment->validate_settings(2, 4));
-  CHECK_THROWS_WITH(environment->validate_settings(4, 4), Contains("--ntasks-per-node=2(x4)"));
-  CHECK_THROWS_WITH(environment->validate_settings(2, 1), Contains("SLURM_NNODES=4"));
+  CHECK_THROWS_WITH(environment->validate_settings(4, 4),
+                    Contains("devices=4") && Contains("SLURM_STEP_TASKS_PER_NODE=2(x4)") && Contains("\"auto\""));
+  CHECK_THROWS_WITH(environment->validate_settings(2, 1), Contains("num_nodes=1") && Contains("SLURM_STEP_NUM_NODES=4"));
+  slurm["SLURM_STEP_TASKS_PER_NODE"] = "3(x2),1(x2)";  // uneven: this node (2) runs 1
+  CHECK(detect(slurm)->launched_processes_per_node() == 1);
   slurm["MASTER_ADDR"] = "10.0.0.9";
   slurm["MASTER_PORT"] = "4000";
   CHECK(detect(slurm)->main_address() == "10.0.0.9");
   CHECK(detect(slurm)->main_port() == 4000);
-  slurm["SLURM_JOB_NAME"] = "bash";  // salloc + interactive shell: not srun
-  CHECK(detect(slurm)->name() == "lightning");
+}
+
+TEST_CASE("slurm: only a task of a multi-task srun step is launched by Slurm", "[environments]") {
+  // A batch script or an salloc shell: job variables, no step. The program starts its own processes.
+  Env batch{{"SLURM_JOB_ID", "7"}, {"SLURM_NTASKS", "2"}, {"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "0"},
+            {"SLURM_NODEID", "0"}, {"SLURM_TASKS_PER_NODE", "2"}, {"SLURM_JOB_NAME", "job.sh"}};
+  CHECK(detect(batch)->name() == "lightning");
+  Env salloc_shell{{"SLURM_JOB_ID", "8"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_NAME", "interactive"}};
+  CHECK(detect(salloc_shell)->name() == "lightning");
+  // srun inside salloc: the allocation's name is "interactive", but this is a step's task.
+  Env step{{"SLURM_JOB_ID", "8"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEP_NUM_TASKS", "2"}, {"SLURM_STEP_ID", "0"},
+           {"SLURM_PROCID", "1"}, {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "0"}, {"SLURM_JOB_NAME", "interactive"}};
+  CHECK(detect(step)->name() == "slurm");
+  // A one-task step (srun --pty bash, srun -n1 ./train) is like a workstation's shell.
+  step["SLURM_STEP_NUM_TASKS"] = "1";
+  step["SLURM_NTASKS"] = "1";
+  CHECK(detect(step)->name() == "lightning");
 }
 
 TEST_CASE("torchelastic wins over slurm", "[environments]") {
@@ -75,27 +97,61 @@ TEST_CASE("lsf: jsrun ranks and the compute hosts of the rank file", "[environme
   CHECK(environment->local_rank() == 1);
   CHECK(environment->main_address() == "batch1");
   CHECK(environment->main_port() == 10000 + 321);
+  CHECK(environment->launched_num_nodes() == 2);
+  CHECK(environment->launched_processes_per_node() == 2);
   CHECK_THROWS_WITH(environment->node_rank(), Contains("not in the job's host list"));  // this host is neither
   std::remove(rankfile.c_str());
 }
 
 TEST_CASE("mpi: Open MPI and PMI variables", "[environments]") {
   Env ompi{{"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
-           {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"MASTER_PORT", "29555"}};
+           {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "29555"}};
   auto environment = detect(ompi);
   CHECK(environment->name() == "mpi");
   CHECK(environment->world_size() == 4);
   CHECK(environment->global_rank() == 3);
   CHECK(environment->local_rank() == 1);
   CHECK(environment->node_rank() == 1);
-  CHECK(environment->main_address() == "127.0.0.1");
+  CHECK(environment->main_address() == "node0");
   CHECK(environment->main_port() == 29555);
+  CHECK(environment->launched_num_nodes() == 2);
+  ompi.erase("MASTER_ADDR");  // two nodes and no address: say what to export
+  CHECK_THROWS_WITH(detect(ompi)->main_address(), Contains("spans 2 nodes") && Contains("-x MASTER_ADDR"));
+  ompi["OMPI_COMM_WORLD_SIZE"] = "1";  // a one-process job is a plain run
+  CHECK(detect(ompi)->name() == "lightning");
   Env pmi{{"PMI_SIZE", "2"}, {"PMI_RANK", "1"}, {"MPI_LOCALRANKID", "1"}, {"MPI_LOCALNRANKS", "2"}};
   auto hydra = detect(pmi);
   CHECK(hydra->name() == "mpi");
   CHECK(hydra->global_rank() == 1);
   CHECK(hydra->node_rank() == 0);
+  CHECK(hydra->main_address() == "127.0.0.1");  // every rank on this node
   CHECK_THROWS_WITH(hydra->main_port(), Contains("MASTER_PORT is not set") && Contains("mpirun -x"));
+}
+
+TEST_CASE("mpi on one node: rank 0 publishes a free port in the job's directory", "[environments]") {
+  char folder[] = "/tmp/lf-test-pmix-XXXXXX";
+  REQUIRE(::mkdtemp(folder) != nullptr);
+  Env rank0{{"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+            {"OMPI_MCA_orte_num_nodes", "1"}, {"PMIX_SERVER_TMPDIR", folder}, {"PMIX_NAMESPACE", "4242"},
+            {"LT_RENDEZVOUS_TIMEOUT", "0.5"}};
+  Env rank1 = rank0;
+  rank1["OMPI_COMM_WORLD_RANK"] = "1";
+  CHECK_THROWS_WITH(detect(rank1)->main_port(), Contains("did not publish") && Contains("0.5 s"));  // none yet
+  const int port = detect(rank0)->main_port();
+  CHECK(port > 0);
+  CHECK(detect(rank1)->main_port() == port);
+  CHECK(detect(rank0)->main_address() == "127.0.0.1");
+  std::remove((std::string(folder) + "/lightning-fabric-4242.port").c_str());
+  ::rmdir(folder);
+}
+
+TEST_CASE("the rendezvous timeout comes from LT_RENDEZVOUS_TIMEOUT", "[environments]") {
+  using std::chrono::milliseconds;
+  CHECK(lf::rendezvous_timeout_from(lf::env::map_env({}), milliseconds(7)) == milliseconds(7));
+  CHECK(lf::rendezvous_timeout_from(lf::env::map_env({{"LT_RENDEZVOUS_TIMEOUT", "2.5"}}), milliseconds(7)) ==
+        milliseconds(2500));
+  CHECK_THROWS_WITH(lf::rendezvous_timeout_from(lf::env::map_env({{"LT_RENDEZVOUS_TIMEOUT", "soon"}}), milliseconds(7)),
+                    Contains("LT_RENDEZVOUS_TIMEOUT=\"soon\"") && Contains("positive number"));
 }
 
 TEST_CASE("kubeflow: one process per pod", "[environments]") {
@@ -107,4 +163,6 @@ TEST_CASE("kubeflow: one process per pod", "[environments]") {
   CHECK(environment->node_rank() == 2);
   CHECK(environment->local_rank() == 0);
   CHECK(environment->main_address() == "job-master-0");
+  CHECK(environment->launched_processes_per_node() == 1);
+  CHECK(environment->launched_num_nodes() == 3);
 }

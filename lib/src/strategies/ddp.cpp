@@ -58,6 +58,8 @@ StrategySpec ddp_strategy(DDPOptions options) {
            " must be positive (defaults 25 and 1 MiB).");
   LF_CHECK(options.timeout.count() > 0, ValueError, "DDPOptions: timeout=", options.timeout.count(),
            " ms must be positive (default 30 minutes).");
+  LF_CHECK(options.rendezvous_timeout.count() > 0, ValueError, "DDPOptions: rendezvous_timeout=",
+           options.rendezvous_timeout.count(), " ms must be positive (default 5 minutes).");
   const std::string backend = options.process_group_backend.value_or("gloo");
   LF_CHECK(backend == "gloo" || backend == "nccl", ValueError, "DDPOptions: process_group_backend=\"", backend,
            "\" is not supported. Choose \"gloo\" or \"nccl\", or leave it unset (nccl on CUDA, gloo on CPU).");
@@ -82,6 +84,7 @@ void DDPStrategy::setup_environment() {
   options.backend = options_.process_group_backend.value_or(root_device().is_cuda() ? "nccl" : "gloo");
   options.device = root_device();
   options.timeout = options_.timeout;
+  options.rendezvous_timeout = rendezvous_timeout_from(context_.env, options_.rendezvous_timeout);
   c10::intrusive_ptr<c10d::Store> store;
   if (launcher_) store = launcher_->hosted_store();
   collective_ = std::make_shared<Collective>(options, store);

@@ -82,6 +82,7 @@ DDPOptions ddp_options_for(const FSDPOptions& options) {
   DDPOptions ddp;
   ddp.name = "fsdp";
   ddp.timeout = options.timeout;
+  ddp.rendezvous_timeout = options.rendezvous_timeout;
   return ddp;
 }
 

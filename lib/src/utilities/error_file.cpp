@@ -65,6 +65,12 @@ void install_error_file_handler() {
   (void)installed;
 }
 
+namespace {
+// Installed when the library loads, so that an exception escaping main before or inside the Fabric
+// constructor (a bad option, a launcher mismatch) is recorded too.
+[[maybe_unused]] const bool installed_at_load = (install_error_file_handler(), true);
+}  // namespace
+
 bool write_error_file(const std::string& path, const std::string& type, const std::string& message) {
   const char* rank = std::getenv(env::kRank);
   const auto now = std::chrono::system_clock::now().time_since_epoch();

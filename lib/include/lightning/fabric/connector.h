@@ -24,6 +24,7 @@ struct ResolvedConfig {
   std::vector<int> device_indices;  // one per local process (cpu: 0..n-1)
   int num_nodes = 1;
   std::string precision;            // canonical: "32-true", "bf16-mixed", ...
+  int launched_world_size = 1;      // processes an external launcher started in all (1: none)
   std::vector<std::string> warnings;
 
   int num_processes_per_node() const { return static_cast<int>(device_indices.size()); }

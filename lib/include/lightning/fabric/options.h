@@ -2,7 +2,8 @@
 // object with chainable setters:
 //   Fabric fabric(FabricOptions().accelerator("cpu").devices(2).precision("bf16-mixed"));
 // Defaults match Python: accelerator "auto", strategy "auto", devices "auto", num_nodes 1,
-// precision unset (= "32-true"). The LT_* variables set by lightning-run override these values.
+// precision unset (= "32-true"). Under an external launcher (srun, mpirun, torchrun) devices
+// "auto" and an unset num_nodes take the launcher's counts. The LT_* variables set by lightning-run override these values.
 #pragma once
 
 #include <functional>
@@ -52,7 +53,9 @@ class FabricOptions {
   const std::string& strategy() const { return strategy_; }
   const std::optional<StrategySpec>& strategy_spec() const { return strategy_spec_; }
   const DevicesSpec& devices() const { return devices_; }
-  int num_nodes() const { return num_nodes_; }
+  int num_nodes() const { return num_nodes_.value_or(1); }
+  /// False when num_nodes was never set: under srun, mpirun or torchrun it then follows the launcher.
+  bool num_nodes_given() const { return num_nodes_.has_value(); }
   const std::optional<std::string>& precision() const { return precision_; }
   const std::vector<std::shared_ptr<Plugin>>& plugins() const { return plugins_; }
   const std::vector<std::shared_ptr<Callback>>& callbacks() const { return callbacks_; }
@@ -63,7 +66,7 @@ class FabricOptions {
   std::string strategy_ = "auto";
   std::optional<StrategySpec> strategy_spec_;
   DevicesSpec devices_;
-  int num_nodes_ = 1;
+  std::optional<int> num_nodes_;
   std::optional<std::string> precision_;
   std::vector<std::shared_ptr<Plugin>> plugins_;
   std::vector<std::shared_ptr<Callback>> callbacks_;

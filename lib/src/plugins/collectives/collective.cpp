@@ -4,7 +4,10 @@
 #include <arpa/inet.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
+#include <sstream>
+#include <thread>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>  // gloo names: src/internal/gloo_interface
@@ -52,6 +55,62 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& main_a
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
+std::string seconds_text(std::chrono::milliseconds duration) {
+  std::ostringstream text;
+  text << duration.count() / 1000.0 << " s";
+  return text.str();
+}
+
+// Joins (rank 0: hosts) the TCPStore; a client that cannot reach rank 0's store within the
+// rendezvous timeout gets an error that says why that happens, instead of c10d's socket message.
+c10::intrusive_ptr<c10d::Store> connect_store(const CollectiveOptions& options) {
+  c10d::TCPStoreOptions tcp;
+  tcp.port = static_cast<uint16_t>(options.main_port);
+  tcp.isServer = !options.use_agent_store && options.rank == 0;
+  tcp.waitWorkers = false;
+  tcp.timeout = options.rendezvous_timeout;
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(options.main_address, tcp);
+  } catch (const c10::Error& error) {
+    if (tcp.isServer) throw;
+    const std::string detail = error.what_without_backtrace();
+    throw RuntimeError("Rank " + std::to_string(options.rank) + " could not reach the store of rank 0 at " +
+                       options.main_address + ":" + std::to_string(options.main_port) + " within the rendezvous "
+                       "timeout (" + seconds_text(options.rendezvous_timeout) + "): rank 0 did not start, failed "
+                       "before joining, or the address is wrong. Set the timeout with LT_RENDEZVOUS_TIMEOUT or "
+                       "DDPOptions::rendezvous_timeout. (" + detail.substr(0, detail.find('\n')) + ")");
+  }
+}
+
+// Every rank announces itself and waits until all world_size ranks have: a rank that died before
+// joining is named within the rendezvous timeout instead of hanging its peers in the first collective.
+void await_all_ranks(c10d::Store& store, const CollectiveOptions& options) {
+  const std::string counter = "lightning_fabric/arrivals";
+  store.set("lightning_fabric/arrived/" + std::to_string(options.rank), std::vector<uint8_t>{'1'});
+  int64_t arrived = store.add(counter, 1);
+  const auto deadline = std::chrono::steady_clock::now() + options.rendezvous_timeout;
+  auto pause = std::chrono::milliseconds(2);
+  while (arrived < options.world_size) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      std::vector<std::string> missing;
+      for (int rank = 0; rank < options.world_size; ++rank) {
+        if (!store.check({"lightning_fabric/arrived/" + std::to_string(rank)})) missing.push_back(std::to_string(rank));
+      }
+      std::string names;
+      for (const auto& rank : missing) names += (names.empty() ? "" : ", ") + rank;
+      throw RuntimeError("Rank" + std::string(missing.size() == 1 ? " " : "s ") + names + " of " +
+                         std::to_string(options.world_size) + " did not join the process group within the "
+                         "rendezvous timeout (" + seconds_text(options.rendezvous_timeout) + "): " +
+                         (missing.size() == 1 ? "it" : "they") + " failed before joining or never started; see " +
+                         (missing.size() == 1 ? "its" : "their") + " output. Set the timeout with "
+                         "LT_RENDEZVOUS_TIMEOUT (seconds) or DDPOptions::rendezvous_timeout.");
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(100));
+    arrived = store.add(counter, 0);
+  }
+}
+
 }  // namespace
 
 struct Collective::Impl {
@@ -85,19 +144,12 @@ Collective::Collective(const CollectiveOptions& options, c10::intrusive_ptr<c10d
   impl_->device = options.backend == "nccl" ? options.device : at::Device(at::kCPU);
   LF_CHECK(options.backend != "nccl" || impl_->device.is_cuda(), ValueError, "Collective: the nccl backend needs a "
            "CUDA device (CollectiveOptions::device), got ", impl_->device, ". Use gloo for CPU tensors.");
-  c10::intrusive_ptr<c10d::Store> base;
-  if (store) {
-    base = store;
-  } else {
-    c10d::TCPStoreOptions tcp;
-    tcp.port = static_cast<uint16_t>(options.main_port);
-    tcp.isServer = !options.use_agent_store && options.rank == 0;
-    tcp.waitWorkers = false;
-    tcp.timeout = options.timeout;
-    base = c10::make_intrusive<c10d::TCPStore>(options.main_address, tcp);
-  }
+  LF_CHECK(options.rendezvous_timeout.count() > 0, ValueError, "Collective: rendezvous_timeout must be positive.");
+  c10::intrusive_ptr<c10d::Store> base = store ? store : connect_store(options);
   impl_->store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(options.restart_count), base);
   impl_->options = options;
+  await_all_ranks(*impl_->store, options);
+  base->setTimeout(options.timeout);  // from here on the store serves the collectives
   create_group();
 }
 

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "internal/published_port.h"
 #include "lightning/fabric/errors.h"
 
 namespace lightning::fabric {
@@ -31,7 +32,66 @@ int required_int(const env::EnvLookup& env, const std::string& name, const std::
   return *value;
 }
 
+// "2(x3),1" -> {2, 2, 2, 1}: Slurm's compressed per-node task counts; empty when malformed.
+std::vector<int> expand_task_counts(const std::string& value) {
+  std::vector<int> counts;
+  std::stringstream items(value);
+  for (std::string item; std::getline(items, item, ',');) {
+    try {
+      const auto open = item.find("(x");
+      const int count = std::stoi(item.substr(0, open));
+      const int repeat = open == std::string::npos ? 1 : std::stoi(item.substr(open + 2));
+      counts.insert(counts.end(), repeat, count);
+    } catch (const std::exception&) {
+      return {};
+    }
+  }
+  return counts;
+}
+
+std::string describe(const env::EnvLookup& env, const std::string& launcher, const std::vector<const char*>& names) {
+  std::string text = launcher + " (";
+  bool first = true;
+  for (const char* name : names) {
+    if (auto value = env(name)) {
+      text += (first ? "" : ", ") + std::string(name) + "=" + *value;
+      first = false;
+    }
+  }
+  return text + ")";
+}
+
 }  // namespace
+
+void ClusterEnvironment::validate_settings(int num_devices, int num_nodes) const {
+  if (auto launched = launched_processes_per_node()) {
+    LF_CHECK(*launched == num_devices, ValueError, "Fabric is configured for devices=", num_devices,
+             " per node, but the launcher started ", *launched, " processes on this node: ", launch_description(),
+             ". Leave devices at \"auto\" (the default), which takes the launcher's count, or start as many "
+             "processes per node as devices (srun --ntasks-per-node, torchrun --nproc-per-node, mpirun -npernode).");
+  }
+  if (auto nodes = launched_num_nodes()) {
+    LF_CHECK(*nodes == num_nodes, ValueError, "Fabric is configured for num_nodes=", num_nodes,
+             ", but the launcher's job spans ", *nodes, " nodes: ", launch_description(),
+             ". Leave num_nodes unset, which takes the launcher's count, or make them match.");
+  }
+}
+
+std::chrono::milliseconds rendezvous_timeout_from(const env::EnvLookup& env, std::chrono::milliseconds fallback) {
+  auto value = env(env::kRendezvousTimeout);
+  if (!value) return fallback;
+  double seconds = 0;
+  try {
+    size_t used = 0;
+    seconds = std::stod(*value, &used);
+    if (used != value->size()) seconds = 0;
+  } catch (const std::exception&) {
+    seconds = 0;
+  }
+  LF_CHECK(seconds > 0, ValueError, env::kRendezvousTimeout, "=\"", *value, "\" is not valid: give the seconds ranks ",
+           "wait for each other to arrive, a positive number (default 300).");
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
 
 LightningEnvironment::LightningEnvironment(env::EnvLookup env) : env_(std::move(env)) {}
 
@@ -71,18 +131,14 @@ int TorchElasticEnvironment::global_rank() const { return required_int(env_, env
 int TorchElasticEnvironment::local_rank() const { return required_int(env_, env::kLocalRank, "torchelastic"); }
 int TorchElasticEnvironment::node_rank() const { return required_int(env_, env::kGroupRank, "torchelastic"); }
 
-void TorchElasticEnvironment::validate_settings(int num_devices, int num_nodes) const {
-  // Per node, not WORLD_SIZE: nodes may run different numbers of processes.
-  (void)num_nodes;
-  const int local_world = required_int(env_, env::kLocalWorldSize, "torchelastic");
-  LF_CHECK(local_world == num_devices, ValueError, "The launcher started LOCAL_WORLD_SIZE=", local_world,
-           " processes on this node, but this Fabric is configured for devices=", num_devices,
-           ". Make the launcher's --devices (torchrun: --nproc-per-node) match the Fabric options, or "
-           "leave devices at \"auto\" and launch with lightning-run, which passes its value in LT_DEVICES.");
-}
-
 std::optional<int> TorchElasticEnvironment::launched_processes_per_node() const {
   return int_var(env_, env::kLocalWorldSize);
+}
+
+std::optional<int> TorchElasticEnvironment::launched_num_nodes() const { return int_var(env_, env::kGroupWorldSize); }
+
+std::string TorchElasticEnvironment::launch_description() const {
+  return describe(env_, "torchrun or lightning-run", {env::kLocalWorldSize, env::kGroupWorldSize, env::kWorldSize});
 }
 
 // ---- host lists ----
@@ -138,14 +194,16 @@ std::vector<std::string> expand_host_list(const std::string& hosts) {
 SLURMEnvironment::SLURMEnvironment(env::EnvLookup env) : env_(std::move(env)) {}
 
 bool SLURMEnvironment::detect(const env::EnvLookup& env) {
-  if (!env("SLURM_NTASKS")) return false;
-  const auto job_name = env("SLURM_JOB_NAME");
-  return !(job_name && (*job_name == "bash" || *job_name == "interactive"));
+  if (!env("SLURM_PROCID") || !(env("SLURM_STEP_ID") || env("SLURM_STEPID"))) return false;  // not an srun task
+  auto tasks = int_var(env, "SLURM_STEP_NUM_TASKS");
+  if (!tasks) tasks = int_var(env, "SLURM_NTASKS");
+  return tasks && *tasks > 1;
 }
 
 std::string SLURMEnvironment::main_address() const {
   if (auto address = env_(env::kMasterAddr)) return *address;
-  auto nodes = env_("SLURM_NODELIST");
+  auto nodes = env_("SLURM_STEP_NODELIST");
+  if (!nodes) nodes = env_("SLURM_NODELIST");
   if (!nodes) nodes = env_("SLURM_JOB_NODELIST");
   LF_CHECK(nodes.has_value(), RuntimeError, "slurm environment: neither MASTER_ADDR nor SLURM_NODELIST is set.");
   const auto hosts = expand_host_list(*nodes);
@@ -166,30 +224,25 @@ int SLURMEnvironment::global_rank() const { return required_int(env_, "SLURM_PRO
 int SLURMEnvironment::local_rank() const { return required_int(env_, "SLURM_LOCALID", "slurm"); }
 int SLURMEnvironment::node_rank() const { return required_int(env_, "SLURM_NODEID", "slurm"); }
 
-void SLURMEnvironment::validate_settings(int num_devices, int num_nodes) const {
-  if (auto per_node = env_("SLURM_NTASKS_PER_NODE")) {
-    const std::string first = per_node->substr(0, per_node->find('('));  // "2(x3)" -> "2"
-    LF_CHECK(std::stoi(first) == num_devices, ValueError, "Fabric is configured for devices=", num_devices,
-             " per node, but SLURM runs --ntasks-per-node=", *per_node,
-             ". Make them match (e.g. srun --ntasks-per-node=", num_devices, ").");
-  }
-  if (auto nodes = int_var(env_, "SLURM_NNODES")) {
-    LF_CHECK(*nodes == num_nodes, ValueError, "Fabric is configured for num_nodes=", num_nodes,
-             ", but the SLURM allocation has SLURM_NNODES=", *nodes, ". Make them match.");
-  }
-}
-
 std::optional<int> SLURMEnvironment::launched_processes_per_node() const {
-  // Per step when srun started this process, else the allocation's: "2(x3)" -> 2.
-  for (const char* name : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"}) {
-    if (auto value = env_(name)) {
-      try {
-        return std::stoi(value->substr(0, value->find('(')));
-      } catch (const std::exception&) {
-      }
-    }
+  // The step's count on this node: "2(x3),1" lists one count per node of the step.
+  for (const char* name : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}) {
+    auto value = env_(name);
+    if (!value) continue;
+    const auto counts = expand_task_counts(*value);
+    const int node = int_var(env_, "SLURM_NODEID").value_or(0);
+    if (node >= 0 && node < static_cast<int>(counts.size())) return counts[node];
   }
   return std::nullopt;
+}
+
+std::optional<int> SLURMEnvironment::launched_num_nodes() const {
+  if (auto nodes = int_var(env_, "SLURM_STEP_NUM_NODES")) return nodes;
+  return int_var(env_, "SLURM_NNODES");
+}
+
+std::string SLURMEnvironment::launch_description() const {
+  return describe(env_, "srun", {"SLURM_STEP_TASKS_PER_NODE", "SLURM_STEP_NUM_NODES", "SLURM_NTASKS"});
 }
 
 // ---- LSF ----
@@ -246,21 +299,54 @@ int LSFEnvironment::node_rank() const {
   return static_cast<int>(found - hosts.begin());
 }
 
+std::optional<int> LSFEnvironment::launched_num_nodes() const {
+  return static_cast<int>(compute_hosts().size());
+}
+
+std::optional<int> LSFEnvironment::launched_processes_per_node() const {
+  const int nodes = *launched_num_nodes();
+  const int world = world_size();
+  if (world % nodes != 0) return std::nullopt;  // uneven placement: no single count per node
+  return world / nodes;
+}
+
 // ---- MPI ----
 
 MPIEnvironment::MPIEnvironment(env::EnvLookup env) : env_(std::move(env)) {}
 
 bool MPIEnvironment::detect(const env::EnvLookup& env) {
-  return (env("OMPI_COMM_WORLD_SIZE") && env("OMPI_COMM_WORLD_RANK")) || (env("PMI_SIZE") && env("PMI_RANK"));
+  // A one-process job is like a plain run: the program may start its own processes.
+  if (auto size = int_var(env, "OMPI_COMM_WORLD_SIZE")) return env("OMPI_COMM_WORLD_RANK") && *size > 1;
+  auto size = int_var(env, "PMI_SIZE");
+  return size && env("PMI_RANK") && *size > 1;
 }
 
-std::string MPIEnvironment::main_address() const { return env_(env::kMasterAddr).value_or("127.0.0.1"); }
+bool MPIEnvironment::single_node() const {
+  auto nodes = launched_num_nodes();
+  return nodes && *nodes == 1;
+}
+
+std::string MPIEnvironment::main_address() const {
+  if (auto address = env_(env::kMasterAddr)) return *address;
+  LF_CHECK(single_node(), RuntimeError, "mpi environment: the job spans ", launched_num_nodes().value_or(0),
+           " nodes and MASTER_ADDR is not set. Export rank 0's host name or address to every rank, e.g. ",
+           "mpirun -x MASTER_ADDR=$(hostname) -x MASTER_PORT=29500 ... (run from the node of rank 0).");
+  return "127.0.0.1";
+}
 
 int MPIEnvironment::main_port() const {
-  auto port = int_var(env_, env::kMasterPort);
-  LF_CHECK(port.has_value(), RuntimeError, "mpi environment: MASTER_PORT is not set. Export a free port and node 0's ",
-           "address to every rank, e.g. mpirun -x MASTER_ADDR=node0 -x MASTER_PORT=29500 ...");
-  return *port;
+  if (auto port = int_var(env_, env::kMasterPort)) return *port;
+  if (published_port_) return *published_port_;
+  auto directory = env_("PMIX_SERVER_TMPDIR");
+  auto job = env_("PMIX_NAMESPACE");
+  LF_CHECK(single_node() && directory && job, RuntimeError, "mpi environment: MASTER_PORT is not set",
+           single_node() ? " and this MPI gives no job directory (PMIX_SERVER_TMPDIR) to agree on one. "
+                         : " and the job spans several nodes. ",
+           "Export a free port to every rank, e.g. mpirun -x MASTER_ADDR=$(hostname) -x MASTER_PORT=29500 ...");
+  const std::string path = *directory + "/lightning-fabric-" + *job + ".port";
+  const auto timeout = rendezvous_timeout_from(env_, std::chrono::minutes(5));
+  published_port_ = global_rank() == 0 ? internal::publish_free_port(path) : internal::read_published_port(path, timeout);
+  return *published_port_;
 }
 
 int MPIEnvironment::world_size() const {
@@ -313,6 +399,20 @@ std::shared_ptr<ClusterEnvironment> detect_cluster_environment(const env::EnvLoo
 std::optional<int> MPIEnvironment::launched_processes_per_node() const {
   auto local_size = int_var(env_, "OMPI_COMM_WORLD_LOCAL_SIZE");
   return local_size ? local_size : int_var(env_, "MPI_LOCALNRANKS");
+}
+
+std::optional<int> MPIEnvironment::launched_num_nodes() const {
+  if (auto nodes = int_var(env_, "OMPI_MCA_orte_num_nodes")) return nodes;
+  auto local_size = launched_processes_per_node();
+  if (!local_size || *local_size <= 0) return std::nullopt;
+  const int world = world_size();
+  if (world % *local_size != 0) return std::nullopt;  // uneven placement: unknown
+  return world / *local_size;
+}
+
+std::string MPIEnvironment::launch_description() const {
+  return describe(env_, "mpirun", {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "OMPI_MCA_orte_num_nodes",
+                                   "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"});
 }
 
 }  // namespace lightning::fabric

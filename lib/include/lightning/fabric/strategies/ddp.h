@@ -29,6 +29,9 @@ struct DDPOptions {
   double bucket_cap_mb = 25.0;
   double first_bucket_mb = 1.0;         // small, so the first all-reduce starts early in backward
   std::chrono::milliseconds timeout = std::chrono::minutes(30);  // of every collective and the store
+  /// How long ranks wait for each other to join the process group; a rank that never arrives (it
+  /// failed before joining) ends the job after this, naming it. LT_RENDEZVOUS_TIMEOUT (seconds) wins.
+  std::chrono::milliseconds rendezvous_timeout = std::chrono::minutes(5);
   std::optional<std::string> process_group_backend;             // "gloo" | "nccl"; default by device
 };
 

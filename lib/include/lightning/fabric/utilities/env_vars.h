@@ -17,6 +17,9 @@ inline constexpr const char* kPrecision = "LT_PRECISION";       // only when --p
 inline constexpr const char* kDevices = "LT_DEVICES";           // always
 inline constexpr const char* kNumNodes = "LT_NUM_NODES";        // always
 
+// Read by the runtime, set by the user (any launcher).
+inline constexpr const char* kRendezvousTimeout = "LT_RENDEZVOUS_TIMEOUT";  // seconds ranks wait to arrive
+
 // The torchrun set, as torchrun sets them.
 inline constexpr const char* kRank = "RANK";
 inline constexpr const char* kLocalRank = "LOCAL_RANK";

@@ -1,6 +1,6 @@
 // The worker side of TORCHELASTIC_ERROR_FILE: an uncaught exception's type and message, with the
-// rank, written as JSON where the launcher looks for it, without any user code. Fabric's
-// constructor installs the handler; the launcher prints the file in its failure report.
+// rank, written as JSON where the launcher looks for it, without any user code. The library
+// installs the handler when it loads (so constructor errors are recorded); the launcher prints the file in its failure report.
 #pragma once
 
 #include <exception>

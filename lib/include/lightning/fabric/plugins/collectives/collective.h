@@ -38,13 +38,16 @@ struct CollectiveOptions {
   bool use_agent_store = false;          // join a launcher's store instead of hosting on rank 0
   std::string backend = "gloo";          // "gloo" | "nccl"
   at::Device device = at::kCPU;          // the group's device: this rank's GPU for nccl
-  std::chrono::milliseconds timeout = std::chrono::minutes(30);
+  std::chrono::milliseconds timeout = std::chrono::minutes(30);             // of every collective
+  std::chrono::milliseconds rendezvous_timeout = std::chrono::minutes(5);    // for all ranks to arrive
 };
 
 class Collective {
  public:
   /// Creates the process group. store: a server store this process already hosts (Fabric::launch
   /// creates it before spawning, so the port is known without a race); null = as options say.
+  /// Collective: every rank first announces itself in the store and waits for the others up to
+  /// options.rendezvous_timeout; then a RuntimeError names the ranks that never arrived.
   explicit Collective(const CollectiveOptions& options, c10::intrusive_ptr<c10d::Store> store = {});
   /// A group of some of parent's ranks (collective over those ranks: each calls it with the same
   /// name and rank list, in the same order). This process's rank in it is its position in ranks.

@@ -3,6 +3,7 @@
 // Lightning environment with no rank variables means "not launched": Fabric::launch() may spawn.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -23,16 +24,18 @@ class ClusterEnvironment : public Plugin {
   virtual int global_rank() const = 0;
   virtual int local_rank() const = 0;
   virtual int node_rank() const = 0;
-  /// Called by the Connector with the world size it computed from devices x num_nodes; an
-  /// environment whose variables say otherwise reports the mismatch.
-  virtual void validate_settings(int num_devices, int num_nodes) const {
-    (void)num_devices;
-    (void)num_nodes;
-  }
   /// How many processes the external launcher started on this node, when its variables say so:
   /// devices "auto" resolves to this count (one device per process), so a program started by
   /// torchrun, srun or mpirun needs no devices flag. nullopt: not launched externally, or unknown.
   virtual std::optional<int> launched_processes_per_node() const { return std::nullopt; }
+  /// How many nodes the external launcher's job spans, when its variables say so: num_nodes left
+  /// unset in code resolves to this count. nullopt: not launched externally, or unknown.
+  virtual std::optional<int> launched_num_nodes() const { return std::nullopt; }
+  /// Where the two counts come from, for error messages, e.g. "srun (SLURM_STEP_TASKS_PER_NODE=4)".
+  virtual std::string launch_description() const { return name(); }
+  /// Called by the Connector with the resolved devices per node and num_nodes: a value that
+  /// disagrees with what the launcher started is a ValueError naming both and the fix.
+  virtual void validate_settings(int num_devices, int num_nodes) const;
   /// The Lightning environment learns its rank from the strategy; others ignore these.
   virtual void set_world_size(int size) { (void)size; }
   virtual void set_global_rank(int rank) { (void)rank; }
@@ -74,16 +77,19 @@ class TorchElasticEnvironment : public ClusterEnvironment {
   int global_rank() const override;
   int local_rank() const override;
   int node_rank() const override;
-  void validate_settings(int num_devices, int num_nodes) const override;
   std::optional<int> launched_processes_per_node() const override;
+  std::optional<int> launched_num_nodes() const override;
+  std::string launch_description() const override;
 
  private:
   env::EnvLookup env_;
 };
 
-/// SLURM (srun): SLURM_NTASKS/PROCID/LOCALID/NODEID; main address MASTER_ADDR or the first host
-/// of SLURM_NODELIST; port MASTER_PORT or 15000 + the last 4 digits of SLURM_JOB_ID. Not detected
-/// in an interactive allocation (SLURM_JOB_NAME bash or interactive).
+/// SLURM: a task of an srun step with more than one task (SLURM_STEP_ID and SLURM_PROCID set,
+/// SLURM_STEP_NUM_TASKS > 1). A batch script, an salloc shell and a one-task step (srun --pty bash,
+/// srun -n1 ./train) are not: there the program starts its own processes, as on a workstation.
+/// Ranks from SLURM_PROCID/LOCALID/NODEID; main address MASTER_ADDR or the first host of
+/// SLURM_STEP_NODELIST; port MASTER_PORT or 15000 + the last 4 digits of SLURM_JOB_ID.
 class SLURMEnvironment : public ClusterEnvironment {
  public:
   explicit SLURMEnvironment(env::EnvLookup env = env::process_env());
@@ -96,8 +102,9 @@ class SLURMEnvironment : public ClusterEnvironment {
   int global_rank() const override;
   int local_rank() const override;
   int node_rank() const override;
-  void validate_settings(int num_devices, int num_nodes) const override;
   std::optional<int> launched_processes_per_node() const override;
+  std::optional<int> launched_num_nodes() const override;
+  std::string launch_description() const override;
 
  private:
   env::EnvLookup env_;
@@ -117,15 +124,20 @@ class LSFEnvironment : public ClusterEnvironment {
   int global_rank() const override;
   int local_rank() const override;
   int node_rank() const override;
+  std::optional<int> launched_processes_per_node() const override;  // world size / compute hosts
+  std::optional<int> launched_num_nodes() const override;
 
  private:
   std::vector<std::string> compute_hosts() const;
   env::EnvLookup env_;
 };
 
-/// mpirun: Open MPI (OMPI_COMM_WORLD_*) or PMI (PMI_RANK/PMI_SIZE, MPI_LOCALRANKID/MPI_LOCALNRANKS).
-/// MPI has no rendezvous address of its own here: MASTER_ADDR (default 127.0.0.1) and MASTER_PORT
-/// must be exported to every rank (mpirun -x MASTER_ADDR -x MASTER_PORT).
+/// mpirun: Open MPI (OMPI_COMM_WORLD_*) or PMI (PMI_RANK/PMI_SIZE, MPI_LOCALRANKID/MPI_LOCALNRANKS),
+/// detected when the job has more than one process. Address: MASTER_ADDR, else 127.0.0.1 when every
+/// rank runs on this node, else an error saying what to export. Port: MASTER_PORT, else, on one
+/// node under a PMIx launcher (Open MPI 4+), a free port that rank 0 picks and publishes in a file
+/// of the job's own session directory (PMIX_SERVER_TMPDIR), which the other ranks read: two jobs on
+/// one node never share a port, and mpirun removes the file with the directory.
 class MPIEnvironment : public ClusterEnvironment {
  public:
   explicit MPIEnvironment(env::EnvLookup env = env::process_env());
@@ -138,11 +150,14 @@ class MPIEnvironment : public ClusterEnvironment {
   int global_rank() const override;
   int local_rank() const override;
   int node_rank() const override;
-
   std::optional<int> launched_processes_per_node() const override;
+  std::optional<int> launched_num_nodes() const override;
+  std::string launch_description() const override;
 
  private:
+  bool single_node() const;
   env::EnvLookup env_;
+  mutable std::optional<int> published_port_;  // rank 0's pick, or what the others read
 };
 
 /// Kubeflow PyTorchJob: one process per pod; RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set by the
@@ -159,6 +174,8 @@ class KubeflowEnvironment : public ClusterEnvironment {
   int global_rank() const override;
   int local_rank() const override { return 0; }
   int node_rank() const override { return global_rank(); }
+  std::optional<int> launched_processes_per_node() const override { return 1; }
+  std::optional<int> launched_num_nodes() const override { return world_size(); }
 
  private:
   env::EnvLookup env_;
@@ -166,6 +183,10 @@ class KubeflowEnvironment : public ClusterEnvironment {
 
 /// Expands a SLURM host list: "node[01-03,7],gpu5" -> node01 node02 node03 node7 gpu5.
 std::vector<std::string> expand_host_list(const std::string& hosts);
+
+/// The rendezvous timeout: LT_RENDEZVOUS_TIMEOUT seconds when set (a positive number, else a
+/// ValueError naming it), else fallback. Bounds how long ranks wait for each other to arrive.
+std::chrono::milliseconds rendezvous_timeout_from(const env::EnvLookup& env, std::chrono::milliseconds fallback);
 
 /// Picks the first environment whose detect() holds, in Lightning's order: TorchElastic, SLURM,
 /// LSF, MPI, Kubeflow, then the Lightning environment.

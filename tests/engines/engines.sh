@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# One engines case: the same training program under a real cluster launcher, devices left at
+# "auto". Checks that every rank ends with bitwise-equal weights, that they equal a 1-process run
+# at the same global batch within 1e-6, the exit code, and that no process of the job is left.
+#   engines.sh CASE TRAINER LIGHTNING_RUN SOURCE_DIR
+# Slurm cases need SLURM_CONF (the engines.slurm_start fixture sets it). mpirun runs as root here,
+# so the Open MPI root permission variables are set. torchrun comes from beside $LF_PYTHON.
+set -uo pipefail
+case_name="$1" trainer="$2" lightning_run="$3" source_dir="$4"
+work="$(mktemp -d "${TMPDIR:-/tmp}/lf-engines-$case_name.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+torchrun="$(dirname "${LF_PYTHON:-python3}")/torchrun"
+
+fail() { echo "FAIL: $case_name: $*"; exit 1; }
+
+# A 1-process run of the same global batch: the reference weights.
+"$trainer" --out "$work" >/dev/null 2>&1 && mv "$work/weights-rank0.txt" "$work/reference.txt" ||
+  fail "the 1-process reference run failed"
+
+# expect_trained N DIR LOG: N ranks wrote bitwise-equal weights equal to the reference; the log
+# shows a ddp group of N.
+expect_trained() {
+  local ranks="$1" dir="$2" log="$3"
+  for ((rank = 0; rank < ranks; rank++)); do
+    [ -f "$dir/weights-rank$rank.txt" ] || fail "rank $rank wrote no weights (log: $(tail -n 5 "$log"))"
+    cmp -s "$dir/weights-rank0.txt" "$dir/weights-rank$rank.txt" || fail "rank $rank's weights differ from rank 0's"
+  done
+  [ ! -f "$dir/weights-rank$ranks.txt" ] || fail "more than $ranks ranks wrote weights"
+  "$trainer" --compare "$work/reference.txt" "$dir/weights-rank0.txt" --tolerance 1e-6 ||
+    fail "the weights differ from the 1-process run: gradients were not averaged"
+  [ "$(grep -c "world=$ranks .*strategy=ddp" "$log")" = "$ranks" ] || fail "expected $ranks ddp ranks: $(cat "$log")"
+  echo "ok: $ranks ranks, bitwise equal, equal to the 1-process run within 1e-6"
+}
+
+# expect_exit CODE_TEST STATUS: e.g. expect_exit -eq 0 "$status".
+expect_exit() {
+  [ "$2" "$1" "$3" ] || fail "exit status $3, expected $1 $2"
+}
+
+# Nothing of the job may outlive it: no process whose command line names this case's folder, and
+# no Slurm job of this case still queued.
+expect_nothing_left() {
+  for _ in $(seq 50); do
+    pgrep -f -- "$work" >/dev/null || break
+    sleep 0.2
+  done
+  if pgrep -f -- "$work" >/dev/null; then
+    pgrep -a -f -- "$work"
+    pkill -KILL -f -- "$work"
+    fail "processes of the job were left behind"
+  fi
+  if [ -n "${SLURM_CONF:-}" ] && [ -n "$(squeue -h -n "lf-$case_name" 2>/dev/null)" ]; then
+    fail "a Slurm job of this case is still queued: $(squeue -n "lf-$case_name")"
+  fi
+  echo "ok: nothing left behind"
+}
+
+run() {  # run LOG COMMAND...: runs with a 240 s guard, returns its status
+  local log="$1"; shift
+  timeout -k 5 240 "$@" >"$log" 2>&1
+  local status=$?
+  cat "$log"
+  return $status
+}
+
+out="$work/out"
+mkdir -p "$out"
+log="$work/log"
+srun_flags=(-J "lf-$case_name" --quiet)
+case "$case_name" in
+  srun_2_ranks|srun_4_ranks)
+    ranks="${case_name//[!0-9]/}"
+    run "$log" srun "${srun_flags[@]}" -n "$ranks" "$trainer" --out "$out"
+    expect_exit -eq 0 $?
+    expect_trained "$ranks" "$out" "$log"
+    ;;
+  sbatch_2_ranks)
+    printf '#!/bin/bash\nsrun "%s" --out "%s"\n' "$trainer" "$out" >"$work/job.sh"
+    run "$log.sbatch" sbatch -J "lf-$case_name" --wait -n 2 -o "$log" "$work/job.sh"
+    expect_exit -eq 0 $?
+    expect_trained 2 "$out" "$log"
+    ;;
+  salloc_srun_2_ranks)
+    run "$log" salloc -J "lf-$case_name" -n 2 srun --quiet "$trainer" --out "$out"
+    expect_exit -eq 0 $?
+    expect_trained 2 "$out" "$log"
+    ;;
+  allocation_shell_without_srun)
+    # In an allocation's shell (salloc) and in a batch script, without srun, the program is not a
+    # Slurm task: --devices 2 starts its own 2 processes, as on a workstation.
+    run "$log" salloc -J "lf-$case_name" -n 2 "$trainer" --devices 2 --out "$out"
+    expect_exit -eq 0 $?
+    expect_trained 2 "$out" "$log"
+    rm -f "$out"/weights-rank*.txt
+    printf '#!/bin/bash\n"%s" --devices 2 --out "%s"\n' "$trainer" "$out" >"$work/job.sh"
+    run "$log.sbatch" sbatch -J "lf-$case_name" --wait -n 2 -o "$log" "$work/job.sh"
+    expect_exit -eq 0 $?
+    expect_trained 2 "$out" "$log"
+    ;;
+  lightning_run_inside_an_allocation)
+    # The documented batch script: one lightning-run per node, each starting its devices' workers.
+    PATH="$(dirname "$lightning_run"):$PATH" run "$log.sbatch" sbatch -J "lf-$case_name" --wait -N 1 -o "$log" \
+      "$source_dir/examples/slurm/lightning-run.sbatch" --accelerator cpu --devices 2 -- "$trainer" --out "$out"
+    expect_exit -eq 0 $?
+    expect_trained 2 "$out" "$log"
+    ;;
+  srun_failing_rank|srun_failing_rank_kill_on_bad_exit)
+    # Rank 1 exits before joining. Without --kill-on-bad-exit, srun waits for rank 0, which must end
+    # by itself within the rendezvous timeout, naming rank 1; with it, srun ends the job at once.
+    flags=()
+    [ "$case_name" = srun_failing_rank_kill_on_bad_exit ] && flags=(--kill-on-bad-exit=1)
+    start=$SECONDS
+    LT_RENDEZVOUS_TIMEOUT=10 run "$log" srun "${srun_flags[@]}" "${flags[@]}" -n 2 "$trainer" --fail-rank 1 --out "$out"
+    status=$?
+    expect_exit -ne 0 "$status"
+    [ $((SECONDS - start)) -lt 60 ] || fail "the job took $((SECONDS - start)) s to end"
+    if [ ${#flags[@]} -eq 0 ]; then
+      grep -q "Rank 1 of 2 did not join the process group within the rendezvous timeout (10 s)" "$log" ||
+        fail "rank 0 did not name the missing rank"
+    fi
+    [ ! -f "$out/weights-rank0.txt" ] || fail "rank 0 trained alone"
+    ;;
+  mpirun_2_ranks|mpirun_4_ranks)
+    ranks="${case_name//[!0-9]/}"
+    run "$log" mpirun --oversubscribe -np "$ranks" "$trainer" --out "$out"
+    expect_exit -eq 0 $?
+    expect_trained "$ranks" "$out" "$log"
+    ;;
+  mpirun_failing_rank)
+    start=$SECONDS
+    LT_RENDEZVOUS_TIMEOUT=10 run "$log" mpirun --oversubscribe -x LT_RENDEZVOUS_TIMEOUT -np 2 "$trainer" --fail-rank 1 --out "$out"
+    expect_exit -ne 0 $?
+    [ $((SECONDS - start)) -lt 60 ] || fail "the job took $((SECONDS - start)) s to end"
+    ;;
+  torchrun_no_python)
+    [ -x "$torchrun" ] || fail "torchrun not found beside LF_PYTHON=${LF_PYTHON:-}"
+    run "$log" "$torchrun" --standalone --nproc-per-node 2 --no-python "$trainer" --out "$out"
+    expect_exit -eq 0 $?
+    expect_trained 2 "$out" "$log"
+    ;;
+  torchrun_constructor_error_file)
+    # devices=3 under a 2-process torchrun: the Fabric constructor throws; the error file must carry
+    # the message to torchrun's failure report.
+    [ -x "$torchrun" ] || fail "torchrun not found beside LF_PYTHON=${LF_PYTHON:-}"
+    run "$log" "$torchrun" --standalone --nproc-per-node 2 --no-python "$trainer" --devices 3 --out "$out"
+    expect_exit -ne 0 $?
+    grep -q "error_file: /" "$log" || fail "torchrun found no error file"
+    grep -q "Fabric is configured for devices=3 per node, but the launcher started 2 processes" "$log" ||
+      fail "torchrun's report does not carry the constructor's error"
+    ;;
+  *)
+    fail "unknown case"
+    ;;
+esac
+expect_nothing_left
+echo "PASS: $case_name"
