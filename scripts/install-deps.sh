@@ -23,6 +23,7 @@ packages=(
   protobuf-compiler  # tests: protoc --decode_raw reads our TensorBoard event files
   libstb-dev      # examples/dcgan writes PNG grids with stb_image_write
   gnuplot-nox     # scripts/plot_metrics.sh
+  slurm-wlm munge openmpi-bin  # the engines tests: a one-node Slurm (tests/engines) and mpirun
 )
 
 missing=()

@@ -107,7 +107,8 @@ case "$case_name" in
     ;;
   srun_failing_rank|srun_failing_rank_kill_on_bad_exit)
     # Rank 1 exits before joining. Without --kill-on-bad-exit, srun waits for rank 0, which must end
-    # by itself within the rendezvous timeout, naming rank 1; with it, srun ends the job at once.
+    # by itself within the rendezvous timeout, naming rank 1 (and the same the other way round);
+    # with it, srun ends the job at once.
     flags=()
     [ "$case_name" = srun_failing_rank_kill_on_bad_exit ] && flags=(--kill-on-bad-exit=1)
     start=$SECONDS
@@ -115,11 +116,16 @@ case "$case_name" in
     status=$?
     expect_exit -ne 0 "$status"
     [ $((SECONDS - start)) -lt 60 ] || fail "the job took $((SECONDS - start)) s to end"
+    [ ! -f "$out/weights-rank0.txt" ] || fail "rank 0 trained alone"
     if [ ${#flags[@]} -eq 0 ]; then
       grep -q "Rank 1 of 2 did not join the process group within the rendezvous timeout (10 s)" "$log" ||
         fail "rank 0 did not name the missing rank"
+      # Rank 0, which hosts the store, fails: rank 1 names it after the same timeout.
+      LT_RENDEZVOUS_TIMEOUT=10 run "$log" srun "${srun_flags[@]}" -n 2 "$trainer" --fail-rank 0 --out "$out"
+      expect_exit -ne 0 $?
+      grep -q "Rank 1 could not reach the store of rank 0 .* within the rendezvous timeout (10 s)" "$log" ||
+        fail "rank 1 did not name rank 0"
     fi
-    [ ! -f "$out/weights-rank0.txt" ] || fail "rank 0 trained alone"
     ;;
   mpirun_2_ranks|mpirun_4_ranks)
     ranks="${case_name//[!0-9]/}"

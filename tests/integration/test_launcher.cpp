@@ -168,7 +168,7 @@ TEST_CASE("launcher: fault matrix", "[launcher][faults]") {
       {{"exit", "1", "3"}, 3, "rank 1 (node 0, local rank 1) failed first: exit code 3"},
       {{"throw", "1"}, 128 + SIGABRT, "its error file says: std::runtime_error: boom from rank 1"},
       {{"segv", "0"}, 128 + SIGSEGV, "failed first: signal SIGSEGV (11)"},
-      // rank 1 hangs; rank 0's barrier times out after 5 s, throws, and aborts
+      // rank 1 hangs before joining; rank 0's rendezvous times out after 5 s, throws, and aborts
       {{"hang", "1"}, 128 + SIGABRT, "rank 0 (node 0, local rank 0) failed first: signal SIGABRT (6)"},
   };
   for (const auto& fault : faults) {

@@ -6,7 +6,7 @@
 //   exit R CODE    rank R exits with CODE at once; the others wait in a barrier
 //   throw R        rank R throws an uncaught std::runtime_error (the error file records it)
 //   segv R         rank R dies of SIGSEGV
-//   hang R         rank R sleeps forever, the others wait in a barrier (collective timeout 5 s)
+//   hang R         rank R sleeps forever before joining, the others wait for it (rendezvous timeout 5 s)
 //   hang-alone R   rank R sleeps forever, the others exit 0 at once
 //   fail-first R   rank R exits 3 on attempt 0 (TORCHELASTIC_RESTART_COUNT), then all succeed
 //   wait-signal    print "ready", then wait; SIGUSR1 prints "got SIGUSR1"; SIGTERM exits 0
@@ -48,6 +48,7 @@ void barrier(std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
   options.restart_count = int_env(env::kRestartCount);
   options.use_agent_store = true;
   options.timeout = timeout;
+  options.rendezvous_timeout = timeout;  // a rank that never joins ends the wait as a stuck barrier would
   lightning::fabric::Collective group(options);
   group.barrier();
 }

@@ -187,7 +187,7 @@ TEST_CASE("devices auto is the number of processes an external launcher started 
   CHECK(resolve(lf::FabricOptions().devices("auto"), torchrun).num_processes_per_node() == 2);  // the default, written
 }
 
-TEST_CASE("an unset num_nodes follows the launcher; an explicit one that disagrees is an error", "[connector]") {
+TEST_CASE("an unset num_nodes follows the launcher and an explicit one that disagrees is an error", "[connector]") {
   // One rank of a 2-node srun step with 1 task per node: without num_nodes it must be ddp over 2.
   Env slurm{{"SLURM_NTASKS", "2"}, {"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "1"}, {"SLURM_LOCALID", "0"},
             {"SLURM_NODEID", "1"}, {"SLURM_STEP_TASKS_PER_NODE", "1(x2)"}, {"SLURM_STEP_NUM_NODES", "2"},

@@ -94,7 +94,7 @@ TEST_CASE("setup_dataloaders on rank 1 of 2 reads its half, a ready-made loader 
   std::map<std::string, std::string> torchrun{{"TORCHELASTIC_RUN_ID", "t"}, {"RANK", "1"}, {"GROUP_RANK", "1"},
                                               {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "1"}, {"WORLD_SIZE", "2"},
                                               {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "1"}};
-  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").strategy("single_device"), lf::env::map_env(torchrun));
+  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").strategy("ddp"), lf::env::map_env(torchrun));  // no group: nothing here communicates
   CHECK(fabric.world_size() == 2);
   CHECK(fabric.global_rank() == 1);
   auto loader = fabric.setup_dataloaders(RangeDataset(10).map(torch::data::transforms::Stack<>()),

@@ -16,6 +16,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include "internal/wait_for_listener.h"
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/strategies/strategy.h"
 
@@ -61,25 +62,22 @@ std::string seconds_text(std::chrono::milliseconds duration) {
   return text.str();
 }
 
-// Joins (rank 0: hosts) the TCPStore; a client that cannot reach rank 0's store within the
-// rendezvous timeout gets an error that says why that happens, instead of c10d's socket message.
+// Joins (rank 0: hosts) the TCPStore. A client first waits, quietly, for rank 0's store to listen,
+// up to the rendezvous timeout; if it never does, the error says why that happens.
 c10::intrusive_ptr<c10d::Store> connect_store(const CollectiveOptions& options) {
   c10d::TCPStoreOptions tcp;
   tcp.port = static_cast<uint16_t>(options.main_port);
   tcp.isServer = !options.use_agent_store && options.rank == 0;
   tcp.waitWorkers = false;
   tcp.timeout = options.rendezvous_timeout;
-  try {
-    return c10::make_intrusive<c10d::TCPStore>(options.main_address, tcp);
-  } catch (const c10::Error& error) {
-    if (tcp.isServer) throw;
-    const std::string detail = error.what_without_backtrace();
-    throw RuntimeError("Rank " + std::to_string(options.rank) + " could not reach the store of rank 0 at " +
-                       options.main_address + ":" + std::to_string(options.main_port) + " within the rendezvous "
-                       "timeout (" + seconds_text(options.rendezvous_timeout) + "): rank 0 did not start, failed "
-                       "before joining, or the address is wrong. Set the timeout with LT_RENDEZVOUS_TIMEOUT or "
-                       "DDPOptions::rendezvous_timeout. (" + detail.substr(0, detail.find('\n')) + ")");
-  }
+  LF_CHECK(tcp.isServer || internal::wait_for_listener(options.main_address, options.main_port, options.rendezvous_timeout),
+           RuntimeError, "Rank ", options.rank, " could not reach the store ",
+           options.use_agent_store ? "of the launcher" : "of rank 0", " at ", options.main_address, ":",
+           options.main_port, " within the rendezvous timeout (", seconds_text(options.rendezvous_timeout), "): ",
+           options.use_agent_store ? "the launcher is gone" : "rank 0 did not start or failed before joining",
+           ", or the address is wrong. Set the timeout with LT_RENDEZVOUS_TIMEOUT (seconds) or "
+           "DDPOptions::rendezvous_timeout.");
+  return c10::make_intrusive<c10d::TCPStore>(options.main_address, tcp);
 }
 
 // Every rank announces itself and waits until all world_size ranks have: a rank that died before
