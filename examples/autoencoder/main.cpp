@@ -36,19 +36,27 @@ int main(int argc, char** argv) {
     torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-3));
     auto [model, optimizer] = fabric.setup(net, adam);  // encoder and decoder travel together
     int64_t step = 0;
+    const bool progress = flags.shared.show_progress(fabric);
     for (int epoch = 1; epoch <= flags.epochs; ++epoch) {
+      lf::ProgressBar bar("epoch " + std::to_string(epoch), train_loader.size(), progress);
       for (auto& batch : train_loader) {
         optimizer.zero_grad();
-        fabric.backward(torch::mse_loss(model(batch.data), examples::to_unit_range(batch.data).flatten(1)));
+        auto loss = torch::mse_loss(model(batch.data), examples::to_unit_range(batch.data).flatten(1));
+        fabric.backward(loss);
         optimizer.step();
+        bar.update(1, loss.item<double>());
         if (++step == flags.max_steps) break;
       }
+      bar.close();
       torch::NoGradGuard no_grad;
       auto totals = torch::zeros({2}, torch::kFloat64);  // squared error sum, pixels
+      lf::ProgressBar test_bar("test", test_loader.size(), progress);
       for (auto& batch : test_loader) {
+        test_bar.update();
         totals[0] += (model(batch.data) - examples::to_unit_range(batch.data).flatten(1)).pow(2).sum().item<double>();
         totals[1] += static_cast<double>(batch.data.numel());
       }
+      test_bar.close();
       totals = fabric.all_reduce(totals, "sum");
       fabric.print("epoch", epoch, "steps", step, "test_reconstruction_mse", (totals[0] / totals[1]).item<double>());
       if (step == flags.max_steps) break;

@@ -7,7 +7,7 @@
 
 #include <iostream>
 
-#include "fabric_flags.h"
+#include "shared_flags.h"
 #include "fashion_cnn.h"
 #include "fashion_mnist.h"
 #include "trainer.h"
@@ -16,7 +16,7 @@ namespace lf = lightning::fabric;
 
 int main(int argc, char** argv) {
   trainer::TrainerOptions options;
-  examples::FabricFlags fabric;  // unset unless given: lightning-run or the launcher decides
+  examples::SharedFlags shared;  // Fabric options unset unless given; --no-progress
   std::string log_dir;
   std::string data_dir = examples::kDefaultFashionMnistDir;
   int64_t batch_size = 64;
@@ -36,10 +36,11 @@ int main(int argc, char** argv) {
   app.add_option("--lr", lr, "Adam learning rate")->check(CLI::PositiveNumber);
   app.add_option("--seed", seed, "Global seed");
   app.add_option("--data-dir", data_dir, "Folder with the Fashion-MNIST idx files");
-  fabric.add_to(app);
+  shared.add_to(app);
   CLI11_PARSE(app, argc, argv);
   try {
-    options.fabric = fabric.apply(options.fabric);
+    options.fabric = shared.apply(options.fabric);
+    options.progress = !shared.no_progress;
     if (!log_dir.empty()) {
       options.fabric.logger(std::make_shared<lf::CSVLogger>(log_dir, "csv"));
       options.fabric.logger(std::make_shared<lf::TensorBoardLogger>(log_dir, "tensorboard"));

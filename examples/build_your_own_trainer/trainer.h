@@ -34,6 +34,7 @@ struct TrainerOptions {
   bool use_distributed_sampler = true;
   std::string checkpoint_dir = "checkpoints";  // "" disables checkpoints
   int checkpoint_frequency = 1;                // save every N epochs
+  bool progress = true;                        // bars on rank 0 (stderr) while training and validating
 };
 
 /// The newest checkpoint in folder (highest step in "epoch=E-step=S.ckpt"), or "".
@@ -114,7 +115,7 @@ class Trainer {
     model.train();
     loader.set_epoch(current_epoch_);  // the same order after a resume
     const int64_t limit = epoch_batches(loader);
-    lf::ProgressBar bar("epoch " + std::to_string(current_epoch_), limit, fabric_.is_global_zero());
+    lf::ProgressBar bar("epoch " + std::to_string(current_epoch_), limit, fabric_.is_global_zero() && options_.progress);
     fabric_.call("on_train_epoch_start", {{"epoch", current_epoch_}});
     int64_t batch_idx = 0;
     for (auto& batch : loader) {
@@ -159,8 +160,12 @@ class Trainer {
     fabric_.call("on_validation_epoch_start");
     auto totals = torch::zeros({3}, torch::kFloat64);  // loss sum, correct, seen
     int64_t batch_idx = 0;
+    std::optional<int64_t> total = loader.size();
+    if (total && options_.limit_val_batches >= 0) total = std::min(*total, options_.limit_val_batches);
+    lf::ProgressBar bar("validation", total, fabric_.is_global_zero() && options_.progress);
     for (auto& batch : loader) {
       if (options_.limit_val_batches >= 0 && batch_idx >= options_.limit_val_batches) break;
+      bar.update();
       fabric_.call("on_validation_batch_start", {{"batch_idx", batch_idx}});
       auto output = model(batch.data);
       const double seen = static_cast<double>(batch.target.size(0));
@@ -170,6 +175,7 @@ class Trainer {
       fabric_.call("on_validation_batch_end", {{"batch_idx", batch_idx}});
       ++batch_idx;
     }
+    bar.close();
     totals = fabric_.all_reduce(totals, "sum");
     const double count = std::max(totals[2].item<double>(), 1.0);
     const double val_loss = totals[0].item<double>() / count, val_acc = totals[1].item<double>() / count;

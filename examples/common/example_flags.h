@@ -7,7 +7,7 @@
 #include <string>
 #include <utility>
 
-#include "fabric_flags.h"
+#include "shared_flags.h"
 #include "fashion_mnist.h"
 
 namespace examples {
@@ -17,16 +17,16 @@ struct ExampleFlags {
   int64_t max_steps = -1;  // stop after this many steps in total (smoke runs)
   int64_t batch_size = 64;
   std::string data_dir = kDefaultFashionMnistDir;
-  FabricFlags fabric;  // --accelerator, --devices, --strategy, --precision: unset unless given
+  SharedFlags shared;  // --accelerator, --devices, --strategy, --precision (unset unless given), --no-progress
 
   void add_to(CLI::App& app) {
     app.add_option("--epochs", epochs, "Passes over the training set")->check(CLI::PositiveNumber);
     app.add_option("--max-steps", max_steps, "Stop after this many steps (-1: no limit)");
     app.add_option("--batch-size", batch_size, "Images per step and process")->check(CLI::PositiveNumber);
     app.add_option("--data-dir", data_dir, "Folder with the Fashion-MNIST idx files");
-    fabric.add_to(app);
+    shared.add_to(app);
   }
-  lightning::fabric::FabricOptions fabric_options() const { return fabric.apply(); }
+  lightning::fabric::FabricOptions fabric_options() const { return shared.apply(); }
 };
 
 /// The training loader (shuffled, distributed) and the test loader (batches of 1000).

@@ -100,7 +100,7 @@ int main(int argc, char** argv) {
 
     int64_t step = 0;
     for (int epoch = 1; epoch <= flags.epochs; ++epoch) {
-      lf::ProgressBar bar("epoch " + std::to_string(epoch), loader.size(), fabric.is_global_zero());
+      lf::ProgressBar bar("epoch " + std::to_string(epoch), loader.size(), flags.shared.show_progress(fabric));
       double d_sum = 0, g_sum = 0;
       int64_t batches = 0;
       for (auto& batch : loader) {

@@ -11,7 +11,7 @@
 
 #include <algorithm>
 
-#include "fabric_flags.h"
+#include "shared_flags.h"
 #include <chrono>
 #include <iostream>
 
@@ -21,7 +21,7 @@ struct GptSettings {
   int64_t vocab = 8192, seq = 512, d_model = 768, heads = 12, layers = 12, batch_size = 16;
   int steps = 60, warmup = 10;
   double peak_tflops = 989.0;  // H100/H200 SXM dense bf16
-  examples::FabricFlags fabric;  // --accelerator, --devices, --strategy, --precision: unset unless given
+  examples::SharedFlags shared;  // --accelerator, --devices, --strategy, --precision (unset unless given), --no-progress
 };
 
 struct BlockImpl : torch::nn::Module {
@@ -84,10 +84,10 @@ int main(int argc, char** argv) {
   app.add_option("--steps", s.steps, "Timed steps");
   app.add_option("--warmup", s.warmup, "Untimed steps first");
   app.add_option("--peak-tflops", s.peak_tflops, "The card's bf16 peak, for the utilisation figure");
-  s.fabric.add_to(app);
+  s.shared.add_to(app);
   CLI11_PARSE(app, argc, argv);
   try {
-    lf::Fabric fabric(s.fabric.apply());
+    lf::Fabric fabric(s.shared.apply());
     fabric.seed_everything(0);
     Gpt net(s);
     int64_t parameters = 0;
@@ -97,6 +97,8 @@ int main(int argc, char** argv) {
     const auto device = fabric.device();
     const bool cuda = device.is_cuda();
     std::vector<double> step_ms;
+    // The loss is read (one device sync) after the step's timing, so the bar costs the timings nothing.
+    lf::ProgressBar bar("steps", s.warmup + s.steps, s.shared.show_progress(fabric));
     for (int step = 0; step < s.warmup + s.steps; ++step) {
       auto batch = torch::randint(s.vocab, {s.batch_size, s.seq + 1}, torch::TensorOptions().dtype(torch::kLong).device(device));
       if (cuda) torch::cuda::synchronize();
@@ -108,7 +110,9 @@ int main(int argc, char** argv) {
       optimizer.step();
       if (cuda) torch::cuda::synchronize();
       if (step >= s.warmup) step_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+      bar.update(1, loss.item<double>());
     }
+    bar.close();
     std::sort(step_ms.begin(), step_ms.end());
     const double median = step_ms[step_ms.size() / 2];
     const double tokens = static_cast<double>(s.batch_size * s.seq);

@@ -14,10 +14,12 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
+#include <optional>
 #include <iostream>
 
-#include "fabric_flags.h"
+#include "shared_flags.h"
 #include "fashion_cnn.h"
 #include "fashion_mnist.h"
 
@@ -32,7 +34,7 @@ struct Settings {
   int64_t max_steps = -1;  // stop after this many optimizer steps in total (smoke runs)
   std::string data_dir = examples::kDefaultFashionMnistDir;
   uint64_t seed = 42;
-  examples::FabricFlags fabric;  // unset unless given: lightning-run or the launcher decides
+  examples::SharedFlags shared;  // Fabric options unset unless given (lightning-run or the launcher decides); --no-progress
   std::string checkpoint_dir;  // save at the end of every epoch and at --max-steps
   std::string resume;          // a checkpoint written by --checkpoint-dir
 };
@@ -43,15 +45,18 @@ std::string checkpoint_path(const Settings& settings, int epoch, int64_t step) {
 }
 
 template <class Model, class Loader>
-double evaluate(lf::Fabric& fabric, Model& model, Loader& loader) {
+double evaluate(lf::Fabric& fabric, Model& model, Loader& loader, bool progress) {
   torch::NoGradGuard no_grad;
   model.eval();
   auto counts = torch::zeros({2}, torch::kFloat64);  // correct, seen
+  lf::ProgressBar bar("test", loader.size(), progress);
   for (auto& batch : loader) {
+    bar.update();
     auto predicted = model(batch.data).argmax(1);
     counts[0] += predicted.eq(batch.target).sum().template item<double>();
     counts[1] += static_cast<double>(batch.target.size(0));
   }
+  bar.close();
   counts = fabric.all_reduce(counts, "sum");
   model.train();
   return counts[0].item<double>() / counts[1].item<double>();
@@ -59,7 +64,8 @@ double evaluate(lf::Fabric& fabric, Model& model, Loader& loader) {
 
 int run(const Settings& settings) {
   // devices, strategy, ... come from the command line: --devices N here, or lightning-run's flags.
-  lf::Fabric fabric(settings.fabric.apply());
+  lf::Fabric fabric(settings.shared.apply());
+  const bool progress = settings.shared.show_progress(fabric);
   // No fabric.launch() call: the first setup starts the other processes when devices > 1, and
   // under lightning-run (which refuses launch(), as Python's CLI does) it has nothing to start.
   fabric.seed_everything(settings.seed);
@@ -101,6 +107,10 @@ int run(const Settings& settings) {
     int64_t batches = 0, skipped = 0;
     const int64_t to_skip = batches_done;  // resuming mid-epoch: the batches already trained on
     train_loader.set_epoch(epoch - 1);  // the same shuffle as an uninterrupted run (after --resume)
+    std::optional<int64_t> total = train_loader.size();  // this epoch's steps, within --max-steps
+    if (total) *total -= to_skip;
+    if (total && settings.max_steps > 0) *total = std::min(*total, settings.max_steps - steps);
+    lf::ProgressBar bar("epoch " + std::to_string(epoch), total, progress);
     for (auto& batch : train_loader) {
       if (skipped < to_skip) {  // the sampler repeats this epoch's order; skip what was done
         ++skipped;
@@ -110,20 +120,27 @@ int run(const Settings& settings) {
       auto loss = torch::nn::functional::cross_entropy(model(batch.data), batch.target);
       fabric.backward(loss);
       optimizer.step();
-      loss_sum += loss.item<double>();
+      const double value = loss.item<double>();
+      loss_sum += value;
+      bar.update(1, value);
       ++batches;
       ++batches_done;
       if (++steps == settings.max_steps) break;
     }
+    bar.close();
     const bool finished = steps != settings.max_steps;
     const double train_loss = fabric.all_reduce(torch::tensor(loss_sum / std::max<int64_t>(batches, 1)), "mean").item<double>();
-    const double accuracy = evaluate(fabric, model, test_loader);
+    const double accuracy = evaluate(fabric, model, test_loader, progress);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     save(finished);
     batches_done = 0;
     if (fabric.is_global_zero()) {
-      nlohmann::json line = {{"epoch", epoch},          {"train_loss", train_loss}, {"test_accuracy", accuracy},
-                             {"seconds", seconds},      {"steps", steps},           {"world_size", fabric.world_size()}};
+      nlohmann::json line = {{"epoch", epoch},
+                             {"train_loss", examples::rounded(train_loss, 4)},
+                             {"test_accuracy", examples::rounded(accuracy, 4)},
+                             {"seconds", examples::rounded(seconds, 1)},
+                             {"steps", steps},
+                             {"world_size", fabric.world_size()}};
       std::cout << line.dump() << std::endl;
     }
     if (!finished) break;
@@ -140,7 +157,7 @@ int main(int argc, char** argv) {
   app.add_option("--max-steps", settings.max_steps, "Stop after this many steps in total (-1: no limit)");
   app.add_option("--data-dir", settings.data_dir, "Folder with the Fashion-MNIST idx files");
   app.add_option("--seed", settings.seed, "Global seed");
-  settings.fabric.add_to(app);
+  settings.shared.add_to(app);
   app.add_option("--checkpoint-dir", settings.checkpoint_dir,
                  "Save a checkpoint here at the end of every epoch and at --max-steps (epoch=E-step=S.ckpt)");
   app.add_option("--resume", settings.resume, "Continue from a checkpoint written by --checkpoint-dir")

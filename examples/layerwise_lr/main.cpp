@@ -31,21 +31,29 @@ int main(int argc, char** argv) {
     torch::optim::StepLR body_schedule(body_sgd, /*step_size=*/1, /*gamma=*/0.5);  // halve per epoch
     auto [model, body_optimizer, head_optimizer, scheduler] = fabric.setup(net, body_sgd, head_adam, body_schedule);
     int64_t step = 0;
+    const bool progress = flags.shared.show_progress(fabric);
     for (int epoch = 1; epoch <= flags.epochs; ++epoch) {
+      lf::ProgressBar bar("epoch " + std::to_string(epoch), train_loader.size(), progress);
       for (auto& batch : train_loader) {
         body_optimizer.zero_grad();
         head_optimizer.zero_grad();
-        fabric.backward(torch::nn::functional::cross_entropy(model(batch.data), batch.target));
+        auto loss = torch::nn::functional::cross_entropy(model(batch.data), batch.target);
+        fabric.backward(loss);
         body_optimizer.step();
         head_optimizer.step();
+        bar.update(1, loss.item<double>());
         if (++step == flags.max_steps) break;
       }
+      bar.close();
       torch::NoGradGuard no_grad;
       auto counts = torch::zeros({2}, torch::kFloat64);
+      lf::ProgressBar test_bar("test", test_loader.size(), progress);
       for (auto& batch : test_loader) {
+        test_bar.update();
         counts[0] += model(batch.data).argmax(1).eq(batch.target).sum().item<double>();
         counts[1] += static_cast<double>(batch.target.size(0));
       }
+      test_bar.close();
       counts = fabric.all_reduce(counts, "sum");
       fabric.print("epoch", epoch, "steps", step, "body_lr", body_optimizer.param_groups()[0].options().get_lr(),
                    "head_lr", head_optimizer.param_groups()[0].options().get_lr(), "test_accuracy",

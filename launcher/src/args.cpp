@@ -95,6 +95,16 @@ void add_model_options(CLI::App& model, LaunchArgs& args, RawOptions& raw) {
   model.add_flag("--dry-run,--dry_run", args.dry_run, "Print each worker's command and environment; start nothing");
 }
 
+// CLI11 2.1 has no App::usage(): its help's "Usage:" line comes from the formatter. Both help pages
+// show the real forms, with the program and its arguments after the options.
+class UsageFormatter : public CLI::Formatter {
+ public:
+  std::string make_usage(const CLI::App*, std::string) const override {
+    return "\nUsage: lightning-run model [OPTIONS] BINARY [ARGS...]\n"
+           "       lightning-run model consolidate FOLDER [--output-file PATH]   (merge a sharded checkpoint)\n";
+  }
+};
+
 }  // namespace
 
 ParsedCommandLine parse_command_line(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
@@ -106,7 +116,16 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv, std::ost
   app.name("lightning-run");
   app.set_version_flag("--version", std::string("lightning-run ") + fabric::kVersion);
   app.require_subcommand(1);
-  CLI::App* model = app.add_subcommand("model", "Run BINARY [ARGS...] once per device (everything after BINARY goes to it)");
+  app.formatter(std::make_shared<UsageFormatter>());
+  app.footer("Examples:\n"
+             "  lightning-run model --accelerator cpu --devices 2 build/bin/image_classifier --epochs 1\n"
+             "  lightning-run model consolidate checkpoints/epoch=1-step=469.ckpt\n"
+             "lightning-run model --help lists the launch options.");
+  CLI::App* model = app.add_subcommand("model", "Run BINARY [ARGS...] once per device (everything after BINARY goes to "
+                                                "it), or merge a sharded checkpoint: model consolidate FOLDER");
+  model->footer("BINARY is the program to run once per device, followed by its own arguments; every option of\n"
+                "lightning-run comes before it. Example:\n"
+                "  lightning-run model --accelerator cpu --devices 2 build/bin/image_classifier --epochs 1");
   model->prefix_command();
   add_model_options(*model, args, raw);
 
@@ -118,6 +137,11 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv, std::ost
   std::vector<std::string> before(words.begin(), separator);
   std::reverse(before.begin(), before.end());  // CLI11 takes the reversed vector form
   try {
+    if (words.empty() || (words.front() != "model" && words.front().rfind("-", 0) != 0)) {
+      throw CLI::ValidationError((words.empty() ? std::string("a command is required") : "unknown command '" + words.front() + "'") +
+                                 ". The commands are: model [OPTIONS] BINARY [ARGS...] (launch), and model consolidate "
+                                 "FOLDER (merge a sharded checkpoint).");
+    }
     app.parse(before);
     std::vector<std::string> rest = model->remaining();
     if (separator != words.end()) {

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -36,6 +37,32 @@ void write_all(int fd, const std::string& data) {
     if (wrote <= 0) return;  // the console went away: keep supervising
     done += static_cast<size_t>(wrote);
   }
+}
+
+// What a terminal control sequence (ESC [ ... letter) adds to a log file or the failure report: nothing.
+std::string without_escapes(const std::string& text) {
+  std::string plain;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '\033' && i + 1 < text.size() && text[i + 1] == '[') {
+      i += 2;
+      while (i < text.size() && !std::isalpha(static_cast<unsigned char>(text[i]))) ++i;
+      continue;
+    }
+    plain += text[i];
+  }
+  return plain;
+}
+
+// A redraw starts with "erase line" (ESC [ K); the router erases before the tag instead.
+std::string without_leading_erase(const std::string& text) {
+  return text.rfind("\033[K", 0) == 0 ? text.substr(3) : text;
+}
+
+std::string prefix_for(const OutputOptions& options, int global_rank) {
+  std::string prefix;
+  if (options.timestamp) prefix += timestamp() + " ";
+  if (options.tag) prefix += "[rank " + std::to_string(global_rank) + "]: ";
+  return prefix;
 }
 
 }  // namespace
@@ -71,20 +98,34 @@ std::vector<int> OutputRouter::fds() const {
   return result;
 }
 
+void OutputRouter::write_console(int fd, const std::string& text, bool transient) {
+  // A transient line on screen is cleared before anything else is written; a new one starts at
+  // the line's beginning.
+  const bool clear = transient_on_screen_ || transient;
+  write_all(fd, clear ? "\r\033[K" + text : text);
+  transient_on_screen_ = transient;
+}
+
 void OutputRouter::emit(Stream& stream, const std::string& line, bool complete) {
-  const std::string text = complete ? line + "\n" : line;
+  const std::string plain = without_escapes(line);
   if (stream.log != nullptr) {
+    const std::string text = complete ? plain + "\n" : plain;
     std::fwrite(text.data(), 1, text.size(), stream.log);
     std::fflush(stream.log);
   }
   auto& tail = tails_[stream.global_rank];
-  tail.push_back(line);
+  tail.push_back(plain);
   while (tail.size() > options_.tail_lines) tail.pop_front();
   if (options_.console_local_ranks && options_.console_local_ranks->count(stream.local_rank) == 0) return;
-  std::string prefix;
-  if (options_.timestamp) prefix += timestamp() + " ";
-  if (options_.tag) prefix += "[rank " + std::to_string(stream.global_rank) + "]: ";
-  write_all(stream.is_stderr ? STDERR_FILENO : STDOUT_FILENO, prefix + text);
+  write_console(stream.is_stderr ? STDERR_FILENO : STDOUT_FILENO,
+                prefix_for(options_, stream.global_rank) + without_leading_erase(line) + (complete ? "\n" : ""), false);
+}
+
+void OutputRouter::show_transient(Stream& stream, const std::string& text) {
+  if (text.empty()) return;
+  if (options_.console_local_ranks && options_.console_local_ranks->count(stream.local_rank) == 0) return;
+  write_console(stream.is_stderr ? STDERR_FILENO : STDOUT_FILENO,
+                prefix_for(options_, stream.global_rank) + without_leading_erase(text), true);
 }
 
 void OutputRouter::on_readable(int fd) {
@@ -100,10 +141,27 @@ void OutputRouter::on_readable(int fd) {
     return;
   }
   stream.partial.append(buffer, static_cast<size_t>(got));
-  size_t newline;
-  while ((newline = stream.partial.find('\n')) != std::string::npos) {
-    emit(stream, stream.partial.substr(0, newline), true);
-    stream.partial.erase(0, newline + 1);
+  size_t end;
+  while ((end = stream.partial.find_first_of("\r\n")) != std::string::npos) {
+    const std::string piece = stream.partial.substr(0, end);
+    const bool crlf = stream.partial[end] == '\r' && end + 1 < stream.partial.size() && stream.partial[end + 1] == '\n';
+    if (stream.partial[end] == '\n' || crlf) {
+      // "text\r" then "\n" in the next read is a CRLF line end: the text was the line.
+      emit(stream, piece.empty() && stream.redrawing ? stream.last_transient : piece, true);
+      stream.redrawing = false;
+      stream.last_transient.clear();
+    } else {
+      show_transient(stream, piece);
+      if (!piece.empty()) stream.last_transient = piece;
+      stream.redrawing = true;
+    }
+    stream.partial.erase(0, end + (crlf ? 2 : 1));
+  }
+  // A redraw arrives without a line end: show it now rather than at the next redraw.
+  if (stream.redrawing && !stream.partial.empty()) {
+    show_transient(stream, stream.partial);
+    stream.last_transient = stream.partial;
+    stream.partial.clear();
   }
 }
 

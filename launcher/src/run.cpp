@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "lightning/fabric/errors.h"
+#include "lightning/fabric/utilities/env_vars.h"
 #include "lightning/fabric/utilities/error_file.h"
 #include "lightning/fabric/utilities/process.h"
 #include "lightning/launcher/output.h"
@@ -127,6 +128,8 @@ void Job::spawn_all(int attempt) {
     spec.argv.push_back(args_.binary);
     spec.argv.insert(spec.argv.end(), args_.binary_args.begin(), args_.binary_args.end());
     spec.env = worker_environment(args_, layout, local, parent, error_file);
+    // The console is a terminal: progress bars may redraw in place (the router forwards them).
+    if (::isatty(STDERR_FILENO) == 1) spec.env[fabric::env::kTerminal] = "1";
     spec.stdout_fd = out;
     spec.stderr_fd = err;
     try {

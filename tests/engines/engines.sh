@@ -50,8 +50,13 @@ expect_nothing_left() {
     pkill -KILL -f -- "$work"
     fail "processes of the job were left behind"
   fi
-  if [ -n "${SLURM_CONF:-}" ] && [ -n "$(squeue -h -n "lf-$case_name" 2>/dev/null)" ]; then
-    fail "a Slurm job of this case is still queued: $(squeue -n "lf-$case_name")"
+  if [ -n "${SLURM_CONF:-}" ]; then
+    # A cancelled step's job stays "completing" (CG) while slurmd finishes its cleanup: allow 20 s.
+    for _ in $(seq 100); do
+      [ -n "$(squeue -h -n "lf-$case_name" 2>/dev/null)" ] || break
+      sleep 0.2
+    done
+    [ -z "$(squeue -h -n "lf-$case_name" 2>/dev/null)" ] || fail "a Slurm job of this case is still queued: $(squeue -n "lf-$case_name")"
   fi
   echo "ok: nothing left behind"
 }

@@ -4,7 +4,11 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <iostream>
 #include <sstream>
+
+#include "lightning/fabric/utilities/env_vars.h"
 
 namespace lightning::fabric {
 
@@ -24,13 +28,21 @@ std::string clock_text(double seconds) {
   }
   return text;
 }
+// stdout or stderr on a terminal, directly or through lightning-run (which sets LT_TERMINAL=1 when
+// its console is one and forwards the redraws).
+bool writes_to_terminal(const std::ostream& out) {
+  const int fd = &out == &std::cout ? STDOUT_FILENO : (&out == &std::cerr || &out == &std::clog) ? STDERR_FILENO : -1;
+  if (fd < 0) return false;
+  const char* forwarded = std::getenv(env::kTerminal);
+  return ::isatty(fd) == 1 || (forwarded != nullptr && std::string(forwarded) == "1");
+}
 }  // namespace
 
 ProgressBar::ProgressBar(std::string description, std::optional<int64_t> total, bool enabled, std::ostream& out,
                          ProgressBarOptions options)
     : description_(std::move(description)), total_(total), enabled_(enabled), out_(out), options_(std::move(options)) {
   if (!options_.clock) options_.clock = steady_seconds;
-  terminal_ = options_.terminal.value_or(&out_ == &std::cout && ::isatty(STDOUT_FILENO));
+  terminal_ = options_.terminal.value_or(writes_to_terminal(out_));
   start_ = options_.clock();
 }
 
@@ -70,12 +82,9 @@ void ProgressBar::draw(bool final) {
   const double interval = terminal_ ? 0.1 : options_.plain_interval_s;
   if (!final && now - last_draw_ < interval) return;
   last_draw_ = now;
-  if (terminal_) {
-    out_ << "\r\033[K" << line();
-    if (final) out_ << "\n";
-  } else {
-    out_ << line() << "\n";
-  }
+  // One write per draw (stderr is unbuffered), so a reader such as lightning-run sees whole redraws.
+  const std::string text = terminal_ ? "\r\033[K" + line() + (final ? "\n" : "") : line() + "\n";
+  out_ << text;
   out_.flush();
 }
 

@@ -100,6 +100,20 @@ TEST_CASE("args: --help and --version exit 0", "[args]") {
   auto help = parse({"model", "--help"});
   CHECK(help.result.exit_now == 0);
   CHECK_THAT(help.out, Contains("--devices") && Contains("--max-restarts"));
+  // The usage says where the program goes, shows an example, and names consolidate.
+  CHECK_THAT(help.out, Contains("lightning-run model [OPTIONS] BINARY [ARGS...]") &&
+                           Contains("lightning-run model consolidate FOLDER") &&
+                           Contains("lightning-run model --accelerator cpu --devices 2 build/bin/image_classifier"));
+  auto top = parse({"--help"});
+  CHECK(top.result.exit_now == 0);
+  CHECK_THAT(top.out, Contains("lightning-run model [OPTIONS] BINARY [ARGS...]") &&
+                          Contains("lightning-run model consolidate FOLDER") && Contains("Examples:"));
+  auto misspelt = parse({"modle", "./train"});
+  CHECK(misspelt.result.exit_now == 2);
+  CHECK_THAT(misspelt.err, Contains("unknown command 'modle'") && Contains("model consolidate"));
+  auto nothing = parse({});
+  CHECK(nothing.result.exit_now == 2);
+  CHECK_THAT(nothing.err, Contains("a command is required"));
   auto version = parse({"--version"});
   CHECK(version.result.exit_now == 0);
   CHECK_THAT(version.out, Contains("lightning-run"));

@@ -1,6 +1,9 @@
 // Worker output: each worker's stdout and stderr arrive through pipes; lines are tagged with the
 // global rank (and a timestamp on request), copied to the console (for the ranks in the filter)
 // and to per-rank log files, and the last lines of each worker are kept for the failure report.
+// A carriage return ends a transient line (a progress bar redrawing itself): it reaches the console
+// at once, tagged, and is overwritten by the next one; logs and the failure report keep only
+// complete lines. Any other console line first clears a transient line on screen.
 #pragma once
 
 #include <cstdio>
@@ -48,14 +51,19 @@ class OutputRouter {
     int local_rank = 0;
     bool is_stderr = false;
     std::string partial;
+    bool redrawing = false;      // the last line ended with '\r': the pending text is transient
+    std::string last_transient;  // the latest transient text (a "\r\n" split across reads ends it)
     std::FILE* log = nullptr;
   };
   void emit(Stream& stream, const std::string& line, bool complete);
+  void show_transient(Stream& stream, const std::string& text);
+  void write_console(int fd, const std::string& text, bool transient);
   void close_stream(int fd);
 
   OutputOptions options_;
   std::map<int, Stream> streams_;  // by read fd
   std::map<int, std::deque<std::string>> tails_;
+  bool transient_on_screen_ = false;
 };
 
 }  // namespace lightning::launcher

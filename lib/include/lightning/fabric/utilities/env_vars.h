@@ -16,6 +16,7 @@ inline constexpr const char* kStrategy = "LT_STRATEGY";         // only when --s
 inline constexpr const char* kPrecision = "LT_PRECISION";       // only when --precision given
 inline constexpr const char* kDevices = "LT_DEVICES";           // always
 inline constexpr const char* kNumNodes = "LT_NUM_NODES";        // always
+inline constexpr const char* kTerminal = "LT_TERMINAL";          // "1": the console is a terminal (progress redraws)
 
 // Read by the runtime, set by the user (any launcher).
 inline constexpr const char* kRendezvousTimeout = "LT_RENDEZVOUS_TIMEOUT";  // seconds ranks wait to arrive

@@ -1,7 +1,9 @@
 // A progress bar for long loops, shown by one process (pass enabled = fabric.is_global_zero()):
 // on a terminal one line redrawn in place (at most 10 times a second) with the count, percentage,
-// elapsed time, ETA, rate and the latest loss; when the output is not a terminal (a log file,
-// lightning-run's tagged output) a plain line every `plain_interval_s` seconds and at the end.
+// elapsed time, ETA, rate and the latest loss; when the output is not a terminal (a log file, a
+// pipe) a plain line every `plain_interval_s` seconds and at the end. It writes to stderr by
+// default, like tqdm, so that a program's stdout stays for its results. Under lightning-run on a
+// terminal (LT_TERMINAL=1) it redraws too: the launcher forwards the redraws, tagged.
 //   lf::ProgressBar bar("epoch 1", loader.size(), fabric.is_global_zero());
 //   for (auto& batch : loader) { ...; bar.update(1, loss.item<double>()); }
 //   bar.close();
@@ -16,14 +18,14 @@
 namespace lightning::fabric {
 
 struct ProgressBarOptions {
-  std::optional<bool> terminal;  // default: whether the stream is stdout and stdout is a terminal
+  std::optional<bool> terminal;  // default: the stream is stdout/stderr on a terminal, or LT_TERMINAL=1
   double plain_interval_s = 10.0;
   std::function<double()> clock;  // seconds; default a steady clock (tests pass their own)
 };
 
 class ProgressBar {
  public:
-  ProgressBar(std::string description, std::optional<int64_t> total, bool enabled = true, std::ostream& out = std::cout,
+  ProgressBar(std::string description, std::optional<int64_t> total, bool enabled = true, std::ostream& out = std::cerr,
               ProgressBarOptions options = ProgressBarOptions());
   ~ProgressBar();
   ProgressBar(const ProgressBar&) = delete;
