@@ -95,9 +95,13 @@ Model copy_of(const Model& source) {
 
 // Trains `steps` Adam steps under fsdp (with accumulation over two micro-batches every third
 // step and clipping) and the same on one process over the whole global batch; returns the
-// largest relative difference of the final parameters.
+// largest relative difference of the final parameters. A backward under no_backward_sync must
+// issue exactly `reducing_units` collectives fewer than the synced backward after it: the same
+// parameter gathers, no gradient reduction.
+// Clipping must really act: most steps' total norm exceeds max_norm (else a wrong norm, such as one
+// over a single parameter, would go unnoticed).
 template <class Model>
-double train_and_compare(lf::Fabric& fabric, Model& net, int steps) {
+double train_and_compare(lf::Fabric& fabric, Model& net, int steps, uint64_t reducing_units, double max_norm) {
   const int world = fabric.world_size(), rank = fabric.global_rank();
   torch::manual_seed(5);
   Model reference_init;
@@ -110,25 +114,42 @@ double train_and_compare(lf::Fabric& fabric, Model& net, int steps) {
   torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(0.01));
   auto [model, optimizer] = fabric.setup(net, adam);
   torch::manual_seed(6);
+  int clipped_steps = 0;
   for (int step = 0; step < steps; ++step) {
     const auto inputs = torch::randn({2, 3 * world, 16});  // two micro-batches, 3 samples per rank each
     const bool accumulate = step % 3 == 0;
     optimizer.zero_grad();
+    auto& strategy = dynamic_cast<lf::FSDPStrategy&>(*fabric.strategy());
+    uint64_t skipped_ops = 0;
     if (accumulate) {
       auto skip = fabric.no_backward_sync(model);
-      fabric.backward(model(inputs[0].narrow(0, 3 * rank, 3)).pow(2).mean());
+      auto loss = model(inputs[0].narrow(0, 3 * rank, 3)).pow(2).mean();
+      const uint64_t before = strategy.operation_count();
+      fabric.backward(loss);
+      skipped_ops = strategy.operation_count() - before;
     }
-    fabric.backward(model(inputs[1].narrow(0, 3 * rank, 3)).pow(2).mean());
-    fabric.clip_gradients(model, optimizer, lf::GradientClipping().norm(0.5));
+    auto synced_loss = model(inputs[1].narrow(0, 3 * rank, 3)).pow(2).mean();
+    const uint64_t before = strategy.operation_count();
+    fabric.backward(synced_loss);
+    const uint64_t synced_ops = strategy.operation_count() - before;
+    if (accumulate) {
+      expect(synced_ops - skipped_ops == reducing_units,
+             "a backward under no_backward_sync reduces no gradient (" + std::to_string(skipped_ops) + " collectives, " +
+                 std::to_string(synced_ops) + " when synced, " + std::to_string(reducing_units) + " units)");
+    }
+    const auto norm = fabric.clip_gradients(model, optimizer, lf::GradientClipping().norm(max_norm));
+    if (norm && norm->template item<double>() > max_norm) ++clipped_steps;
     optimizer.step();
 
     reference_adam.zero_grad();
     auto loss = reference(inputs[1]).pow(2).mean();
     if (accumulate) loss = loss + reference(inputs[0]).pow(2).mean();
     loss.backward();
-    torch::nn::utils::clip_grad_norm_(reference->parameters(), 0.5);
+    torch::nn::utils::clip_grad_norm_(reference->parameters(), max_norm);
     reference_adam.step();
   }
+  expect(clipped_steps * 2 > steps, "clipping acts on most steps (" + std::to_string(clipped_steps) + " of " +
+                                        std::to_string(steps) + " above max_norm " + std::to_string(max_norm) + ")");
   auto& fsdp = dynamic_cast<lf::FSDPStrategy&>(*fabric.strategy());
   auto full = fsdp.summon_full_parameters(*net);
   double worst = 0;
@@ -142,7 +163,7 @@ double train_and_compare(lf::Fabric& fabric, Model& net, int steps) {
 int train(const std::string& sharding) {
   auto fabric = make_fabric(sharding);
   Net net;
-  const double worst = train_and_compare(fabric, net, 50);
+  const double worst = train_and_compare(fabric, net, 50, /*reducing_units=*/1, /*max_norm=*/0.01);
   expect(worst < 1e-5, sharding + ": parameters after 50 steps within fp32 rounding of the reference (relative " +
                            std::to_string(worst) + ")");
   auto& fsdp = dynamic_cast<lf::FSDPStrategy&>(*fabric.strategy());
@@ -155,7 +176,7 @@ int units(const std::string& sharding) {
   auto fabric = make_fabric(sharding, 500);
   UnitNet net;
   watched = net.ptr().get();
-  const double worst = train_and_compare(fabric, net, 50);
+  const double worst = train_and_compare(fabric, net, 50, /*reducing_units=*/4, /*max_norm=*/0.01);
   watched = nullptr;
   expect(worst < 1e-5, sharding + " with units: parameters after 50 steps within fp32 rounding of the reference " +
                            "(relative " + std::to_string(worst) + ")");
@@ -229,7 +250,7 @@ int scaler() {
 int save(const std::string& sharding, const std::string& folder) {
   auto fabric = make_fabric(sharding);
   Net net;
-  train_and_compare(fabric, net, 5);
+  train_and_compare(fabric, net, 5, /*reducing_units=*/1, /*max_norm=*/0.01);
   torch::optim::Adam unused(net->parameters());  // (the optimizer of train_and_compare is gone; save the model)
   fabric.save(folder + "/ck", {{"model", net}, {"step", 5}});
   auto full = dynamic_cast<lf::FSDPStrategy&>(*fabric.strategy()).summon_full_parameters(*net);

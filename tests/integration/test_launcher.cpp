@@ -220,6 +220,26 @@ TEST_CASE("launcher: SIGINT and SIGTERM are forwarded and end the job with 128 +
   }
 }
 
+TEST_CASE("launcher: workers get a polite signal they can handle before any SIGKILL", "[launcher][signals]") {
+  // A peer fails: the survivor sees SIGTERM and finishes its 200 ms handler within the grace period.
+  Launched failed(lf_test::launcher_path(), with_worker(fast({"--devices", "2"}), {"save-on-signal", "1"}));
+  CHECK(failed.wait(30) == 3);
+  CHECK_THAT(failed.out(), Contains("rank 0 saved after signal " + std::to_string(SIGTERM)));
+  check_no_leftovers(failed);
+  // The launcher is interrupted or terminated: every worker gets that signal and saves.
+  for (int sig : {SIGINT, SIGTERM}) {
+    Launched run(lf_test::launcher_path(), with_worker(fast({"--devices", "2"}), {"save-on-signal", "-1"}));
+    REQUIRE(run.wait_for_output("ready 0", 30));
+    REQUIRE(run.wait_for_output("ready 1", 30));
+    run.signal(sig);
+    CHECK(run.wait(30) == 128 + sig);
+    for (int rank : {0, 1}) {
+      CHECK_THAT(run.out(), Contains("rank " + std::to_string(rank) + " saved after signal " + std::to_string(sig)));
+    }
+    check_no_leftovers(run);
+  }
+}
+
 TEST_CASE("launcher: SIGUSR1 is forwarded and the job goes on", "[launcher][signals]") {
   Launched run(lf_test::launcher_path(), with_worker(fast({"--devices", "2"}), {"wait-signal"}));
   REQUIRE(run.wait_for_output("ready 0", 30));

@@ -6,6 +6,7 @@
 //   exit R CODE    rank R exits with CODE at once; the others wait in a barrier
 //   throw R        rank R throws an uncaught std::runtime_error (the error file records it)
 //   segv R         rank R dies of SIGSEGV
+//   save-on-signal R  every rank saves (200 ms) on SIGTERM/SIGINT and prints it; rank R exits 3 after 1 s
 //   hang R         rank R sleeps forever before joining, the others wait for it (rendezvous timeout 5 s)
 //   hang-alone R   rank R sleeps forever, the others exit 0 at once
 //   fail-first R   rank R exits 3 on attempt 0 (TORCHELASTIC_RESTART_COUNT), then all succeed
@@ -98,6 +99,21 @@ int main(int argc, char** argv) {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
+    return 0;
+  }
+  if (mode == "save-on-signal") {
+    // A program that saves on SIGTERM/SIGINT: the handler's work (200 ms) must finish within the
+    // launcher's grace period; rank `target` instead fails with exit code 3 after 1 s.
+    std::signal(SIGTERM, [](int) { got_term = SIGTERM; });
+    std::signal(SIGINT, [](int) { got_term = SIGINT; });
+    std::cout << "ready " << rank << std::endl;
+    const auto start = std::chrono::steady_clock::now();
+    while (got_term == 0) {
+      if (rank == target && std::chrono::steady_clock::now() - start > std::chrono::seconds(1)) return 3;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    std::cout << "rank " << rank << " saved after signal " << static_cast<int>(got_term) << std::endl;
     return 0;
   }
   if (mode == "exit-later") {

@@ -177,10 +177,28 @@ TEST_CASE("load refuses missing, folder, truncated and corrupted files clearly",
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::ofstream(scratch("cut.ckpt"), std::ios::binary) << bytes.substr(0, bytes.size() / 2);
   CHECK_THROWS_WITH(fabric.load(scratch("cut.ckpt")), Contains("truncated, corrupted"));
-  std::string garbled = bytes;
-  for (size_t i = bytes.size() / 3; i < bytes.size() / 3 + 64; ++i) garbled[i] ^= 0x5a;
-  std::ofstream(scratch("garbled.ckpt"), std::ios::binary) << garbled;
-  CHECK_THROWS_AS(fabric.load(scratch("garbled.ckpt")), lf::RuntimeError);
+  // Corruption of each part of the archive is caught with a message that says which.
+  auto corrupted = [&](const std::string& name, size_t at, size_t length) {
+    std::string garbled = bytes;
+    for (size_t i = at; i < at + length; ++i) garbled[i] ^= 0x5a;
+    std::ofstream(scratch(name), std::ios::binary) << garbled;
+    return scratch(name);
+  };
+  REQUIRE(bytes.compare(0, 4, "PK\x03\x04") == 0);
+  CHECK_THROWS_WITH(fabric.load(corrupted("header.ckpt", 0, 4)), Contains("has no header") && Contains("header.ckpt"));
+  // The tensor data of the first weight: past its local header's name and extra field.
+  const size_t name_at = bytes.find("/data/0");
+  REQUIRE(name_at != std::string::npos);
+  const size_t local = bytes.rfind("PK\x03\x04", name_at);
+  const size_t name_length = static_cast<unsigned char>(bytes[local + 26]) | static_cast<unsigned char>(bytes[local + 27]) << 8;
+  const size_t extra_length = static_cast<unsigned char>(bytes[local + 28]) | static_cast<unsigned char>(bytes[local + 29]) << 8;
+  const size_t data_at = local + 30 + name_length + extra_length;
+  CHECK_THROWS_WITH(fabric.load(corrupted("data.ckpt", data_at + 4, 8)),
+                    Contains("data.ckpt is corrupted: the checksum of entry") && Contains("data/0"));
+  const size_t directory = bytes.find("PK\x01\x02");
+  REQUIRE(directory != std::string::npos);
+  CHECK_THROWS_WITH(fabric.load(corrupted("directory.ckpt", directory, 4)),
+                    Contains("is not a readable checkpoint: a broken entry table"));
   CHECK_THROWS_WITH(fabric.save(scratch(""), {{"model", net}}), Contains("is a folder"));
   // Only the final file is left: no temporary beside it.
   for (const auto& entry : fs::directory_iterator(path.parent_path())) {

@@ -65,6 +65,43 @@ TEST_CASE("distributed sampler: shuffled identically on every rank, differently 
   CHECK_THROWS_WITH(lf::DistributedSampler(10, 2, 2), Contains("rank=2"));
 }
 
+TEST_CASE("distributed sampler: set_epoch(k) gives the order of epoch k of an uninterrupted run", "[data]") {
+  lf::DistributedSampler straight(50, 2, 1, true, /*seed=*/7);
+  std::vector<std::vector<size_t>> epochs;
+  for (int epoch = 0; epoch < 4; ++epoch) epochs.push_back(epoch_of(straight));
+  lf::DistributedSampler resumed(50, 2, 1, true, 7);
+  resumed.set_epoch(2);
+  CHECK(epoch_of(resumed) == epochs[2]);
+  CHECK(resumed.epoch() == 2);
+  CHECK(epoch_of(resumed) == epochs[3]);  // and counts on from there
+  lf::DistributedSampler back(50, 2, 1, true, 7);
+  for (int epoch = 0; epoch < 3; ++epoch) epoch_of(back);
+  back.set_epoch(1);  // backwards too
+  CHECK(epoch_of(back) == epochs[1]);
+}
+
+TEST_CASE("FabricDataLoader::set_epoch reaches the sampler inside the loader", "[data]") {
+  auto orders = [](std::optional<int64_t> start_epoch, int passes) {
+    lf::Fabric fabric(lf::FabricOptions().accelerator("cpu"), lf::env::map_env({}));
+    auto loader = fabric.setup_dataloaders(RangeDataset(12).map(torch::data::transforms::Stack<>()),
+                                           torch::data::DataLoaderOptions(4), lf::DataLoaderSettings{true});
+    if (start_epoch) loader.set_epoch(*start_epoch);
+    std::vector<std::vector<double>> result;
+    for (int pass = 0; pass < passes; ++pass) {
+      std::vector<double> order;
+      for (auto& batch : loader) {
+        for (int64_t i = 0; i < batch.data.size(0); ++i) order.push_back(batch.data[i].item<double>());
+      }
+      result.push_back(order);
+    }
+    return result;
+  };
+  const auto straight = orders(std::nullopt, 3);
+  REQUIRE(straight[0] != straight[2]);
+  CHECK(orders(2, 1)[0] == straight[2]);
+  CHECK(orders(1, 2) == std::vector<std::vector<double>>{straight[1], straight[2]});
+}
+
 TEST_CASE("setup_dataloaders yields stacked batches on the device, every sample once", "[data]") {
   lf::Fabric fabric(lf::FabricOptions().accelerator("cpu"), lf::env::map_env({}));
   auto loader = fabric.setup_dataloaders(RangeDataset(10).map(torch::data::transforms::Stack<>()),

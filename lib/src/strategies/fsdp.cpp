@@ -484,6 +484,14 @@ double FSDPStrategy::clip_gradients_by_norm(const std::vector<at::Tensor>& param
   return total;
 }
 
+uint64_t FSDPStrategy::operation_count() const {
+  uint64_t count = 0;
+  for (const Collective* group : {collective_.get(), shard_group_.get(), replica_group_.get()}) {
+    if (group != nullptr) count += group->operation_count();
+  }
+  return count;
+}
+
 int64_t FSDPStrategy::resident_bytes() const {
   int64_t bytes = 0;
   auto size_of = [](const at::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; };

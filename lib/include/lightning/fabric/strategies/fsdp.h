@@ -78,6 +78,9 @@ class FSDPStrategy : public DDPStrategy {
   /// Bytes of parameters, gradients and optimizer state this rank holds for the set-up modules
   /// and optimizers (benchmark P6).
   int64_t resident_bytes() const;
+  /// Collectives issued so far over every group fsdp uses (the world, and HYBRID_SHARD's shard and
+  /// replica groups): tests check that a backward under no_backward_sync reduces nothing.
+  uint64_t operation_count() const;
 
   struct ShardedParameter;
   struct Unit;
