@@ -116,6 +116,12 @@ std::shared_ptr<T> single_plugin(const std::vector<std::shared_ptr<Plugin>>& plu
   return found;
 }
 
+// The cluster environment given as a plugin, else the one the variables describe.
+std::shared_ptr<ClusterEnvironment> cluster_environment_for(const FabricOptions& options, const env::EnvLookup& env) {
+  auto plugin = single_plugin<ClusterEnvironment>(options.plugins(), "cluster environment");
+  return plugin ? plugin : detect_cluster_environment(env);
+}
+
 }  // namespace
 
 ResolvedConfig resolve_config(const FabricOptions& options, const env::EnvLookup& env) {
@@ -139,8 +145,7 @@ ResolvedConfig resolve_config(const FabricOptions& options, const env::EnvLookup
   DevicesSpec spec = devices == options.devices().to_string() ? options.devices() : DevicesSpec(devices);
   // Under torchrun, srun or mpirun, devices "auto" is the number of processes the launcher started
   // here, and an unset num_nodes is the number of nodes its job spans.
-  auto environment = single_plugin<ClusterEnvironment>(options.plugins(), "cluster environment");
-  if (!environment) environment = detect_cluster_environment(env);
+  const auto environment = cluster_environment_for(options, env);
   if (devices == "auto") {
     if (auto launched = environment->launched_processes_per_node()) spec = DevicesSpec(*launched);
   }
@@ -177,8 +182,7 @@ Connector Connector::build(const FabricOptions& options, const env::EnvLookup& e
            "'). Choose one.");
   connector.precision = precision_plugin ? precision_plugin : precision_registry().create(config.precision);
   connector.accelerator = accelerator_registry().create(config.accelerator);
-  auto environment_plugin = single_plugin<ClusterEnvironment>(options.plugins(), "cluster environment");
-  connector.cluster_environment = environment_plugin ? environment_plugin : detect_cluster_environment(env);
+  connector.cluster_environment = cluster_environment_for(options, env);
   connector.cluster_environment->validate_settings(config.num_processes_per_node(), config.num_nodes);
   const auto& environment = *connector.cluster_environment;
   LF_CHECK(!(environment.creates_processes_externally() && environment.world_size() > 1 &&
