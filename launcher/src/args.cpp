@@ -87,6 +87,12 @@ void add_model_options(CLI::App& model, LaunchArgs& args, RawOptions& raw) {
   model.add_option("--finish-timeout,--finish_timeout", args.finish_timeout_s,
                    "After one worker succeeds, stop the others if they run longer than this (0: wait)")->capture_default_str()
       ->check(CLI::NonNegativeNumber.description(""));
+  model.add_option("--hang-timeout,--hang_timeout", args.hang_timeout_s,
+                   "Seconds a rank may wait in one collective before the job is reported as hung, dumped and stopped "
+                   "with exit code 86 (0: off; default: the program's, 300)")
+      ->check(CLI::NonNegativeNumber.description(""));
+  model.add_flag("--check-collectives", args.check_collectives,
+                 "Compare every collective's op, dtype and shape across ranks before it runs (one small all_gather each)");
   model.add_option("--log-dir,--log_dir", raw.log_dir, "Write each worker's stdout and stderr to files here");
   model.add_flag("--tag-output", raw.tag, "Prefix every output line with its rank (default with more than one worker)");
   model.add_flag("--no-tag-output", raw.no_tag, "Never prefix output lines");

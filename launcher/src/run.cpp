@@ -15,6 +15,8 @@
 #include "lightning/fabric/utilities/env_vars.h"
 #include "lightning/fabric/utilities/error_file.h"
 #include "lightning/fabric/utilities/process.h"
+#include "lightning/fabric/plugins/collectives/hang_report.h"
+#include "lightning/launcher/hang_watch.h"
 #include "lightning/launcher/output.h"
 #include "lightning/launcher/rendezvous.h"
 #include "lightning/launcher/worker_env.h"
@@ -69,8 +71,10 @@ class Job {
   Outcome run_attempt(int attempt);
   void spawn_all(int attempt);
   void stop_workers(int signal);
+  void read_output_for(Millis slice);
+  std::optional<Outcome> check_for_hang();
   int wait_for_other_nodes(int attempt);
-  void report(const Failure& failure) const;
+  void report(const Failure& failure);
   std::optional<int> read_signal();
   std::vector<pollfd> poll_set() const;
 
@@ -80,6 +84,9 @@ class Job {
   std::optional<Rendezvous> rendezvous_;
   OutputRouter output_;
   std::vector<ChildProcess> children_;
+  std::optional<fabric::ProcessGuardian> guardian_;  // tears the workers' groups down if we are killed
+  std::optional<HangWatch> hang_watch_;              // one node: judges hangs from the ranks' recorders
+  Clock::time_point next_hang_check_;
   std::vector<std::string> error_files_;
   std::string run_dir_;
   bool remove_run_dir_ = false;
@@ -119,6 +126,11 @@ void Job::spawn_all(int attempt) {
   NodeLayout layout = layout_;
   layout.restart_count = attempt;
   const auto parent = fabric::current_environment();
+  hang_watch_.reset();
+  if (layout.num_nodes == 1) {
+    hang_watch_.emplace(attempt_dir.string(), layout.rank_offset, layout.local_world_size, layout.world_size);
+  }
+  next_hang_check_ = Clock::now();
   for (int local = 0; local < layout.local_world_size; ++local) {
     const int rank = layout.rank_offset + local;
     const std::string error_file = (attempt_dir / ("rank_" + std::to_string(rank) + ".error.json")).string();
@@ -128,12 +140,14 @@ void Job::spawn_all(int attempt) {
     spec.argv.push_back(args_.binary);
     spec.argv.insert(spec.argv.end(), args_.binary_args.begin(), args_.binary_args.end());
     spec.env = worker_environment(args_, layout, local, parent, error_file);
+    add_attempt_environment(spec.env, attempt_dir.string(), layout.num_nodes);
     // The console is a terminal: progress bars may redraw in place (the router forwards them).
     if (::isatty(STDERR_FILENO) == 1) spec.env[fabric::env::kTerminal] = "1";
     spec.stdout_fd = out;
     spec.stderr_fd = err;
     try {
       children_.push_back(ChildProcess::spawn(spec));
+      guardian_->watch(children_.back().pid());
     } catch (...) {
       close(out);
       close(err);
@@ -145,20 +159,39 @@ void Job::spawn_all(int attempt) {
   }
 }
 
+void Job::read_output_for(Millis slice) {
+  std::vector<pollfd> fds;
+  for (int fd : output_.fds()) fds.push_back({fd, POLLIN, 0});
+  if (fds.empty()) {
+    poll(nullptr, 0, static_cast<int>(slice.count()));
+    return;
+  }
+  if (poll(fds.data(), fds.size(), static_cast<int>(slice.count())) <= 0) return;
+  for (const auto& entry : fds) {
+    if ((entry.revents & (POLLIN | POLLHUP | POLLERR)) != 0) output_.on_readable(entry.fd);
+  }
+}
+
 void Job::stop_workers(int signal) {
-  fabric::terminate_all(children_, signal, seconds(args_.shutdown_grace_s), [this](Millis slice) {
-    std::vector<pollfd> fds;
-    for (int fd : output_.fds()) fds.push_back({fd, POLLIN, 0});
-    if (fds.empty()) {
-      poll(nullptr, 0, static_cast<int>(slice.count()));
-      return;
-    }
-    if (poll(fds.data(), fds.size(), static_cast<int>(slice.count())) <= 0) return;
-    for (const auto& entry : fds) {
-      if ((entry.revents & (POLLIN | POLLHUP | POLLERR)) != 0) output_.on_readable(entry.fd);
-    }
-  });
+  fabric::terminate_all(children_, signal, seconds(args_.shutdown_grace_s), [this](Millis slice) { read_output_for(slice); });
   output_.drain(200);
+}
+
+// One node: when the recorders show a hang, dump, report and stop the job (exit code 86).
+std::optional<Outcome> Job::check_for_hang() {
+  if (!hang_watch_ || Clock::now() < next_hang_check_) return std::nullopt;
+  next_hang_check_ = Clock::now() + Millis(hang_watch_->period_ms());
+  std::vector<std::string> exited;
+  for (const auto& child : children_) exited.push_back(child.status() ? child.status()->describe() : std::string());
+  const auto verdict = hang_watch_->check(exited);
+  if (!verdict) return std::nullopt;
+  const std::string report = hang_watch_->dump(*verdict, std::chrono::seconds(3), [this](Millis slice) { read_output_for(slice); });
+  say(report);
+  const int local = std::clamp(verdict->blamed_rank - layout_.rank_offset, 0, static_cast<int>(children_.size()) - 1);
+  failure_ = {layout_.node_rank, layout_.rank_offset + local, local, fabric::kHangExitCode,
+              "hang detected: " + verdict->cause, error_files_[local]};
+  stop_workers(SIGTERM);
+  return Outcome::Failed;
 }
 
 Outcome Job::run_attempt(int attempt) {
@@ -169,6 +202,7 @@ Outcome Job::run_attempt(int attempt) {
     auto fds = poll_set();
     int timeout_ms = -1;
     if (layout_.num_nodes > 1) timeout_ms = 100;
+    if (hang_watch_) timeout_ms = hang_watch_->period_ms();
     if (finish_deadline) {
       const auto left = std::chrono::duration_cast<Millis>(*finish_deadline - Clock::now()).count();
       timeout_ms = static_cast<int>(std::max<int64_t>(0, timeout_ms < 0 ? left : std::min<int64_t>(left, timeout_ms)));
@@ -221,6 +255,7 @@ Outcome Job::run_attempt(int attempt) {
       output_.drain(200);
       return Outcome::Success;
     }
+    if (auto hung = check_for_hang()) return *hung;
     if (finish_deadline && Clock::now() >= *finish_deadline) {
       for (size_t i = 0; i < children_.size(); ++i) {
         if (!children_[i].running()) continue;
@@ -247,7 +282,7 @@ Outcome Job::run_attempt(int attempt) {
   }
 }
 
-void Job::report(const Failure& failure) const {
+void Job::report(const Failure& failure) {
   if (failure.local_rank < 0) {
     say("rank " + std::to_string(failure.global_rank) + " on node " + std::to_string(failure.node_rank) +
         " failed first: " + failure.summary + " (node " + std::to_string(failure.node_rank) +
@@ -256,6 +291,12 @@ void Job::report(const Failure& failure) const {
   }
   say("rank " + std::to_string(failure.global_rank) + " (node " + std::to_string(failure.node_rank) + ", local rank " +
       std::to_string(failure.local_rank) + ") failed first: " + failure.summary);
+  if (hang_watch_ && failure.exit_code != fabric::kHangExitCode) {
+    std::vector<std::string> exited;
+    for (const auto& child : children_) exited.push_back(child.status() ? child.status()->describe() : std::string());
+    const std::string positions = hang_watch_->positions(exited);
+    if (!positions.empty()) say("collectives of this node's ranks at the failure (flight recorder):\n" + positions);
+  }
   const std::string error = fabric::read_error_file(failure.error_file);
   if (!error.empty()) say("its error file says: " + error);
   const auto tail = output_.tail(failure.global_rank);
@@ -292,6 +333,7 @@ int Job::wait_for_other_nodes(int attempt) {
 int Job::run() {
   const int local_count = local_process_count(args_);
   executable_ = fabric::resolve_executable(args_.binary);
+  guardian_.emplace();  // before any thread exists (the rendezvous store starts some)
   sigset_t signals = launcher_signals();
   signal_fd_ = signalfd(-1, &signals, SFD_CLOEXEC);
   if (signal_fd_ < 0) throw std::runtime_error(std::string("signalfd: ") + std::strerror(errno));
@@ -330,6 +372,10 @@ int Job::run() {
       return 128 + received_signal_;
     }
     report(failure_);
+    if (failure_.exit_code == fabric::kHangExitCode && remove_run_dir_) {
+      remove_run_dir_ = false;
+      say("kept " + run_dir_ + " for the hang dumps (--log-dir chooses the folder)");
+    }
     if (attempt >= args_.max_restarts) {
       if (args_.max_restarts > 0) say("no restarts left (--max-restarts=" + std::to_string(args_.max_restarts) + ")");
       say("exiting with " + std::to_string(failure_.exit_code));
@@ -381,11 +427,15 @@ int print_dry_run(const LaunchArgs& args) {
     std::cout << "lightning-run: dry run: " << local_count << " worker(s) on node " << args.node_rank << " of "
               << args.num_nodes << "; nothing is started. Each worker also inherits this environment.\n";
     if (args.num_nodes > 1) std::cout << "lightning-run: global ranks assume every node runs " << local_count << " worker(s)\n";
-    if (args.num_nodes == 1 && !args.main_port) std::cout << "lightning-run: MASTER_PORT: a free port is chosen at start\n";
+    const bool free_port = args.num_nodes == 1 && !args.main_port;
+    const std::string run_dir = args.log_dir.value_or("<run dir>");
+    if (!args.log_dir) std::cout << "lightning-run: <run dir> is a new temporary folder (or --log-dir)\n";
     for (int local = 0; local < local_count; ++local) {
-      const auto env = worker_environment(args, layout, local, parent, "<run dir>/attempt_0/rank_" +
-                                                                            std::to_string(layout.rank_offset + local) +
-                                                                            ".error.json");
+      auto env = worker_environment(args, layout, local, parent, run_dir + "/attempt_0/rank_" +
+                                                                      std::to_string(layout.rank_offset + local) +
+                                                                      ".error.json");
+      add_attempt_environment(env, run_dir + "/attempt_0", layout.num_nodes);
+      if (free_port) env[fabric::env::kMasterPort] = "<free port chosen at start>";
       std::ostringstream line;
       line << "[rank " << layout.rank_offset + local << "] env";
       for (const auto& [key, value] : env) {

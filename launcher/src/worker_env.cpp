@@ -28,8 +28,15 @@ std::map<std::string, std::string> worker_environment(const LaunchArgs& args, co
   fabric::add_torchrun_environment(vars, layout, local_rank);
   vars[env::kErrorFile] = error_file;
   vars[env::kUseAgentStore] = "True";
+  if (args.hang_timeout_s) vars[env::kHangTimeout] = format_seconds(*args.hang_timeout_s);
+  if (args.check_collectives) vars[env::kCheckCollectives] = "1";
   if (vars.count("OMP_NUM_THREADS") == 0) vars["OMP_NUM_THREADS"] = std::to_string(default_omp_threads(layout.local_world_size));
   return parent;
+}
+
+void add_attempt_environment(std::map<std::string, std::string>& vars, const std::string& attempt_dir, int num_nodes) {
+  if (num_nodes == 1) vars[env::kFlightDir] = attempt_dir;
+  if (vars.count(env::kHangDumpDir) == 0) vars[env::kHangDumpDir] = attempt_dir + "/hang";
 }
 
 }  // namespace lightning::launcher

@@ -3,10 +3,14 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <exception>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/nn/utils/clip_grad.h>
+#include <unordered_set>
 #include <torch/serialize/input-archive.h>
 
 #include "lightning/fabric/checkpoint/checkpoint_io.h"
+#include "lightning/fabric/strategies/ddp.h"
 #include "lightning/fabric/utilities/empty_init.h"
 #include "lightning/fabric/utilities/error_file.h"
 #include "lightning/fabric/utilities/rank_zero.h"
@@ -137,7 +141,44 @@ void Fabric::refuse_if_joint_setup_required(const char* call) const {
            "fabric.setup(model, optimizer, ...); `", call, "` is not allowed with it.");
 }
 
+namespace {
+// Whether loss's autograd graph reaches one of `parameters` (depth first, so a set-up model's
+// last layer is usually found within a few nodes).
+bool graph_reaches(const at::Tensor& loss, const std::unordered_set<const c10::TensorImpl*>& parameters) {
+  std::vector<torch::autograd::Node*> pending{loss.grad_fn().get()};
+  std::unordered_set<const torch::autograd::Node*> seen;
+  while (!pending.empty()) {
+    torch::autograd::Node* node = pending.back();
+    pending.pop_back();
+    if (auto* leaf = dynamic_cast<torch::autograd::AccumulateGrad*>(node)) {
+      if (parameters.count(leaf->variable.unsafeGetTensorImpl()) != 0) return true;
+      continue;
+    }
+    for (const auto& edge : node->next_edges()) {
+      if (edge.function && seen.insert(edge.function.get()).second) pending.push_back(edge.function.get());
+    }
+  }
+  return false;
+}
+}  // namespace
+
+void Fabric::refuse_loss_from_unset_model(const at::Tensor& loss) const {
+  if (world_size() < 2 || !loss.defined() || !loss.grad_fn()) return;
+  if (dynamic_cast<DDPStrategy*>(connector_.strategy.get()) == nullptr) return;  // ddp and fsdp average gradients
+  std::unordered_set<const c10::TensorImpl*> parameters;
+  for (const auto& weak : setup_modules_) {
+    if (auto module = weak.lock()) {
+      for (const auto& parameter : module->parameters()) parameters.insert(parameter.unsafeGetTensorImpl());
+    }
+  }
+  LF_CHECK(graph_reaches(loss, parameters), RuntimeError, "fabric.backward: the loss does not depend on any model "
+           "set up with fabric.setup, so under the '", connector_.strategy->name(), "' strategy its gradients would "
+           "not be averaged across the ", world_size(), " ranks. Set the model up first (auto [model, optimizer] = "
+           "fabric.setup(net, optimizer)) and compute the loss with the returned model.");
+}
+
 void Fabric::backward(at::Tensor loss) {
+  refuse_loss_from_unset_model(loss);
   detail::BackwardScope scope;
   connector_.strategy->backward(loss, nullptr);
 }
@@ -172,8 +213,10 @@ ScopeGuard Fabric::rank_zero_first(bool local) {
   const bool first = (local ? local_rank() : global_rank()) == 0;
   // Only ranks that must wait block at entry; rank 0 releases them when its block ends.
   if (!first) barrier();
-  return ScopeGuard([this, first] {
-    if (first) barrier();
+  // A block that throws skips rank 0's barrier: the error goes on instead of a barrier (which
+  // could itself fail during unwinding and terminate the program).
+  return ScopeGuard([this, first, unwinding = std::uncaught_exceptions()] {
+    if (first && std::uncaught_exceptions() == unwinding) barrier();
   });
 }
 

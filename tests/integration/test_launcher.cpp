@@ -355,6 +355,12 @@ TEST_CASE("launcher: --dry-run prints each worker and starts nothing", "[launche
   CHECK_THAT(run.out(), Contains("[rank 0] env") && Contains("[rank 1] env") && Contains("RANK=1") &&
                             Contains("LT_CLI_USED=1") && Contains("'x y'"));
   CHECK_THAT(run.out(), Contains("nothing is started"));
+  // What will really happen: the port is picked at start, so no made-up number is shown.
+  CHECK_THAT(run.out(), Contains("MASTER_PORT='<free port chosen at start>'") && !Contains("MASTER_PORT=29400") &&
+                            Contains("LT_FLIGHT_DIR='<run dir>/attempt_0'"));
+  Launched fixed(lf_test::launcher_path(), with_worker(fast({"--devices", "1", "--main-port", "29555", "--dry-run"}), {"args"}));
+  REQUIRE(fixed.wait(30) == 0);
+  CHECK_THAT(fixed.out(), Contains("MASTER_PORT=29555"));
 }
 
 TEST_CASE("launcher: a single-node store listens on loopback only", "[launcher][rendezvous]") {

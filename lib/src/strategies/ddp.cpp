@@ -60,6 +60,8 @@ StrategySpec ddp_strategy(DDPOptions options) {
            " ms must be positive (default 30 minutes).");
   LF_CHECK(options.rendezvous_timeout.count() > 0, ValueError, "DDPOptions: rendezvous_timeout=",
            options.rendezvous_timeout.count(), " ms must be positive (default 5 minutes).");
+  LF_CHECK(options.hang_timeout.count() >= 0, ValueError, "DDPOptions: hang_timeout=", options.hang_timeout.count(),
+           " ms must be 0 (off) or positive (default 5 minutes).");
   const std::string backend = options.process_group_backend.value_or("gloo");
   LF_CHECK(backend == "gloo" || backend == "nccl", ValueError, "DDPOptions: process_group_backend=\"", backend,
            "\" is not supported. Choose \"gloo\" or \"nccl\", or leave it unset (nccl on CUDA, gloo on CPU).");
@@ -85,6 +87,8 @@ void DDPStrategy::setup_environment() {
   options.device = root_device();
   options.timeout = options_.timeout;
   options.rendezvous_timeout = rendezvous_timeout_from(context_.env, options_.rendezvous_timeout);
+  options.hang_timeout = options_.hang_timeout;
+  apply_watch_environment(context_.env, options);
   c10::intrusive_ptr<c10d::Store> store;
   if (launcher_) store = launcher_->hosted_store();
   collective_ = std::make_shared<Collective>(options, store);
@@ -99,6 +103,9 @@ Collective& DDPStrategy::collective() {
 void DDPStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module) {
   setup_environment();
   torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> state = module->parameters();
+  for (auto& buffer : module->buffers()) state.push_back(buffer);
+  collective().check_same_tensors(state, "The model passed to fabric.setup");
   for (auto& parameter : module->parameters()) {
     at::Tensor data = parameter.data();
     collective().broadcast_(data, 0);

@@ -40,6 +40,8 @@ StrategySpec fsdp_strategy(FSDPOptions options) {
   LF_CHECK(options.state_dict_type == "sharded" || options.state_dict_type == "full", ValueError,
            "FSDPOptions: state_dict_type=\"", options.state_dict_type, "\" is not valid. Choose \"sharded\" or \"full\".");
   LF_CHECK(options.timeout.count() > 0, ValueError, "FSDPOptions: timeout must be positive.");
+  LF_CHECK(options.hang_timeout.count() >= 0, ValueError, "FSDPOptions: hang_timeout=", options.hang_timeout.count(),
+           " ms must be 0 (off) or positive (default 5 minutes).");
   return StrategySpec{"fsdp", [options](StrategyContext context) -> std::shared_ptr<Strategy> {
                         return std::make_shared<FSDPStrategy>(std::move(context), options);
                       }};
@@ -83,6 +85,7 @@ DDPOptions ddp_options_for(const FSDPOptions& options) {
   ddp.name = "fsdp";
   ddp.timeout = options.timeout;
   ddp.rendezvous_timeout = options.rendezvous_timeout;
+  ddp.hang_timeout = options.hang_timeout;
   return ddp;
 }
 
@@ -169,6 +172,9 @@ void FSDPStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module
   }
   if (fsdp_options_.auto_wrap_min_params > 0) wrap_sequential_children(*module, fsdp_options_.auto_wrap_min_params);
   torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> state = module->parameters();
+  for (auto& buffer : module->buffers()) state.push_back(buffer);
+  collective().check_same_tensors(state, "The model passed to fabric.setup");
   for (auto& parameter : module->parameters()) {
     at::Tensor data = parameter.data();
     collective().broadcast_(data, 0);

@@ -79,7 +79,82 @@ struct ExecImage {
   _exit(127);
 }
 
+// The guardian's body: reads process groups (int32) until the value 0 (release) or end of file
+// (the owner died), then tears those groups down. Async-signal-safe calls only.
+[[noreturn]] void guardian_main(int pipe_read, int64_t grace_ms) {
+  setpgid(0, 0);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE}) signal(sig, SIG_IGN);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  const int null_fd = open("/dev/null", O_RDWR);
+  for (int fd = 0; fd < 3; ++fd) dup2(null_fd, fd);
+  static int32_t groups[8192];
+  int count = 0;
+  while (true) {
+    int32_t value = 0;
+    const ssize_t got = read(pipe_read, &value, sizeof(value));
+    if (got < 0 && errno == EINTR) continue;
+    if (got == static_cast<ssize_t>(sizeof(value))) {
+      if (value == 0) _exit(0);  // released
+      if (count < 8192) groups[count++] = value;
+      continue;
+    }
+    break;  // end of file: the owner is gone
+  }
+  for (int i = 0; i < count; ++i) kill(-groups[i], SIGTERM);
+  const timespec slice{0, 20 * 1000 * 1000};
+  for (int64_t waited = 0; waited < grace_ms; waited += 20) {
+    bool any = false;
+    for (int i = 0; i < count && !any; ++i) any = kill(-groups[i], 0) == 0;
+    if (!any) _exit(0);
+    nanosleep(&slice, nullptr);
+  }
+  for (int i = 0; i < count; ++i) kill(-groups[i], SIGKILL);
+  _exit(0);
+}
+
 }  // namespace
+
+ProcessGuardian::ProcessGuardian(std::chrono::milliseconds grace) {
+  int fds[2];
+  LF_CHECK(pipe2(fds, O_CLOEXEC) == 0, RuntimeError, "pipe2 failed: ", std::strerror(errno));
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(fds[0]);
+    close(fds[1]);
+    throw RuntimeError(std::string("fork (process guardian) failed: ") + std::strerror(errno));
+  }
+  if (pid == 0) {
+    close(fds[1]);
+    // Every other inherited file (worker output pipes, sockets) would be held open by the guardian.
+    for (int fd = 3; fd < 1024; ++fd) {
+      if (fd != fds[0]) close(fd);
+    }
+    guardian_main(fds[0], grace.count());
+  }
+  close(fds[0]);
+  pid_ = pid;
+  pipe_ = fds[1];
+}
+
+ProcessGuardian::~ProcessGuardian() { release(); }
+
+void ProcessGuardian::watch(pid_t process_group) {
+  if (pipe_ < 0) return;
+  const int32_t value = static_cast<int32_t>(process_group);
+  (void)!write(pipe_, &value, sizeof(value));
+}
+
+void ProcessGuardian::release() {
+  if (pipe_ < 0) return;
+  const int32_t goodbye = 0;
+  (void)!write(pipe_, &goodbye, sizeof(goodbye));
+  close(pipe_);
+  pipe_ = -1;
+  int ignored = 0;
+  waitpid(pid_, &ignored, 0);
+}
 
 std::string ExitStatus::describe() const {
   if (signal != 0) return "signal " + signal_name(signal) + " (" + std::to_string(signal) + ")";

@@ -28,6 +28,8 @@ struct LaunchArgs {
   double shutdown_grace_s = 10.0;    // between the polite signal and SIGKILL
   double rdzv_timeout_s = 120.0;     // how long nodes wait for each other
   double finish_timeout_s = 0.0;     // >0: after one worker succeeds, the rest must end within this
+  std::optional<double> hang_timeout_s;  // LT_HANG_TIMEOUT for the workers (0 = off); default: the program's (300 s)
+  bool check_collectives = false;    // LT_CHECK_COLLECTIVES=1
   std::optional<std::string> log_dir;
   std::optional<bool> tag_output;    // default: on when the job has more than one worker
   bool timestamp_output = false;

@@ -261,7 +261,8 @@ class Fabric {
 
   // ---- the training step ----
   /// loss.backward() through the strategy and precision plugin. Call this instead of
-  /// loss.backward() on anything computed by a FabricModule.
+  /// loss.backward() on anything computed by a FabricModule. Under ddp/fsdp with several ranks, a
+  /// loss that depends on no set-up model is a RuntimeError (its gradients would not be averaged).
   void backward(at::Tensor loss);
 
   /// Clips the gradients of the optimizer's parameters, after the precision plugin unscaled them.
@@ -332,6 +333,8 @@ class Fabric {
   std::string broadcast(const char* value, int src = 0) { return broadcast(std::string(value), src); }
   /// Rank 0 (local rank 0 with local=true) runs the block first, the others after it, e.g. to
   /// prepare a data set once:  { auto first = fabric.rank_zero_first(); prepare(); }
+  /// When rank 0's block throws, its closing barrier is skipped and the error propagates (the
+  /// other ranks then wait at their entry barrier until the job is stopped, as in Python).
   ScopeGuard rank_zero_first(bool local = false);
 
   // ---- utilities ----
@@ -416,6 +419,8 @@ class Fabric {
   void prepare_optimizer(torch::optim::Optimizer& optimizer);
   void ensure_environment_ready();
   [[noreturn]] void refuse_wrapped_module() const;
+  // Under ddp/fsdp with several ranks: a loss that reaches no set-up model's parameter is an error.
+  void refuse_loss_from_unset_model(const at::Tensor& loss) const;
   [[noreturn]] void refuse_wrapped_optimizer() const;
   [[noreturn]] void refuse_scheduler_order() const;
   [[noreturn]] void refuse_empty_setup_optimizers() const;

@@ -18,6 +18,8 @@
 
 #include "internal/wait_for_listener.h"
 #include "lightning/fabric/errors.h"
+#include "lightning/fabric/plugins/collectives/flight_recorder.h"
+#include "plugins/collectives/hang_watchdog.h"
 #include "lightning/fabric/strategies/strategy.h"
 
 namespace lightning::fabric {
@@ -120,6 +122,9 @@ struct Collective::Impl {
   int rank = 0;
   int world_size = 1;
   uint64_t operations = 0;
+  std::string name = "world";                 // in flight records
+  flight::Recorder* recorder = nullptr;       // the process's; null: recording off
+  bool owns_watchdog = false;                 // this group started the watchdog and stops it
 };
 
 c10::intrusive_ptr<c10d::Store> host_store(const std::string& host, int port, std::chrono::milliseconds timeout,
@@ -149,6 +154,72 @@ Collective::Collective(const CollectiveOptions& options, c10::intrusive_ptr<c10d
   await_all_ranks(*impl_->store, options);
   base->setTimeout(options.timeout);  // from here on the store serves the collectives
   create_group();
+  start_watch(store);
+}
+
+void Collective::start_watch(const c10::intrusive_ptr<c10d::Store>& hosted) {
+  const CollectiveOptions& options = impl_->options;
+  if (options.world_size < 2 || options.flight_records == 0) return;
+  const std::string file = options.flight_dir.empty()
+                               ? std::string()
+                               : options.flight_dir + "/rank_" + std::to_string(options.rank) + ".flight";
+  if (flight::Recorder::process() == nullptr) {
+    flight::Recorder::install(flight::Recorder::create(options.rank, options.world_size, options.flight_records, file));
+  }
+  impl_->recorder = flight::Recorder::process();
+  impl_->recorder->header().hang_timeout_ms = options.hang_timeout.count();
+  internal::WatchdogSettings watch;
+  watch.rank = options.rank;
+  watch.world_size = options.world_size;
+  watch.hang_timeout = options.hang_timeout;
+  watch.launcher_watches = !options.flight_dir.empty();
+  watch.store_host = options.main_address;
+  watch.store_port = options.main_port;
+  if (auto* tcp = dynamic_cast<c10d::TCPStore*>(hosted.get())) watch.store_port = tcp->getPort();
+  watch.store_prefix = "/worker/attempt_" + std::to_string(options.restart_count);
+  watch.dump_dir = options.hang_dump_dir;
+  watch.error_file = options.error_file;
+  impl_->owns_watchdog = internal::start_hang_watchdog(watch);
+}
+
+namespace {
+std::optional<double> seconds_from(const env::EnvLookup& env, const char* name) {
+  auto value = env(name);
+  if (!value) return std::nullopt;
+  try {
+    size_t used = 0;
+    const double seconds = std::stod(*value, &used);
+    if (used == value->size() && seconds >= 0) return seconds;
+  } catch (const std::exception&) {
+  }
+  throw ValueError(std::string(name) + "=\"" + *value + "\" is not valid: give seconds, a number >= 0 (0 turns it off).");
+}
+}  // namespace
+
+void apply_watch_environment(const env::EnvLookup& env, CollectiveOptions& options) {
+  if (auto seconds = seconds_from(env, env::kHangTimeout)) {
+    options.hang_timeout = std::chrono::milliseconds(static_cast<int64_t>(*seconds * 1000));
+  }
+  if (auto records = env(env::kFlightRecords)) {
+    size_t used = 0;
+    long long count = -1;
+    try {
+      count = std::stoll(*records, &used);
+    } catch (const std::exception&) {
+    }
+    LF_CHECK(used == records->size() && count >= 0 && count <= 1000000, ValueError, env::kFlightRecords, "=\"",
+             *records, "\" is not valid: give the number of collectives the flight recorder keeps, 0 to 1000000 "
+             "(default 2048; 0 turns recording and hang detection off).");
+    options.flight_records = static_cast<uint32_t>(count);
+  }
+  options.flight_dir = env(env::kFlightDir).value_or(options.flight_dir);
+  options.hang_dump_dir = env(env::kHangDumpDir).value_or(options.hang_dump_dir);
+  options.error_file = env(env::kErrorFile).value_or(options.error_file);
+  if (auto check = env(env::kCheckCollectives)) {
+    LF_CHECK(*check == "0" || *check == "1", ValueError, env::kCheckCollectives, "=\"", *check,
+             "\" is not valid: give 1 (compare every collective's op, dtype and shape across ranks) or 0.");
+    options.check_collectives = *check == "1";
+  }
 }
 
 void Collective::create_group() {
@@ -182,10 +253,14 @@ Collective::Collective(const Collective& parent, const std::string& name, const 
   impl_->rank = static_cast<int>(position - ranks.begin());
   impl_->world_size = static_cast<int>(ranks.size());
   impl_->store = c10::make_intrusive<c10d::PrefixStore>("/subgroup/" + name, parent.impl_->store);
+  impl_->name = name;
+  impl_->recorder = parent.impl_->recorder;
   create_group();
 }
 
-Collective::~Collective() = default;
+Collective::~Collective() {
+  if (impl_->owns_watchdog) internal::stop_hang_watchdog();
+}
 
 int Collective::rank() const { return impl_->rank; }
 uint64_t Collective::operation_count() const { return impl_->operations; }
@@ -208,10 +283,123 @@ struct Staged {
 };
 }  // namespace
 
+namespace {
+// What check_call compares: the op, then dtype, rank and up to five sizes of its tensor.
+enum CallOp { kAllReduce = 1, kAllGather, kReduceScatter, kBroadcast, kBarrier };
+const char* op_name(int64_t op) {
+  switch (op) {
+    case kAllReduce: return "all_reduce";
+    case kAllGather: return "all_gather";
+    case kReduceScatter: return "reduce_scatter";
+    case kBroadcast: return "broadcast";
+    case kBarrier: return "barrier";
+  }
+  return "?";
+}
+// Python's names (float32, not Float): the recorder and the mismatch errors print them.
+const char* dtype_name(c10::ScalarType type) {
+  switch (type) {
+    case c10::ScalarType::Float: return "float32";
+    case c10::ScalarType::Double: return "float64";
+    case c10::ScalarType::Half: return "float16";
+    case c10::ScalarType::BFloat16: return "bfloat16";
+    case c10::ScalarType::Long: return "int64";
+    case c10::ScalarType::Int: return "int32";
+    case c10::ScalarType::Short: return "int16";
+    case c10::ScalarType::Char: return "int8";
+    case c10::ScalarType::Byte: return "uint8";
+    case c10::ScalarType::Bool: return "bool";
+    default: return c10::toString(type);
+  }
+}
+
+constexpr int64_t kCallFields = 8;
+
+std::string call_text(const int64_t* fields) {
+  std::ostringstream text;
+  text << op_name(fields[0]);
+  if (fields[1] < 0) return text.str();
+  text << " " << dtype_name(static_cast<c10::ScalarType>(fields[1])) << "[";
+  for (int64_t d = 0; d < std::min<int64_t>(fields[2], 5); ++d) text << (d ? ", " : "") << fields[3 + d];
+  text << (fields[2] > 5 ? ", ...]" : "]");
+  return text.str();
+}
+
+flight::Scope record(flight::Recorder* recorder, const char* op, const std::string& group, const at::Tensor* tensor) {
+  if (tensor == nullptr) return flight::Scope(recorder, op, group, "", nullptr, 0, 0);
+  return flight::Scope(recorder, op, group, dtype_name(tensor->scalar_type()), tensor->sizes().data(),
+                       tensor->sizes().size(), static_cast<uint64_t>(tensor->numel()));
+}
+}  // namespace
+
+void Collective::check_call(int op, const at::Tensor* tensor) {
+  if (!impl_->options.check_collectives || impl_->world_size < 2) return;
+  at::Tensor mine = at::full({kCallFields}, -1, at::kLong);
+  int64_t* fields = mine.data_ptr<int64_t>();
+  fields[0] = op;
+  if (tensor != nullptr) {
+    fields[1] = static_cast<int64_t>(tensor->scalar_type());
+    fields[2] = tensor->dim();
+    for (int64_t d = 0; d < std::min<int64_t>(tensor->dim(), 5); ++d) fields[3 + d] = tensor->size(d);
+    if (tensor->dim() > 5) fields[7] = tensor->numel();
+  }
+  at::Tensor input = mine.to(impl_->device);
+  at::Tensor output = at::empty({impl_->world_size * kCallFields}, input.options());
+  impl_->group->_allgather_base(output, input)->wait();
+  at::Tensor all = output.cpu();
+  const int64_t* rows = all.data_ptr<int64_t>();
+  bool same = true;
+  for (int r = 1; r < impl_->world_size && same; ++r) {
+    same = std::equal(rows, rows + kCallFields, rows + r * kCallFields);
+  }
+  if (same) return;
+  std::ostringstream ranks;
+  for (int r = 0; r < impl_->world_size; ++r) ranks << (r ? "; " : "") << "rank " << r << ": " << call_text(rows + r * kCallFields);
+  const uint64_t seq = impl_->recorder ? impl_->recorder->header().entered.load() : 0;
+  throw ValueError("Collective mismatch on group " + impl_->name + (seq ? " at collective #" + std::to_string(seq) : "") +
+                   " (" + ranks.str() + "). Every rank must issue the same collectives in the same order, with the "
+                   "same dtype and shape; found by LT_CHECK_COLLECTIVES=1 before any data moved.");
+}
+
+void Collective::check_same_tensors(const std::vector<at::Tensor>& tensors, const std::string& what) {
+  if (impl_->world_size < 2) return;
+  int64_t elements = 0;
+  uint64_t layout = 1469598103934665603ULL;  // FNV-1a over dtypes and shapes
+  const auto mix = [&layout](int64_t value) { layout = (layout ^ static_cast<uint64_t>(value)) * 1099511628211ULL; };
+  for (const auto& tensor : tensors) {
+    elements += tensor.numel();
+    mix(static_cast<int64_t>(tensor.scalar_type()));
+    mix(tensor.dim());
+    for (int64_t size : tensor.sizes()) mix(size);
+  }
+  at::Tensor mine = at::tensor({static_cast<int64_t>(tensors.size()), elements, static_cast<int64_t>(layout)}, at::kLong);
+  at::Tensor input = mine.to(impl_->device);
+  at::Tensor output = at::empty({impl_->world_size * 3}, input.options());
+  ++impl_->operations;
+  {
+    auto scope = record(impl_->recorder, "all_gather", impl_->name, &input);
+    impl_->group->_allgather_base(output, input)->wait();
+  }
+  at::Tensor all = output.cpu();
+  const int64_t* rows = all.data_ptr<int64_t>();
+  bool same = true;
+  for (int r = 1; r < impl_->world_size; ++r) same = same && std::equal(rows, rows + 3, rows + 3 * r);
+  if (same) return;
+  std::ostringstream ranks;
+  for (int r = 0; r < impl_->world_size; ++r) {
+    ranks << (r ? "; " : "") << "rank " << r << ": " << rows[3 * r] << " tensors, " << rows[3 * r + 1] << " elements";
+  }
+  throw ValueError(what + " differs across ranks (" + ranks.str() + (rows[0] == rows[3] && rows[1] == rows[4] ?
+                   "; the counts agree but dtypes or shapes differ" : "") +
+                   "). Every rank must build the same model: check code that depends on the rank or on per-rank files.");
+}
+
 void Collective::barrier() {
   ++impl_->operations;
   c10d::BarrierOptions options;
   if (impl_->device.is_cuda()) options.device_ids = {impl_->device.index()};  // else NCCL guesses a GPU
+  auto scope = record(impl_->recorder, "barrier", impl_->name, nullptr);
+  check_call(kBarrier, nullptr);
   impl_->group->barrier(options)->wait();
 }
 
@@ -219,15 +407,44 @@ void Collective::all_reduce_many_(std::vector<at::Tensor>& tensors, ReduceOp op)
   std::vector<Staged> staged;
   staged.reserve(tensors.size());
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  std::vector<uint64_t> seqs;
   c10d::AllreduceOptions options;
   options.reduceOp = to_c10d(op);
+  flight::Recorder* recorder = impl_->recorder;
   for (auto& tensor : tensors) {
     ++impl_->operations;
     staged.emplace_back(tensor, impl_->device);
-    std::vector<at::Tensor> one{staged.back().work};
+    const at::Tensor& work = staged.back().work;
+    if (recorder) {
+      seqs.push_back(recorder->begin("all_reduce", impl_->name, dtype_name(work.scalar_type()), work.sizes().data(),
+                                     work.sizes().size(), static_cast<uint64_t>(work.numel())));
+    }
+    if (impl_->options.check_collectives) {
+      if (recorder) recorder->wait(seqs.back());
+      try {
+        check_call(kAllReduce, &work);
+      } catch (...) {
+        if (recorder) recorder->end(seqs.back(), true);
+        throw;
+      }
+    }
+    std::vector<at::Tensor> one{work};
     works.push_back(impl_->group->allreduce(one, options));
   }
-  for (auto& work : works) work->wait();
+  for (size_t i = 0; i < works.size(); ++i) {
+    if (!recorder) {
+      works[i]->wait();
+      continue;
+    }
+    recorder->wait(seqs[i]);
+    try {
+      works[i]->wait();
+    } catch (...) {
+      recorder->end(seqs[i], true);
+      throw;
+    }
+    recorder->end(seqs[i], false);
+  }
   for (auto& stage : staged) stage.write_back();
 }
 
@@ -235,11 +452,33 @@ std::function<void()> Collective::all_reduce_start_(at::Tensor& tensor) {
   LF_CHECK(tensor.device() == impl_->device && tensor.is_contiguous(), ValueError, "Collective::all_reduce_start_: "
            "the tensor must be contiguous and on the group's device ", impl_->device, ", got ", tensor.device(), ".");
   ++impl_->operations;
+  flight::Recorder* recorder = impl_->recorder;
+  const uint64_t seq = recorder ? recorder->begin("all_reduce", impl_->name, dtype_name(tensor.scalar_type()),
+                                                  tensor.sizes().data(), tensor.sizes().size(),
+                                                  static_cast<uint64_t>(tensor.numel()))
+                                : 0;
+  if (impl_->options.check_collectives) {
+    if (recorder) recorder->wait(seq);
+    check_call(kAllReduce, &tensor);
+  }
   std::vector<at::Tensor> one{tensor};
   c10d::AllreduceOptions options;
   options.reduceOp = c10d::ReduceOp::SUM;
   auto work = impl_->group->allreduce(one, options);
-  return [work] { work->wait(); };
+  return [work, recorder, seq]() -> void {
+    if (!recorder) {
+      work->wait();
+      return;
+    }
+    recorder->wait(seq);
+    try {
+      work->wait();
+    } catch (...) {
+      recorder->end(seq, true);
+      throw;
+    }
+    recorder->end(seq, false);
+  };
 }
 
 void Collective::all_reduce_(at::Tensor& tensor, ReduceOp op) {
@@ -250,13 +489,22 @@ void Collective::all_reduce_(at::Tensor& tensor, ReduceOp op) {
 at::Tensor Collective::all_gather(const at::Tensor& tensor) {
   std::vector<int64_t> shape{impl_->world_size};
   shape.insert(shape.end(), tensor.sizes().begin(), tensor.sizes().end());
-  // Nothing to move (and gloo divides by the element count): every rank's part is empty too.
-  if (tensor.numel() == 0) return at::empty(shape, tensor.options());
+  // Nothing to move (and gloo divides by the element count) when every rank's part is empty:
+  // LT_CHECK_COLLECTIVES=1 confirms that the others are empty too.
+  if (tensor.numel() == 0) {
+    auto scope = record(impl_->recorder, "all_gather", impl_->name, &tensor);
+    check_call(kAllGather, &tensor);
+    return at::empty(shape, tensor.options());
+  }
   // Flat on both sides: c10d splits the output into world_size chunks shaped like the input.
   at::Tensor input = tensor.to(impl_->device).contiguous().view(-1);
   at::Tensor output = at::empty({impl_->world_size * input.numel()}, input.options());
   ++impl_->operations;
-  impl_->group->_allgather_base(output, input)->wait();
+  {
+    auto scope = record(impl_->recorder, "all_gather", impl_->name, &tensor);
+    check_call(kAllGather, &tensor);
+    impl_->group->_allgather_base(output, input)->wait();
+  }
   return output.view(shape).to(tensor.device());
 }
 
@@ -267,7 +515,11 @@ at::Tensor Collective::reduce_scatter_rows(const at::Tensor& rows) {
   at::Tensor input = rows.to(impl_->device).contiguous().view(-1);  // c10d wants it flat
   at::Tensor output = at::empty({rows.size(1)}, input.options());
   ++impl_->operations;
-  impl_->group->_reduce_scatter_base(output, input)->wait();
+  {
+    auto scope = record(impl_->recorder, "reduce_scatter", impl_->name, &rows);
+    check_call(kReduceScatter, &rows);
+    impl_->group->_reduce_scatter_base(output, input)->wait();
+  }
   return output.to(rows.device());
 }
 
@@ -277,7 +529,11 @@ void Collective::broadcast_(at::Tensor& tensor, int src) {
   c10d::BroadcastOptions options;
   options.rootRank = src;
   ++impl_->operations;
-  impl_->group->broadcast(one, options)->wait();
+  {
+    auto scope = record(impl_->recorder, "broadcast", impl_->name, &stage.work);
+    check_call(kBroadcast, &stage.work);
+    impl_->group->broadcast(one, options)->wait();
+  }
   stage.write_back();
 }
 

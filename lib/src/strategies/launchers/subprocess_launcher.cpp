@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iostream>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -50,9 +51,15 @@ struct SubprocessLauncher::Impl {
 
   // Runs on the monitor thread, which lives as long as the children: PR_SET_PDEATHSIG is bound
   // to the thread that forked, so the children die with this process and never outlive it.
+  // A guardian tears the children's process groups down if this process is killed outright.
   void supervise(std::vector<ProcessSpec> specs) {
+    std::optional<ProcessGuardian> guardian;
     try {
-      for (const auto& spec : specs) children.push_back(ChildProcess::spawn(spec));
+      guardian.emplace();
+      for (const auto& spec : specs) {
+        children.push_back(ChildProcess::spawn(spec));
+        guardian->watch(children.back().pid());
+      }
     } catch (...) {
       spawn_error = std::current_exception();
     }

@@ -32,6 +32,10 @@ struct DDPOptions {
   /// How long ranks wait for each other to join the process group; a rank that never arrives (it
   /// failed before joining) ends the job after this, naming it. LT_RENDEZVOUS_TIMEOUT (seconds) wins.
   std::chrono::milliseconds rendezvous_timeout = std::chrono::minutes(5);
+  /// A rank blocked in one collective this long is a hang: the job is reported and ended with exit
+  /// code 86 (docs/launcher.md, "When a job hangs"). 0 turns detection off. LT_HANG_TIMEOUT
+  /// (seconds; lightning-run --hang-timeout) wins.
+  std::chrono::milliseconds hang_timeout = std::chrono::minutes(5);
   std::optional<std::string> process_group_backend;             // "gloo" | "nccl"; default by device
 };
 

@@ -81,6 +81,33 @@ class ChildProcess {
   std::optional<ExitStatus> status_;
 };
 
+/// Whole-tree teardown that survives its owner: a small process forked at construction that
+/// outlives the owner (the launcher, or rank 0 under Fabric::launch). The owner tells it each
+/// worker's process group (watch); if the owner dies without release() (SIGKILL, SIGSEGV, ...),
+/// the guardian sees its pipe close at once and sends SIGTERM to every watched group, then SIGKILL
+/// to what is left after `grace`, so workers and all their descendants go with the owner. A
+/// descendant that left its worker's process group on purpose (setsid, setpgid) is not followed.
+/// The guardian is in its own process group, ignores SIGINT/SIGTERM/SIGHUP, and holds no other
+/// file of its owner (stdin/stdout/stderr go to /dev/null). Construct it before starting threads
+/// when possible; after fork it runs only async-signal-safe code either way.
+class ProcessGuardian {
+ public:
+  explicit ProcessGuardian(std::chrono::milliseconds grace = std::chrono::milliseconds(1000));
+  ~ProcessGuardian();  // release()
+  ProcessGuardian(const ProcessGuardian&) = delete;
+  ProcessGuardian& operator=(const ProcessGuardian&) = delete;
+
+  /// Adds a process group to tear down if the owner dies.
+  void watch(pid_t process_group);
+  /// Normal end: the guardian exits without touching anything.
+  void release();
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+  int pipe_ = -1;  // write end, close-on-exec
+};
+
 /// Waits until one of the running children exits or timeout passes; returns its index.
 /// timeout < 0 waits forever. Children already reaped are skipped.
 std::optional<size_t> wait_any(std::vector<ChildProcess>& children, std::chrono::milliseconds timeout);

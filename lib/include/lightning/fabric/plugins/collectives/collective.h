@@ -18,8 +18,11 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "lightning/fabric/utilities/env_vars.h"
 
 namespace c10d {
 class Store;
@@ -28,6 +31,7 @@ class Store;
 namespace lightning::fabric {
 
 enum class ReduceOp;
+
 
 struct CollectiveOptions {
   std::string main_address = "127.0.0.1";
@@ -40,11 +44,24 @@ struct CollectiveOptions {
   at::Device device = at::kCPU;          // the group's device: this rank's GPU for nccl
   std::chrono::milliseconds timeout = std::chrono::minutes(30);             // of every collective
   std::chrono::milliseconds rendezvous_timeout = std::chrono::minutes(5);    // for all ranks to arrive
+  // Hang detection (docs/launcher.md, "When a job hangs"); apply_watch_environment reads these.
+  std::chrono::milliseconds hang_timeout = std::chrono::minutes(5);  // a rank blocked this long = hang; 0 = off
+  uint32_t flight_records = 2048;   // the flight recorder's ring; 0 = no recorder and no watchdog
+  std::string flight_dir;           // LT_FLIGHT_DIR: recorder files there, read by lightning-run
+  std::string hang_dump_dir;        // LT_HANG_DUMP_DIR: where dumps go (default: rank 0 picks)
+  std::string error_file;           // TORCHELASTIC_ERROR_FILE: rank 0's hang report goes there too
+  bool check_collectives = false;   // compare op, dtype and shape across ranks before every collective
 };
+
+/// Overrides options' hang settings from the environment: LT_HANG_TIMEOUT (seconds, 0 = off),
+/// LT_FLIGHT_RECORDS, LT_FLIGHT_DIR, LT_HANG_DUMP_DIR, LT_CHECK_COLLECTIVES (1/0),
+/// TORCHELASTIC_ERROR_FILE. Throws ValueError naming a bad value and what is valid.
+void apply_watch_environment(const env::EnvLookup& env, CollectiveOptions& options);
 
 class Collective {
  public:
-  /// Creates the process group. store: a server store this process already hosts (Fabric::launch
+  /// Creates the process group. Also installs this process's flight recorder and starts the hang
+  /// watchdog (world size > 1; see flight_recorder.h and options.hang_timeout). store: a server store this process already hosts (Fabric::launch
   /// creates it before spawning, so the port is known without a race); null = as options say.
   /// Collective: every rank first announces itself in the store and waits for the others up to
   /// options.rendezvous_timeout; then a RuntimeError names the ranks that never arrived.
@@ -81,9 +98,15 @@ class Collective {
   void broadcast_(at::Tensor& tensor, int src);
   /// src's bytes on every rank (the size first, then the bytes, both through device()).
   std::string broadcast_bytes(const std::string& bytes, int src);
+  /// Checks that every rank passes tensors of the same count, dtypes and shapes (one small
+  /// all_gather); a ValueError naming `what` and each rank's count and elements otherwise, on
+  /// every rank. Strategies call it before broadcasting a model at setup.
+  void check_same_tensors(const std::vector<at::Tensor>& tensors, const std::string& what);
 
  private:
   void create_group();
+  void start_watch(const c10::intrusive_ptr<c10d::Store>& hosted);
+  void check_call(int op, const at::Tensor* tensor);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

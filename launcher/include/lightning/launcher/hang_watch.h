@@ -1,0 +1,51 @@
+// lightning-run's side of hang detection on one node: it maps every local rank's flight recorder
+// (<attempt dir>/rank_<R>.flight, written by the ranks because LT_FLIGHT_DIR points there), judges
+// with analyze_hang and the ranks' own hang timeout, and on a hang has every rank dump its
+// recorder and native stack into <attempt dir>/hang/ (writing from the shared memory itself for
+// a rank that does not answer) next to report.txt. Jobs across nodes are judged by the ranks
+// through the store instead (plugins/collectives/hang_watchdog.h).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "lightning/fabric/plugins/collectives/flight_recorder.h"
+#include "lightning/fabric/plugins/collectives/hang_report.h"
+
+namespace lightning::launcher {
+
+class HangWatch {
+ public:
+  /// attempt_dir holds the recorder files; ranks rank_offset .. rank_offset + local_count - 1.
+  HangWatch(std::string attempt_dir, int rank_offset, int local_count, int world_size);
+
+  /// Reads every recorder that exists yet. exited[i]: how local worker i ended ("" while it runs).
+  /// A verdict when the job hangs (judged with the ranks' hang timeout; none while it is 0).
+  std::optional<fabric::HangVerdict> check(const std::vector<std::string>& exited);
+
+  /// Asks every rank to dump, waits up to `wait` for them (calling idle(slice) meanwhile), writes
+  /// the recorders of ranks that did not answer and report.txt; returns the report with the
+  /// folder's path and the files.
+  std::string dump(const fabric::HangVerdict& verdict, std::chrono::milliseconds wait,
+                   const std::function<void(std::chrono::milliseconds)>& idle);
+
+  /// After a local worker failed: where every rank was (describe_positions); empty without recorders.
+  std::string positions(const std::vector<std::string>& exited);
+
+  /// Milliseconds between checks (a fraction of the hang timeout, 50 ms to 1 s).
+  int period_ms() const;
+
+ private:
+  std::string attempt_dir_;
+  int rank_offset_;
+  int world_size_;
+  std::vector<fabric::flight::Progress> read(const std::vector<std::string>& exited);
+  std::vector<std::unique_ptr<fabric::flight::Recorder>> recorders_;  // by local rank; null until the file exists
+  int64_t timeout_ms_ = 0;
+};
+
+}  // namespace lightning::launcher

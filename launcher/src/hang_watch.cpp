@@ -1,0 +1,85 @@
+#include "lightning/launcher/hang_watch.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+namespace lightning::launcher {
+
+namespace flight = fabric::flight;
+
+HangWatch::HangWatch(std::string attempt_dir, int rank_offset, int local_count, int world_size)
+    : attempt_dir_(std::move(attempt_dir)), rank_offset_(rank_offset), world_size_(world_size), recorders_(local_count) {}
+
+int HangWatch::period_ms() const {
+  if (timeout_ms_ <= 0) return 1000;
+  return static_cast<int>(std::clamp<int64_t>(timeout_ms_ / 10, 50, 1000));
+}
+
+std::vector<flight::Progress> HangWatch::read(const std::vector<std::string>& exited) {
+  std::vector<flight::Progress> ranks;
+  for (size_t local = 0; local < recorders_.size(); ++local) {
+    auto& recorder = recorders_[local];
+    if (!recorder) {
+      recorder = flight::Recorder::attach(attempt_dir_ + "/rank_" + std::to_string(rank_offset_ + local) + ".flight");
+      if (!recorder) continue;
+    }
+    timeout_ms_ = recorder->header().hang_timeout_ms;
+    flight::Progress progress = recorder->progress();
+    if (local < exited.size()) progress.exited = exited[local];
+    ranks.push_back(progress);
+  }
+  return ranks;
+}
+
+std::string HangWatch::positions(const std::vector<std::string>& exited) { return fabric::describe_positions(read(exited)); }
+
+std::optional<fabric::HangVerdict> HangWatch::check(const std::vector<std::string>& exited) {
+  const std::vector<flight::Progress> ranks = read(exited);
+  if (ranks.empty() || timeout_ms_ <= 0) return std::nullopt;
+  fabric::HangVerdict verdict = fabric::analyze_hang(ranks, world_size_, static_cast<double>(timeout_ms_) / 1000.0);
+  if (!verdict.hung) return std::nullopt;
+  return verdict;
+}
+
+std::string HangWatch::dump(const fabric::HangVerdict& verdict, std::chrono::milliseconds wait,
+                            const std::function<void(std::chrono::milliseconds)>& idle) {
+  const std::filesystem::path dir = std::filesystem::path(attempt_dir_) / "hang";
+  std::error_code ignored;
+  std::filesystem::create_directories(dir, ignored);
+  for (auto& recorder : recorders_) {
+    if (!recorder) continue;
+    flight::Header& header = recorder->header();
+    const std::string text = dir.string();
+    std::copy_n(text.c_str(), std::min(text.size() + 1, sizeof(header.dump_dir) - 1), header.dump_dir);
+    header.dump_request.store(1, std::memory_order_release);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  const auto all_done = [this] {
+    return std::all_of(recorders_.begin(), recorders_.end(),
+                       [](const auto& r) { return !r || r->header().dump_done.load(std::memory_order_acquire) != 0; });
+  };
+  while (!all_done() && std::chrono::steady_clock::now() < deadline) idle(std::chrono::milliseconds(50));
+
+  std::string notes;
+  for (size_t local = 0; local < recorders_.size(); ++local) {
+    const std::string rank = std::to_string(rank_offset_ + local);
+    const auto& recorder = recorders_[local];
+    if (!recorder) {
+      notes += "  rank " + rank + " has no recorder (it never created its process group)\n";
+      continue;
+    }
+    if (recorder->header().dump_done.load() != 0) continue;
+    std::ofstream(dir / ("rank_" + rank + ".flight.txt")) << recorder->dump_text();
+    std::ofstream(dir / ("rank_" + rank + ".stack.txt"))
+        << "no stack: rank " << rank << " did not answer the dump request (stopped, frozen or gone)\n";
+    notes += "  rank " + rank + " did not answer: its recorder was read from shared memory, no stack trace\n";
+  }
+  std::string report = verdict.report + notes + "dumps: " + dir.string() +
+                       "/ (report.txt, rank_<R>.flight.txt: the flight recorder, rank_<R>.stack.txt: the native "
+                       "stack of the thread that issued the collectives)\n";
+  std::ofstream(dir / "report.txt") << report;
+  return report;
+}
+
+}  // namespace lightning::launcher

@@ -1,0 +1,207 @@
+#include "plugins/collectives/hang_watchdog.h"
+
+#include <unistd.h>
+
+#include <condition_variable>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "internal/stack_trace.h"
+#include "lightning/fabric/plugins/collectives/flight_recorder.h"
+#include "lightning/fabric/plugins/collectives/hang_report.h"
+#include "lightning/fabric/utilities/error_file.h"
+
+namespace lightning::fabric::internal {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::vector<uint8_t> bytes_of(const std::string& text) { return {text.begin(), text.end()}; }
+std::string text_of(const std::vector<uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
+
+bool write_file(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  return static_cast<bool>(out);
+}
+
+std::string default_dump_dir() {
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  char stamp[32];
+  std::strftime(stamp, sizeof(stamp), "hang-%Y%m%d-%H%M%S", &local);
+  return (std::filesystem::absolute("lightning_logs") / stamp).string();
+}
+
+class Watchdog {
+ public:
+  explicit Watchdog(WatchdogSettings settings) : settings_(std::move(settings)) {
+    install_stack_capture();
+    if (!settings_.launcher_watches) connect_store();
+    thread_ = std::thread([this] { loop(); });
+  }
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::chrono::milliseconds period() const {
+    if (settings_.launcher_watches) return std::chrono::milliseconds(200);
+    return std::clamp(settings_.hang_timeout / 4, std::chrono::milliseconds(100), std::chrono::milliseconds(1000));
+  }
+
+  void connect_store() {
+    c10d::TCPStoreOptions options;
+    options.port = static_cast<uint16_t>(settings_.store_port);
+    options.isServer = false;
+    options.waitWorkers = false;
+    options.timeout = std::chrono::seconds(30);
+    auto base = c10::make_intrusive<c10d::TCPStore>(settings_.store_host, options);
+    store_ = c10::make_intrusive<c10d::PrefixStore>(settings_.store_prefix + "/lightning_fabric/watch", base);
+  }
+
+  void loop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stopping_) {
+      lock.unlock();
+      try {
+        flight::Recorder::process()->heartbeat();
+        if (settings_.launcher_watches) {
+          answer_launcher();
+        } else {
+          store_step();
+        }
+      } catch (const std::exception&) {
+        // The store is gone (the job is ending): nothing left to watch.
+        return;
+      }
+      lock.lock();
+      wake_.wait_for(lock, period(), [this] { return stopping_; });
+    }
+  }
+
+  void answer_launcher() {
+    flight::Header& header = flight::Recorder::process()->header();
+    if (dumped_ || header.dump_request.load(std::memory_order_acquire) == 0) return;
+    write_rank_dump(header.dump_dir);
+    dumped_ = true;
+    header.dump_done.store(1, std::memory_order_release);
+  }
+
+  std::string key(const std::string& what, int rank) const { return what + "/" + std::to_string(rank); }
+
+  void store_step() {
+    store_->set(key("progress", settings_.rank), bytes_of(flight::Recorder::process()->progress().serialize()));
+    if (store_->check({"dump"})) {
+      std::string dir = settings_.dump_dir.empty() ? text_of(store_->get("dump")) : settings_.dump_dir;
+      write_rank_dump(dir);
+      store_->set(key("dumped", settings_.rank), bytes_of("1"));
+      // Rank 0 reports and exits; its launcher then stops this rank. If none does, leave anyway.
+      std::this_thread::sleep_for(std::chrono::seconds(10));
+      std::_Exit(kHangExitCode);
+    }
+    if (settings_.rank == 0) judge();
+  }
+
+  // Rank 0: reads every rank's progress; on a hang, has every rank dump, reports and exits.
+  void judge() {
+    const auto now = Clock::now();
+    std::vector<flight::Progress> ranks;
+    for (int rank = 0; rank < settings_.world_size; ++rank) {
+      if (!store_->check({key("progress", rank)})) continue;
+      const std::string text = text_of(store_->get(key("progress", rank)));
+      auto& seen = last_seen_[rank];
+      if (seen.first != text) seen = {text, now};
+      flight::Progress progress = flight::Progress::parse(text);
+      progress.silent_s = std::chrono::duration<double>(now - seen.second).count();
+      ranks.push_back(progress);
+    }
+    const double timeout_s = std::chrono::duration<double>(settings_.hang_timeout).count();
+    const HangVerdict verdict = analyze_hang(ranks, settings_.world_size, timeout_s);
+    if (!verdict.hung) return;
+
+    const std::string dir = settings_.dump_dir.empty() ? default_dump_dir() : settings_.dump_dir;
+    store_->set("dump", bytes_of(dir));
+    write_rank_dump(dir);
+    const auto deadline = Clock::now() + std::chrono::seconds(5);
+    std::vector<int> silent;
+    for (int rank = 1; rank < settings_.world_size; ++rank) {
+      while (!store_->check({key("dumped", rank)}) && Clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      if (!store_->check({key("dumped", rank)})) silent.push_back(rank);
+    }
+    std::string report = verdict.report + "dumps: " + dir + "/rank_<R>.flight.txt and rank_<R>.stack.txt";
+    report += settings_.world_size > 1 ? " (each rank writes on its own node)\n" : "\n";
+    for (int rank : silent) report += "  rank " + std::to_string(rank) + " did not write its dump within 5 s\n";
+    std::error_code ignored;
+    std::filesystem::create_directories(dir, ignored);
+    write_file(std::filesystem::path(dir) / "report.txt", report);
+    std::cerr << "lightning-fabric: " << report << "lightning-fabric: ending the job with exit code " << kHangExitCode
+              << " (hang)" << std::endl;
+    if (!settings_.error_file.empty()) write_error_file(settings_.error_file, "HangError", report);
+    std::_Exit(kHangExitCode);
+  }
+
+  WatchdogSettings settings_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::map<int, std::pair<std::string, Clock::time_point>> last_seen_;
+  bool dumped_ = false;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+std::mutex watchdog_mutex;
+std::unique_ptr<Watchdog>& running_watchdog() {
+  static std::unique_ptr<Watchdog> watchdog;
+  return watchdog;
+}
+
+}  // namespace
+
+bool start_hang_watchdog(const WatchdogSettings& settings) {
+  std::lock_guard<std::mutex> lock(watchdog_mutex);
+  if (running_watchdog() || flight::Recorder::process() == nullptr || settings.hang_timeout.count() <= 0) return false;
+  running_watchdog() = std::make_unique<Watchdog>(settings);
+  return true;
+}
+
+void stop_hang_watchdog() {
+  std::lock_guard<std::mutex> lock(watchdog_mutex);
+  running_watchdog().reset();
+}
+
+std::string write_rank_dump(const std::string& dir) {
+  flight::Recorder* recorder = flight::Recorder::process();
+  if (recorder == nullptr || dir.empty()) return {};
+  std::error_code ignored;
+  std::filesystem::create_directories(dir, ignored);
+  const flight::Header& header = recorder->header();
+  const std::string rank = std::to_string(header.rank);
+  const auto base = std::filesystem::path(dir);
+  write_file(base / ("rank_" + rank + ".flight.txt"), recorder->dump_text());
+  int tid = header.issuing_tid.load();
+  if (tid == 0) tid = static_cast<int>(::getpid());
+  write_file(base / ("rank_" + rank + ".stack.txt"),
+             "# native stack of thread " + std::to_string(tid) + " (it issued rank " + rank +
+                 "'s collectives), innermost frame first\n" +
+                 capture_thread_stack(tid, std::chrono::seconds(2)));
+  return (base / ("rank_" + rank + ".*.txt")).string();
+}
+
+}  // namespace lightning::fabric::internal
