@@ -46,11 +46,11 @@ void format_shape(char (&into)[N], const int64_t* sizes, size_t dims) {
   put("[");
   char number[24];
   for (size_t d = 0; d < dims; ++d) {
-    if (used + 8 >= N) {
-      put("...");
+    const int length = std::snprintf(number, sizeof(number), d == 0 ? "%lld" : ", %lld", static_cast<long long>(sizes[d]));
+    if (used + static_cast<size_t>(length) + sizeof(", ...]") > N) {  // keep room to close the list
+      put(d == 0 ? "..." : ", ...");
       break;
     }
-    std::snprintf(number, sizeof(number), d == 0 ? "%lld" : ", %lld", static_cast<long long>(sizes[d]));
     put(number);
   }
   put("]");

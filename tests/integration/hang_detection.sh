@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Hang detection end to end: lf_hang_program plants one kind of hang (or an edge) on rank 1 and
+# the job must end with the documented report, files and exit code, within the hang timeout plus
+# a few seconds. lightning-run judges from the ranks' shared recorders; under torchrun the ranks
+# judge each other through the store.
+# Usage: hang_detection.sh LIGHTNING_RUN HANG_PROGRAM TORCHRUN CASE
+set -uo pipefail
+run="$1"; program="$2"; torchrun="$3"; case="$4"
+dir="$(mktemp -d)"
+trap 'rm -rf "$dir"' EXIT
+export OMP_NUM_THREADS=1
+fail() { echo "FAIL: $*"; echo "--- output"; cat "$dir/out" 2>/dev/null; exit 1; }
+timeout_s=3
+# The job runs under a second since start; detection may take the timeout plus a few checks and
+# the dumps (up to 3 s): 12 s bounds it without depending on this machine's speed.
+limit_s=$((timeout_s + 9))
+
+launch() {  # launch MODE [extra lightning-run flags...]
+  local mode="$1"; shift
+  local start; start=$(date +%s%3N)
+  timeout 120 "$run" model --devices 2 --hang-timeout "$timeout_s" --log-dir "$dir/logs" "$@" "$program" "$mode" >"$dir/out" 2>&1
+  code=$?
+  elapsed_ms=$(( $(date +%s%3N) - start ))
+  echo "$mode: exit code $code after ${elapsed_ms} ms"
+}
+expect_hang_files() {
+  local hang="$dir/logs/attempt_0/hang"
+  for file in report.txt rank_0.flight.txt rank_1.flight.txt rank_0.stack.txt rank_1.stack.txt; do
+    [[ -s "$hang/$file" ]] || fail "missing or empty $hang/$file"
+  done
+  grep -q "dumps: $hang/" "$dir/out" || fail "the report does not say where the dumps are"
+  grep -q "^# seq  op  group" "$hang/rank_0.flight.txt" || fail "the recorder dump has no header"
+  grep -q "Collective::all_reduce\|Collective::barrier" "$hang/rank_0.stack.txt" || fail "rank 0's stack does not show the collective it waits in: $(cat "$hang/rank_0.stack.txt")"
+}
+in_time() { (( elapsed_ms < limit_s * 1000 )) || fail "took ${elapsed_ms} ms, more than ${limit_s} s"; }
+expect() { grep -qF -- "$1" "$dir/out" || fail "the output lacks: $1"; }
+
+case "$case" in
+  launcher_infinite_loop)
+    launch infinite_loop
+    [[ $code == 86 ]] || fail "exit code $code, expected 86"
+    in_time
+    expect "hang detected: rank 0 has waited"
+    expect "likely cause: rank 1 never entered collective #10 all_reduce float32[4] on world that rank 0 waits in"
+    expect_hang_files
+    grep -q "spin_forever_on_purpose" "$dir/logs/attempt_0/hang/rank_1.stack.txt" || fail "rank 1's stack does not show its loop"
+    ;;
+  launcher_skip_all_reduce)
+    launch skip_all_reduce
+    [[ $code == 86 ]] || fail "exit code $code, expected 86"
+    in_time
+    expect "likely cause: the ranks are inside different collectives (rank 0 in #10 all_reduce, rank 1 in #10 barrier)"
+    expect_hang_files
+    ;;
+  launcher_stuck_before_barrier)
+    launch stuck_before_barrier
+    [[ $code == 86 ]] || fail "exit code $code, expected 86"
+    in_time
+    expect "likely cause: rank 1 never entered collective #10 barrier on world that rank 0 waits in"
+    expect_hang_files
+    grep -q "sleep_forever_on_purpose" "$dir/logs/attempt_0/hang/rank_1.stack.txt" || fail "rank 1's stack does not show where it sleeps"
+    ;;
+  launcher_mismatched_shapes)
+    # gloo aborts the rank that receives more than it expects; the report says why.
+    launch mismatched_shapes
+    [[ $code != 0 && $code != 86 ]] || fail "exit code $code"
+    expect "collective #10 differs across ranks (rank 0: all_reduce float32[4]; rank 1: all_reduce float32[8])"
+    ;;
+  launcher_check_collectives)
+    # With the check on, every rank stops with a typed error before any data moves.
+    launch mismatched_shapes --check-collectives
+    [[ $code != 0 ]] || fail "exit code 0"
+    expect "Collective mismatch on group world at collective #10 (rank 0: all_reduce float32[4]; rank 1: all_reduce float32[8])"
+    ! grep -q "gloo::EnforceNotMet" "$dir/out" || fail "gloo saw the mismatch first"
+    ;;
+  launcher_no_hang)
+    launch ok
+    [[ $code == 0 ]] || fail "exit code $code"
+    [[ -s "$dir/logs/attempt_0/rank_0.flight" ]] || fail "no recorder file"
+    [[ ! -e "$dir/logs/attempt_0/hang" ]] || fail "a hang folder after a clean run"
+    ;;
+  torchrun_infinite_loop|torchrun_skip_all_reduce)
+    mode="${case#torchrun_}"
+    start=$(date +%s%3N)
+    LT_HANG_TIMEOUT=$timeout_s LT_HANG_DUMP_DIR="$dir/dumps" timeout 120 "$torchrun" --standalone --nproc-per-node 2 \
+      --monitor-interval 0.1 --no-python "$program" "$mode" >"$dir/out" 2>&1
+    code=$?
+    elapsed_ms=$(( $(date +%s%3N) - start ))
+    echo "$case: exit code $code after ${elapsed_ms} ms"
+    [[ $code != 0 ]] || fail "torchrun succeeded"
+    limit_s=$((limit_s + 5))  # torchrun's own start
+    in_time
+    expect "exitcode  : 86"
+    expect "traceback : HangError: hang detected"
+    if [[ $mode == infinite_loop ]]; then expect "likely cause: rank 1 never entered collective #10"; else expect "inside different collectives"; fi
+    for file in report.txt rank_0.flight.txt rank_1.flight.txt rank_0.stack.txt rank_1.stack.txt; do
+      [[ -s "$dir/dumps/$file" ]] || fail "missing $dir/dumps/$file"
+    done
+    ;;
+  edges)
+    launch unset_model
+    [[ $code != 0 ]] || fail "backward on a model never set up succeeded"
+    expect "fabric.backward: the loss does not depend on any model set up with fabric.setup"
+    rm -rf "$dir/logs"
+    launch rank_zero_first_throws
+    expect "rank 0 caught: preparing the data failed on rank 0"
+    ! grep -q "terminate called" "$dir/out" || fail "rank_zero_first terminated the program"
+    ;;
+  *) fail "unknown case $case" ;;
+esac
+cat "$dir/out"
+echo "hang detection case $case passed"
