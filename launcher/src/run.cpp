@@ -252,7 +252,7 @@ Outcome Job::run_attempt(int attempt) {
       if ((fds[k].revents & (POLLIN | POLLHUP | POLLERR)) != 0) output_.on_readable(fds[k].fd);
     }
     if (succeeded == children_.size()) {
-      output_.drain(200);
+      stop_workers(SIGTERM);  // what the workers started and left running goes with them, as under torchrun
       return Outcome::Success;
     }
     if (auto hung = check_for_hang()) return *hung;

@@ -298,12 +298,15 @@ std::optional<size_t> wait_any(std::vector<ChildProcess>& children, std::chrono:
 
 void terminate_all(std::vector<ChildProcess>& children, int signal, std::chrono::milliseconds grace,
                    const std::function<void(std::chrono::milliseconds)>& idle) {
+  // Exited workers' groups too: what they started and left behind gets the polite signal as well.
   for (auto& child : children) {
-    if (child.running() && !child.try_reap()) child.signal_group(signal);
+    if (child.running()) child.try_reap();
+    child.signal_group(signal);
   }
   const auto deadline = std::chrono::steady_clock::now() + grace;
   auto any_running = [&] {
-    return std::any_of(children.begin(), children.end(), [](const ChildProcess& c) { return c.running(); });
+    return std::any_of(children.begin(), children.end(),
+                       [](const ChildProcess& c) { return c.running() || ::kill(-c.pid(), 0) == 0; });
   };
   while (any_running() && std::chrono::steady_clock::now() < deadline) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());

@@ -112,8 +112,9 @@ class ProcessGuardian {
 /// timeout < 0 waits forever. Children already reaped are skipped.
 std::optional<size_t> wait_any(std::vector<ChildProcess>& children, std::chrono::milliseconds timeout);
 
-/// Stops every running child: `signal` to each process group, up to `grace` for them to exit,
-/// then SIGKILL and reap. Afterwards no child or member of their groups is left. While waiting,
+/// Stops every child: `signal` to each process group (of exited children too, for what they left
+/// behind), up to `grace` for the children and their groups to be gone, then SIGKILL to every
+/// group and reap. Afterwards no child or member of their groups is left. While waiting,
 /// `idle(slice)` is called instead of sleeping (the launcher reads worker output there).
 void terminate_all(std::vector<ChildProcess>& children, int signal, std::chrono::milliseconds grace,
                    const std::function<void(std::chrono::milliseconds)>& idle = nullptr);
