@@ -19,6 +19,8 @@ export BUILD_DIR="${SANITIZE_BUILD_DIR:-$root/build-sanitize}"
 export ASAN_OPTIONS="detect_container_overflow=0:handle_segv=0:detect_leaks=1:abort_on_error=0:${ASAN_OPTIONS:-}"
 export LSAN_OPTIONS="suppressions=$root/tests/sanitizer/lsan.supp:print_suppressions=0:${LSAN_OPTIONS:-}"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:${UBSAN_OPTIONS:-}"
+# Instrumented programs start and run slower: tests with a time bound widen it by this factor.
+export LF_TEST_TIME_SCALE="${LF_TEST_TIME_SCALE:-3}"
 cd "$BUILD_DIR"
 # install.*: a consumer project built without sanitizers cannot link an instrumented library.
 ctest --output-on-failure -j "${JOBS:-$(nproc)}" -E '^install[.]' "$@"

@@ -13,7 +13,9 @@ fail() { echo "FAIL: $*"; echo "--- output"; cat "$dir/out" 2>/dev/null; exit 1;
 timeout_s=3
 # The job runs under a second since start; detection may take the timeout plus a few checks and
 # the dumps (up to 3 s): 12 s bounds it without depending on this machine's speed.
-limit_s=$((timeout_s + 9))
+# LF_TEST_TIME_SCALE widens it for instrumented builds (scripts/sanitize.sh).
+scale="${LF_TEST_TIME_SCALE:-1}"
+limit_s=$(( (timeout_s + 9) * scale ))
 
 launch() {  # launch MODE [extra lightning-run flags...]
   local mode="$1"; shift
@@ -88,7 +90,7 @@ case "$case" in
     elapsed_ms=$(( $(date +%s%3N) - start ))
     echo "$case: exit code $code after ${elapsed_ms} ms"
     [[ $code != 0 ]] || fail "torchrun succeeded"
-    limit_s=$((limit_s + 5))  # torchrun's own start
+    limit_s=$((limit_s + 5 * scale))  # torchrun's own start
     in_time
     expect "exitcode  : 86"
     expect "traceback : HangError: hang detected"

@@ -247,7 +247,8 @@ TEST_CASE("launcher: SIGUSR1 is forwarded and the job goes on", "[launcher][sign
   run.signal(SIGUSR1);
   CHECK(run.wait_for_output("got SIGUSR1 0", 10));
   CHECK(run.wait_for_output("got SIGUSR1 1", 10));
-  CHECK(lf_test::processes_with_marker(run.marker()).size() == 3);  // launcher and both workers live on
+  // The launcher, its guardian (docs/launcher.md) and both workers live on.
+  CHECK(lf_test::processes_with_marker(run.marker()).size() == 4);
   run.signal(SIGTERM);
   CHECK(run.wait(30) == 128 + SIGTERM);
   check_no_leftovers(run);
