@@ -47,8 +47,10 @@ constexpr auto kPollInterval = std::chrono::milliseconds(50);
 std::string Rendezvous::key(const std::string& suffix) const { return "lightning-run/" + suffix; }
 
 void Rendezvous::lost_contact(const std::exception& error) const {
+  std::string reason = error.what();
+  reason = reason.substr(0, reason.find('\n'));  // c10d appends a C++ stack trace
   throw RendezvousError("lost contact with the rendezvous store at " + layout_.main_address + ":" +
-                            std::to_string(layout_.main_port) + " (node 0's lightning-run): " + error.what(),
+                            std::to_string(layout_.main_port) + " (node 0's lightning-run): " + reason,
                         1);
 }
 
@@ -158,8 +160,21 @@ void Rendezvous::announce_failure(int attempt, const RemoteFailure& failure) {
       record << failure.node_rank << ' ' << failure.global_rank << ' ' << failure.exit_code << ' ' << failure.summary;
       store_->set(key(base), bytes(record.str()));
     }
+    store_->add(key(base + "/seen"), 1);
   } catch (const std::exception& error) {
     lost_contact(error);
+  }
+}
+
+void Rendezvous::wait_until_failure_seen(int attempt, std::chrono::milliseconds limit) {
+  const std::string seen = key("attempt/" + std::to_string(attempt) + "/failure/seen");
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  try {
+    while (store_->add(seen, 0) < layout_.num_nodes && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(kPollInterval);
+    }
+  } catch (const std::exception&) {
+    // Only node 0 waits, on its own store: nothing to lose contact with.
   }
 }
 
@@ -171,6 +186,10 @@ std::optional<RemoteFailure> Rendezvous::failure(int attempt) {
     RemoteFailure failure;
     record >> failure.node_rank >> failure.global_rank >> failure.exit_code;
     std::getline(record >> std::ws, failure.summary);
+    if (!failure_seen_.count(attempt)) {
+      failure_seen_.insert(attempt);
+      store_->add(key("attempt/" + std::to_string(attempt) + "/failure/seen"), 1);
+    }
     return failure;
   } catch (const std::exception& error) {
     lost_contact(error);

@@ -378,6 +378,8 @@ int Job::run() {
     }
     if (attempt >= args_.max_restarts) {
       if (args_.max_restarts > 0) say("no restarts left (--max-restarts=" + std::to_string(args_.max_restarts) + ")");
+      // Node 0 hosts the store: keep it until the other nodes have read the failure.
+      if (layout_.num_nodes > 1 && layout_.node_rank == 0) rendezvous_->wait_until_failure_seen(attempt, std::chrono::seconds(5));
       say("exiting with " + std::to_string(failure_.exit_code));
       return failure_.exit_code;
     }

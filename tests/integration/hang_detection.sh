@@ -99,6 +99,30 @@ case "$case" in
       [[ -s "$dir/dumps/$file" ]] || fail "missing $dir/dumps/$file"
     done
     ;;
+  launcher_two_nodes)
+    # Two lightning-runs as two nodes: the ranks judge through the store, rank 0 exits with 86,
+    # and both launchers end with 86 (node 0 keeps its store until node 1 has read the failure).
+    port=$("${LF_PYTHON:-python3}" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])")
+    start=$(date +%s%3N)
+    for node in 1 0; do
+      timeout 120 "$run" model --num-nodes 2 --node-rank $node --main-port "$port" --devices 1 --hang-timeout "$timeout_s" \
+        --log-dir "$dir/node$node" "$program" infinite_loop >"$dir/node$node.out" 2>&1 &
+      eval "pid$node=\$!"
+    done
+    wait "$pid0"; code0=$?
+    wait "$pid1"; code1=$?
+    elapsed_ms=$(( $(date +%s%3N) - start ))
+    cat "$dir/node0.out" "$dir/node1.out" >"$dir/out"
+    echo "two nodes: exit codes $code0 and $code1 after ${elapsed_ms} ms"
+    [[ $code0 == 86 && $code1 == 86 ]] || fail "exit codes $code0 (node 0) and $code1 (node 1), expected 86 and 86"
+    in_time
+    expect "its error file says: HangError: hang detected"
+    expect "likely cause: rank 1 never entered collective #10"
+    [[ -s "$dir/node0/attempt_0/hang/report.txt" && -s "$dir/node0/attempt_0/hang/rank_0.stack.txt" ]] || fail "node 0's dumps are missing"
+    [[ -s "$dir/node1/attempt_0/hang/rank_1.flight.txt" && -s "$dir/node1/attempt_0/hang/rank_1.stack.txt" ]] || fail "node 1's dumps are missing"
+    grep -q spin_forever_on_purpose "$dir/node1/attempt_0/hang/rank_1.stack.txt" || fail "rank 1's stack does not show its loop"
+    ! grep -q "lost contact" "$dir/out" || fail "node 1 lost contact instead of reading the failure"
+    ;;
   edges)
     launch unset_model
     [[ $code != 0 ]] || fail "backward on a model never set up succeeded"

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -52,6 +53,10 @@ class Rendezvous {
   /// The failure some node announced in `attempt`, if any. Throws RendezvousError if the store
   /// cannot be reached.
   std::optional<RemoteFailure> failure(int attempt);
+  /// Node 0, before it closes the store after a failure: waits up to `limit` until every node has
+  /// seen the failure (announced it or read it), so that the others report it with its exit code
+  /// instead of losing contact.
+  void wait_until_failure_seen(int attempt, std::chrono::milliseconds limit);
   /// Barrier of all nodes before attempt `attempt` starts (restarts run in step).
   void wait_for_attempt(int attempt);
   /// This node's workers all succeeded in `attempt`.
@@ -66,6 +71,7 @@ class Rendezvous {
   [[noreturn]] void lost_contact(const std::exception& error) const;
 
   std::shared_ptr<c10d::TCPStore> store_;
+  std::set<int> failure_seen_;  // attempts whose failure this node has counted as seen
   NodeLayout layout_;
   std::chrono::milliseconds timeout_{0};
 };
