@@ -160,6 +160,30 @@ case "$case_name" in
     grep -q "Fabric is configured for devices=3 per node, but the launcher started 2 processes" "$log" ||
       fail "torchrun's report does not carry the constructor's error"
     ;;
+  srun_hang|mpirun_hang)
+    # Rank 1 spins outside a collective while rank 0 waits in one: the ranks judge through the
+    # store; rank 0 reports, dumps and exits with 86, and the launcher ends the job.
+    hang_program="$(dirname "$trainer")/lf_hang_program"
+    start=$SECONDS
+    export LT_HANG_TIMEOUT=3 LT_HANG_DUMP_DIR="$work/dumps"
+    if [ "$case_name" = srun_hang ]; then
+      run "$log" srun "${srun_flags[@]}" --kill-on-bad-exit=1 -n 2 "$hang_program" infinite_loop
+    else
+      run "$log" mpirun --oversubscribe -x LT_HANG_TIMEOUT -x LT_HANG_DUMP_DIR -np 2 "$hang_program" infinite_loop
+    fi
+    status=$?
+    unset LT_HANG_TIMEOUT LT_HANG_DUMP_DIR
+    expect_exit -ne 0 "$status"
+    [ $((SECONDS - start)) -lt 30 ] || fail "the job took $((SECONDS - start)) s to end"
+    grep -q "likely cause: rank 1 never entered collective #10 all_reduce float32\[4\] on world" "$log" ||
+      fail "rank 0 did not report the hang"
+    grep -q "ending the job with exit code 86" "$log" || fail "rank 0 did not end the job with 86"
+    for file in report.txt rank_0.stack.txt rank_1.stack.txt rank_0.flight.txt rank_1.flight.txt; do
+      [ -s "$work/dumps/$file" ] || fail "missing dump $file"
+    done
+    grep -q spin_forever_on_purpose "$work/dumps/rank_1.stack.txt" || fail "rank 1's stack does not show its loop"
+    echo "ok: hang reported after $((SECONDS - start)) s, exit status $status"
+    ;;
   *)
     fail "unknown case"
     ;;
