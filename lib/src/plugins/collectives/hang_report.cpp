@@ -71,37 +71,37 @@ std::string behind_cause(const std::vector<const Progress*>& behind, const Call&
   return cause.str();
 }
 
+using Groups = std::map<std::string, std::vector<int>>;  // what ranks show -> the ranks showing it
+
+// Ranks grouped by what `key` says of each: "rank 0<joiner>X<separator>ranks 1, 2<joiner>Y".
+template <class Key>
+Groups group_ranks(const std::vector<const Progress*>& ranks, Key key) {
+  Groups groups;
+  for (const Progress* rank : ranks) groups[key(*rank)].push_back(rank->rank);
+  return groups;
+}
+
+std::string groups_text(const Groups& groups, const char* joiner, const char* separator) {
+  std::string text;
+  for (const auto& [shown, ranks] : groups) text += (text.empty() ? "" : separator) + rank_list(ranks) + joiner + shown;
+  return text;
+}
+
 // Every rank known is blocked: compare where.
 std::string waiting_cause(const std::vector<const Progress*>& waiting) {
-  std::map<std::string, std::vector<int>> by_position;  // "#seq op" -> ranks
-  for (const Progress* rank : waiting) {
-    by_position["#" + std::to_string(rank->waiting_call.seq) + " " + rank->waiting_call.op].push_back(rank->rank);
-  }
+  const Groups by_position = group_ranks(waiting, [](const Progress& rank) {
+    return "#" + std::to_string(rank.waiting_call.seq) + " " + rank.waiting_call.op;
+  });
   if (by_position.size() > 1) {
-    std::ostringstream cause;
-    cause << "the ranks are inside different collectives (";
-    bool first = true;
-    for (const auto& [position, ranks] : by_position) {
-      cause << (first ? "" : ", ") << rank_list(ranks) << " in " << position;
-      first = false;
-    }
-    cause << "): they issue collectives in a different order or number; a rank skipped or added one.";
-    return cause.str();
+    return "the ranks are inside different collectives (" + groups_text(by_position, " in ", ", ") +
+           "): they issue collectives in a different order or number; a rank skipped or added one.";
   }
-  std::map<std::string, std::vector<int>> by_signature;  // "dtype[shape]" -> ranks
-  for (const Progress* rank : waiting) {
-    by_signature[rank->waiting_call.dtype + rank->waiting_call.shape].push_back(rank->rank);
-  }
+  const Groups by_signature = group_ranks(waiting, [](const Progress& rank) {
+    return rank.waiting_call.dtype + rank.waiting_call.shape;
+  });
   if (by_signature.size() > 1) {
-    std::ostringstream cause;
-    cause << "mismatched shapes or dtypes in collective " << by_position.begin()->first << " (";
-    bool first = true;
-    for (const auto& [signature, ranks] : by_signature) {
-      cause << (first ? "" : ", ") << rank_list(ranks) << ": " << signature;
-      first = false;
-    }
-    cause << "): every rank must pass the same dtype and shape.";
-    return cause.str();
+    return "mismatched shapes or dtypes in collective " + by_position.begin()->first + " (" +
+           groups_text(by_signature, ": ", ", ") + "): every rank must pass the same dtype and shape.";
   }
   return "every rank waits in the same collective " + waiting.front()->waiting_call.describe() +
          ": the transport is stuck (the network, or a peer on another node), not the program's order.";
@@ -124,18 +124,12 @@ std::string describe_positions(const std::vector<Progress>& ranks) {
     by_seq[rank.entered.seq].push_back(&rank);
   }
   for (const auto& [seq, group] : by_seq) {
-    std::map<std::string, std::vector<int>> by_signature;
-    for (const Progress* rank : group) {
-      by_signature[rank->entered.op + " " + rank->entered.dtype + rank->entered.shape].push_back(rank->rank);
-    }
+    const Groups by_signature = group_ranks(group, [](const Progress& rank) {
+      return rank.entered.op + " " + rank.entered.dtype + rank.entered.shape;
+    });
     if (by_signature.size() < 2) continue;
-    text << "likely cause: collective #" << seq << " differs across ranks (";
-    bool first = true;
-    for (const auto& [signature, members] : by_signature) {
-      text << (first ? "" : "; ") << rank_list(members) << ": " << signature;
-      first = false;
-    }
-    text << "): every rank must issue the same collectives in the same order with the same dtype and shape "
+    text << "likely cause: collective #" << seq << " differs across ranks (" << groups_text(by_signature, ": ", "; ")
+         << "): every rank must issue the same collectives in the same order with the same dtype and shape "
             "(--check-collectives stops this before any data moves)\n";
   }
   return text.str();
