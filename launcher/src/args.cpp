@@ -91,6 +91,9 @@ void add_model_options(CLI::App& model, LaunchArgs& args, RawOptions& raw) {
                    "Seconds a rank may wait in one collective before the job is reported as hung, dumped and stopped "
                    "with exit code 86 (0: off; default: the program's, 300)")
       ->check(CLI::NonNegativeNumber.description(""));
+  model.add_option("--process-group-backend,--process_group_backend", args.process_group_backend,
+                   "Collective backend of the workers: gloo, nccl, or shm (CPU, one machine; the default there)")
+      ->check(one_of("--process-group-backend", {"gloo", "nccl", "shm"}));
   model.add_flag("--check-collectives", args.check_collectives,
                  "Compare every collective's op, dtype and shape across ranks before it runs (one small all_gather each)");
   model.add_option("--log-dir,--log_dir", raw.log_dir, "Write each worker's stdout and stderr to files here");

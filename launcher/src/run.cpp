@@ -145,9 +145,9 @@ void Job::spawn_all(int attempt) {
     if (::isatty(STDERR_FILENO) == 1) spec.env[fabric::env::kTerminal] = "1";
     spec.stdout_fd = out;
     spec.stderr_fd = err;
+    spec.guardian_pipe = guardian_->pipe();
     try {
       children_.push_back(ChildProcess::spawn(spec));
-      guardian_->watch(children_.back().pid());
     } catch (...) {
       close(out);
       close(err);

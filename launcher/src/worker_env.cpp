@@ -30,6 +30,7 @@ std::map<std::string, std::string> worker_environment(const LaunchArgs& args, co
   vars[env::kUseAgentStore] = "True";
   if (args.hang_timeout_s) vars[env::kHangTimeout] = format_seconds(*args.hang_timeout_s);
   if (args.check_collectives) vars[env::kCheckCollectives] = "1";
+  if (args.process_group_backend) vars[env::kProcessGroupBackend] = *args.process_group_backend;
   if (vars.count("OMP_NUM_THREADS") == 0) vars["OMP_NUM_THREADS"] = std::to_string(default_omp_threads(layout.local_world_size));
   return parent;
 }

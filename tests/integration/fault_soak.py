@@ -20,6 +20,7 @@ import time
 WORKER = r"""#!/bin/bash
 # A worker with a child and a grandchild; the fault, if it is this rank's, after a delay.
 (sleep 60 & sleep 60; wait) &
+touch "$SOAK_DIR/up.$RANK"
 if [[ "$SOAK_RANK" == "$RANK" ]]; then
   sleep "$SOAK_DELAY"
   case "$SOAK_FAULT" in
@@ -73,12 +74,25 @@ def main():
         code = rng.choice([1, 3, 42])
         delay = round(rng.uniform(0.05, 0.8), 2)
         marker = f"LF_SOAK_MARK=soak-{os.getpid()}-{trial}"
+        trial_dir = os.path.join(folder, f"trial{trial}")
+        os.makedirs(trial_dir)
         env = dict(os.environ, LF_SOAK_MARK=marker.split("=", 1)[1], SOAK_FAULT=fault, SOAK_RANK=str(rng.randrange(4)),
-                   SOAK_DELAY=str(delay), SOAK_CODE=str(code), SOAK_DURATION="1.0")
+                   SOAK_DIR=trial_dir,
+                   SOAK_DELAY=str(delay), SOAK_CODE=str(code), SOAK_DURATION="3.0" if fault.startswith("launcher_") else "1.0")
         launcher_process = subprocess.Popen([launcher, "model", "--devices", "4", "--shutdown-grace", "1", worker],
                                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if fault in ("launcher_kill", "launcher_segv"):
+            # No waiting for the job: a delay of 0.05-0.8 s kills the launcher anywhere from its own
+            # start through spawning the workers to a running job, and nothing may survive it.
+            time.sleep(delay)
+        elif fault.startswith("launcher_"):
+            # TERM/INT must reach a launcher that handles them (143/130); a slow start (sanitizers)
+            # must not turn this into a signal that lands before main() runs.
+            up_deadline = time.monotonic() + 20
+            while len([f for f in os.listdir(trial_dir) if f.startswith("up.")]) < 4 and time.monotonic() < up_deadline:
+                time.sleep(0.01)
+            time.sleep(delay)
         if fault.startswith("launcher_"):
-            time.sleep(delay + 0.3)  # the workers and their children are up
             launcher_process.send_signal(LAUNCHER_SIGNALS[fault])
         try:
             result = launcher_process.wait(timeout=30)

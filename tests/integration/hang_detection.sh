@@ -48,7 +48,8 @@ case "$case" in
     grep -q "spin_forever_on_purpose" "$dir/logs/attempt_0/hang/rank_1.stack.txt" || fail "rank 1's stack does not show its loop"
     ;;
   launcher_skip_all_reduce)
-    launch skip_all_reduce
+    # gloo: the ranks block in different ops (shm would refuse the pair at once: shm_* below).
+    launch skip_all_reduce --process-group-backend gloo
     [[ $code == 86 ]] || fail "exit code $code, expected 86"
     in_time
     expect "likely cause: the ranks are inside different collectives (rank 0 in #10 all_reduce, rank 1 in #10 barrier)"
@@ -64,7 +65,7 @@ case "$case" in
     ;;
   launcher_mismatched_shapes)
     # gloo aborts the rank that receives more than it expects; the report says why.
-    launch mismatched_shapes
+    launch mismatched_shapes --process-group-backend gloo
     [[ $code != 0 && $code != 86 ]] || fail "exit code $code"
     expect "collective #10 differs across ranks (rank 0: all_reduce float32[4]; rank 1: all_reduce float32[8])"
     ;;
@@ -75,6 +76,19 @@ case "$case" in
     expect "Collective mismatch on group world at collective #10 (rank 0: all_reduce float32[4]; rank 1: all_reduce float32[8])"
     ! grep -q "gloo::EnforceNotMet" "$dir/out" || fail "gloo saw the mismatch first"
     ;;
+  shm_skip_all_reduce|shm_mismatched_shapes)
+    # The shm backend (the CPU default on one machine) compares every rank's op before any data
+    # moves: a skipped or mis-sized collective is a typed error on every rank within a second.
+    mode="${case#shm_}"
+    launch "$mode"
+    [[ $code != 0 && $code != 86 ]] || fail "exit code $code"
+    (( elapsed_ms < 10000 * scale )) || fail "took ${elapsed_ms} ms"
+    if [[ $mode == skip_all_reduce ]]; then
+      expect "Collective mismatch in the shm group (rank 0: #10 allreduce Float[4 elements] (sum); rank 1: #10 barrier)"
+    else
+      expect "Collective mismatch in the shm group (rank 0: #10 allreduce Float[4 elements] (sum); rank 1: #10 allreduce Float[8 elements] (sum))"
+    fi
+    ;;
   launcher_no_hang)
     launch ok
     [[ $code == 0 ]] || fail "exit code $code"
@@ -84,7 +98,8 @@ case "$case" in
   torchrun_infinite_loop|torchrun_skip_all_reduce)
     mode="${case#torchrun_}"
     start=$(date +%s%3N)
-    LT_HANG_TIMEOUT=$timeout_s LT_HANG_DUMP_DIR="$dir/dumps" timeout 120 "$torchrun" --standalone --nproc-per-node 2 \
+    # gloo, so that skip_all_reduce hangs (shm refuses it at once; see shm_*).
+    LT_PROCESS_GROUP_BACKEND=gloo LT_HANG_TIMEOUT=$timeout_s LT_HANG_DUMP_DIR="$dir/dumps" timeout 120 "$torchrun" --standalone --nproc-per-node 2 \
       --monitor-interval 0.1 --no-python "$program" "$mode" >"$dir/out" 2>&1
     code=$?
     elapsed_ms=$(( $(date +%s%3N) - start ))

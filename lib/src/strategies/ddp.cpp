@@ -63,8 +63,9 @@ StrategySpec ddp_strategy(DDPOptions options) {
   LF_CHECK(options.hang_timeout.count() >= 0, ValueError, "DDPOptions: hang_timeout=", options.hang_timeout.count(),
            " ms must be 0 (off) or positive (default 5 minutes).");
   const std::string backend = options.process_group_backend.value_or("gloo");
-  LF_CHECK(backend == "gloo" || backend == "nccl", ValueError, "DDPOptions: process_group_backend=\"", backend,
-           "\" is not supported. Choose \"gloo\" or \"nccl\", or leave it unset (nccl on CUDA, gloo on CPU).");
+  LF_CHECK(backend == "gloo" || backend == "nccl" || backend == "shm", ValueError, "DDPOptions: process_group_backend=\"", backend,
+           "\" is not supported. Choose \"gloo\", \"nccl\" or \"shm\", or leave it unset (nccl on CUDA; on CPU shm when every "
+           "rank is on one machine, else gloo).");
   return StrategySpec{options.name, [options](StrategyContext context) -> std::shared_ptr<Strategy> {
                         return std::make_shared<DDPStrategy>(std::move(context), options);
                       }};
@@ -83,7 +84,13 @@ void DDPStrategy::setup_environment() {
   options.world_size = world_size();
   options.restart_count = env_int(context_.env, env::kRestartCount, 0);
   options.use_agent_store = env_true(context_.env, env::kUseAgentStore);
-  options.backend = options_.process_group_backend.value_or(root_device().is_cuda() ? "nccl" : "gloo");
+  options.backend = options_.process_group_backend.value_or(
+      root_device().is_cuda() ? "nccl" : (num_nodes() == 1 ? "cpu-auto" : "gloo"));
+  if (auto chosen = context_.env(env::kProcessGroupBackend)) {
+    LF_CHECK(*chosen == "gloo" || *chosen == "nccl" || *chosen == "shm", ValueError, env::kProcessGroupBackend, "=\"",
+             *chosen, "\" is not valid. Choose gloo, nccl or shm (shm: CPU, every rank on one machine).");
+    options.backend = *chosen;
+  }
   options.device = root_device();
   options.timeout = options_.timeout;
   options.rendezvous_timeout = rendezvous_timeout_from(context_.env, options_.rendezvous_timeout);

@@ -67,6 +67,11 @@ struct ExecImage {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);  // the parent died before prctl took effect
   }
+  if (spec.guardian_pipe >= 0) {
+    // Registered before the program runs: a parent killed right after fork still takes us along.
+    const int32_t group = static_cast<int32_t>(getpid());
+    (void)!write(spec.guardian_pipe, &group, sizeof(group));
+  }
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);  // the launcher blocks signals for its signalfd

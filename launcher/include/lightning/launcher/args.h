@@ -30,6 +30,7 @@ struct LaunchArgs {
   double finish_timeout_s = 0.0;     // >0: after one worker succeeds, the rest must end within this
   std::optional<double> hang_timeout_s;  // LT_HANG_TIMEOUT for the workers (0 = off); default: the program's (300 s)
   bool check_collectives = false;    // LT_CHECK_COLLECTIVES=1
+  std::optional<std::string> process_group_backend;  // LT_PROCESS_GROUP_BACKEND when given
   std::optional<std::string> log_dir;
   std::optional<bool> tag_output;    // default: on when the job has more than one worker
   bool timestamp_output = false;

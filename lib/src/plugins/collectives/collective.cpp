@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <arpa/inet.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -20,6 +21,7 @@
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/plugins/collectives/flight_recorder.h"
 #include "plugins/collectives/hang_watchdog.h"
+#include "plugins/collectives/shm_backend.h"
 #include "lightning/fabric/strategies/strategy.h"
 
 namespace lightning::fabric {
@@ -222,8 +224,37 @@ void apply_watch_environment(const env::EnvLookup& env, CollectiveOptions& optio
   }
 }
 
+namespace {
+// Whether every rank of the group runs on this machine: each compares its host name with rank 0's
+// and votes through the store; every rank gets the same answer. Collective.
+bool all_ranks_on_this_host(c10d::Store& store, int rank, int world_size, std::chrono::milliseconds timeout) {
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  const std::string host(name);
+  if (rank == 0) store.set("cpu-auto/host", std::vector<uint8_t>(host.begin(), host.end()));
+  const std::vector<uint8_t> first = store.get("cpu-auto/host");
+  const bool same = std::string(first.begin(), first.end()) == host;
+  store.add("cpu-auto/elsewhere", same ? 0 : 1);
+  store.add("cpu-auto/voted", 1);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (store.add("cpu-auto/voted", 0) < world_size) {
+    LF_CHECK(std::chrono::steady_clock::now() < deadline, RuntimeError,
+             "Collective: the ranks did not agree on a CPU backend within the timeout.");
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return store.add("cpu-auto/elsewhere", 0) == 0;
+}
+}  // namespace
+
 void Collective::create_group() {
-  const CollectiveOptions& options = impl_->options;
+  CollectiveOptions& options = impl_->options;
+  if (options.backend == "cpu-auto") {
+    options.backend = options.world_size > 1 && all_ranks_on_this_host(*impl_->store, impl_->rank, impl_->world_size,
+                                                                       options.rendezvous_timeout)
+                          ? "shm"
+                          : "gloo";
+    impl_->backend = options.backend;
+  }
   if (options.backend == "gloo") {
     auto gloo = c10d::ProcessGroupGloo::Options::create(options.timeout);
     gloo->devices.push_back(gloo_device(options.main_address));
@@ -237,19 +268,27 @@ void Collective::create_group() {
     throw RuntimeError("The nccl backend is not available: this LibTorch was built without NCCL. Use a CUDA "
                        "LibTorch (CMAKE_PREFIX_PATH) or accelerator=\"cpu\" (gloo).");
 #endif
+  } else if (options.backend == "shm") {
+    impl_->group = c10::make_intrusive<internal::ShmBackend>(impl_->store, impl_->rank, impl_->world_size, options.timeout);
   } else {
-    throw ValueError("Collective backend \"" + options.backend + "\" is not supported. Choose gloo or nccl.");
+    throw ValueError("Collective backend \"" + options.backend + "\" is not supported. Choose gloo, nccl or shm.");
   }
 }
 
-Collective::Collective(const Collective& parent, const std::string& name, const std::vector<int>& ranks)
+Collective::Collective(const Collective& parent, const std::string& name, const std::vector<int>& ranks,
+                       const std::string& backend)
     : impl_(std::make_unique<Impl>()) {
   const auto position = std::find(ranks.begin(), ranks.end(), parent.rank());
   LF_CHECK(position != ranks.end(), ValueError, "Collective subgroup '", name, "': rank ", parent.rank(),
            " is not one of its ranks.");
   impl_->options = parent.impl_->options;
-  impl_->backend = parent.impl_->backend;
-  impl_->device = parent.impl_->device;
+  if (!backend.empty()) {
+    LF_CHECK(backend == "gloo" || backend == "shm", ValueError, "Collective subgroup '", name, "': backend \"",
+             backend, "\" is not valid for a subgroup. Choose gloo or shm, or leave it empty (the parent's).");
+    impl_->options.backend = backend;
+  }
+  impl_->backend = impl_->options.backend;
+  impl_->device = impl_->options.backend == "nccl" ? parent.impl_->device : at::Device(at::kCPU);
   impl_->rank = static_cast<int>(position - ranks.begin());
   impl_->world_size = static_cast<int>(ranks.size());
   impl_->store = c10::make_intrusive<c10d::PrefixStore>("/subgroup/" + name, parent.impl_->store);
@@ -329,6 +368,22 @@ flight::Scope record(flight::Recorder* recorder, const char* op, const std::stri
   if (tensor == nullptr) return flight::Scope(recorder, op, group, "", nullptr, 0, 0);
   return flight::Scope(recorder, op, group, dtype_name(tensor->scalar_type()), tensor->sizes().data(),
                        tensor->sizes().size(), static_cast<uint64_t>(tensor->numel()));
+}
+}  // namespace
+
+namespace {
+// Issues an asynchronous op under the recorder. The shm backend runs its ops inside the call, so
+// there the rank is marked waiting before it; an op that fails at issue ends its record as failed.
+template <class Issue>
+c10::intrusive_ptr<c10d::Work> issue_recorded(flight::Recorder* recorder, uint64_t seq, bool runs_in_call,
+                                              Issue&& issue) {
+  if (recorder != nullptr && runs_in_call) recorder->wait(seq);
+  try {
+    return issue();
+  } catch (...) {
+    if (recorder != nullptr) recorder->end(seq, true);
+    throw;
+  }
 }
 }  // namespace
 
@@ -429,7 +484,8 @@ void Collective::all_reduce_many_(std::vector<at::Tensor>& tensors, ReduceOp op)
       }
     }
     std::vector<at::Tensor> one{work};
-    works.push_back(impl_->group->allreduce(one, options));
+    works.push_back(issue_recorded(recorder, recorder ? seqs.back() : 0, impl_->backend == "shm",
+                                   [&] { return impl_->group->allreduce(one, options); }));
   }
   for (size_t i = 0; i < works.size(); ++i) {
     if (!recorder) {
@@ -464,7 +520,7 @@ std::function<void()> Collective::all_reduce_start_(at::Tensor& tensor) {
   std::vector<at::Tensor> one{tensor};
   c10d::AllreduceOptions options;
   options.reduceOp = c10d::ReduceOp::SUM;
-  auto work = impl_->group->allreduce(one, options);
+  auto work = issue_recorded(recorder, seq, impl_->backend == "shm", [&] { return impl_->group->allreduce(one, options); });
   return [work, recorder, seq]() -> void {
     if (!recorder) {
       work->wait();
@@ -535,6 +591,20 @@ void Collective::broadcast_(at::Tensor& tensor, int src) {
     impl_->group->broadcast(one, options)->wait();
   }
   stage.write_back();
+}
+
+at::Tensor Collective::all_to_all(const at::Tensor& tensor) {
+  LF_CHECK(tensor.numel() % impl_->world_size == 0, ValueError, "all_to_all: ", tensor.numel(),
+           " elements do not split into ", impl_->world_size, " equal parts.");
+  at::Tensor input = tensor.to(impl_->device).contiguous().view(-1);
+  at::Tensor output = at::empty_like(input);
+  if (input.numel() > 0) {
+    std::vector<int64_t> equal;
+    ++impl_->operations;
+    auto scope = record(impl_->recorder, "all_to_all", impl_->name, &input);
+    impl_->group->alltoall_base(output, input, equal, equal)->wait();
+  }
+  return output.to(tensor.device());
 }
 
 std::string Collective::broadcast_bytes(const std::string& bytes, int src) {

@@ -56,9 +56,9 @@ struct SubprocessLauncher::Impl {
     std::optional<ProcessGuardian> guardian;
     try {
       guardian.emplace();
-      for (const auto& spec : specs) {
+      for (auto& spec : specs) {
+        spec.guardian_pipe = guardian->pipe();
         children.push_back(ChildProcess::spawn(spec));
-        guardian->watch(children.back().pid());
       }
     } catch (...) {
       spawn_error = std::current_exception();

@@ -36,7 +36,9 @@ struct DDPOptions {
   /// code 86 (docs/launcher.md, "When a job hangs"). 0 turns detection off. LT_HANG_TIMEOUT
   /// (seconds; lightning-run --hang-timeout) wins.
   std::chrono::milliseconds hang_timeout = std::chrono::minutes(5);
-  std::optional<std::string> process_group_backend;             // "gloo" | "nccl"; default by device
+  /// "gloo" | "nccl" | "shm". Default: nccl on CUDA; on CPU shm when every rank is on one machine
+  /// (checked when the group forms), else gloo. LT_PROCESS_GROUP_BACKEND wins.
+  std::optional<std::string> process_group_backend;
 };
 
 /// DDP with settings, for FabricOptions().strategy(...):

@@ -23,6 +23,7 @@ inline constexpr const char* kRendezvousTimeout = "LT_RENDEZVOUS_TIMEOUT";  // s
 inline constexpr const char* kHangTimeout = "LT_HANG_TIMEOUT";       // seconds in a collective = hang; 0 off
 inline constexpr const char* kFlightRecords = "LT_FLIGHT_RECORDS";   // flight recorder ring size; 0 off
 inline constexpr const char* kHangDumpDir = "LT_HANG_DUMP_DIR";      // where hang dumps are written
+inline constexpr const char* kProcessGroupBackend = "LT_PROCESS_GROUP_BACKEND";  // gloo | nccl | shm: wins over code
 inline constexpr const char* kCheckCollectives = "LT_CHECK_COLLECTIVES";  // "1": compare every call across ranks
 // Set by lightning-run on one node: recorder files live here and the launcher judges hangs.
 inline constexpr const char* kFlightDir = "LT_FLIGHT_DIR";

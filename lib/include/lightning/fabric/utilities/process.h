@@ -37,6 +37,8 @@ struct ProcessSpec {
   int stdout_fd = -1;                           // -1: inherit the parent's
   int stderr_fd = -1;
   bool die_with_parent = true;                  // PR_SET_PDEATHSIG(SIGKILL), bound to the spawning thread
+  int guardian_pipe = -1;                       // ProcessGuardian::pipe(): the child registers its own
+                                                // group before exec, so no worker ever runs unwatched
 };
 
 /// The current process environment as a map.
@@ -99,6 +101,8 @@ class ProcessGuardian {
 
   /// Adds a process group to tear down if the owner dies.
   void watch(pid_t process_group);
+  /// For ProcessSpec::guardian_pipe: a child given it registers its own group between fork and exec.
+  int pipe() const { return pipe_; }
   /// Normal end: the guardian exits without touching anything.
   void release();
   pid_t pid() const { return pid_; }

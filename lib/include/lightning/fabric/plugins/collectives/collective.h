@@ -40,7 +40,9 @@ struct CollectiveOptions {
   int world_size = 1;
   int restart_count = 0;                 // store prefix /worker/attempt_<N>, as torchrun
   bool use_agent_store = false;          // join a launcher's store instead of hosting on rank 0
-  std::string backend = "gloo";          // "gloo" | "nccl"
+  /// "gloo" | "nccl" | "shm" (CPU, every rank on one machine) | "cpu-auto": shm when every rank
+  /// turns out to be on this machine (compared through the store), else gloo.
+  std::string backend = "gloo";
   at::Device device = at::kCPU;          // the group's device: this rank's GPU for nccl
   std::chrono::milliseconds timeout = std::chrono::minutes(30);             // of every collective
   std::chrono::milliseconds rendezvous_timeout = std::chrono::minutes(5);    // for all ranks to arrive
@@ -68,7 +70,9 @@ class Collective {
   explicit Collective(const CollectiveOptions& options, c10::intrusive_ptr<c10d::Store> store = {});
   /// A group of some of parent's ranks (collective over those ranks: each calls it with the same
   /// name and rank list, in the same order). This process's rank in it is its position in ranks.
-  Collective(const Collective& parent, const std::string& name, const std::vector<int>& ranks);
+  /// backend: the parent's when empty, else "gloo" or "shm" (CPU groups).
+  Collective(const Collective& parent, const std::string& name, const std::vector<int>& ranks,
+             const std::string& backend = "");
   ~Collective();
   Collective(const Collective&) = delete;
   Collective& operator=(const Collective&) = delete;
@@ -96,6 +100,9 @@ class Collective {
   at::Tensor reduce_scatter_rows(const at::Tensor& rows);
   /// In place on a contiguous tensor of any device.
   void broadcast_(at::Tensor& tensor, int src);
+  /// Equal-split all-to-all: tensor's elements in world_size equal parts, part p goes to rank p;
+  /// returns, in rank order, the part each rank sent to this one (a new tensor, tensor's device).
+  at::Tensor all_to_all(const at::Tensor& tensor);
   /// src's bytes on every rank (the size first, then the bytes, both through device()).
   std::string broadcast_bytes(const std::string& bytes, int src);
   /// Checks that every rank passes tensors of the same count, dtypes and shapes (one small

@@ -1,0 +1,67 @@
+// The "shm" process-group backend: collectives between the ranks of one node through one shared
+// memory segment instead of sockets (docs/distributed.md, "The shm backend").
+//
+// The segment is a memfd of local rank 0 of the group: it has no name in /dev/shm, the other ranks
+// open it through /proc/<pid>/fd/<fd>, and it is gone when the last rank exits, however the job
+// ends. It holds a control block (a barrier, an abort flag, the ranks' pids) and W + 1 staging
+// areas of kChunkBytes each: one per rank, and one for results. Every op moves its tensors in
+// chunks: each rank copies its chunk into its own area, a barrier, each rank reduces (or copies)
+// its 1/W share of the chunk, a barrier, each rank copies the result out. Reductions always add
+// rank 0's value first, then rank 1's, ..., so every rank gets bitwise the same result.
+//
+// Waiting: a brief spin, then a futex sleep on the barrier's generation word, waking every 100 ms
+// to check the collective timeout, the abort flag and the peers' pidfds: a dead peer is named at
+// once. Memory ordering: arrivals are acq_rel fetch_adds, the generation is published with release
+// and read with acquire, so each rank's copies into its area happen-before the others read them.
+//
+// Before any data moves, every rank publishes what it is about to run (op, dtype, size, root or
+// reduce op) and compares after the first barrier: a mismatch is a ValueError on every rank, never
+// a wrong answer or a hang. Ops run to completion in the call: the returned Work is already finished. CPU tensors only,
+// contiguous (Collective stages others), every dtype ATen can add and compare. Not thread-safe: one
+// op at a time per group, as with every collective.
+#pragma once
+
+#include <chrono>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+namespace lightning::fabric::internal {
+
+class ShmBackend : public c10d::Backend {
+ public:
+  static constexpr size_t kChunkBytes = size_t{4} << 20;
+
+  /// Collective over the group's ranks: local rank 0 creates the segment and publishes it in
+  /// store; the others map it. Throws RuntimeError when a rank cannot map it (another node: shm
+  /// needs every rank on one machine).
+  ShmBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout);
+  ~ShmBackend() override;
+
+  const std::string getBackendName() const override { return "shm"; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
+                                               std::vector<int64_t>& input_splits, const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+
+ private:
+  struct Segment;
+  void begin(c10d::OpType op, const at::Tensor* input, int64_t detail);  // publishes this rank's OpCall
+  void wait_all();        // the barrier; after begin() it also compares every rank's OpCall
+  void wait_for_peers();  // the barrier alone
+  char* area(int rank) const;
+  char* result_area() const;
+  at::Tensor area_tensor(char* base, int64_t count, const at::Tensor& like) const;
+  void reduce_share(const at::Tensor& like, int64_t count, c10d::ReduceOp op);
+  std::unique_ptr<Segment> segment_;
+  std::chrono::milliseconds timeout_;
+  uint64_t calls_ = 0;          // ops begun in this group
+  bool check_pending_ = false;  // begin() ran; the next wait_all compares
+};
+
+}  // namespace lightning::fabric::internal

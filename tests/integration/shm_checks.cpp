@@ -1,0 +1,126 @@
+// The shm backend against gloo, op by op, on the same ranks: a gloo world group and an shm group
+// over the same ranks, the same inputs, the results compared (bitwise where the arithmetic is
+// order-free: max, min, copies, and sums of 2 ranks; within the reduction-order tolerance
+// otherwise). Run under lightning-run with 2, 3 or 4 ranks; each rank prints one PASS line.
+//   lightning-run model --accelerator cpu --devices 3 lf_shm_checks [--large]
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <string>
+
+#include "expect.h"
+#include "lightning/fabric/plugins/collectives/collective.h"
+#include "lightning/fabric/strategies/strategy.h"
+
+namespace lf = lightning::fabric;
+
+namespace {
+
+int env_int(const char* name, int fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? std::atoi(value) : fallback;
+}
+
+at::Tensor input_for(int rank, int64_t count, at::ScalarType dtype, int salt) {
+  at::manual_seed(1000 * salt + rank);
+  if (at::isFloatingType(dtype)) return at::randn({count}, at::kDouble).to(dtype);
+  return at::randint(-50, 50, {count}, at::kLong).to(dtype);
+}
+
+bool order_free(lf::ReduceOp op, int world) {
+  return op == lf::ReduceOp::Max || op == lf::ReduceOp::Min || (world == 2 && op != lf::ReduceOp::Mean);
+}
+
+void compare(const at::Tensor& shm, const at::Tensor& gloo, bool bitwise, const std::string& what) {
+  if (bitwise || !at::isFloatingType(shm.scalar_type())) {
+    checks::expect(at::equal(shm, gloo), what + ": shm and gloo differ");
+    return;
+  }
+  // Summing world_size values of magnitude ~3 in another order: a few units in the last place of
+  // the result (bfloat16 keeps 8 bits, float16 11, float32 24).
+  const bool half = shm.scalar_type() == at::kBFloat16 || shm.scalar_type() == at::kHalf;
+  const double rtol = half ? 2e-2 : 1e-5, atol = half ? 0.125 : 1e-5;
+  checks::expect(at::allclose(shm.to(at::kDouble), gloo.to(at::kDouble), rtol, atol),
+         what + ": shm and gloo differ beyond the reduction-order tolerance");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool large = argc > 1 && std::strcmp(argv[1], "--large") == 0;
+  lf::CollectiveOptions options;
+  options.rank = env_int("RANK", 0);
+  options.world_size = env_int("WORLD_SIZE", 1);
+  options.main_address = std::getenv("MASTER_ADDR") ? std::getenv("MASTER_ADDR") : "127.0.0.1";
+  options.main_port = env_int("MASTER_PORT", 29400);
+  options.use_agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE") &&
+                            std::string(std::getenv("TORCHELASTIC_USE_AGENT_STORE")) == "True";
+  options.restart_count = env_int("TORCHELASTIC_RESTART_COUNT", 0);
+  lf::Collective gloo(options);
+  std::vector<int> everyone;
+  for (int r = 0; r < gloo.world_size(); ++r) everyone.push_back(r);
+  lf::Collective shm(gloo, "shm-checks", everyone, "shm");
+  const int rank = gloo.rank(), world = gloo.world_size();
+  checks::expect(shm.backend() == "shm" && shm.world_size() == world, "the subgroup is not an shm group of every rank");
+
+  // all_reduce: every op, dtypes, sizes from empty to several chunks.
+  const int64_t chunk_floats = 4 << 20 >> 2;
+  std::vector<int64_t> sizes{0, 1, 7, 1000, chunk_floats + 3, 3 * chunk_floats + 11};
+  if (large) sizes = {64LL << 20};  // 256 MB of float32
+  const std::vector<at::ScalarType> dtypes = large ? std::vector<at::ScalarType>{at::kFloat}
+                                                   : std::vector<at::ScalarType>{at::kFloat, at::kDouble, at::kBFloat16,
+                                                                                 at::kHalf, at::kLong, at::kInt};
+  int salt = 0;
+  for (int64_t count : sizes) {
+    for (at::ScalarType dtype : dtypes) {
+      for (lf::ReduceOp op : {lf::ReduceOp::Sum, lf::ReduceOp::Mean, lf::ReduceOp::Max, lf::ReduceOp::Min}) {
+        if (op == lf::ReduceOp::Mean && !at::isFloatingType(dtype)) continue;
+        if (large && op != lf::ReduceOp::Sum) continue;
+        at::Tensor on_shm = input_for(rank, count, dtype, ++salt);
+        at::Tensor on_gloo = on_shm.clone();
+        shm.all_reduce_(on_shm, op);
+        gloo.all_reduce_(on_gloo, op);
+        compare(on_shm, on_gloo, order_free(op, world),
+                "all_reduce op " + std::to_string(static_cast<int>(op)) + " " + c10::toString(dtype) + "[" +
+                    std::to_string(count) + "]");
+      }
+    }
+  }
+  if (!large) {
+    // Non-contiguous input: both stage it, the result lands in the view.
+    at::Tensor base = input_for(rank, 64 * 48, at::kFloat, ++salt).view({64, 48});
+    at::Tensor a = base.clone(), b = base.clone();
+    at::Tensor view_a = a.t(), view_b = b.t();
+    shm.all_reduce_(view_a, lf::ReduceOp::Max);
+    gloo.all_reduce_(view_b, lf::ReduceOp::Max);
+    compare(a, b, true, "all_reduce of a transposed view");
+
+    // broadcast from every rank, all_gather, reduce_scatter, all_to_all, bytes, barrier.
+    for (int src = 0; src < world; ++src) {
+      at::Tensor x = input_for(rank, chunk_floats + 5, at::kFloat, ++salt), y = x.clone();
+      shm.broadcast_(x, src);
+      gloo.broadcast_(y, src);
+      compare(x, y, true, "broadcast from " + std::to_string(src));
+    }
+    for (int64_t count : {int64_t{0}, int64_t{5}, chunk_floats + 9}) {
+      const at::Tensor x = input_for(rank, count, at::kBFloat16, ++salt);
+      compare(shm.all_gather(x), gloo.all_gather(x), true, "all_gather [" + std::to_string(count) + "]");
+      const at::Tensor rows = input_for(rank, world * count, at::kFloat, ++salt).view({world, count});
+      compare(shm.reduce_scatter_rows(rows), gloo.reduce_scatter_rows(rows), world == 2,
+              "reduce_scatter [" + std::to_string(count) + "]");
+      const at::Tensor parts = input_for(rank, world * count, at::kDouble, ++salt);
+      const at::Tensor exchanged = shm.all_to_all(parts);
+      const at::Tensor gathered = gloo.all_gather(parts).view({world, world, count});
+      compare(exchanged.view({world, count}), gathered.select(1, rank), true, "all_to_all [" + std::to_string(count) + "]");
+    }
+    const std::string text = shm.broadcast_bytes(rank == 1 ? std::string(300000, 'x') + "end" : std::string(), 1);
+    checks::expect(text.size() == 300003 && text.substr(300000) == "end", "broadcast_bytes through shm");
+    for (int i = 0; i < 100; ++i) shm.barrier();
+  }
+  if (checks::failures() > 0) return 1;
+  std::cout << "PASS: shm matches gloo on rank " << rank << " of " << world << (large ? " (256 MB)" : "") << std::endl;
+  return 0;
+}
