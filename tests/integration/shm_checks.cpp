@@ -3,11 +3,18 @@
 // order-free: max, min, copies, and sums of 2 ranks; within the reduction-order tolerance
 // otherwise). Run under lightning-run with 2, 3 or 4 ranks; each rank prints one PASS line.
 //   lightning-run model --accelerator cpu --devices 3 lf_shm_checks [--large]
+// --peer-dies (2 ranks, started without a launcher by shm_failures.sh): rank 1 kills itself with
+// SIGKILL while rank 0 waits in an shm all_reduce; rank 0 must fail at once, naming rank 1.
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <iostream>
 #include <string>
 
@@ -47,6 +54,28 @@ void compare(const at::Tensor& shm, const at::Tensor& gloo, bool bitwise, const 
          what + ": shm and gloo differ beyond the reduction-order tolerance");
 }
 
+// Rank 1 dies (SIGKILL) while rank 0 waits for it in an shm all_reduce.
+int peer_dies(lf::Collective& shm) {
+  if (shm.rank() == 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    ::raise(SIGKILL);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  at::Tensor x = at::ones({1000});
+  try {
+    shm.all_reduce_(x, lf::ReduceOp::Sum);
+    std::cout << "FAIL: the all_reduce returned although rank 1 died" << std::endl;
+  } catch (const std::exception& error) {
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const std::string what = error.what();
+    std::cout << "rank 0 failed after " << waited << " s: " << what << std::endl;
+    const bool named = what.find("rank 1 (pid ") != std::string::npos && what.find("died") != std::string::npos;
+    std::cout << (named && waited < 5 ? "PASS: the dead peer was named" : "FAIL: not named, or too late") << std::endl;
+  }
+  std::cout.flush();
+  std::_Exit(0);  // the gloo group's peer is gone: skip its teardown
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -63,6 +92,7 @@ int main(int argc, char** argv) {
   std::vector<int> everyone;
   for (int r = 0; r < gloo.world_size(); ++r) everyone.push_back(r);
   lf::Collective shm(gloo, "shm-checks", everyone, "shm");
+  if (argc > 1 && std::strcmp(argv[1], "--peer-dies") == 0) return peer_dies(shm);
   const int rank = gloo.rank(), world = gloo.world_size();
   checks::expect(shm.backend() == "shm" && shm.world_size() == world, "the subgroup is not an shm group of every rank");
 
