@@ -11,12 +11,13 @@ torchrun="$(dirname "$python")/torchrun"
 # torchrun needs a real port: with 0 its workers are told port 0 and never meet.
 free_port() { "$python" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"; }
 repeats="${REPEATS:-3}"
+backend="${BACKEND:-gloo}"  # the C++ side's transport: gloo as Python's, or shm (scripts/bench-shm.sh)
 export OMP_NUM_THREADS=1
 for config in "784-1024-1024-10 64" "32-64-10 16"; do
   set -- $config
   for _ in $(seq "$repeats"); do
     for ranks in 1 2; do
-      "$bin/lightning-run" model --accelerator cpu --devices "$ranks" "$bin/bench_ddp_step" "$1" "$2" 300 30 2>/dev/null \
+      "$bin/lightning-run" model --accelerator cpu --devices "$ranks" --process-group-backend "$backend" "$bin/bench_ddp_step" "$1" "$2" 300 30 2>/dev/null \
         | sed 's/^\[rank 0\]: //'
       for impl in --ddp --fabric; do
         "$torchrun" --nproc-per-node "$ranks" --monitor-interval 0.1 --master-addr 127.0.0.1 --master-port "$(free_port)" \

@@ -11,7 +11,7 @@ export OMP_NUM_THREADS=1
 for _ in $(seq "$repeats"); do
   for records in 2048 0; do
     echo -n "{\"flight_records\":$records,"
-    LT_FLIGHT_RECORDS=$records "$bin/lightning-run" model --accelerator cpu --devices 2 "$bin/bench_ddp_step" 32-64-10 16 2000 200 \
+    LT_FLIGHT_RECORDS=$records "$bin/lightning-run" model --accelerator cpu --devices 2 --process-group-backend gloo "$bin/bench_ddp_step" 32-64-10 16 2000 200 \
       2>/dev/null | sed 's/^\[rank 0\]: {//'
   done
 done

@@ -273,7 +273,12 @@ TEST_CASE("ddp_strategy refuses bad settings", "[connector][ddp][errors]") {
   CHECK_THROWS_WITH(lf::ddp_strategy(bad), Contains("timeout=0"));
   bad = {};
   bad.process_group_backend = "mpi";
-  CHECK_THROWS_WITH(lf::ddp_strategy(bad), Contains("\"mpi\"") && Contains("gloo"));
+  CHECK_THROWS_WITH(lf::ddp_strategy(bad), Contains("\"mpi\"") && Contains("gloo") && Contains("shm"));
+  bad.process_group_backend = "shm";
+  CHECK_NOTHROW(lf::ddp_strategy(bad));
+  lf::FSDPOptions fsdp;
+  fsdp.process_group_backend = "tcp";
+  CHECK_THROWS_WITH(lf::fsdp_strategy(fsdp), Contains("FSDPOptions: process_group_backend=\"tcp\"") && Contains("shm"));
 }
 
 TEST_CASE("dp: single process over CUDA devices, refused on CPU devices", "[connector][dp]") {

@@ -52,6 +52,13 @@ void DDPStrategy::launch_processes() {
   launcher_->launch();
 }
 
+void check_process_group_backend(const std::string& owner, const std::optional<std::string>& backend) {
+  if (!backend) return;
+  LF_CHECK(*backend == "gloo" || *backend == "nccl" || *backend == "shm", ValueError, owner,
+           ": process_group_backend=\"", *backend, "\" is not supported. Choose \"gloo\", \"nccl\" or \"shm\", or leave it "
+           "unset (nccl on CUDA; on CPU shm when every rank is on one machine, else gloo).");
+}
+
 StrategySpec ddp_strategy(DDPOptions options) {
   LF_CHECK(options.bucket_cap_mb > 0 && options.first_bucket_mb > 0, ValueError, "DDPOptions: bucket_cap_mb=",
            options.bucket_cap_mb, " and first_bucket_mb=", options.first_bucket_mb,
@@ -62,10 +69,7 @@ StrategySpec ddp_strategy(DDPOptions options) {
            options.rendezvous_timeout.count(), " ms must be positive (default 5 minutes).");
   LF_CHECK(options.hang_timeout.count() >= 0, ValueError, "DDPOptions: hang_timeout=", options.hang_timeout.count(),
            " ms must be 0 (off) or positive (default 5 minutes).");
-  const std::string backend = options.process_group_backend.value_or("gloo");
-  LF_CHECK(backend == "gloo" || backend == "nccl" || backend == "shm", ValueError, "DDPOptions: process_group_backend=\"", backend,
-           "\" is not supported. Choose \"gloo\", \"nccl\" or \"shm\", or leave it unset (nccl on CUDA; on CPU shm when every "
-           "rank is on one machine, else gloo).");
+  check_process_group_backend("DDPOptions", options.process_group_backend);
   return StrategySpec{options.name, [options](StrategyContext context) -> std::shared_ptr<Strategy> {
                         return std::make_shared<DDPStrategy>(std::move(context), options);
                       }};

@@ -93,6 +93,9 @@ TEST_CASE("args: bad values exit 2 and name the flag, the value and the choices"
   CHECK(unknown.result.exit_now == 2);
   auto filter = parse({"model", "--local-ranks-filter", "a", "./train"});
   CHECK_THAT(filter.err, Contains("--local-ranks-filter=a"));
+  auto backend = parse({"model", "--process-group-backend", "mpi", "./train"});
+  CHECK(backend.result.exit_now == 2);
+  CHECK_THAT(backend.err, Contains("--process-group-backend=mpi") && Contains("gloo, nccl, shm"));
   CHECK(parse({"launch", "./train"}).result.exit_now == 2);
 }
 
@@ -152,4 +155,7 @@ TEST_CASE("worker environment: global ranks start at the node's offset", "[args]
   CHECK(env.at("TORCHELASTIC_ERROR_FILE") == "/tmp/e.json");
   CHECK(env.at("OMP_NUM_THREADS") == "3");
   CHECK(env.count("LT_ACCELERATOR") == 0);
+  CHECK(env.count("LT_PROCESS_GROUP_BACKEND") == 0);  // unset: the program's choice (shm or gloo on CPU)
+  args.process_group_backend = "gloo";
+  CHECK(launcher::worker_environment(args, layout, 0, {}, "/tmp/e.json").at("LT_PROCESS_GROUP_BACKEND") == "gloo");
 }

@@ -37,6 +37,7 @@ struct FSDPOptions {
   std::chrono::milliseconds timeout = std::chrono::minutes(30);
   std::chrono::milliseconds rendezvous_timeout = std::chrono::minutes(5);  // as DDPOptions'
   std::chrono::milliseconds hang_timeout = std::chrono::minutes(5);        // as DDPOptions'
+  std::optional<std::string> process_group_backend;                        // as DDPOptions'
   /// "sharded": fabric.save writes a folder, one shard file per rank plus metadata (fast, every
   /// rank writes in parallel). "full": rank 0 gathers everything and writes one file.
   std::string state_dict_type = "sharded";
