@@ -4,15 +4,8 @@
 # batch per rank, one thread per rank, SGD, synthetic data; 2 ranks and 1 rank. Runs the three
 # implementations alternately REPEATS times and prints every JSON line.
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-bin="${BUILD_DIR:-$root/build}/bin"
-python="${LF_PYTHON:-$root/.venv/bin/python}"
-torchrun="$(dirname "$python")/torchrun"
-# torchrun needs a real port: with 0 its workers are told port 0 and never meet.
-free_port() { "$python" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"; }
-repeats="${REPEATS:-3}"
+source "$(dirname "${BASH_SOURCE[0]}")/bench-common.sh"
 backend="${BACKEND:-gloo}"  # the C++ side's transport: gloo as Python's, or shm (scripts/bench-shm.sh)
-export OMP_NUM_THREADS=1
 for config in "784-1024-1024-10 64" "32-64-10 16"; do
   set -- $config
   for _ in $(seq "$repeats"); do

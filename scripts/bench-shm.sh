@@ -6,13 +6,7 @@
 #   the FSDP FULL_SHARD step (big MLP, 2 ranks) on shm and on gloo.
 # The implementations alternate REPEATS times; every JSON line is printed, tagged with the run.
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-bin="${BUILD_DIR:-$root/build}/bin"
-python="${LF_PYTHON:-$root/.venv/bin/python}"
-torchrun="$(dirname "$python")/torchrun"
-free_port() { "$python" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"; }
-repeats="${REPEATS:-3}"
-export OMP_NUM_THREADS=1
+source "$(dirname "${BASH_SOURCE[0]}")/bench-common.sh"
 tag() { sed -n "s/^\(\[rank 0\]: \)\{0,1\}\({.*}\)$/{\"run\":\"$1\",\"result\":\2}/p"; }
 for ranks in 2 4; do
   "$bin/lightning-run" model --accelerator cpu --devices "$ranks" "$bin/bench_shm" 9 2>/dev/null | tag "P5 $ranks ranks"

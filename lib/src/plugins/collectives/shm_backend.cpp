@@ -372,6 +372,15 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::_allgather_base(at::Tensor& output, a
   return finished(c10d::OpType::_ALLGATHER_BASE);
 }
 
+// `in` holds world_size pieces of n elements; piece p's [offset, offset + count) goes to slot p of
+// this rank's area (slots of count elements).
+void ShmBackend::stage_pieces(const char* in, int64_t n, int64_t offset, int64_t count, int64_t element) {
+  for (int piece = 0; piece < segment_->size; ++piece) {
+    std::memcpy(area(segment_->rank) + piece * count * element, in + (piece * n + offset) * element,
+                static_cast<size_t>(count * element));
+  }
+}
+
 c10::intrusive_ptr<c10d::Work> ShmBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                 const c10d::ReduceScatterOptions& opts) {
   check_tensor(input, "reduce_scatter");
@@ -388,10 +397,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::_reduce_scatter_base(at::Tensor& outp
   at::Tensor flat_out = output.view(-1);
   for (int64_t offset = 0; offset == 0 || offset < n; offset += chunk) {
     const int64_t count = std::min(chunk, n - offset);
-    for (int piece = 0; piece < size; ++piece) {
-      std::memcpy(area(rank) + piece * count * element, in + (piece * n + offset) * element,
-                  static_cast<size_t>(count * element));
-    }
+    stage_pieces(in, n, offset, count, element);
     wait_all();
     at::Tensor out = flat_out.slice(0, offset, offset + count);
     out.copy_(area_tensor(area(0) + rank * count * element, count, input));
@@ -420,10 +426,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::alltoall_base(at::Tensor& output, at:
   char* out = bytes_of(output);
   for (int64_t offset = 0; offset == 0 || offset < n; offset += chunk) {
     const int64_t count = std::min(chunk, n - offset);
-    for (int piece = 0; piece < size; ++piece) {
-      std::memcpy(area(rank) + piece * count * element, in + (piece * n + offset) * element,
-                  static_cast<size_t>(count * element));
-    }
+    stage_pieces(in, n, offset, count, element);
     wait_all();
     for (int peer = 0; peer < size; ++peer) {
       std::memcpy(out + (peer * n + offset) * element, area(peer) + rank * count * element,

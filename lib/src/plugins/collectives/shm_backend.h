@@ -57,6 +57,7 @@ class ShmBackend : public c10d::Backend {
   char* area(int rank) const;
   char* result_area() const;
   at::Tensor area_tensor(char* base, int64_t count, const at::Tensor& like) const;
+  void stage_pieces(const char* in, int64_t n, int64_t offset, int64_t count, int64_t element);
   void reduce_share(const at::Tensor& like, int64_t count, c10d::ReduceOp op);
   std::unique_ptr<Segment> segment_;
   std::chrono::milliseconds timeout_;
