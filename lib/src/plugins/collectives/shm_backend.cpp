@@ -77,6 +77,11 @@ void check_tensor(const at::Tensor& tensor, const char* op) {
 
 char* bytes_of(const at::Tensor& tensor) { return static_cast<char*>(tensor.data_ptr()); }
 
+// memcpy for tensors that may be empty: an empty tensor's data pointer may be null.
+void copy_bytes(void* to, const void* from, size_t bytes) {
+  if (bytes > 0) std::memcpy(to, from, bytes);
+}
+
 std::string describe(const OpCall& call) {
   std::string text = c10d::opTypeToString(static_cast<c10d::OpType>(call.op));
   std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return std::tolower(c); });
@@ -321,11 +326,11 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::allreduce(std::vector<at::Tensor>& te
   char* data = bytes_of(tensor);
   for (int64_t offset = 0; offset == 0 || offset < tensor.numel(); offset += chunk) {
     const int64_t count = std::min(chunk, tensor.numel() - offset);
-    std::memcpy(area(segment_->rank), data + offset * element, static_cast<size_t>(count * element));
+    copy_bytes(area(segment_->rank), data + offset * element, static_cast<size_t>(count * element));
     wait_all();
     reduce_share(tensor, count, opts.reduceOp);
     wait_all();
-    std::memcpy(data + offset * element, result_area(), static_cast<size_t>(count * element));
+    copy_bytes(data + offset * element, result_area(), static_cast<size_t>(count * element));
   }
   return finished(c10d::OpType::ALLREDUCE);
 }
@@ -342,9 +347,9 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::broadcast(std::vector<at::Tensor>& te
   const auto chunk = static_cast<int64_t>(kChunkBytes);
   for (int64_t offset = 0; offset == 0 || offset < bytes; offset += chunk) {
     const int64_t count = std::min(chunk, bytes - offset);
-    if (segment_->rank == opts.rootRank) std::memcpy(area(opts.rootRank), data + offset, static_cast<size_t>(count));
+    if (segment_->rank == opts.rootRank) copy_bytes(area(opts.rootRank), data + offset, static_cast<size_t>(count));
     wait_all();
-    if (segment_->rank != opts.rootRank) std::memcpy(data + offset, area(opts.rootRank), static_cast<size_t>(count));
+    if (segment_->rank != opts.rootRank) copy_bytes(data + offset, area(opts.rootRank), static_cast<size_t>(count));
     wait_all();
   }
   return finished(c10d::OpType::BROADCAST);
@@ -364,9 +369,9 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::_allgather_base(at::Tensor& output, a
   const auto chunk = static_cast<int64_t>(kChunkBytes);
   for (int64_t offset = 0; offset == 0 || offset < bytes; offset += chunk) {
     const int64_t count = std::min(chunk, bytes - offset);
-    std::memcpy(area(segment_->rank), in + offset, static_cast<size_t>(count));
+    copy_bytes(area(segment_->rank), in + offset, static_cast<size_t>(count));
     wait_all();
-    for (int peer = 0; peer < size; ++peer) std::memcpy(out + peer * bytes + offset, area(peer), static_cast<size_t>(count));
+    for (int peer = 0; peer < size; ++peer) copy_bytes(out + peer * bytes + offset, area(peer), static_cast<size_t>(count));
     wait_all();
   }
   return finished(c10d::OpType::_ALLGATHER_BASE);
@@ -376,7 +381,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::_allgather_base(at::Tensor& output, a
 // this rank's area (slots of count elements).
 void ShmBackend::stage_pieces(const char* in, int64_t n, int64_t offset, int64_t count, int64_t element) {
   for (int piece = 0; piece < segment_->size; ++piece) {
-    std::memcpy(area(segment_->rank) + piece * count * element, in + (piece * n + offset) * element,
+    copy_bytes(area(segment_->rank) + piece * count * element, in + (piece * n + offset) * element,
                 static_cast<size_t>(count * element));
   }
 }
@@ -429,7 +434,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::alltoall_base(at::Tensor& output, at:
     stage_pieces(in, n, offset, count, element);
     wait_all();
     for (int peer = 0; peer < size; ++peer) {
-      std::memcpy(out + (peer * n + offset) * element, area(peer) + rank * count * element,
+      copy_bytes(out + (peer * n + offset) * element, area(peer) + rank * count * element,
                   static_cast<size_t>(count * element));
     }
     wait_all();
