@@ -52,10 +52,10 @@ void DDPStrategy::launch_processes() {
   launcher_->launch();
 }
 
-void check_process_group_backend(const std::string& owner, const std::optional<std::string>& backend) {
+void check_process_group_backend(const std::string& setting, const std::optional<std::string>& backend) {
   if (!backend) return;
-  LF_CHECK(*backend == "gloo" || *backend == "nccl" || *backend == "shm", ValueError, owner,
-           ": process_group_backend=\"", *backend, "\" is not supported. Choose \"gloo\", \"nccl\" or \"shm\", or leave it "
+  LF_CHECK(*backend == "gloo" || *backend == "nccl" || *backend == "shm", ValueError, setting, "=\"", *backend,
+           "\" is not supported. Choose \"gloo\", \"nccl\" or \"shm\", or leave it "
            "unset (nccl on CUDA; on CPU shm when every rank is on one machine, else gloo).");
 }
 
@@ -69,7 +69,7 @@ StrategySpec ddp_strategy(DDPOptions options) {
            options.rendezvous_timeout.count(), " ms must be positive (default 5 minutes).");
   LF_CHECK(options.hang_timeout.count() >= 0, ValueError, "DDPOptions: hang_timeout=", options.hang_timeout.count(),
            " ms must be 0 (off) or positive (default 5 minutes).");
-  check_process_group_backend("DDPOptions", options.process_group_backend);
+  check_process_group_backend("DDPOptions: process_group_backend", options.process_group_backend);
   return StrategySpec{options.name, [options](StrategyContext context) -> std::shared_ptr<Strategy> {
                         return std::make_shared<DDPStrategy>(std::move(context), options);
                       }};
@@ -91,8 +91,7 @@ void DDPStrategy::setup_environment() {
   options.backend = options_.process_group_backend.value_or(
       root_device().is_cuda() ? "nccl" : (num_nodes() == 1 ? "cpu-auto" : "gloo"));
   if (auto chosen = context_.env(env::kProcessGroupBackend)) {
-    LF_CHECK(*chosen == "gloo" || *chosen == "nccl" || *chosen == "shm", ValueError, env::kProcessGroupBackend, "=\"",
-             *chosen, "\" is not valid. Choose gloo, nccl or shm (shm: CPU, every rank on one machine).");
+    check_process_group_backend(env::kProcessGroupBackend, chosen);
     options.backend = *chosen;
   }
   options.device = root_device();

@@ -42,7 +42,7 @@ StrategySpec fsdp_strategy(FSDPOptions options) {
   LF_CHECK(options.timeout.count() > 0, ValueError, "FSDPOptions: timeout must be positive.");
   LF_CHECK(options.hang_timeout.count() >= 0, ValueError, "FSDPOptions: hang_timeout=", options.hang_timeout.count(),
            " ms must be 0 (off) or positive (default 5 minutes).");
-  check_process_group_backend("FSDPOptions", options.process_group_backend);
+  check_process_group_backend("FSDPOptions: process_group_backend", options.process_group_backend);
   return StrategySpec{"fsdp", [options](StrategyContext context) -> std::shared_ptr<Strategy> {
                         return std::make_shared<FSDPStrategy>(std::move(context), options);
                       }};

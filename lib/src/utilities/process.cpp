@@ -145,12 +145,6 @@ ProcessGuardian::ProcessGuardian(std::chrono::milliseconds grace) {
 
 ProcessGuardian::~ProcessGuardian() { release(); }
 
-void ProcessGuardian::watch(pid_t process_group) {
-  if (pipe_ < 0) return;
-  const int32_t value = static_cast<int32_t>(process_group);
-  (void)!write(pipe_, &value, sizeof(value));
-}
-
 void ProcessGuardian::release() {
   if (pipe_ < 0) return;
   const int32_t goodbye = 0;

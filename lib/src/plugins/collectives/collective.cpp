@@ -127,6 +127,7 @@ struct Collective::Impl {
   std::string name = "world";                 // in flight records
   flight::Recorder* recorder = nullptr;       // the process's; null: recording off
   bool owns_watchdog = false;                 // this group started the watchdog and stops it
+  bool ops_run_in_call = false;               // the backend (shm) completes each op inside its call
 };
 
 c10::intrusive_ptr<c10d::Store> host_store(const std::string& host, int port, std::chrono::milliseconds timeout,
@@ -225,36 +226,33 @@ void apply_watch_environment(const env::EnvLookup& env, CollectiveOptions& optio
 }
 
 namespace {
-// Whether every rank of the group runs on this machine: each compares its host name with rank 0's
-// and votes through the store; every rank gets the same answer. Collective.
-bool all_ranks_on_this_host(c10d::Store& store, int rank, int world_size, std::chrono::milliseconds timeout) {
+// Whether every rank of the group runs on rank 0's machine: each rank publishes its host name,
+// rank 0 compares them and publishes the verdict, so every rank gets the same answer. Collective.
+bool all_ranks_on_one_host(c10d::Store& store, int rank, int world_size) {
   char name[256] = {};
   ::gethostname(name, sizeof(name) - 1);
   const std::string host(name);
-  if (rank == 0) store.set("cpu-auto/host", std::vector<uint8_t>(host.begin(), host.end()));
-  const std::vector<uint8_t> first = store.get("cpu-auto/host");
-  const bool same = std::string(first.begin(), first.end()) == host;
-  store.add("cpu-auto/elsewhere", same ? 0 : 1);
-  store.add("cpu-auto/voted", 1);
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (store.add("cpu-auto/voted", 0) < world_size) {
-    LF_CHECK(std::chrono::steady_clock::now() < deadline, RuntimeError,
-             "Collective: the ranks did not agree on a CPU backend within the timeout.");
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  store.set("cpu-auto/host/" + std::to_string(rank), std::vector<uint8_t>(host.begin(), host.end()));
+  if (rank == 0) {
+    bool same = true;
+    for (int peer = 1; peer < world_size; ++peer) {
+      const std::vector<uint8_t> other = store.get("cpu-auto/host/" + std::to_string(peer));
+      same = same && std::string(other.begin(), other.end()) == host;
+    }
+    store.set("cpu-auto/verdict", std::vector<uint8_t>{static_cast<uint8_t>(same ? 1 : 0)});
   }
-  return store.add("cpu-auto/elsewhere", 0) == 0;
+  return store.get("cpu-auto/verdict").at(0) == 1;
 }
 }  // namespace
 
 void Collective::create_group() {
   CollectiveOptions& options = impl_->options;
   if (options.backend == "cpu-auto") {
-    options.backend = options.world_size > 1 && all_ranks_on_this_host(*impl_->store, impl_->rank, impl_->world_size,
-                                                                       options.rendezvous_timeout)
-                          ? "shm"
-                          : "gloo";
+    const bool one_host = options.world_size > 1 && all_ranks_on_one_host(*impl_->store, impl_->rank, impl_->world_size);
+    options.backend = one_host ? "shm" : "gloo";
     impl_->backend = options.backend;
   }
+  impl_->ops_run_in_call = options.backend == "shm";
   if (options.backend == "gloo") {
     auto gloo = c10d::ProcessGroupGloo::Options::create(options.timeout);
     gloo->devices.push_back(gloo_device(options.main_address));
@@ -484,7 +482,7 @@ void Collective::all_reduce_many_(std::vector<at::Tensor>& tensors, ReduceOp op)
       }
     }
     std::vector<at::Tensor> one{work};
-    works.push_back(issue_recorded(recorder, recorder ? seqs.back() : 0, impl_->backend == "shm",
+    works.push_back(issue_recorded(recorder, recorder ? seqs.back() : 0, impl_->ops_run_in_call,
                                    [&] { return impl_->group->allreduce(one, options); }));
   }
   for (size_t i = 0; i < works.size(); ++i) {
@@ -520,7 +518,7 @@ std::function<void()> Collective::all_reduce_start_(at::Tensor& tensor) {
   std::vector<at::Tensor> one{tensor};
   c10d::AllreduceOptions options;
   options.reduceOp = c10d::ReduceOp::SUM;
-  auto work = issue_recorded(recorder, seq, impl_->backend == "shm", [&] { return impl_->group->allreduce(one, options); });
+  auto work = issue_recorded(recorder, seq, impl_->ops_run_in_call, [&] { return impl_->group->allreduce(one, options); });
   return [work, recorder, seq]() -> void {
     if (!recorder) {
       work->wait();

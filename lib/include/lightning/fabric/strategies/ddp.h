@@ -49,8 +49,9 @@ struct DDPOptions {
 /// Throws ValueError for non-positive bucket sizes or timeout, or an unknown backend.
 StrategySpec ddp_strategy(DDPOptions options = DDPOptions());
 
-/// ValueError naming `owner` (e.g. "FSDPOptions") unless backend is unset, "gloo", "nccl" or "shm".
-void check_process_group_backend(const std::string& owner, const std::optional<std::string>& backend);
+/// ValueError naming `setting` (e.g. "FSDPOptions: process_group_backend", LT_PROCESS_GROUP_BACKEND)
+/// and the choices unless backend is unset, "gloo", "nccl" or "shm".
+void check_process_group_backend(const std::string& setting, const std::optional<std::string>& backend);
 
 class DDPStrategy : public Strategy {
  public:

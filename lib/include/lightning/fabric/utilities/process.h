@@ -84,8 +84,8 @@ class ChildProcess {
 };
 
 /// Whole-tree teardown that survives its owner: a small process forked at construction that
-/// outlives the owner (the launcher, or rank 0 under Fabric::launch). The owner tells it each
-/// worker's process group (watch); if the owner dies without release() (SIGKILL, SIGSEGV, ...),
+/// outlives the owner (the launcher, or rank 0 under Fabric::launch). Each worker spawned with
+/// ProcessSpec::guardian_pipe = pipe() tells it its process group before exec; if the owner dies without release() (SIGKILL, SIGSEGV, ...),
 /// the guardian sees its pipe close at once and sends SIGTERM to every watched group, then SIGKILL
 /// to what is left after `grace`, so workers and all their descendants go with the owner. A
 /// descendant that left its worker's process group on purpose (setsid, setpgid) is not followed.
@@ -99,9 +99,8 @@ class ProcessGuardian {
   ProcessGuardian(const ProcessGuardian&) = delete;
   ProcessGuardian& operator=(const ProcessGuardian&) = delete;
 
-  /// Adds a process group to tear down if the owner dies.
-  void watch(pid_t process_group);
-  /// For ProcessSpec::guardian_pipe: a child given it registers its own group between fork and exec.
+  /// For ProcessSpec::guardian_pipe: a child given it registers its own process group between fork
+  /// and exec, so the guardian knows it before the child's program runs.
   int pipe() const { return pipe_; }
   /// Normal end: the guardian exits without touching anything.
   void release();
