@@ -17,7 +17,7 @@ int main(int argc, char** argv) {
   const int repeats = argc > 1 ? std::stoi(argv[1]) : 5;
   lf::Fabric fabric(lf::FabricOptions().accelerator("cpu"));
   fabric.barrier();
-  auto& collective = dynamic_cast<lf::DDPStrategy&>(*fabric.strategy()).collective();
+  auto& collective = fabric.strategy_as<lf::DDPStrategy>().collective();
   const double n = fabric.world_size();
   for (int64_t megabytes : {1, 4, 16, 64, 256}) {
     const int64_t elements = megabytes * 1000 * 1000 / 4;

@@ -193,14 +193,13 @@ void Fabric::barrier(const std::string& name) {
   connector_.strategy->barrier(name);
 }
 
-at::Tensor Fabric::all_reduce(const at::Tensor& tensor, const std::string& reduce_op) {
-  const ReduceOp op = parse_reduce_op(reduce_op);
+at::Tensor Fabric::all_reduce(const at::Tensor& tensor, ReduceOp op) {
   ensure_environment_ready();
   return connector_.strategy->all_reduce(tensor, op);
 }
 
-double Fabric::all_reduce(double value, const std::string& reduce_op) {
-  return all_reduce(at::full({1}, value, at::kDouble), reduce_op).item<double>();
+double Fabric::all_reduce(double value, ReduceOp op) {
+  return all_reduce(at::full({1}, value, at::kDouble), op).item<double>();
 }
 
 std::string Fabric::broadcast(const std::string& value, int src) {
@@ -291,7 +290,7 @@ void Fabric::load_raw(const std::filesystem::path& path, const StateEntry& targe
     state = load_state_dict_file(path);
   } catch (const RuntimeError&) {
     // Not a pickled dict: a module may come as a LibTorch archive written by torch::save(module, path).
-    if (target.kind() != StateEntry::Kind::Module || !std::filesystem::is_regular_file(path)) throw;
+    if (target.module() == nullptr || !std::filesystem::is_regular_file(path)) throw;
     torch::serialize::InputArchive archive;
     try {
       archive.load_from(path.string());
@@ -299,7 +298,7 @@ void Fabric::load_raw(const std::filesystem::path& path, const StateEntry& targe
       throw RuntimeError("load_raw: " + path.string() + " is neither a state-dict checkpoint nor a LibTorch "
                          "archive of a module (torch::save). Is it truncated or another format?");
     }
-    target.module().load(archive);
+    target.module()->load(archive);
     return;
   }
   load_state_dict_into(target, *state, strict);

@@ -67,7 +67,7 @@ TEST_CASE("cuda: an nccl process group with world size 1 reduces and trains", "[
   auto [model, optimizer] = fabric.setup(net, sgd);
   fabric.backward(model(torch::randn({4, 8})).sum());
   CHECK(optimizer.step());
-  CHECK(dynamic_cast<lf::DDPStrategy&>(*fabric.strategy()).collective().backend() == "nccl");
+  CHECK(fabric.strategy_as<lf::DDPStrategy>().collective().backend() == "nccl");
 }
 
 // --has-gpu: exit 0 with a GPU, 77 without (CTest runs it before lightning-run --accelerator cuda).

@@ -35,6 +35,22 @@ std::shared_ptr<lf::MixedPrecision> scaled_precision(bool cuda) {
                                               std::make_shared<lf::LossScaler>());
 }
 
+// A user object checkpointed through lf::Stateful: a counter and a tensor.
+struct Progress : lf::Stateful {
+  int64_t batches = 0;
+  torch::Tensor best = torch::zeros({2});
+  lf::StateDict state_dict() const override {
+    lf::StateDict state = lf::make_state_dict();
+    state.insert("batches", batches);
+    state.insert("best", best);
+    return state;
+  }
+  void load_state_dict(const lf::StateDict& state) override {
+    batches = state.at("batches").toInt();
+    best = state.at("best").toTensor();
+  }
+};
+
 torch::nn::Sequential small_model() {
   torch::manual_seed(0);
   return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::ReLU(), torch::nn::Linear(16, 4));
@@ -52,20 +68,30 @@ void check_save_load_round_trip(lf::Fabric& fabric, const fs::path& path) {
   torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(0.01));
   auto [model, optimizer] = fabric.setup(net, adam);
   train_step(fabric, model, optimizer);
-  fabric.save(path, {{"model", model}, {"optimizer", optimizer}, {"step", 1}});
+  Progress progress;  // borrowed
+  progress.batches = 41;
+  progress.best = torch::tensor({0.5f, 0.25f});
+  auto shared = std::make_shared<Progress>();  // shared
+  shared->batches = 7;
+  fabric.save(path, {{"model", model}, {"optimizer", optimizer}, {"step", 1}, {"progress", progress}, {"shared", shared}});
   std::vector<torch::Tensor> saved;
   {
     auto summon = fabric.strategy()->name() == "fsdp"
-                      ? dynamic_cast<lf::FSDPStrategy&>(*fabric.strategy()).summon_full_parameters(*net)
+                      ? fabric.strategy_as<lf::FSDPStrategy>().summon_full_parameters(*net)
                       : lf::ScopeGuard();
     for (const auto& parameter : net->parameters()) saved.push_back(parameter.detach().cpu().clone());
   }
   train_step(fabric, model, optimizer);
-  lf::State state{{"model", model}, {"optimizer", optimizer}};
+  progress = Progress();
+  shared->batches = 0;
+  lf::State state{{"model", model}, {"optimizer", optimizer}, {"progress", progress}, {"shared", shared}};
   auto rest = fabric.load(path, state);
   CHECK(rest.at("step").toInt() == 1);
+  CHECK(progress.batches == 41);
+  CHECK(torch::equal(progress.best, torch::tensor({0.5f, 0.25f})));
+  CHECK(shared->batches == 7);
   auto summon = fabric.strategy()->name() == "fsdp"
-                    ? dynamic_cast<lf::FSDPStrategy&>(*fabric.strategy()).summon_full_parameters(*net)
+                    ? fabric.strategy_as<lf::FSDPStrategy>().summon_full_parameters(*net)
                     : lf::ScopeGuard();
   const auto parameters = net->parameters();
   for (size_t i = 0; i < parameters.size(); ++i) CHECK(torch::equal(parameters[i].detach().cpu(), saved[i]));
@@ -76,7 +102,7 @@ TEST_CASE("every Fabric collective, and save/load, under ddp", "[.][ddp]") {
   lf::Fabric fabric;  // accelerator, devices and strategy from lightning-run
   REQUIRE(fabric.strategy()->name() == "ddp");
   fabric.barrier();
-  auto& collective = dynamic_cast<lf::DDPStrategy&>(*fabric.strategy()).collective();
+  auto& collective = fabric.strategy_as<lf::DDPStrategy>().collective();
   const bool cuda = fabric.device().is_cuda();
   const int world = fabric.world_size(), rank = fabric.global_rank();
   // Default: nccl on CUDA, shm for CPU ranks on one machine; lightning-run --process-group-backend wins.
@@ -89,6 +115,8 @@ TEST_CASE("every Fabric collective, and save/load, under ddp", "[.][ddp]") {
   CHECK(fabric.all_reduce(2.5, "sum") == 2.5 * world);
   CHECK(fabric.all_reduce(static_cast<double>(rank), "max") == world - 1);
   CHECK(fabric.all_reduce(3.0, "mean") == 3.0);
+  CHECK(fabric.all_reduce(2.5, lf::ReduceOp::Sum) == 2.5 * world);  // the enum as well as the strings
+  CHECK(torch::equal(fabric.all_reduce(torch::ones({2}), lf::ReduceOp::Max), torch::ones({2})));
   // Tensors on the CPU or the group's device; results on the caller's device.
   const auto on_cpu = fabric.all_reduce(torch::full({3}, static_cast<double>(rank)), "max");
   CHECK(on_cpu.device().is_cpu());

@@ -82,7 +82,7 @@ void check_replicas(lf::Fabric& fabric) {
 // Accumulation under no_backward_sync: no collective, local gradients; the final synced backward
 // gives the full-batch result.
 void check_no_backward_sync(lf::Fabric& fabric) {
-  auto& ddp = dynamic_cast<lf::DDPStrategy&>(*fabric.strategy());
+  auto& ddp = fabric.strategy_as<lf::DDPStrategy>();
   const int world = fabric.world_size(), rank = fabric.global_rank();
   torch::manual_seed(11);
   Net reference;

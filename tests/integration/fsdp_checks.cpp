@@ -119,7 +119,7 @@ double train_and_compare(lf::Fabric& fabric, Model& net, int steps, uint64_t red
     const auto inputs = torch::randn({2, 3 * world, 16});  // two micro-batches, 3 samples per rank each
     const bool accumulate = step % 3 == 0;
     optimizer.zero_grad();
-    auto& strategy = dynamic_cast<lf::FSDPStrategy&>(*fabric.strategy());
+    auto& strategy = fabric.strategy_as<lf::FSDPStrategy>();
     uint64_t skipped_ops = 0;
     if (accumulate) {
       auto skip = fabric.no_backward_sync(model);
@@ -150,7 +150,7 @@ double train_and_compare(lf::Fabric& fabric, Model& net, int steps, uint64_t red
   }
   expect(clipped_steps * 2 > steps, "clipping acts on most steps (" + std::to_string(clipped_steps) + " of " +
                                         std::to_string(steps) + " above max_norm " + std::to_string(max_norm) + ")");
-  auto& fsdp = dynamic_cast<lf::FSDPStrategy&>(*fabric.strategy());
+  auto& fsdp = fabric.strategy_as<lf::FSDPStrategy>();
   auto full = fsdp.summon_full_parameters(*net);
   double worst = 0;
   for (size_t i = 0; i < net->parameters().size(); ++i) {
@@ -166,7 +166,7 @@ int train(const std::string& sharding) {
   const double worst = train_and_compare(fabric, net, 50, /*reducing_units=*/1, /*max_norm=*/0.01);
   expect(worst < 1e-5, sharding + ": parameters after 50 steps within fp32 rounding of the reference (relative " +
                            std::to_string(worst) + ")");
-  auto& fsdp = dynamic_cast<lf::FSDPStrategy&>(*fabric.strategy());
+  auto& fsdp = fabric.strategy_as<lf::FSDPStrategy>();
   std::cout << "rank " << fabric.global_rank() << " " << sharding << ": relative difference " << worst
             << ", resident parameter+gradient bytes " << fsdp.resident_bytes() << std::endl;
   return 0;
@@ -190,7 +190,7 @@ int units(const std::string& sharding) {
   fabric.save(folder + "/ck", {{"model", net}});
   {
     const auto saved = fabric.load(folder + "/ck").at("model").toGenericDict();
-    auto full = dynamic_cast<lf::FSDPStrategy&>(*fabric.strategy()).summon_full_parameters(*net);
+    auto full = fabric.strategy_as<lf::FSDPStrategy>().summon_full_parameters(*net);
     for (const auto& item : net->named_parameters()) {
       expect(saved.contains(item.key()) && torch::equal(saved.at(item.key()).toTensor(), item.value()),
              item.key() + " saved with units reads back whole");
@@ -225,7 +225,7 @@ int scaler() {
   auto setup = fabric.setup(net, sgd);
   auto& model = std::get<0>(setup);
   auto& optimizer = std::get<1>(setup);
-  auto& fsdp = dynamic_cast<lf::FSDPStrategy&>(*fabric.strategy());
+  auto& fsdp = fabric.strategy_as<lf::FSDPStrategy>();
   auto step = [&](double first_output_weight) {
     optimizer.zero_grad();
     const auto y = model(torch::ones({1, 4})).to(torch::kFloat32);
@@ -253,7 +253,7 @@ int save(const std::string& sharding, const std::string& folder) {
   train_and_compare(fabric, net, 5, /*reducing_units=*/1, /*max_norm=*/0.01);
   torch::optim::Adam unused(net->parameters());  // (the optimizer of train_and_compare is gone; save the model)
   fabric.save(folder + "/ck", {{"model", net}, {"step", 5}});
-  auto full = dynamic_cast<lf::FSDPStrategy&>(*fabric.strategy()).summon_full_parameters(*net);
+  auto full = fabric.strategy_as<lf::FSDPStrategy>().summon_full_parameters(*net);
   if (fabric.is_global_zero()) lf::save_state_dict_file(folder + "/reference.pt", lf::StateDict([&] {
     auto dict = lf::make_state_dict();
     dict.insert("model", lf::module_state_dict(*net));

@@ -229,3 +229,66 @@ TEST_CASE("load_raw: a plain state dict, or a module written by torch::save", "[
   torch::optim::Adam adam(net->parameters());
   CHECK_THROWS_WITH(fabric.load_raw(raw, adam), Contains("\"state\""));
 }
+
+namespace {
+// A user object checkpointed through lf::Stateful.
+struct Tally : lf::Stateful {
+  int64_t count = 0;
+  std::string note;
+  bool fail_with_c10_error = false;
+  lf::StateDict state_dict() const override {
+    TORCH_CHECK(!fail_with_c10_error, "tally cannot be read");
+    lf::StateDict state = lf::make_state_dict();
+    state.insert("count", count);
+    state.insert("note", note);
+    return state;
+  }
+  void load_state_dict(const lf::StateDict& state) override {
+    LF_CHECK(state.contains("count"), ValueError, "Tally: no \"count\"");
+    count = state.at("count").toInt();
+    note = state.at("note").toStringRef();
+  }
+};
+}  // namespace
+
+TEST_CASE("a user's Stateful object saves, loads in place, and loads raw", "[checkpoint][stateful]") {
+  auto fabric = cpu_fabric();
+  Tally tally;  // borrowed
+  tally.count = 12;
+  tally.note = "epoch 3";
+  auto shared = std::make_shared<Tally>();  // shared
+  shared->count = 5;
+  fabric.save(scratch("tally.ckpt"), {{"tally", tally}, {"shared", shared}, {"nested", lf::State{{"inner", tally}}}});
+  CHECK(fabric.load(scratch("tally.ckpt")).at("tally").toGenericDict().at("count").toInt() == 12);
+
+  Tally restored, inner;
+  auto restored_shared = std::make_shared<Tally>();
+  lf::State state{{"tally", restored}, {"shared", restored_shared}, {"nested", lf::State{{"inner", inner}}}};
+  fabric.load(scratch("tally.ckpt"), state);
+  CHECK(restored.count == 12);
+  CHECK(restored.note == "epoch 3");
+  CHECK(restored_shared->count == 5);
+  CHECK(inner.count == 12);
+
+  lf::StateDict raw = lf::make_state_dict();
+  raw.insert("count", int64_t{9});
+  raw.insert("note", std::string("raw"));
+  lf::save_state_dict_file(scratch("tally-raw.pt"), raw);
+  Tally from_raw;
+  fabric.load_raw(scratch("tally-raw.pt"), from_raw);
+  CHECK(from_raw.count == 9);
+  lf::save_state_dict_file(scratch("not-a-tally.pt"), lf::make_state_dict());
+  CHECK_THROWS_AS(fabric.load_raw(scratch("not-a-tally.pt"), from_raw), lf::ValueError);
+}
+
+TEST_CASE("a failing or null Stateful fails save clearly, whatever the exception type", "[checkpoint][stateful]") {
+  auto fabric = cpu_fabric();
+  Tally tally;
+  tally.fail_with_c10_error = true;  // a c10::Error, as LibTorch raises: the same RuntimeError as any other
+  CHECK_THROWS_AS(fabric.save(scratch("failing.ckpt"), {{"tally", tally}}), lf::RuntimeError);
+  CHECK_THROWS_WITH(fabric.save(scratch("failing.ckpt"), {{"tally", tally}}),
+                    Contains("failing.ckpt") && Contains("failed on rank 0") && Contains("tally cannot be read"));
+  CHECK_FALSE(fs::exists(scratch("failing.ckpt")));
+  std::shared_ptr<lf::Stateful> none;
+  CHECK_THROWS_WITH(fabric.save(scratch("null.ckpt"), {{"none", none}}), Contains("null object"));
+}

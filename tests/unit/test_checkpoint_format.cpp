@@ -96,12 +96,12 @@ void rewrite(const fs::path& from, const fs::path& to, bool zip64) {
 void write_sharded_folder(const fs::path& folder, const lf::StateDict& whole, const std::vector<std::string>& sharded,
                           int parts, bool offset_views) {
   fs::create_directories(folder);
-  lf::ShardedMetadata metadata;
+  lf::ShardedLayout metadata;
   metadata.parts = metadata.world_size = parts;
   lf::StateDict common = c10::IValue(whole).deepcopy().toGenericDict();  // nested dicts are shared otherwise
   for (const auto& path : sharded) {
     const auto tensor = lf::tensor_at_path(whole, path);
-    metadata.tensors[path] = {tensor.sizes().vec(), tensor.scalar_type()};
+    metadata.tensors[path] = {tensor.sizes().vec(), c10::toString(tensor.scalar_type())};
     lf::remove_at_path(common, path);
   }
   for (int part = 0; part < parts; ++part) {
@@ -114,7 +114,7 @@ void write_sharded_folder(const fs::path& folder, const lf::StateDict& whole, co
     lf::save_state_dict_file(folder / lf::shard_file_name(part, parts), shard);
   }
   lf::save_state_dict_file(folder / "common.pt", common);
-  lf::write_sharded_metadata(folder, metadata);
+  lf::write_sharded_layout(folder, metadata);
 }
 }  // namespace
 

@@ -304,3 +304,38 @@ TEST_CASE("fsdp_cpu_offload is fsdp on CPU devices and refused with CUDA devices
   CHECK_THROWS_WITH(lf::strategy_registry().create("fsdp_cpu_offload", context),
                     Contains("fsdp_cpu_offload") && Contains("use strategy=\"fsdp\""));
 }
+
+TEST_CASE("every list of names comes from the registries, in registration order", "[connector][registry]") {
+  const auto strategies = lf::strategy_choices();
+  REQUIRE(strategies.front() == "auto");
+  CHECK(std::vector<std::string>(strategies.begin() + 1, strategies.end()) == lf::strategy_registry().names());
+  CHECK(std::vector<std::string>(strategies.begin() + 1, strategies.begin() + 3) ==
+        std::vector<std::string>{"single_device", "ddp"});
+  lf::strategy_registry().add(
+      "listed", [](lf::StrategyContext context) { return std::make_shared<EchoStrategy>(std::move(context)); },
+      "test strategy", /*override_existing=*/true);
+  CHECK(lf::strategy_choices().back() == "listed");
+  CHECK_THROWS_WITH(resolve(lf::FabricOptions().strategy("nope")), Contains("listed") && Contains("fsdp_cpu_offload"));
+  const auto precisions = lf::precision_choices();
+  const auto& registered = lf::precision_registry().names();
+  CHECK(std::vector<std::string>(precisions.begin(), precisions.begin() + registered.size()) == registered);
+  CHECK(std::vector<std::string>(precisions.end() - 4, precisions.end()) == std::vector<std::string>{"64", "32", "16", "bf16"});
+}
+
+TEST_CASE("ddp and fsdp are siblings under ParallelStrategy, each with its own process-group settings", "[connector][fsdp]") {
+  lf::FSDPOptions fsdp;
+  fsdp.process_group_backend = "gloo";
+  fsdp.timeout = std::chrono::seconds(42);
+  auto connector = lf::Connector::build(lf::FabricOptions().accelerator("cpu").devices(2).strategy(lf::fsdp_strategy(fsdp)),
+                                        lf::env::map_env({}));
+  auto* parallel = dynamic_cast<lf::ParallelStrategy*>(connector.strategy.get());
+  REQUIRE(parallel != nullptr);
+  CHECK(dynamic_cast<lf::DDPStrategy*>(connector.strategy.get()) == nullptr);
+  CHECK(parallel->process_group_settings().backend == std::optional<std::string>("gloo"));
+  CHECK(parallel->process_group_settings().timeout == std::chrono::seconds(42));
+  fsdp.timeout = std::chrono::milliseconds(0);
+  CHECK_THROWS_WITH(lf::fsdp_strategy(fsdp), Contains("FSDPOptions: timeout=0"));
+  fsdp = {};
+  fsdp.rendezvous_timeout = std::chrono::milliseconds(-1);
+  CHECK_THROWS_WITH(lf::fsdp_strategy(fsdp), Contains("FSDPOptions: rendezvous_timeout=-1"));
+}

@@ -273,7 +273,7 @@ TEST_CASE("move_to_device=false leaves the module where it is", "[setup]") {
   auto [model, optimizer] = fabric.setup(lf::SetupOptions{/*move_to_device=*/false}, net, sgd);
   CHECK(net->weight.scalar_type() == torch::kFloat64);  // precision conversion still happens
   CHECK(net->weight.device() == torch::Device(torch::kCPU));
-  auto single = fabric.setup_module(torch::nn::Linear(1, 1), lf::SetupOptions{false});
+  auto single = fabric.setup_module(lf::SetupOptions{false}, torch::nn::Linear(1, 1));
   CHECK(single->weight.scalar_type() == torch::kFloat64);
 }
 
@@ -284,4 +284,21 @@ TEST_CASE("objects destroyed after setup do not block new ones at the same addre
     torch::optim::SGD sgd(net->parameters(), 0.1);
     CHECK_NOTHROW(fabric.setup(net, sgd));
   }
+}
+
+TEST_CASE("strategy_as returns the concrete strategy, or a TypeError naming the active one", "[fabric]") {
+  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu"), lf::env::map_env({}));
+  CHECK(fabric.strategy_as<lf::SingleDeviceStrategy>().name() == "single_device");
+  CHECK(&fabric.strategy_as<lf::Strategy>() == fabric.strategy().get());
+  CHECK_THROWS_AS(fabric.strategy_as<lf::FSDPStrategy>(), lf::TypeError);
+  CHECK_THROWS_WITH(fabric.strategy_as<lf::FSDPStrategy>(), Contains("'single_device'") && Contains("FSDPStrategy"));
+}
+
+TEST_CASE("all_reduce takes lf::ReduceOp as well as Python's strings", "[fabric]") {
+  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu"), lf::env::map_env({}));
+  CHECK(fabric.all_reduce(3.0, lf::ReduceOp::Sum) == 3.0);
+  CHECK(torch::equal(fabric.all_reduce(torch::ones({2}), lf::ReduceOp::Max), torch::ones({2})));
+  std::vector<torch::Tensor> many{torch::ones({1}), torch::zeros({1})};
+  CHECK(fabric.all_reduce(many, lf::ReduceOp::Min).size() == 2);
+  CHECK_THROWS_AS(fabric.all_reduce(1.0, "median"), lf::ValueError);
 }

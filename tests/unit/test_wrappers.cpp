@@ -71,20 +71,20 @@ TEST_CASE("FabricModule state dict has the original names and loads back", "[wra
   auto model = fabric.setup(net);
   auto state = model.state_dict();
   std::vector<std::string> keys;
-  for (const auto& item : state) keys.push_back(item.key());
+  for (const auto& item : state) keys.push_back(item.key().toStringRef());
   CHECK(keys == std::vector<std::string>{"fc.weight", "fc.bias", "running"});
-  torch::OrderedDict<std::string, torch::Tensor> zeros;
-  for (const auto& item : state) zeros.insert(item.key(), torch::zeros_like(item.value()));
+  lf::StateDict zeros = lf::make_state_dict();
+  for (const auto& item : state) zeros.insert(item.key(), torch::zeros_like(item.value().toTensor()));
   model.load_state_dict(zeros);
   CHECK(net->fc->weight.abs().sum().item<double>() == 0.0);
-  torch::OrderedDict<std::string, torch::Tensor> partial;
+  lf::StateDict partial = lf::make_state_dict();
   partial.insert("fc.bias", torch::ones({2}));
   partial.insert("other", torch::ones({2}));
   CHECK_THROWS_WITH(model.load_state_dict(partial), Contains("Missing keys: [fc.weight, running]") &&
                                                           Contains("unexpected keys: [other]"));
   model.load_state_dict(partial, /*strict=*/false);
   CHECK(net->fc->bias.sum().item<double>() == 2.0);
-  torch::OrderedDict<std::string, torch::Tensor> wrong;
+  lf::StateDict wrong = lf::make_state_dict();
   wrong.insert("fc.bias", torch::ones({3}));
   CHECK_THROWS_WITH(model.load_state_dict(wrong, false), Contains("'fc.bias' has shape [3]"));
 }

@@ -30,14 +30,4 @@ void CUDAAccelerator::setup_device(const torch::Device& device) const {
   c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->setDevice(device);
 }
 
-AcceleratorRegistry& accelerator_registry() {
-  static AcceleratorRegistry registry = [] {
-    AcceleratorRegistry built("accelerator");
-    built.add("cpu", [] { return std::make_shared<CPUAccelerator>(); }, "CPU processes");
-    built.add("cuda", [] { return std::make_shared<CUDAAccelerator>(); }, "NVIDIA GPUs through CUDA");
-    return built;
-  }();
-  return registry;
-}
-
 }  // namespace lightning::fabric

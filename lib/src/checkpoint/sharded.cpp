@@ -6,7 +6,6 @@
 
 #include "lightning/fabric/checkpoint/checkpoint_io.h"
 #include "lightning/fabric/errors.h"
-#include "lightning/fabric/strategies/fsdp.h"
 
 namespace lightning::fabric {
 
@@ -26,34 +25,18 @@ c10::IValue key_for(const StateDict& dict, const std::string& element) {
   if (dict.keyType()->kind() == c10::TypeKind::IntType) return static_cast<int64_t>(std::stoll(element));
   return element;
 }
-}  // namespace
 
-int64_t ShardedTensorInfo::numel() const { return element_count(shape); }
-
-void write_sharded_metadata(const fs::path& folder, const ShardedMetadata& metadata) {
-  ShardedLayout layout;
-  layout.world_size = metadata.world_size;
-  layout.parts = metadata.parts;
-  for (const auto& [path, info] : metadata.tensors) layout.tensors[path] = {info.shape, c10::toString(info.dtype)};
-  write_sharded_layout(folder, layout);
-}
-
-ShardedMetadata read_sharded_metadata(const fs::path& folder) {
-  const ShardedLayout layout = read_sharded_layout(folder);
+// The dtype metadata.json names for a tensor (c10's names), as a ScalarType.
+c10::ScalarType dtype_of(const fs::path& folder, const std::string& path, const ShardedTensorLayout& tensor) {
   static const std::map<std::string, c10::ScalarType> dtypes = {
       {"Float", torch::kFloat32}, {"Double", torch::kFloat64}, {"Half", torch::kFloat16}, {"BFloat16", torch::kBFloat16},
       {"Long", torch::kInt64},    {"Int", torch::kInt32},      {"Bool", torch::kBool},    {"Byte", torch::kUInt8}};
-  ShardedMetadata metadata;
-  metadata.world_size = layout.world_size;
-  metadata.parts = layout.parts;
-  for (const auto& [path, tensor] : layout.tensors) {
-    auto dtype = dtypes.find(tensor.dtype);
-    LF_CHECK(dtype != dtypes.end(), RuntimeError, "metadata.json of ", folder.string(), ": unknown dtype \"",
-             tensor.dtype, "\" for ", path, ".");
-    metadata.tensors[path] = {tensor.shape, dtype->second};
-  }
-  return metadata;
+  auto dtype = dtypes.find(tensor.dtype);
+  LF_CHECK(dtype != dtypes.end(), RuntimeError, "metadata.json of ", folder.string(), ": unknown dtype \"",
+           tensor.dtype, "\" for ", path, ".");
+  return dtype->second;
 }
+}  // namespace
 
 void insert_at_path(StateDict& root, const std::string& path, const c10::IValue& value) {
   const auto elements = split_checkpoint_path(path);
@@ -105,7 +88,7 @@ at::Tensor slice_for_part(const at::Tensor& whole, int parts, int part) {
 }
 
 namespace {
-const StateDict& shard_file(const fs::path& folder, const ShardedMetadata& metadata, int part,
+const StateDict& shard_file(const fs::path& folder, const ShardedLayout& metadata, int part,
                             std::map<int, StateDict>& cache) {
   auto found = cache.find(part);
   if (found != cache.end()) return found->second;
@@ -115,7 +98,7 @@ const StateDict& shard_file(const fs::path& folder, const ShardedMetadata& metad
   return cache.emplace(part, load_state_dict_file(file)).first->second;
 }
 
-at::Tensor shard_tensor(const StateDict& shard, const fs::path& folder, int part, const ShardedMetadata& metadata,
+at::Tensor shard_tensor(const StateDict& shard, const fs::path& folder, int part, const ShardedLayout& metadata,
                         const std::string& path) {
   auto found = shard.find(path);
   LF_CHECK(found != shard.end() && found->value().isTensor(), RuntimeError, "Sharded checkpoint ", folder.string(),
@@ -124,11 +107,11 @@ at::Tensor shard_tensor(const StateDict& shard, const fs::path& folder, int part
 }
 }  // namespace
 
-at::Tensor read_resharded(const fs::path& folder, const ShardedMetadata& metadata, const std::string& path, int parts,
+at::Tensor read_resharded(const fs::path& folder, const ShardedLayout& metadata, const std::string& path, int parts,
                           int part, std::map<int, StateDict>& cache) {
-  const ShardedTensorInfo& info = metadata.tensors.at(path);
+  const ShardedTensorLayout& info = metadata.tensors.at(path);
   const ShardSlice wanted = shard_slice(info.numel(), parts, part);
-  at::Tensor result = torch::empty({wanted.length}, torch::TensorOptions().dtype(info.dtype));
+  at::Tensor result = torch::empty({wanted.length}, torch::TensorOptions().dtype(dtype_of(folder, path, info)));
   for (int old = 0; old < metadata.parts && wanted.length > 0; ++old) {
     const ShardSlice held = shard_slice(info.numel(), metadata.parts, old);
     const int64_t begin = std::max(held.begin, wanted.begin);
@@ -144,7 +127,7 @@ at::Tensor read_resharded(const fs::path& folder, const ShardedMetadata& metadat
 }
 
 StateDict consolidate_sharded_checkpoint(const fs::path& folder) {
-  const ShardedMetadata metadata = read_sharded_metadata(folder);
+  const ShardedLayout metadata = read_sharded_layout(folder);
   const fs::path common = folder / "common.pt";
   LF_CHECK(fs::is_regular_file(common), RuntimeError, "Sharded checkpoint ", folder.string(),
            " is incomplete: common.pt is missing.");

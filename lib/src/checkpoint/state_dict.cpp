@@ -13,15 +13,12 @@ namespace lightning::fabric {
 
 StateDict make_state_dict() { return StateDict(c10::StringType::get(), c10::AnyType::get()); }
 
-// ---- StateEntry accessors -------------------------------------------------------------------
+// ---- StateEntry ------------------------------------------------------------------------------
 
 namespace {
 const char* kind_name(StateEntry::Kind kind) {
   switch (kind) {
-    case StateEntry::Kind::Module: return "a module";
-    case StateEntry::Kind::Optimizer: return "an optimizer";
-    case StateEntry::Kind::Scheduler: return "an LR scheduler";
-    case StateEntry::Kind::LossScaler: return "a loss scaler";
+    case StateEntry::Kind::Object: return "a live object";
     case StateEntry::Kind::Value: return "a plain value";
     case StateEntry::Kind::Nested: return "a nested State";
   }
@@ -31,13 +28,56 @@ void expect_kind(StateEntry::Kind actual, StateEntry::Kind wanted) {
   LF_CHECK(actual == wanted, RuntimeError, "StateEntry: this entry holds ", kind_name(actual), ", not ",
            kind_name(wanted), ".");
 }
+
+// The built-in live objects, seen through Stateful.
+class ModuleState : public Stateful {
+ public:
+  explicit ModuleState(torch::nn::Module& module) : module_(module) {}
+  StateDict state_dict() const override { return module_state_dict(module_); }
+  void load_state_dict(const StateDict& state) override { load_module_state_dict(module_, state, true); }
+
+ private:
+  torch::nn::Module& module_;
+};
+
+class OptimizerState : public Stateful {
+ public:
+  explicit OptimizerState(torch::optim::Optimizer& optimizer) : optimizer_(optimizer) {}
+  StateDict state_dict() const override { return optimizer_state_dict(optimizer_); }
+  void load_state_dict(const StateDict& state) override { load_optimizer_state_dict(optimizer_, state); }
+
+ private:
+  torch::optim::Optimizer& optimizer_;
+};
+
+class SchedulerState : public Stateful {
+ public:
+  explicit SchedulerState(torch::optim::LRScheduler& scheduler) : scheduler_(scheduler) {}
+  StateDict state_dict() const override { return scheduler_state_dict(scheduler_); }
+  void load_state_dict(const StateDict& state) override { load_scheduler_state_dict(scheduler_, state); }
+
+ private:
+  torch::optim::LRScheduler& scheduler_;
+};
 }  // namespace
 
+StateEntry::StateEntry(std::shared_ptr<torch::nn::Module> module) : kind_(Kind::Object), module_(std::move(module)) {
+  if (module_) object_ = std::make_shared<ModuleState>(*module_);
+}
+StateEntry::StateEntry(torch::optim::Optimizer& optimizer)
+    : kind_(Kind::Object), object_(std::make_shared<OptimizerState>(optimizer)), optimizer_(&optimizer) {}
+StateEntry::StateEntry(torch::optim::LRScheduler& scheduler)
+    : kind_(Kind::Object), object_(std::make_shared<SchedulerState>(scheduler)) {}
+StateEntry::StateEntry(std::shared_ptr<Stateful> object) : kind_(Kind::Object), object_(std::move(object)) {}
+StateEntry::StateEntry(State nested) : kind_(Kind::Nested), nested_(std::make_shared<State>(std::move(nested))) {}
+
 const c10::IValue& StateEntry::value() const { expect_kind(kind_, Kind::Value); return value_; }
-torch::nn::Module& StateEntry::module() const { expect_kind(kind_, Kind::Module); return *module_; }
-torch::optim::Optimizer& StateEntry::optimizer() const { expect_kind(kind_, Kind::Optimizer); return *optimizer_; }
-torch::optim::LRScheduler& StateEntry::scheduler() const { expect_kind(kind_, Kind::Scheduler); return *scheduler_; }
-LossScaler& StateEntry::loss_scaler() const { expect_kind(kind_, Kind::LossScaler); return *scaler_; }
+Stateful& StateEntry::object() const {
+  expect_kind(kind_, Kind::Object);
+  LF_CHECK(object_ != nullptr, ValueError, "StateEntry: this entry holds a null object (e.g. the loss scaler of a ",
+           "precision without one). Leave the entry out of the State, or pass an object.");
+  return *object_;
+}
 State& StateEntry::nested() const { expect_kind(kind_, Kind::Nested); return *nested_; }
 void StateEntry::set_value(c10::IValue value) { expect_kind(kind_, Kind::Value); value_ = std::move(value); }
 
@@ -352,13 +392,12 @@ void load_scheduler_state_dict(torch::optim::LRScheduler& scheduler, const State
 // ---- whole states ----------------------------------------------------------------------------
 
 void load_state_dict_into(const StateEntry& target, const StateDict& state, bool strict) {
-  switch (target.kind()) {
-    case StateEntry::Kind::Module: load_module_state_dict(target.module(), state, strict); return;
-    case StateEntry::Kind::Optimizer: load_optimizer_state_dict(target.optimizer(), state); return;
-    case StateEntry::Kind::Scheduler: load_scheduler_state_dict(target.scheduler(), state); return;
-    case StateEntry::Kind::LossScaler: target.loss_scaler().load_state_dict(state); return;
-    default:
-      throw ValueError("load_raw: the target must be a module, optimizer, LR scheduler or loss scaler.");
+  LF_CHECK(target.kind() == StateEntry::Kind::Object, ValueError, "load_raw: the target must be a live object (a ",
+           "module, optimizer, LR scheduler, loss scaler or your own lf::Stateful), not ", kind_name(target.kind()), ".");
+  if (target.module() != nullptr) {
+    load_module_state_dict(*target.module(), state, strict);
+  } else {
+    target.object().load_state_dict(state);
   }
 }
 
@@ -378,10 +417,7 @@ StateDict to_checkpoint(const State& state, const StateFilter& filter) {
   StateDict out = make_state_dict();
   for (const auto& [key, entry] : state) {
     switch (entry.kind()) {
-      case StateEntry::Kind::Module: out.insert(key, filtered(module_state_dict(entry.module()), key, filter)); break;
-      case StateEntry::Kind::Optimizer: out.insert(key, filtered(optimizer_state_dict(entry.optimizer()), key, filter)); break;
-      case StateEntry::Kind::Scheduler: out.insert(key, filtered(scheduler_state_dict(entry.scheduler()), key, filter)); break;
-      case StateEntry::Kind::LossScaler: out.insert(key, filtered(entry.loss_scaler().state_dict(), key, filter)); break;
+      case StateEntry::Kind::Object: out.insert(key, filtered(entry.object().state_dict(), key, filter)); break;
       case StateEntry::Kind::Nested: out.insert(key, to_checkpoint(entry.nested())); break;
       case StateEntry::Kind::Value: {
         const c10::IValue& value = entry.value();

@@ -2,28 +2,13 @@
 
 #include <torch/nn/utils/clip_grad.h>
 
-#include <algorithm>
-#include <cctype>
+#include <torch/types.h>
 
 #include "lightning/fabric/checkpoint/checkpoint_io.h"
 #include "lightning/fabric/errors.h"
-#include "lightning/fabric/strategies/ddp.h"
-#include "lightning/fabric/strategies/dp.h"
-#include "lightning/fabric/strategies/fsdp.h"
 #include "lightning/fabric/utilities/rank_zero.h"
 
 namespace lightning::fabric {
-
-ReduceOp parse_reduce_op(const std::string& name) {
-  std::string lower = name;
-  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
-  if (lower == "sum") return ReduceOp::Sum;
-  if (lower == "mean" || lower == "avg") return ReduceOp::Mean;
-  if (lower == "max") return ReduceOp::Max;
-  if (lower == "min") return ReduceOp::Min;
-  if (lower == "product" || lower == "prod") return ReduceOp::Product;
-  throw ValueError("reduce_op=\"" + name + "\" is not supported. Choose one of: sum, mean (avg), max, min, product.");
-}
 
 void Strategy::setup_environment() { context_.accelerator->setup_device(root_device()); }
 
@@ -59,21 +44,45 @@ SingleDeviceStrategy::SingleDeviceStrategy(StrategyContext context) : Strategy(s
            "distributed strategy such as \"ddp\".");
 }
 
-void Strategy::save_checkpoint(const std::filesystem::path& path, const State& state, const StateFilter& filter) {
+namespace {
+// The reason action failed, or "" when it succeeded; every exception type is handled alike.
+std::string failure_of(const std::function<void()>& action) {
   std::string failure;
-  if (is_global_zero()) {
-    try {
-      save_state_dict_file(path, to_checkpoint(state, filter));
-    } catch (const c10::Error& error) {
-      failure = error.what_without_backtrace();
-    } catch (const std::exception& error) {
-      failure = error.what();
-    }
-    if (failure.empty() && !std::filesystem::exists(path)) failure = "the file is missing after writing it";
+  try {
+    action();
+    return failure;
+  } catch (const c10::Error& error) {
+    failure = error.what_without_backtrace();
+  } catch (const std::exception& error) {
+    failure = error.what();
+  } catch (...) {
+    failure = "an exception that is not a std::exception";
   }
-  // Every rank learns rank 0's outcome (this is also the barrier after the write).
+  return failure.empty() ? "an exception without a message" : failure;
+}
+}  // namespace
+
+void Strategy::run_on_rank_zero(const std::string& call, const std::function<void()>& action) {
+  std::string failure = is_global_zero() ? failure_of(action) : std::string();
   failure = broadcast_bytes(failure, 0);
-  LF_CHECK(failure.empty(), RuntimeError, "fabric.save(", path.string(), ") failed on rank 0: ", failure);
+  LF_CHECK(failure.empty(), RuntimeError, call, " failed on rank 0: ", failure);
+}
+
+void Strategy::run_on_every_rank(const std::string& call, const std::function<void()>& action) {
+  std::string failure = failure_of(action);
+  const double mine = failure.empty() ? world_size() : global_rank();
+  const int first = static_cast<int>(
+      all_reduce(torch::full({1}, mine, torch::TensorOptions().dtype(torch::kFloat64)), ReduceOp::Min).item<double>());
+  if (first >= world_size()) return;
+  failure = broadcast_bytes(failure, first);
+  throw RuntimeError(call + " failed on rank " + std::to_string(first) + ": " + failure);
+}
+
+void Strategy::save_checkpoint(const std::filesystem::path& path, const State& state, const StateFilter& filter) {
+  run_on_rank_zero("fabric.save(" + path.string() + ")", [&] {
+    save_state_dict_file(path, to_checkpoint(state, filter));
+    LF_CHECK(std::filesystem::exists(path), RuntimeError, "the file is missing after writing it");
+  });
 }
 
 StateDict Strategy::load_checkpoint(const std::filesystem::path& path, State* state, bool strict) {
@@ -89,58 +98,6 @@ double Strategy::clip_gradients_by_norm(const std::vector<at::Tensor>& parameter
 const std::vector<torch::Device>& Strategy::data_parallel_devices() const {
   static const std::vector<torch::Device> none;
   return none;
-}
-
-StrategyRegistry& strategy_registry() {
-  static StrategyRegistry registry = [] {
-    StrategyRegistry built("strategy");
-    built.add("single_device",
-              [](StrategyContext context) { return std::make_shared<SingleDeviceStrategy>(std::move(context)); },
-              "one process on one device");
-    auto ddp = [](std::string name, bool find_unused) {
-      DDPOptions options;
-      options.name = std::move(name);
-      options.find_unused_parameters = find_unused;
-      return ddp_strategy(options).create;
-    };
-    built.add("ddp", ddp("ddp", false), "one process per device, gradients averaged after backward");
-    built.add("ddp_spawn", ddp("ddp_spawn", false), "ddp; processes started by re-executing the program");
-    built.add("ddp_find_unused_parameters_true", ddp("ddp_find_unused_parameters_true", true), "ddp, unused parameters allowed");
-    built.add("ddp_find_unused_parameters_false", ddp("ddp_find_unused_parameters_false", false), "ddp");
-    built.add("fsdp", fsdp_strategy().create, "parameters, gradients and optimizer state sharded over the ranks");
-    built.add(
-        "fsdp_cpu_offload",
-        [](StrategyContext context) -> std::shared_ptr<Strategy> {
-          // Offloading keeps shards and optimizer state in host memory: on CPU devices that is fsdp.
-          for (const auto& device : context.parallel_devices) {
-            LF_CHECK(!device.is_cuda(), ValueError, "strategy=\"fsdp_cpu_offload\" keeps shards in host memory ",
-                     "and computes there; with CUDA devices (", device.str(), ") use strategy=\"fsdp\", which ",
-                     "keeps the shards on the GPU, or accelerator=\"cpu\".");
-          }
-          return fsdp_strategy().create(std::move(context));
-        },
-        "fsdp with everything in host memory (CPU devices)");
-    built.add("dp", [](StrategyContext context) { return std::make_shared<DataParallelStrategy>(std::move(context)); },
-              "one process, each batch split over several CUDA devices");
-    built.add(
-        "ddp_fork",
-        [](StrategyContext) -> std::shared_ptr<Strategy> {
-          throw ValueError(
-              "strategy=\"ddp_fork\" is not supported: forking a process after LibTorch has started its thread "
-              "pools (intra-op, autograd, gloo) can deadlock the child. Use strategy=\"ddp\", which starts each "
-              "process by re-executing the program.");
-        },
-        "refused: fork is unsafe with LibTorch's threads");
-    return built;
-  }();
-  return registry;
-}
-
-const std::vector<std::string>& strategy_choices() {
-  static const std::vector<std::string> choices = {
-      "auto", "single_device", "ddp", "ddp_spawn", "ddp_fork", "ddp_find_unused_parameters_true",
-      "ddp_find_unused_parameters_false", "dp", "fsdp", "fsdp_cpu_offload"};
-  return choices;
 }
 
 }  // namespace lightning::fabric

@@ -13,6 +13,7 @@
 #include <torch/nn/pimpl.h>
 #include <torch/optim/optimizer.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
+#include <c10/util/Type.h>
 
 #include <filesystem>
 #include <iostream>
@@ -58,7 +59,10 @@ struct DataLoaderSettings {
   bool shuffle = false;                  // reshuffle every epoch (seeded by PL_GLOBAL_SEED + epoch)
   bool use_distributed_sampler = true;   // each rank reads its own share
   bool move_to_device = true;            // batches arrive on fabric.device()
-  bool drop_last = false;                // distributed sampler: drop the tail instead of padding
+  /// The distributed sampler's tail: false (default) pads each rank's share to ceil(N / ranks) by
+  /// wrapping around, as PyTorch's DistributedSampler; true drops the samples that do not divide
+  /// evenly. (Dropping an incomplete last batch is DataLoaderOptions::drop_last, LibTorch's own.)
+  bool drop_uneven_tail = false;
 };
 
 namespace detail {
@@ -131,6 +135,12 @@ class Fabric {
   int world_size() const { return connector_.strategy->world_size(); }
   bool is_global_zero() const { return global_rank() == 0; }
   const std::shared_ptr<Strategy>& strategy() const { return connector_.strategy; }
+  /// The strategy as its concrete type, e.g. fabric.strategy_as<lf::FSDPStrategy>() to call
+  /// summon_full_parameters; TypeError naming the active strategy when it is not a T.
+  template <class T>
+  T& strategy_as() const {
+    return strategy_cast<T>(*connector_.strategy, c10::demangle_type<T>());
+  }
   const std::shared_ptr<Accelerator>& accelerator() const { return connector_.accelerator; }
   const std::shared_ptr<Precision>& precision() const { return connector_.precision; }
   const ResolvedConfig& config() const { return connector_.config; }
@@ -191,9 +201,14 @@ class Fabric {
   }
 
   /// First half of the two-step form (needed when the optimizer must be built over parameters
-  /// the strategy prepared). Refused by strategies that require joint setup.
+  /// the strategy prepared). Refused by strategies that require joint setup. SetupOptions, when
+  /// given, comes first, as in setup().
+  template <class M, std::enable_if_t<!std::is_same_v<std::decay_t<M>, SetupOptions>, int> = 0>
+  auto setup_module(M&& module) {
+    return setup_module(SetupOptions{}, std::forward<M>(module));
+  }
   template <class M>
-  auto setup_module(M&& module, SetupOptions options = SetupOptions()) {
+  auto setup_module(SetupOptions options, M&& module) {
     if constexpr (detail::IsFabricModule<std::decay_t<M>>::value) {
       refuse_wrapped_module();
       return module;
@@ -239,7 +254,7 @@ class Fabric {
     const size_t size = dataset.size().value();
     const int replicas = settings.use_distributed_sampler ? world_size() : 1;
     const int rank = settings.use_distributed_sampler ? global_rank() : 0;
-    DistributedSampler sampler(size, replicas, rank, settings.shuffle, global_seed(), settings.drop_last);
+    DistributedSampler sampler(size, replicas, rank, settings.shuffle, global_seed(), settings.drop_uneven_tail);
     const size_t per_rank = sampler.num_samples();
     const size_t batch = options.batch_size();
     const size_t batches = options.drop_last() ? per_rank / batch : (per_rank + batch - 1) / batch;
@@ -313,17 +328,27 @@ class Fabric {
   StateDict load(const std::filesystem::path& path, State& state, bool strict = true);
   /// The whole checkpoint as stored, nothing restored.
   StateDict load(const std::filesystem::path& path);
-  /// Loads a file holding one plain state dict into target (a module, optimizer, scheduler or loss
-  /// scaler), e.g. weights from a consolidated checkpoint's "model" entry or a file written by
+  /// Loads a file holding one plain state dict into target (a module, optimizer, scheduler, loss
+  /// scaler or your own lf::Stateful), e.g. weights from a consolidated checkpoint's "model" entry or a file written by
   /// torch::save(module) (modules only).
   void load_raw(const std::filesystem::path& path, const StateEntry& target, bool strict = true);
-  /// reduce_op: "sum", "mean" (default), "max", "min", "product". Tensors, numbers, and tensors
-  /// nested in containers (each tensor reduced on its own).
-  at::Tensor all_reduce(const at::Tensor& tensor, const std::string& reduce_op = "mean");
-  double all_reduce(double value, const std::string& reduce_op = "mean");
+  /// op: lf::ReduceOp, or Python's strings "sum", "mean" (default), "max", "min", "product".
+  /// Tensors, numbers, and tensors nested in containers (each tensor reduced on its own).
+  at::Tensor all_reduce(const at::Tensor& tensor, ReduceOp op);
+  at::Tensor all_reduce(const at::Tensor& tensor, const std::string& reduce_op = "mean") {
+    return all_reduce(tensor, parse_reduce_op(reduce_op));
+  }
+  double all_reduce(double value, ReduceOp op);
+  double all_reduce(double value, const std::string& reduce_op = "mean") {
+    return all_reduce(value, parse_reduce_op(reduce_op));
+  }
+  template <class T, std::enable_if_t<!std::is_arithmetic_v<T> && !std::is_same_v<T, at::Tensor>, int> = 0>
+  T all_reduce(const T& data, ReduceOp op) {
+    return apply_to_tensors(data, [&](const at::Tensor& tensor) { return all_reduce(tensor, op); });
+  }
   template <class T, std::enable_if_t<!std::is_arithmetic_v<T> && !std::is_same_v<T, at::Tensor>, int> = 0>
   T all_reduce(const T& data, const std::string& reduce_op = "mean") {
-    return apply_to_tensors(data, [&](const at::Tensor& tensor) { return all_reduce(tensor, reduce_op); });
+    return all_reduce(data, parse_reduce_op(reduce_op));
   }
   /// Gathers from every rank into a new leading dimension of size world_size() (none with one process).
   at::Tensor all_gather(const at::Tensor& tensor);

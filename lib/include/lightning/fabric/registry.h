@@ -1,6 +1,8 @@
 // Name registries: the extension point for accelerators, strategies and precision plugins.
-// Registries are filled explicitly (register_builtin_* in each concept's header), never by static
-// initialisers, so the set of names is predictable. Users add their own with add().
+// The built-in names are registered in one place (src/builtin_registrations.cpp) the first time a
+// registry is used, never by static initialisers, so the set of names is predictable. Users add
+// their own with add(). names() keeps registration order: it is the order of every list of
+// choices in error messages and --help.
 #pragma once
 
 #include <functional>
@@ -30,6 +32,7 @@ class Registry {
            bool override_existing = false) {
     LF_CHECK(override_existing || entries_.count(name) == 0, ValueError, "The ", kind_, " name '",
              name, "' is already registered. Pass override_existing=true to replace it.");
+    if (entries_.count(name) == 0) order_.push_back(name);
     entries_[name] = Entry{std::move(factory), std::move(description)};
   }
 
@@ -43,11 +46,8 @@ class Registry {
     return found->second.factory(std::forward<Args>(args)...);
   }
 
-  std::vector<std::string> names() const {
-    std::vector<std::string> result;
-    for (const auto& [name, entry] : entries_) result.push_back(name);
-    return result;
-  }
+  /// Every registered name, in registration order.
+  const std::vector<std::string>& names() const { return order_; }
 
   const std::string& description(const std::string& name) const { return entries_.at(name).description; }
 
@@ -58,6 +58,7 @@ class Registry {
   };
   std::string kind_;
   std::map<std::string, Entry> entries_;
+  std::vector<std::string> order_;
 };
 
 }  // namespace lightning::fabric

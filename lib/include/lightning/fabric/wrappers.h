@@ -18,6 +18,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "lightning/fabric/checkpoint/state_dict.h"
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/strategies/strategy.h"
 #include "lightning/fabric/utilities/apply_func.h"
@@ -39,12 +40,6 @@ class BackwardScope {
 /// Throws RuntimeError telling the user to call fabric.backward(loss) unless a BackwardScope is
 /// active. Runs as a gradient hook on every FabricModule output that requires grad.
 void check_backward_through_fabric();
-
-/// Parameters and buffers of module by their names in the original module.
-torch::OrderedDict<std::string, at::Tensor> module_state_dict(const torch::nn::Module& module);
-/// Copies values into module's parameters and buffers; strict: every key must match both ways.
-void load_module_state_dict(torch::nn::Module& module,
-                            const torch::OrderedDict<std::string, at::Tensor>& state, bool strict);
 }  // namespace detail
 
 /// A set-up module. forward(args...) accepts whatever the original forward accepts: tensors
@@ -124,11 +119,11 @@ class FabricModule {
   ModuleImpl& operator*() const { return *module_; }
   const std::shared_ptr<ModuleImpl>& module() const { return module_; }
 
-  /// Parameters and buffers under the original module's names (no wrapper prefix).
-  torch::OrderedDict<std::string, at::Tensor> state_dict() const { return detail::module_state_dict(*module_); }
-  void load_state_dict(const torch::OrderedDict<std::string, at::Tensor>& state, bool strict = true) {
-    detail::load_module_state_dict(*module_, state, strict);
-  }
+  /// Parameters and buffers under the original module's names (no wrapper prefix), as CPU
+  /// tensors: lf::module_state_dict, what checkpoints store.
+  StateDict state_dict() const { return module_state_dict(*module_); }
+  /// Copies values in place; strict: every key must match both ways (RuntimeError listing them).
+  void load_state_dict(const StateDict& state, bool strict = true) { load_module_state_dict(*module_, state, strict); }
   std::vector<at::Tensor> parameters(bool recurse = true) const { return module_->parameters(recurse); }
   void train(bool on = true) { module_->train(on); }
   void eval() { module_->eval(); }

@@ -22,7 +22,6 @@
 #include "lightning/fabric/plugins/collectives/flight_recorder.h"
 #include "plugins/collectives/hang_watchdog.h"
 #include "plugins/collectives/shm_backend.h"
-#include "lightning/fabric/strategies/strategy.h"
 
 namespace lightning::fabric {
 namespace {

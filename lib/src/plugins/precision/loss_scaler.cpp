@@ -115,7 +115,7 @@ double LossScaler::get_scale() const { return scale_.item<double>(); }
 
 int64_t LossScaler::growth_tracker() const { return growth_tracker_.item<int64_t>(); }
 
-c10::impl::GenericDict LossScaler::state_dict() const {
+StateDict LossScaler::state_dict() const {
   c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
   state.insert("scale", get_scale());
   state.insert("growth_factor", options_.growth_factor);
@@ -140,7 +140,7 @@ double required_number(const c10::impl::GenericDict& state, const std::string& k
 }
 }  // namespace
 
-void LossScaler::load_state_dict(const c10::impl::GenericDict& state) {
+void LossScaler::load_state_dict(const StateDict& state) {
   LossScalerOptions restored;
   restored.init_scale = required_number(state, "scale");
   restored.growth_factor = required_number(state, "growth_factor");

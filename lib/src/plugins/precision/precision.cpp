@@ -101,27 +101,4 @@ bool Precision::optimizer_step(torch::optim::Optimizer& optimizer,
   return true;
 }
 
-PrecisionRegistry& precision_registry() {
-  static PrecisionRegistry registry = [] {
-    PrecisionRegistry built("precision");
-    built.add("32-true", [] { return std::make_shared<Precision>(); }, "float32 everywhere");
-    built.add("64-true", [] { return std::make_shared<DoublePrecision>(); }, "float64 everywhere");
-    built.add("16-true", [] { return std::make_shared<TruePrecision>("16-true", torch::kFloat16); }, "float16 everywhere");
-    built.add("bf16-true", [] { return std::make_shared<TruePrecision>("bf16-true", torch::kBFloat16); }, "bfloat16 everywhere");
-    built.add("16-mixed",
-              [] { return std::make_shared<MixedPrecision>("16-mixed", torch::kFloat16, std::make_shared<LossScaler>()); },
-              "float32 parameters, float16 autocast in the forward, dynamic loss scaling (CUDA)");
-    built.add("bf16-mixed", [] { return std::make_shared<MixedPrecision>("bf16-mixed", torch::kBFloat16); },
-              "float32 parameters, bfloat16 autocast in the forward");
-    return built;
-  }();
-  return registry;
-}
-
-const std::vector<std::string>& precision_choices() {
-  static const std::vector<std::string> choices = {"64-true", "32-true", "16-mixed", "bf16-mixed", "16-true",
-                                                   "bf16-true", "64",     "32",       "16",         "bf16"};
-  return choices;
-}
-
 }  // namespace lightning::fabric

@@ -49,7 +49,8 @@ class CUDAAccelerator : public Accelerator {
 };
 
 using AcceleratorRegistry = Registry<Accelerator>;
-/// The process-wide accelerator registry, filled with cpu and cuda on first use.
+/// The process-wide accelerator registry, filled with cpu and cuda on first use
+/// (src/builtin_registrations.cpp).
 AcceleratorRegistry& accelerator_registry();
 
 }  // namespace lightning::fabric

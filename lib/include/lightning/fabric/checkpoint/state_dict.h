@@ -10,10 +10,8 @@
 
 namespace lightning::fabric {
 
-/// A new empty StateDict (string keys, any values).
-StateDict make_state_dict();
-
-/// Parameters and buffers by their dotted names, as CPU tensors.
+/// Parameters and buffers by their dotted names, as CPU tensors: the one state dict of a module
+/// (FabricModule::state_dict() returns it too).
 StateDict module_state_dict(const torch::nn::Module& module);
 /// Copies values into the module's parameters and buffers (on their devices and dtypes). strict:
 /// the keys must match both ways (RuntimeError listing missing and unexpected keys); shapes must
@@ -37,8 +35,8 @@ void load_scheduler_state_dict(torch::optim::LRScheduler& scheduler, const State
 /// What Fabric::save writes: every live object replaced by its state dict (filtered per key),
 /// plain values as they are, nested States recursively.
 StateDict to_checkpoint(const State& state, const StateFilter& filter = {});
-/// A strategy's own way to restore some entries (fsdp: sharded modules); returns false to leave
-/// the entry to the default.
+/// A strategy's own way to restore some entries (fsdp: sharded modules and their optimizers);
+/// returns false to leave the entry to the default.
 using EntryRestorer = std::function<bool(const std::string& key, StateEntry& entry, const c10::IValue& saved)>;
 
 /// Restores every entry of state from checkpoint in place and returns the checkpoint's entries
@@ -47,7 +45,8 @@ using EntryRestorer = std::function<bool(const std::string& key, StateEntry& ent
 /// first for every entry.
 StateDict restore_from_checkpoint(State& state, const StateDict& checkpoint, bool strict = true,
                                   const EntryRestorer& custom = nullptr);
-/// Loads a plain state dict into one object (module, optimizer, scheduler or loss scaler).
+/// Loads a plain state dict into one live entry (module: strict as given; any other Stateful
+/// object: its load_state_dict). ValueError for a plain value or a nested State.
 void load_state_dict_into(const StateEntry& target, const StateDict& state, bool strict = true);
 
 }  // namespace lightning::fabric

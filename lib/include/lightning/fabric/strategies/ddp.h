@@ -1,21 +1,18 @@
 // Distributed data parallel: one process per device, parameters broadcast from rank 0 at setup,
 // gradients averaged over all ranks during fabric.backward: bucketed all-reduces start as soon as
-// a bucket's gradients are ready, overlapping with the rest of backward (internal/gradient_reducer). Process groups come from plugins/collectives (gloo on CPU, NCCL on CUDA).
-// When nothing launched the processes (no LOCAL_RANK), Fabric::launch() spawns them through the
-// SubprocessLauncher and this process continues as local rank 0.
+// a bucket's gradients are ready, overlapping with the rest of backward
+// (lib/src/internal/gradient_reducer.h). The process group, ranks and launching come from
+// ParallelStrategy (parallel.h).
 #pragma once
 
 #include <chrono>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
 #include "lightning/fabric/options.h"
-#include "lightning/fabric/plugins/collectives/collective.h"
-#include "lightning/fabric/strategies/launchers/subprocess_launcher.h"
-#include "lightning/fabric/strategies/strategy.h"
+#include "lightning/fabric/strategies/parallel.h"
 
 namespace lightning::fabric {
 
@@ -24,6 +21,8 @@ class GradientReducer;
 }
 
 struct DDPOptions {
+  /// The name the strategy reports (strategy()->name(), logs); the registry's aliases such as
+  /// "ddp_spawn" set it, and a configured strategy may carry its own.
   std::string name = "ddp";
   bool find_unused_parameters = false;   // a parameter without a gradient counts as zero
   double bucket_cap_mb = 25.0;
@@ -49,43 +48,20 @@ struct DDPOptions {
 /// Throws ValueError for non-positive bucket sizes or timeout, or an unknown backend.
 StrategySpec ddp_strategy(DDPOptions options = DDPOptions());
 
-/// ValueError naming `setting` (e.g. "FSDPOptions: process_group_backend", LT_PROCESS_GROUP_BACKEND)
-/// and the choices unless backend is unset, "gloo", "nccl" or "shm".
-void check_process_group_backend(const std::string& setting, const std::optional<std::string>& backend);
-
-class DDPStrategy : public Strategy {
+class DDPStrategy : public ParallelStrategy {
  public:
   DDPStrategy(StrategyContext context, DDPOptions options = DDPOptions());
   ~DDPStrategy() override;
   std::string name() const override { return options_.name; }
   const DDPOptions& options() const { return options_; }
-  torch::Device root_device() const override;
-  int world_size() const override;
-  int global_rank() const override;
 
-  void launch_processes() override;
-  void setup_environment() override;
+  /// Broadcasts rank 0's parameters and buffers, then attaches a gradient reducer (collective).
   void setup_module(const std::shared_ptr<torch::nn::Module>& module) override;
   void backward(at::Tensor& loss, torch::nn::Module* module) override;
-  ScopeGuard no_backward_sync(const torch::nn::Module& module, bool enabled) override;
 
-  void barrier(const std::string& name = {}) override;
-  at::Tensor all_reduce(const at::Tensor& tensor, ReduceOp op) override;
-  at::Tensor all_gather(const at::Tensor& tensor) override;
-  at::Tensor broadcast(const at::Tensor& tensor, int src) override;
-  std::string broadcast_bytes(const std::string& bytes, int src) override;
-
-  /// The process group (after setup_environment).
-  Collective& collective();
-
- protected:
-  int num_processes() const { return static_cast<int>(context_.parallel_devices.size()); }
-
+ private:
   DDPOptions options_;
-  std::unique_ptr<SubprocessLauncher> launcher_;
-  std::shared_ptr<Collective> collective_;
   std::vector<std::unique_ptr<internal::GradientReducer>> reducers_;  // one per set-up module
-  std::set<const torch::nn::Module*> sync_disabled_;
 };
 
 }  // namespace lightning::fabric

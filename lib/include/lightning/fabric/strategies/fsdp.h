@@ -1,4 +1,5 @@
-// "fsdp": fully sharded data parallel (ZeRO) on c10d, gloo on CPU and NCCL on CUDA. Every
+// "fsdp": fully sharded data parallel (ZeRO) on c10d, a sibling of ddp under ParallelStrategy
+// (parallel.h), with its own process-group settings. Every
 // parameter is flattened and split into world-size chunks of ceil(numel / world) elements;
 // rank r owns chunk r (the last chunks may be short or empty). The optimizer steps over the
 // owned chunks only ("shards"), so optimizer state is sharded; gradients are averaged over all
@@ -17,13 +18,15 @@
 // weights through fabric.save / load, or after a forward.
 #pragma once
 
-#include <map>
+#include <chrono>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
-#include "lightning/fabric/checkpoint/sharded_format.h"
-#include "lightning/fabric/strategies/ddp.h"
+#include "lightning/fabric/options.h"
 #include "lightning/fabric/strategies/fsdp_unit.h"
+#include "lightning/fabric/strategies/parallel.h"
 
 namespace lightning::fabric {
 
@@ -50,7 +53,7 @@ struct FSDPOptions {
 /// FSDP with settings, for FabricOptions().strategy(...). ValueError for a bad state_dict_type.
 StrategySpec fsdp_strategy(FSDPOptions options = FSDPOptions());
 
-class FSDPStrategy : public DDPStrategy {
+class FSDPStrategy : public ParallelStrategy {
  public:
   FSDPStrategy(StrategyContext context, FSDPOptions options = FSDPOptions());
   ~FSDPStrategy() override;
@@ -66,6 +69,8 @@ class FSDPStrategy : public DDPStrategy {
   double clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type,
                                 bool error_if_nonfinite) override;
 
+  /// "sharded": a folder written by every shard-holding rank; "full": one file written by rank 0
+  /// (lib/src/strategies/fsdp_checkpoint.cpp).
   void save_checkpoint(const std::filesystem::path& path, const State& state, const StateFilter& filter) override;
   StateDict load_checkpoint(const std::filesystem::path& path, State* state, bool strict) override;
 
@@ -75,45 +80,18 @@ class FSDPStrategy : public DDPStrategy {
   int shard_group_rank() const;
   /// Gathers every full parameter of a set-up module (every unit) until the guard ends, then
   /// shards them again (Python's summon_full_params). Collective: every rank calls it. Run no
-  /// forward inside it.
+  /// forward inside it. Reach it through fabric.strategy_as<lf::FSDPStrategy>().
   ScopeGuard summon_full_parameters(const torch::nn::Module& module);
   /// Bytes of parameters, gradients and optimizer state this rank holds for the set-up modules
   /// and optimizers (benchmark P6).
   int64_t resident_bytes() const;
-  /// Collectives issued so far over every group fsdp uses (the world, and HYBRID_SHARD's shard and
-  /// replica groups): tests check that a backward under no_backward_sync reduces nothing.
-  uint64_t operation_count() const;
-
-  struct ShardedParameter;
-  struct Unit;
-  struct ShardedModule;
 
  private:
-  class UnitHooks;
-  bool frees_parameters() const;  // FULL_SHARD, HYBRID_SHARD
-  bool syncing(const ShardedModule& sharded) const;
-  void build_units(ShardedModule& sharded, torch::nn::Module& module);
-  void gather(ShardedModule& sharded, Unit& unit);  // collective over the shard group
-  void reduce_gradients(ShardedModule& sharded, Unit& unit);  // collective
-  void free_full_parameters(ShardedModule& sharded, Unit& unit);
-  void release_full_parameters(ShardedModule& sharded, Unit& unit);  // mid-step: autograd may refill
-  void unit_before_forward(ShardedModule& sharded, Unit& unit);
-  at::Tensor unit_after_forward(ShardedModule& sharded, Unit& unit, at::Tensor output);
-  void finish_unit_backward(ShardedModule& sharded, Unit& unit);  // reduce, then free (once per backward)
-  void mark_stale();
-  ShardedModule* find(const torch::nn::Module& module);
-  const ShardedParameter* find_shard(const at::Tensor& shard) const;
-  /// The checkpoint as this rank holds it (shard tensors for sharded entries) and, per sharded
-  /// tensor path, its global shape.
-  StateDict local_checkpoint(const State& state, const StateFilter& filter,
-                             std::map<std::string, std::vector<int64_t>>& global_shapes);
-  /// Turns a checkpoint whose sharded tensors are whole into this rank's slices, restores.
-  StateDict restore_local(State& state, const StateDict& whole_or_local, bool strict, bool tensors_are_local);
+  class Engine;  // the sharding state and its operations (lib/src/strategies/fsdp_engine.h)
+  StateDict read_checkpoint(const std::filesystem::path& path, State* state, bool strict);  // this rank's part
 
   FSDPOptions fsdp_options_;
-  std::vector<std::unique_ptr<ShardedModule>> modules_;
-  std::shared_ptr<Collective> shard_group_;    // HYBRID_SHARD: this node's ranks
-  std::shared_ptr<Collective> replica_group_;  // HYBRID_SHARD: this local rank on every node
+  std::unique_ptr<Engine> engine_;
 };
 
 }  // namespace lightning::fabric

@@ -1,13 +1,15 @@
 // Strategies: how the model, optimizers and gradients are laid out over processes and devices.
 // The base class holds what every strategy shares (accelerator, cluster environment, precision,
-// the devices of this node) and implements single-process behaviour for the collectives; the
-// distributed strategies override them. Built by the Connector through strategy_registry().
+// the devices of this node, the checkpoint protocol) and implements single-process behaviour for
+// the collectives; multi-process strategies derive from ParallelStrategy (parallel.h). Built by
+// the Connector through strategy_registry().
 #pragma once
 
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,15 +18,12 @@
 #include "lightning/fabric/checkpoint/state_fwd.h"
 #include "lightning/fabric/plugins/environments/cluster_environment.h"
 #include "lightning/fabric/plugins/precision/precision.h"
+#include "lightning/fabric/reduce_op.h"
 #include "lightning/fabric/registry.h"
 #include "lightning/fabric/utilities/env_vars.h"
 #include "lightning/fabric/utilities/scope_guard.h"
 
 namespace lightning::fabric {
-
-/// How all_reduce combines values. Parsed from "sum", "mean" (alias "avg"), "max", "min", "product".
-enum class ReduceOp { Sum, Mean, Max, Min, Product };
-ReduceOp parse_reduce_op(const std::string& name);
 
 /// Everything a strategy factory receives from the Connector.
 struct StrategyContext {
@@ -95,7 +94,7 @@ class Strategy {
   /// Broadcasts raw bytes (serialised objects) from src to every rank.
   virtual std::string broadcast_bytes(const std::string& bytes, int src) { (void)src; return bytes; }
 
-  // Checkpoints (collective). Default: rank 0 writes one file, every rank reads it.
+  // Checkpoints (collective). Default: rank 0 writes one file (run_on_rank_zero), every rank reads it.
   virtual void save_checkpoint(const std::filesystem::path& path, const State& state, const StateFilter& filter);
   /// With state: restores it in place and returns the unrequested entries; without: the whole
   /// checkpoint as stored.
@@ -110,6 +109,14 @@ class Strategy {
                                         bool error_if_nonfinite);
 
  protected:
+  // The checkpoint protocol of every strategy (collective; each is also a barrier). A failure of
+  // any kind (c10::Error, std::exception) becomes the same RuntimeError on every rank:
+  // "<call> failed on rank R: <why>", so no rank goes on while another lost the file.
+  /// Runs action on rank 0 only.
+  void run_on_rank_zero(const std::string& call, const std::function<void()>& action);
+  /// Runs action on every rank; the lowest failing rank's reason reaches all.
+  void run_on_every_rank(const std::string& call, const std::function<void()>& action);
+
   StrategyContext context_;
 };
 
@@ -122,10 +129,21 @@ class SingleDeviceStrategy : public Strategy {
 };
 
 using StrategyRegistry = Registry<Strategy, StrategyContext>;
-/// The process-wide strategy registry, filled with the built-in strategies on first use.
+/// The process-wide strategy registry, filled with the built-in strategies on first use
+/// (src/builtin_registrations.cpp).
 StrategyRegistry& strategy_registry();
 
-/// Every strategy name the Connector knows, whether or not it is registered in this build.
-const std::vector<std::string>& strategy_choices();
+/// Every strategy name the Connector accepts: "auto", then the registry's names in order.
+std::vector<std::string> strategy_choices();
+
+/// The strategy as its concrete type, e.g. fabric.strategy_as<FSDPStrategy>() (strategy_as in
+/// fabric.h); TypeError naming the active strategy when it is not a T.
+template <class T>
+T& strategy_cast(Strategy& strategy, const char* wanted) {
+  auto* cast = dynamic_cast<T*>(&strategy);
+  LF_CHECK(cast != nullptr, TypeError, "The active strategy is '", strategy.name(), "', which is not a ", wanted,
+           ". Choose a strategy of that type in FabricOptions().strategy(...) (or lightning-run --strategy).");
+  return *cast;
+}
 
 }  // namespace lightning::fabric

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "lightning/fabric/reduce_op.h"
 #include "lightning/fabric/utilities/env_vars.h"
 
 namespace c10d {
@@ -29,9 +30,6 @@ class Store;
 }
 
 namespace lightning::fabric {
-
-enum class ReduceOp;
-
 
 struct CollectiveOptions {
   std::string main_address = "127.0.0.1";

@@ -16,6 +16,8 @@
 #include <functional>
 #include <unordered_map>
 
+#include "lightning/fabric/checkpoint/stateful.h"
+
 namespace lightning::fabric {
 
 struct LossScalerOptions {
@@ -25,7 +27,8 @@ struct LossScalerOptions {
   int64_t growth_interval = 2000;
 };
 
-class LossScaler {
+/// Stateful: put it into an lf::State to checkpoint it.
+class LossScaler : public Stateful {
  public:
   /// Throws ValueError for growth_factor <= 1, backoff_factor outside (0, 1), init_scale <= 0 or
   /// growth_interval < 1.
@@ -60,9 +63,9 @@ class LossScaler {
 
   /// {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"}, the keys
   /// and value types of PyTorch's GradScaler.state_dict().
-  c10::impl::GenericDict state_dict() const;
+  StateDict state_dict() const override;
   /// Restores a state_dict(); ValueError naming a missing or mistyped key.
-  void load_state_dict(const c10::impl::GenericDict& state);
+  void load_state_dict(const StateDict& state) override;
 
  private:
   enum class Stage { kReady, kUnscaled, kStepped };

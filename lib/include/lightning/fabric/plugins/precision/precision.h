@@ -98,10 +98,12 @@ class MixedPrecision : public Precision {
 };
 
 using PrecisionRegistry = Registry<Precision>;
-/// The process-wide precision registry, filled with the built-in plugins on first use.
+/// The process-wide precision registry, filled with the built-in plugins on first use
+/// (src/builtin_registrations.cpp).
 PrecisionRegistry& precision_registry();
 
-/// Every precision string the Connector accepts, canonical names first, then the aliases.
-const std::vector<std::string>& precision_choices();
+/// Every precision string the Connector accepts: the registry's names in order, then the short
+/// spellings Python accepts ("64", "32", "16", "bf16"), which the Connector maps to them.
+std::vector<std::string> precision_choices();
 
 }  // namespace lightning::fabric

@@ -1,0 +1,94 @@
+// The base of every strategy that runs one process per device ("ddp", "fsdp", and any strategy a
+// user adds): what they share lives here once.
+//   - ranks: from the cluster environment, or from the devices and nodes under lightning-run;
+//   - the launcher: Fabric::launch() spawns this node's other processes when nobody else did;
+//   - the process group and its backend choice (ProcessGroupSettings);
+//   - shard and replica groups: one group per node and one per local rank across nodes, for
+//     strategies that shard inside a node and replicate across nodes;
+//   - the tensor and byte collectives Fabric exposes, on the group's device;
+//   - gradient-sync skipping for no_backward_sync;
+//   - the checkpoint protocol: rank 0 writes, every rank learns the outcome.
+// A new multi-process strategy derives from this and overrides only its own behaviour
+// (docs/decisions.md, "Adding a strategy").
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "lightning/fabric/plugins/collectives/collective.h"
+#include "lightning/fabric/strategies/strategy.h"
+
+namespace lightning::fabric {
+
+class SubprocessLauncher;
+
+/// How a strategy's process group forms and behaves; each strategy's options carry these fields.
+struct ProcessGroupSettings {
+  std::chrono::milliseconds timeout = std::chrono::minutes(30);  // of every collective and the store
+  std::chrono::milliseconds rendezvous_timeout = std::chrono::minutes(5);
+  std::chrono::milliseconds hang_timeout = std::chrono::minutes(5);  // 0: hang detection off
+  std::optional<std::string> backend;  // unset: nccl on CUDA; on CPU shm on one machine, else gloo
+};
+
+/// ValueError naming `setting` (e.g. "FSDPOptions: process_group_backend", LT_PROCESS_GROUP_BACKEND)
+/// and the choices unless backend is unset, "gloo", "nccl" or "shm".
+void check_process_group_backend(const std::string& setting, const std::optional<std::string>& backend);
+/// ValueError naming `owner` (e.g. "DDPOptions") unless the timeouts are valid and the backend known.
+void check_process_group_settings(const std::string& owner, const ProcessGroupSettings& settings);
+
+class ParallelStrategy : public Strategy {
+ public:
+  ParallelStrategy(StrategyContext context, ProcessGroupSettings settings);
+  ~ParallelStrategy() override;
+
+  torch::Device root_device() const override;
+  int world_size() const override;
+  int global_rank() const override;
+
+  void launch_processes() override;
+  /// Forms the process group (once; collective: every rank calls it).
+  void setup_environment() override;
+  ScopeGuard no_backward_sync(const torch::nn::Module& module, bool enabled) override;
+
+  void barrier(const std::string& name = {}) override;
+  at::Tensor all_reduce(const at::Tensor& tensor, ReduceOp op) override;
+  at::Tensor all_gather(const at::Tensor& tensor) override;
+  at::Tensor broadcast(const at::Tensor& tensor, int src) override;
+  std::string broadcast_bytes(const std::string& bytes, int src) override;
+
+  /// The process group over every rank (after setup_environment; RuntimeError before).
+  Collective& collective();
+  /// The group a shard is split over: this node's ranks once use_node_groups() ran, else the world.
+  Collective& shard_group();
+  /// The group over this local rank on every node once use_node_groups() ran, else null.
+  Collective* replica_group() const { return replica_group_.get(); }
+  /// Collectives issued so far over every group of this strategy (tests count them).
+  uint64_t operation_count() const;
+  const ProcessGroupSettings& process_group_settings() const { return settings_; }
+
+ protected:
+  int num_processes() const { return static_cast<int>(context_.parallel_devices.size()); }
+  /// Makes the shard group one node's ranks and the replica group one local rank's peers on every
+  /// node (collective, once). `prefix` names the groups in hang reports.
+  void use_node_groups(const std::string& prefix);
+  /// Checks that every rank passes the same parameters and buffers, then copies rank 0's values
+  /// to every rank (collective; Fabric::setup of every data-parallel strategy).
+  void broadcast_module_from_rank_zero(torch::nn::Module& module);
+  /// False while no_backward_sync is active for module.
+  bool syncs_gradients_of(const torch::nn::Module* module) const { return sync_disabled_.count(module) == 0; }
+  const std::shared_ptr<Collective>& shared_collective() const { return collective_; }
+
+ private:
+  ProcessGroupSettings settings_;
+  std::unique_ptr<SubprocessLauncher> launcher_;
+  std::shared_ptr<Collective> collective_;
+  std::shared_ptr<Collective> shard_group_;    // null: the world
+  std::shared_ptr<Collective> replica_group_;  // null: no replicas
+  std::set<const torch::nn::Module*> sync_disabled_;
+};
+
+}  // namespace lightning::fabric

@@ -1,0 +1,96 @@
+// The fsdp strategy's sharding engine, private to the library: which parameters a rank holds,
+// the sharding units, and the gather / free / reduce-scatter steps around forward and backward.
+// One per FSDPStrategy, which owns it and outlives it. Methods marked collective must be called
+// by every rank of the shard group in the same order.
+#pragma once
+
+#include <torch/csrc/autograd/function.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lightning/fabric/checkpoint/sharded_format.h"
+#include "lightning/fabric/checkpoint/state_dict.h"
+#include "lightning/fabric/strategies/fsdp.h"
+
+namespace lightning::fabric {
+
+class FSDPStrategy::Engine {
+ public:
+  struct ShardedParameter {
+    std::string name;
+    at::Tensor parameter;  // the module's own parameter: full while materialized, else 0 elements
+    std::vector<int64_t> shape;
+    int64_t numel = 0;
+    int64_t chunk = 0;  // ceil(numel / parts): the padded slot size in communication buffers
+    ShardSlice slice;   // this rank's part
+    at::Tensor shard;   // 1-D, slice.length elements: what the optimizer steps
+    std::shared_ptr<torch::autograd::Node> accumulator;  // kept alive: it carries the unit's hook
+    c10::Storage held;  // while released: the full parameter's storage, which autograd still refers to
+  };
+
+  // A sharding unit: the parameters gathered, given back and reduced together. Unit 0 holds the
+  // set-up module's parameters that no FSDPUnit inside it claims.
+  struct Unit {
+    FSDPUnitImpl* module = nullptr;  // nullptr for unit 0
+    std::vector<size_t> parameters;  // indices into ShardedModule::parameters
+    bool materialized = true;  // full parameters present
+    bool stale = false;        // shards stepped since the last gather
+    bool released = false;     // storage given back after the forward; shapes kept for autograd
+    bool reduced = false;      // gradients reduced during the current backward
+    size_t pending = 0;        // gradient accumulations the current backward still owes
+  };
+
+  struct ShardedModule {
+    const torch::nn::Module* address = nullptr;
+    std::weak_ptr<torch::nn::Module> module;
+    std::vector<ShardedParameter> parameters;
+    std::vector<Unit> units;
+    std::vector<std::shared_ptr<FSDPUnitImpl::Hooks>> hooks;  // one per FSDPUnit (weakly held there)
+  };
+
+  explicit Engine(FSDPStrategy& strategy) : strategy_(strategy) {}
+
+  /// Splits a module whose values every rank already shares into this rank's shards.
+  void shard(const std::shared_ptr<torch::nn::Module>& module);
+  /// Points the optimizer at the shards of the parameters it holds.
+  void adopt_optimizer(torch::optim::Optimizer& optimizer);
+  /// Gathers unit 0 of a set-up module before its forward (collective).
+  void before_forward(const torch::nn::Module& module);
+  /// Reduces what the backward left unreduced, in unit order (collective).
+  void finish_backward();
+  void mark_stale();
+  ScopeGuard summon(const torch::nn::Module& module);  // collective
+  int64_t resident_bytes() const;
+
+  ShardedModule* find(const torch::nn::Module& module);
+  const ShardedParameter* find_shard(const at::Tensor& shard) const;
+
+  // Checkpoint I/O (fsdp_checkpoint.cpp).
+  /// The checkpoint as this rank holds it (shard tensors for sharded entries) and, per sharded
+  /// tensor path, its global shape.
+  StateDict local_checkpoint(const State& state, const StateFilter& filter,
+                             std::map<std::string, std::vector<int64_t>>& global_shapes);
+  /// Restores from a checkpoint whose sharded tensors are whole (sliced here) or already this
+  /// rank's slices.
+  StateDict restore_local(State& state, const StateDict& whole_or_local, bool strict, bool tensors_are_local);
+
+ private:
+  class UnitHooks;
+  bool frees_parameters() const;  // FULL_SHARD, HYBRID_SHARD
+  void build_units(ShardedModule& sharded, torch::nn::Module& module);
+  void gather(ShardedModule& sharded, Unit& unit);            // collective over the shard group
+  void reduce_gradients(ShardedModule& sharded, Unit& unit);  // collective
+  void free_full_parameters(ShardedModule& sharded, Unit& unit);
+  void release_full_parameters(ShardedModule& sharded, Unit& unit);  // mid-step: autograd may refill
+  void unit_before_forward(ShardedModule& sharded, Unit& unit);
+  at::Tensor unit_after_forward(ShardedModule& sharded, Unit& unit, at::Tensor output);
+  void finish_unit_backward(ShardedModule& sharded, Unit& unit);  // reduce, then free (once per backward)
+
+  FSDPStrategy& strategy_;
+  std::vector<std::unique_ptr<ShardedModule>> modules_;
+};
+
+}  // namespace lightning::fabric

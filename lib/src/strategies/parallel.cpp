@@ -1,0 +1,168 @@
+#include "lightning/fabric/strategies/parallel.h"
+
+#include <ATen/ATen.h>
+#include <torch/types.h>
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "lightning/fabric/errors.h"
+#include "lightning/fabric/strategies/launchers/subprocess_launcher.h"
+
+namespace lightning::fabric {
+namespace {
+bool env_true(const env::EnvLookup& env, const char* name) {
+  auto value = env(name);
+  return value && (*value == "True" || *value == "true" || *value == "1");
+}
+int env_int(const env::EnvLookup& env, const char* name, int fallback) {
+  auto value = env(name);
+  return value ? std::stoi(*value) : fallback;
+}
+}  // namespace
+
+void check_process_group_backend(const std::string& setting, const std::optional<std::string>& backend) {
+  if (!backend) return;
+  LF_CHECK(*backend == "gloo" || *backend == "nccl" || *backend == "shm", ValueError, setting, "=\"", *backend,
+           "\" is not supported. Choose \"gloo\", \"nccl\" or \"shm\", or leave it "
+           "unset (nccl on CUDA; on CPU shm when every rank is on one machine, else gloo).");
+}
+
+void check_process_group_settings(const std::string& owner, const ProcessGroupSettings& settings) {
+  LF_CHECK(settings.timeout.count() > 0, ValueError, owner, ": timeout=", settings.timeout.count(),
+           " ms must be positive (default 30 minutes).");
+  LF_CHECK(settings.rendezvous_timeout.count() > 0, ValueError, owner, ": rendezvous_timeout=",
+           settings.rendezvous_timeout.count(), " ms must be positive (default 5 minutes).");
+  LF_CHECK(settings.hang_timeout.count() >= 0, ValueError, owner, ": hang_timeout=", settings.hang_timeout.count(),
+           " ms must be 0 (off) or positive (default 5 minutes).");
+  check_process_group_backend(owner + ": process_group_backend", settings.backend);
+}
+
+ParallelStrategy::ParallelStrategy(StrategyContext context, ProcessGroupSettings settings)
+    : Strategy(std::move(context)), settings_(std::move(settings)) {}
+
+ParallelStrategy::~ParallelStrategy() = default;
+
+torch::Device ParallelStrategy::root_device() const {
+  const int local = local_rank();
+  LF_CHECK(local >= 0 && local < num_processes(), RuntimeError, "LOCAL_RANK=", local, " is outside the ",
+           num_processes(), " devices of this node.");
+  return context_.parallel_devices[static_cast<size_t>(local)];
+}
+
+// The Lightning environment learns ranks from the strategy; the others (torchelastic, ...) know.
+int ParallelStrategy::world_size() const {
+  auto& environment = *context_.cluster_environment;
+  if (environment.name() == "lightning") return num_processes() * num_nodes();
+  return environment.world_size();
+}
+
+int ParallelStrategy::global_rank() const {
+  auto& environment = *context_.cluster_environment;
+  if (environment.name() != "lightning") return environment.global_rank();
+  return environment.node_rank() * num_processes() + environment.local_rank();
+}
+
+void ParallelStrategy::launch_processes() {
+  if (context_.cluster_environment->creates_processes_externally() || num_processes() == 1) return;
+  launcher_ = std::make_unique<SubprocessLauncher>(num_processes(), num_nodes(), env::process_env());
+  launcher_->launch();
+}
+
+void ParallelStrategy::setup_environment() {
+  if (collective_) return;
+  context_.cluster_environment->set_world_size(world_size());
+  context_.cluster_environment->set_global_rank(global_rank());
+  context_.accelerator->setup_device(root_device());
+  CollectiveOptions options;
+  const auto& environment = *context_.cluster_environment;
+  options.main_address = environment.main_address();
+  options.main_port = environment.main_port();
+  options.rank = global_rank();
+  options.world_size = world_size();
+  options.restart_count = env_int(context_.env, env::kRestartCount, 0);
+  options.use_agent_store = env_true(context_.env, env::kUseAgentStore);
+  options.backend =
+      settings_.backend.value_or(root_device().is_cuda() ? "nccl" : (num_nodes() == 1 ? "cpu-auto" : "gloo"));
+  if (auto chosen = context_.env(env::kProcessGroupBackend)) {
+    check_process_group_backend(env::kProcessGroupBackend, chosen);
+    options.backend = *chosen;
+  }
+  options.device = root_device();
+  options.timeout = settings_.timeout;
+  options.rendezvous_timeout = rendezvous_timeout_from(context_.env, settings_.rendezvous_timeout);
+  options.hang_timeout = settings_.hang_timeout;
+  apply_watch_environment(context_.env, options);
+  c10::intrusive_ptr<c10d::Store> store;
+  if (launcher_) store = launcher_->hosted_store();
+  collective_ = std::make_shared<Collective>(options, store);
+}
+
+Collective& ParallelStrategy::collective() {
+  LF_CHECK(collective_ != nullptr, RuntimeError, "The process group of strategy '", name(),
+           "' does not exist yet: call fabric.launch() (or any setup) first.");
+  return *collective_;
+}
+
+Collective& ParallelStrategy::shard_group() { return shard_group_ ? *shard_group_ : collective(); }
+
+void ParallelStrategy::use_node_groups(const std::string& prefix) {
+  if (shard_group_) return;
+  const int local = num_processes(), node = global_rank() / local, local_rank = global_rank() % local;
+  std::vector<int> node_ranks, replica_ranks;
+  for (int r = 0; r < local; ++r) node_ranks.push_back(node * local + r);
+  for (int n = 0; n < world_size() / local; ++n) replica_ranks.push_back(n * local + local_rank);
+  shard_group_ = std::make_shared<Collective>(collective(), prefix + "-node-" + std::to_string(node), node_ranks);
+  replica_group_ =
+      std::make_shared<Collective>(collective(), prefix + "-replica-" + std::to_string(local_rank), replica_ranks);
+}
+
+uint64_t ParallelStrategy::operation_count() const {
+  uint64_t count = 0;
+  for (const Collective* group : {collective_.get(), shard_group_.get(), replica_group_.get()}) {
+    if (group != nullptr) count += group->operation_count();
+  }
+  return count;
+}
+
+void ParallelStrategy::broadcast_module_from_rank_zero(torch::nn::Module& module) {
+  torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> state = module.parameters();
+  for (auto& buffer : module.buffers()) state.push_back(buffer);
+  collective().check_same_tensors(state, "The model passed to fabric.setup");
+  for (auto& parameter : module.parameters()) {
+    at::Tensor data = parameter.data();
+    collective().broadcast_(data, 0);
+  }
+  for (auto& buffer : module.buffers()) collective().broadcast_(buffer, 0);
+}
+
+ScopeGuard ParallelStrategy::no_backward_sync(const torch::nn::Module& module, bool enabled) {
+  if (!enabled) return ScopeGuard();
+  const bool inserted = sync_disabled_.insert(&module).second;
+  if (!inserted) return ScopeGuard();
+  return ScopeGuard([this, pointer = &module] { sync_disabled_.erase(pointer); });
+}
+
+void ParallelStrategy::barrier(const std::string&) { collective().barrier(); }
+
+// In place on a contiguous input, as Python Fabric does (and much faster than reducing a fresh
+// copy: see docs/benchmarks.md, P5).
+at::Tensor ParallelStrategy::all_reduce(const at::Tensor& tensor, ReduceOp op) {
+  at::Tensor result = tensor.contiguous();
+  collective().all_reduce_(result, op);
+  return result;
+}
+
+at::Tensor ParallelStrategy::all_gather(const at::Tensor& tensor) { return collective().all_gather(tensor); }
+
+at::Tensor ParallelStrategy::broadcast(const at::Tensor& tensor, int src) {
+  at::Tensor result = tensor.clone().contiguous();
+  collective().broadcast_(result, src);
+  return result;
+}
+
+std::string ParallelStrategy::broadcast_bytes(const std::string& bytes, int src) {
+  return collective().broadcast_bytes(bytes, src);
+}
+
+}  // namespace lightning::fabric

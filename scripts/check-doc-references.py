@@ -1,0 +1,310 @@
+#!/usr/bin/env python3
+"""Fails on any reference to a file that is not in the repository.
+
+Scans README.md, docs/**/*.md and the comments of the code (C++ // and /* */ comments; shell,
+CMake and Python # comments) under lib/, launcher/, apps/, examples/, tests/, scripts/ and
+cmake/. A reference is
+  - a markdown link or image to a relative path, [text](docs/launcher.md#anchor): the anchor is
+    dropped and the path is resolved against the directory of the file holding the link, as a
+    markdown viewer does; http(s)://, mailto: and pure #anchor links are not checked;
+  - a path-like token in prose or a comment: made of path characters and either holding a '/'
+    (whose first part names a directory of the repository, so that "and/or" or "gloo/nccl" are
+    prose) or ending in .md .h .cpp .sh .py .cmake .txt. It is resolved against the referencing
+    file's directory, the repository root, lib/src, lib/include, lib/include/lightning/fabric,
+    launcher/src, launcher/include and tests, as written and with .h .cpp .md .sh .py .cmake
+    appended ("internal/gradient_reducer" names lib/src/internal/gradient_reducer.cpp). A bare
+    file name (no '/') also resolves when some file of the repository has that name.
+Fenced ```diff blocks in markdown are skipped: they show files a change would add.
+Some names are flagged wherever they appear (ALWAYS_BROKEN below): documents this project once
+cited that are not in it.
+
+The files, both those scanned and those a reference may name, come from git (tracked, plus
+untracked files that .gitignore does not ignore), so build outputs are never scanned.
+
+Prints every broken reference as "file:line: 'token' names no file in the repository" and exits
+1 if there is any, 0 otherwise (77, skipped, outside a git checkout; 2 when git fails). With file arguments, scans those files (any path) instead of the
+repository's, still resolving against the repository (a file outside it counts as one at its
+root): scripts/check-doc-references.py /tmp/x.md
+"""
+
+import io
+import os
+import re
+import subprocess
+import sys
+import tokenize
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+EXTENSIONS = (".md", ".h", ".cpp", ".sh", ".py", ".cmake", ".txt")
+TRY_SUFFIXES = ("", ".h", ".cpp", ".md", ".sh", ".py", ".cmake")
+SEARCH_BASES = ("", "lib/src", "lib/include", "lib/include/lightning/fabric", "launcher/src",
+                "launcher/include", "tests")
+COMMENT_DIRS = ("lib/", "launcher/", "apps/", "examples/", "tests/", "scripts/", "cmake/")
+
+# Names that must never be cited: the files are not in the repository, and what the reader
+# needed from them now lives in docs/.
+ALWAYS_BROKEN = re.compile(r"(?<![\w.\-/])(DESIGN|REFERENCE|BUILD-NOTES)(\.md)?(?![\w\-/])")
+
+# Leading parts that name places outside the repository's files: build trees, the virtual
+# environment and the vendored headers are ignored by git; the others are absolute or home paths.
+SKIP_PREFIXES = ("/", "~", "build/", "build-", ".venv/", ".cache/", "third_party/")
+
+# Generic tokens that look like paths but name no repository file, each with its reason.
+ALLOWLIST = {
+    "./train": "the user's own program in launch examples (lightning-run model ./train)",
+    "train.py": "the user's own Python script in launch examples",
+    "report.txt": "the hang report lightning-run writes into the attempt folder at run time",
+    "results.md": "the summary scripts/device-check.sh writes under $OUT at run time",
+    "nccl.h": "NCCL's header, from the CUDA toolkit",
+    "ATen/functorch/Interpreter.h": "a LibTorch header",
+}
+
+PATH_TOKEN = re.compile(r"^[A-Za-z0-9_.+\-/@]+$")
+URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.\-]*://\S*|\bmailto:\S*")
+# Splits prose into candidate tokens; < > { } $ * stay inside a token so that it can be skipped.
+DELIMITERS = re.compile(r"[\s`'\"()\[\],;|:=#!?]+")
+MD_LINK = re.compile(r"!?\[(?:[^\]\\]|\\.)*\]\(\s*<?([^)\s>]*)>?(?:\s+\"[^\"]*\")?\s*\)")
+MD_REF_DEF = re.compile(r"^\s{0,3}\[[^\]]+\]:\s+<?([^\s<>{}\"]+?)>?(?:\s+\"[^\"]*\")?\s*$")
+
+
+def git_files():
+    if not os.path.exists(os.path.join(ROOT, ".git")):
+        print(f"skipped: {ROOT} is not a git checkout, so its files are unknown")
+        sys.exit(77)
+    run = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if run.returncode != 0:
+        print("FAIL: git ls-files: " + run.stderr.decode().strip())
+        sys.exit(2)
+    out = run.stdout.decode()
+    return sorted(f for f in out.split("\0") if f and os.path.isfile(os.path.join(ROOT, f)))
+
+
+class Repository:
+    def __init__(self, files):
+        self.files = set(files)
+        self.dirs = set()
+        for f in files:
+            d = os.path.dirname(f)
+            while d:
+                self.dirs.add(d)
+                d = os.path.dirname(d)
+        self.base_names = {os.path.basename(f) for f in files}
+
+    def exists(self, path):
+        path = os.path.normpath(path)
+        if path.startswith(".."):
+            return False
+        return path in self.files or path in self.dirs or path == "."
+
+    def resolves(self, rel_dir, token, suffixes=TRY_SUFFIXES):
+        for base in bases_for(rel_dir):
+            for suffix in suffixes:
+                if self.exists(os.path.join(base, token.rstrip("/") + suffix)):
+                    return True
+        return False
+
+
+def bases_for(rel_dir):
+    """The referencing file's directory and its parents up to the root (so that src/x.cpp in
+    launcher/include/... names launcher/src/x.cpp), then SEARCH_BASES."""
+    bases, d = [], rel_dir
+    while d:
+        bases.append(d)
+        d = os.path.dirname(d)
+    return bases + [b for b in SEARCH_BASES if b not in bases]
+
+
+def comment_lines_cpp(text):
+    """Yields (line number, comment text) for the // and /* */ comments of C++ source."""
+    i, n, line = 0, len(text), 1
+    while i < n:
+        c = text[i]
+        if c == "\n":
+            line += 1
+            i += 1
+        elif text.startswith("//", i):
+            end = text.find("\n", i)
+            end = n if end < 0 else end
+            yield line, text[i + 2:end]
+            i = end
+        elif text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            end = n if end < 0 else end
+            for k, part in enumerate(text[i + 2:end].split("\n")):
+                yield line + k, part
+            line += text.count("\n", i, end)
+            i = end + 2
+        elif c == '"' and i > 0 and text[i - 1] == "R":  # raw string R"delim( ... )delim"
+            open_paren = text.find("(", i)
+            close = text.find(")" + text[i + 1:open_paren] + '"', open_paren)
+            close = n if close < 0 else close
+            line += text.count("\n", i, close)
+            i = close + 1
+        elif c == '"' or (c == "'" and not (i > 0 and text[i - 1].isdigit())):  # not 1'000
+            j = i + 1
+            while j < n and text[j] != c and text[j] != "\n":
+                j += 2 if text[j] == "\\" else 1
+            i = j + 1 if j < n and text[j] == c else j
+        else:
+            i += 1
+
+
+def comment_lines_hash(text):
+    """Yields (line number, comment text) for # comments of shell and CMake: a # outside quotes,
+    at the start of a line or after a blank ($#, ${#x} and a#b are not comments)."""
+    for number, raw in enumerate(text.split("\n"), 1):
+        quote = None
+        for k, c in enumerate(raw):
+            if quote:
+                if c == "\\" and quote == '"':
+                    continue
+                if c == quote and not (k > 0 and raw[k - 1] == "\\" and quote == '"'):
+                    quote = None
+            elif c in "'\"":
+                quote = c
+            elif c == "#" and (k == 0 or raw[k - 1] in " \t"):
+                yield number, raw[k + 1:]
+                break
+
+
+def comment_lines_python(text):
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type == tokenize.COMMENT:
+                yield tok.start[0], tok.string[1:]
+    except (tokenize.TokenError, SyntaxError):
+        yield from comment_lines_hash(text)
+
+
+def candidate_tokens(text):
+    """The path-like tokens of a line of prose or of a comment."""
+    for raw in DELIMITERS.split(URL.sub(" ", text)):
+        token = raw
+        # Markdown emphasis around a token: **name**, _name_.
+        for mark in ("**", "*", "__", "_"):
+            if len(token) > 2 * len(mark) and token.startswith(mark) and token.endswith(mark):
+                token = token[len(mark):-len(mark)]
+        token = token.rstrip(".")
+        if not token or token in (".", ".."):
+            continue
+        if any(c in token for c in "<>{}$*%\\"):
+            continue  # a placeholder, a glob or a variable, not a path
+        if not PATH_TOKEN.match(token):
+            continue
+        yield token
+
+
+def is_reference(repo, rel_dir, token):
+    """Whether a token claims to name a file: it ends in a known extension, or it holds a '/'
+    and starts with ./, ../ or a directory the resolution reaches ("and/or" does not)."""
+    if token.startswith(SKIP_PREFIXES):
+        return False
+    if token.endswith(EXTENSIONS):
+        return len(token.rsplit("/", 1)[-1]) > len(os.path.splitext(token)[1])
+    if "/" in token:
+        first = token.split("/")[0]
+        return first in (".", "..") or repo.resolves(rel_dir, first + "/", ("",))
+    return False
+
+
+def check_token(repo, rel_dir, token):
+    """True when the token names a file (or directory) of the repository."""
+    if token in ALLOWLIST:
+        return True
+    if repo.resolves(rel_dir, token):
+        return True
+    return "/" not in token and token in repo.base_names
+
+
+def scan_text(repo, rel_path, lines, problems, markdown):
+    rel_dir = os.path.dirname(rel_path)
+    for number, text in lines:
+        for match in ALWAYS_BROKEN.finditer(text):
+            problems.append((rel_path, number, match.group(0)))
+        if markdown:
+            targets = [m.group(1) for m in MD_LINK.finditer(text)]
+            ref = MD_REF_DEF.match(text)
+            if ref:
+                targets.append(ref.group(1))
+            for target in targets:
+                if not target or target.startswith("#") or URL.match(target) \
+                        or target.startswith(("http:", "https:", "mailto:")):
+                    continue
+                path = target.split("#")[0].split("?")[0]
+                if ALWAYS_BROKEN.search(path):
+                    continue  # already reported
+                if path.startswith("/") or not repo.exists(os.path.join(rel_dir, path)):
+                    problems.append((rel_path, number, target))
+            # The link targets are checked; the prose check below sees only the link texts.
+            text = MD_LINK.sub(lambda m: m.group(0)[:m.group(0).rfind("](") + 1], text)
+            if ref:
+                text = ""
+        for token in candidate_tokens(text):
+            if ALWAYS_BROKEN.search(token):
+                continue  # already reported
+            if is_reference(repo, rel_dir, token) and not check_token(repo, rel_dir, token):
+                problems.append((rel_path, number, token))
+
+
+def markdown_lines(text):
+    """Numbered lines of a markdown file, leaving out ```diff blocks: a diff shows files a change
+    would add, which need not exist."""
+    in_diff = False
+    for number, line in enumerate(text.split("\n"), 1):
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            in_diff = not in_diff and stripped[3:].strip() == "diff"
+            continue
+        if not in_diff:
+            yield number, line
+
+
+def scan_file(repo, rel_path, full_path, problems):
+    with open(full_path, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    name = os.path.basename(rel_path)
+    if name.endswith(".md"):
+        scan_text(repo, rel_path, markdown_lines(text), problems, markdown=True)
+        return
+    if name.endswith((".h", ".hpp", ".cpp", ".cc", ".cu")):
+        lines = comment_lines_cpp(text)
+    elif name.endswith(".py"):
+        lines = comment_lines_python(text)
+    elif (name.endswith((".sh", ".cmake", ".in", ".sbatch", ".txt")) or name == "CMakeLists.txt"
+          or text.startswith("#!")):
+        lines = comment_lines_hash(text)
+    else:
+        return
+    scan_text(repo, rel_path, lines, problems, markdown=False)
+
+
+def scanned(files):
+    for f in files:
+        if f == "README.md" or (f.startswith("docs/") and f.endswith(".md")):
+            yield f
+        elif f.startswith(COMMENT_DIRS) or f in ("CMakeLists.txt", ".ci/run"):
+            yield f
+
+
+def main(argv):
+    files = git_files()
+    repo = Repository(files)
+    problems = []
+    if argv:
+        for path in argv:
+            full = os.path.abspath(path)
+            rel = os.path.relpath(full, ROOT)
+            scan_file(repo, rel if not rel.startswith("..") else os.path.basename(full), full,
+                      problems)
+    else:
+        for f in scanned(files):
+            scan_file(repo, f, os.path.join(ROOT, f), problems)
+    for path, number, token in problems:
+        print(f"{path}:{number}: '{token}' names no file in the repository")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
