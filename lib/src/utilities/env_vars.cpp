@@ -60,6 +60,14 @@ std::optional<long long> Reader::integer(const std::string& name) const {
   return parsed;
 }
 
+std::optional<long long> Reader::integer(const std::string& name, long long min, long long max) const {
+  auto value = integer(name);
+  if (!value) return std::nullopt;
+  LF_CHECK(*value >= min && *value <= max, ValueError, name, "=\"", *text(name), "\" is out of range. Set it to a ",
+           "whole number from ", min, " to ", max, ", or unset it.");
+  return value;
+}
+
 std::optional<unsigned long long> Reader::unsigned_integer(const std::string& name) const {
   auto value = text(name);
   if (!value) return std::nullopt;

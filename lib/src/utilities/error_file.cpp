@@ -75,9 +75,9 @@ namespace {
 // recorded as 0 (the strategy reports it where it reads the rank).
 int rank_for_record() {
   try {
-    const long long rank = env::Reader().integer(env::kRank).value_or(0);
-    const bool fits = rank >= std::numeric_limits<int>::min() && rank <= std::numeric_limits<int>::max();
-    return fits ? static_cast<int>(rank) : 0;
+    const auto rank = env::Reader().integer(env::kRank, std::numeric_limits<int>::min(),
+                                            std::numeric_limits<int>::max());
+    return static_cast<int>(rank.value_or(0));
   } catch (const std::exception&) {
     return 0;
   }

@@ -16,9 +16,7 @@ int rank_from_env() {
   for (const char* name : {env::kRank, "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"}) {
     if (!reader.text(name)) continue;
     try {
-      const long long rank = *reader.integer(name);
-      const bool fits = rank >= std::numeric_limits<int>::min() && rank <= std::numeric_limits<int>::max();
-      return fits ? static_cast<int>(rank) : 0;
+      return static_cast<int>(*reader.integer(name, std::numeric_limits<int>::min(), std::numeric_limits<int>::max()));
     } catch (const std::exception&) {
       return 0;
     }

@@ -16,11 +16,8 @@ namespace {
 // Reads an int variable (a rank, a size, a port); a malformed or out-of-range value is a ValueError
 // naming the variable.
 std::optional<int> int_var(const env::EnvLookup& env, const std::string& name) {
-  auto value = env::Reader(env).integer(name);
+  auto value = env::Reader(env).integer(name, std::numeric_limits<int>::min(), std::numeric_limits<int>::max());
   if (!value) return std::nullopt;
-  LF_CHECK(*value >= std::numeric_limits<int>::min() && *value <= std::numeric_limits<int>::max(), ValueError, name,
-           "=\"", *value, "\" is out of range. Set it to a whole number between ", std::numeric_limits<int>::min(),
-           " and ", std::numeric_limits<int>::max(), ", or unset it.");
   return static_cast<int>(*value);
 }
 

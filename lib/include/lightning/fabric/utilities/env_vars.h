@@ -75,6 +75,8 @@ class Reader {
   /// A whole number, as std::stoll reads it ("42", "-3", "+7", leading blanks allowed); nothing may
   /// follow the digits ("3x" is rejected), nor may it overflow long long.
   std::optional<long long> integer(const std::string& name) const;
+  /// As integer, and within [min, max] (e.g. an int, a port); outside it: ValueError with the range.
+  std::optional<long long> integer(const std::string& name, long long min, long long max) const;
   /// A whole number >= 0 that fits 64 bits (a seed): as integer, but "-1" is rejected, not wrapped.
   std::optional<unsigned long long> unsigned_integer(const std::string& name) const;
   /// 1/true/yes turn it on, 0/false/no off, in any case ("True", "FALSE"); anything else throws.
