@@ -1,5 +1,6 @@
 // The launcher <-> runtime contract (docs/launcher.md): the name of every environment variable that
-// lightning-run sets and the runtime reads. Tests on both sides pin these names.
+// lightning-run sets and the runtime reads, and env::Reader, through which the runtime parses them.
+// Tests on both sides pin these names.
 #pragma once
 
 #include <functional>
@@ -61,8 +62,8 @@ EnvLookup process_env();
 /// A fixed environment, e.g. for tests and dry runs.
 EnvLookup map_env(std::map<std::string, std::string> values);
 
-/// The one typed reader of the environment: every variable the library parses goes through it, so
-/// that a malformed value is reported the same way everywhere. Each accessor returns nullopt (flag:
+/// The one typed reader of the environment: every variable the library parses should go through
+/// it, so that a malformed value is reported the same way everywhere. Each accessor returns nullopt (flag:
 /// the fallback) when the variable is unset; when it is set but malformed, it throws
 /// lightning::fabric::ValueError naming the variable, its value, what it accepts and the fix.
 /// An empty value is a value, not "unset": text returns it, the typed accessors reject it.
