@@ -1,38 +1,27 @@
 #include "lightning/launcher/worker_env.h"
 
-#include <algorithm>
-#include <thread>
-
 #include "lightning/fabric/utilities/env_vars.h"
 
 namespace lightning::launcher {
 
 namespace env = fabric::env;
 
-int default_omp_threads(int local_world_size) {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, cores / std::max(1, local_world_size));
+fabric::WorkerSettings worker_settings(const LaunchArgs& args, const std::string& error_file) {
+  fabric::WorkerSettings settings;
+  settings.cli = fabric::WorkerSettings::Cli{args.accelerator, args.strategy, args.precision, args.devices};
+  settings.agent_store = true;
+  settings.error_file = error_file;
+  settings.hang_timeout_s = args.hang_timeout_s;
+  settings.check_collectives = args.check_collectives;
+  settings.process_group_backend = args.process_group_backend;
+  settings.set_omp_threads = true;
+  return settings;
 }
 
 std::map<std::string, std::string> worker_environment(const LaunchArgs& args, const NodeLayout& layout,
                                                       int local_rank, std::map<std::string, std::string> parent,
                                                       const std::string& error_file) {
-  auto& vars = parent;
-  vars[env::kCliUsed] = "1";
-  if (args.accelerator) vars[env::kAccelerator] = *args.accelerator;
-  if (args.strategy) vars[env::kStrategy] = *args.strategy;
-  if (args.precision) vars[env::kPrecision] = *args.precision;
-  vars[env::kDevices] = args.devices;
-  vars[env::kNumNodes] = std::to_string(layout.num_nodes);
-
-  fabric::add_torchrun_environment(vars, layout, local_rank);
-  vars[env::kErrorFile] = error_file;
-  vars[env::kUseAgentStore] = "True";
-  if (args.hang_timeout_s) vars[env::kHangTimeout] = format_seconds(*args.hang_timeout_s);
-  if (args.check_collectives) vars[env::kCheckCollectives] = "1";
-  if (args.process_group_backend) vars[env::kProcessGroupBackend] = *args.process_group_backend;
-  if (vars.count("OMP_NUM_THREADS") == 0) vars["OMP_NUM_THREADS"] = std::to_string(default_omp_threads(layout.local_world_size));
-  return parent;
+  return fabric::worker_environment(worker_settings(args, error_file), layout, local_rank, std::move(parent));
 }
 
 void add_attempt_environment(std::map<std::string, std::string>& vars, const std::string& attempt_dir, int num_nodes) {

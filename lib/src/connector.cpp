@@ -8,10 +8,7 @@
 namespace lightning::fabric {
 namespace {
 
-bool cli_used(const env::EnvLookup& env) {
-  auto value = env(env::kCliUsed);
-  return value && *value != "0" && !value->empty();
-}
+bool cli_used(const env::EnvLookup& env) { return env::Reader(env).flag(env::kCliUsed); }
 
 // Python's _argument_from_env: the LT_<NAME> value wins over the code's; under the CLI a code
 // value that is neither the default nor the CLI's value is a conflict.

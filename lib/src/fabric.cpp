@@ -23,8 +23,7 @@ Fabric::Fabric(FabricOptions options, env::EnvLookup env)
     : connector_(Connector::build(options, env)),
       loggers_(options.loggers()),
       callbacks_(options.callbacks()) {
-  auto cli = env(env::kCliUsed);
-  cli_used_ = cli && !cli->empty() && *cli != "0";
+  cli_used_ = env::Reader(env).flag(env::kCliUsed);
   set_rank_zero_only_rank(global_rank());
   install_error_file_handler();
 }

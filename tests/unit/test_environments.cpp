@@ -1,6 +1,9 @@
-// Cluster environments detected from crafted environments, in Lightning's order.
+// Cluster environments detected from crafted environments, in Lightning's order, and env::Reader,
+// the typed reader they and the hang settings read every variable through.
 #include "lightning/fabric/errors.h"
+#include "lightning/fabric/plugins/collectives/collective.h"
 #include "lightning/fabric/plugins/environments/cluster_environment.h"
+#include "lightning/fabric/utilities/env_vars.h"
 // Catch2 last: glog (inside LibTorch) defines its own CHECK macro, Catch2 must win.
 #include <catch2/catch.hpp>
 
@@ -165,4 +168,68 @@ TEST_CASE("kubeflow: one process per pod", "[environments]") {
   CHECK(environment->main_address() == "job-master-0");
   CHECK(environment->launched_processes_per_node() == 1);
   CHECK(environment->launched_num_nodes() == 3);
+}
+
+TEST_CASE("env::Reader: typed values, each spelling launchers write", "[environments]") {
+  const lf::env::Reader reader(lf::env::map_env({{"N", "42"}, {"SIGNED", " -3"}, {"SEED", "18446744073709551615"},
+                                                 {"ON_1", "1"}, {"ON_TRUE", "True"}, {"ON_YES", "YES"}, {"OFF_0", "0"},
+                                                 {"OFF_FALSE", "false"}, {"OFF_NO", "No"}, {"S", "0.5"}, {"S_INT", "3"},
+                                                 {"TEXT", ""}}));
+  CHECK(reader.integer("N") == 42);
+  CHECK(reader.integer("SIGNED") == -3);
+  CHECK(reader.integer("N", 0, 65535) == 42);
+  CHECK(reader.unsigned_integer("SEED") == 18446744073709551615ULL);
+  for (const char* on : {"ON_1", "ON_TRUE", "ON_YES"}) CHECK(reader.flag(on));
+  for (const char* off : {"OFF_0", "OFF_FALSE", "OFF_NO"}) CHECK_FALSE(reader.flag(off, true));
+  CHECK(reader.seconds("S") == 0.5);
+  CHECK(reader.seconds("S_INT") == 3.0);
+  CHECK(reader.text("TEXT") == std::string());
+  // Unset: nullopt, or the flag's fallback.
+  CHECK_FALSE(reader.integer("UNSET").has_value());
+  CHECK_FALSE(reader.unsigned_integer("UNSET").has_value());
+  CHECK_FALSE(reader.seconds("UNSET").has_value());
+  CHECK_FALSE(reader.text("UNSET").has_value());
+  CHECK(reader.flag("UNSET", true));
+  CHECK_FALSE(reader.flag("UNSET"));
+}
+
+TEST_CASE("env::Reader: a malformed value is a ValueError naming the variable, value and fix", "[environments]") {
+  const lf::env::Reader reader(lf::env::map_env({{"LT_COUNT", "abc"}, {"LT_TRAILING", "3x"}, {"LT_PORT", "70000"},
+                                                 {"LT_SEED", "-1"}, {"LT_SWITCH", "maybe"}, {"LT_WAIT", "soon"},
+                                                 {"LT_NEGATIVE", "-1"}, {"LT_FOREVER", "inf"}}));
+  CHECK_THROWS_AS(reader.integer("LT_COUNT"), lf::ValueError);
+  CHECK_THROWS_WITH(reader.integer("LT_COUNT"), Contains("LT_COUNT=\"abc\" is not an integer") && Contains("unset it"));
+  CHECK_THROWS_WITH(reader.integer("LT_TRAILING"), Contains("LT_TRAILING=\"3x\" is not an integer"));
+  CHECK_THROWS_WITH(reader.integer("LT_PORT", 0, 65535), Contains("LT_PORT=\"70000\" is out of range") &&
+                                                          Contains("from 0 to 65535"));
+  CHECK_THROWS_WITH(reader.unsigned_integer("LT_SEED"), Contains("LT_SEED=\"-1\" is not an unsigned integer"));
+  CHECK_THROWS_AS(reader.flag("LT_SWITCH"), lf::ValueError);
+  CHECK_THROWS_WITH(reader.flag("LT_SWITCH"), Contains("LT_SWITCH=\"maybe\" is not a flag") && Contains("true") &&
+                                                  Contains("yes") && Contains("false"));
+  CHECK_THROWS_AS(reader.seconds("LT_WAIT"), lf::ValueError);
+  CHECK_THROWS_WITH(reader.seconds("LT_WAIT"), Contains("LT_WAIT=\"soon\" is not a number of seconds"));
+  CHECK_THROWS_WITH(reader.seconds("LT_NEGATIVE"), Contains("LT_NEGATIVE=\"-1\""));
+  CHECK_THROWS_WITH(reader.seconds("LT_FOREVER"), Contains("LT_FOREVER=\"inf\""));
+}
+
+TEST_CASE("a malformed rank or hang setting names its variable", "[environments]") {
+  Env torchrun{{"TORCHELASTIC_RUN_ID", "x"}, {"RANK", "1x"}, {"GROUP_RANK", "0"}, {"LOCAL_RANK", "0"},
+               {"LOCAL_WORLD_SIZE", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "1"}};
+  CHECK_THROWS_WITH(detect(torchrun)->global_rank(), Contains("RANK=\"1x\" is not an integer"));
+
+  auto apply = [](Env values) {
+    lf::CollectiveOptions options;
+    lf::apply_watch_environment(lf::env::map_env(std::move(values)), options);
+    return options;
+  };
+  const auto set = apply({{"LT_HANG_TIMEOUT", "0.5"}, {"LT_CHECK_COLLECTIVES", "1"}, {"LT_FLIGHT_RECORDS", "16"}});
+  CHECK(set.hang_timeout == std::chrono::milliseconds(500));
+  CHECK(set.check_collectives);
+  CHECK(set.flight_records == 16);
+  CHECK(apply({{"LT_HANG_TIMEOUT", "3"}}).hang_timeout == std::chrono::seconds(3));
+  CHECK_FALSE(apply({{"LT_CHECK_COLLECTIVES", "0"}}).check_collectives);
+  CHECK_THROWS_WITH(apply({{"LT_HANG_TIMEOUT", "soon"}}), Contains("LT_HANG_TIMEOUT=\"soon\""));
+  CHECK_THROWS_WITH(apply({{"LT_CHECK_COLLECTIVES", "maybe"}}), Contains("LT_CHECK_COLLECTIVES=\"maybe\""));
+  CHECK_THROWS_WITH(apply({{"LT_FLIGHT_RECORDS", "many"}}), Contains("LT_FLIGHT_RECORDS=\"many\""));
+  CHECK_THROWS_WITH(apply({{"LT_FLIGHT_RECORDS", "2000000"}}), Contains("0 to 1000000"));
 }

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <typeinfo>
 
@@ -32,8 +33,8 @@ std::terminate_handler& previous_handler() {
 }
 
 void record_and_terminate() {
-  const char* path = std::getenv(env::kErrorFile);
-  if (path != nullptr && *path != '\0') {
+  const auto path = env::Reader().text(env::kErrorFile);
+  if (path && !path->empty()) {
     if (auto current = std::current_exception()) {
       std::string type = "unknown exception";
       if (const std::type_info* info = abi::__cxa_current_exception_type()) type = demangle(info->name());
@@ -45,7 +46,7 @@ void record_and_terminate() {
       } catch (...) {
         message = "(not a std::exception)";
       }
-      write_error_file(path, type, message);
+      write_error_file(*path, type, message);
     }
   }
   if (auto hook = terminate_hook.load()) hook();
@@ -69,17 +70,29 @@ namespace {
 // Installed when the library loads, so that an exception escaping main before or inside the Fabric
 // constructor (a bad option, a launcher mismatch) is recorded too.
 [[maybe_unused]] const bool installed_at_load = (install_error_file_handler(), true);
+
+// The rank for the record. Never throws, as the process is already failing: a malformed RANK is
+// recorded as 0 (the strategy reports it where it reads the rank).
+int rank_for_record() {
+  try {
+    const auto rank = env::Reader().integer(env::kRank, std::numeric_limits<int>::min(),
+                                            std::numeric_limits<int>::max());
+    return static_cast<int>(rank.value_or(0));
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
 }  // namespace
 
 bool write_error_file(const std::string& path, const std::string& type, const std::string& message) {
-  const char* rank = std::getenv(env::kRank);
   const auto now = std::chrono::system_clock::now().time_since_epoch();
   nlohmann::json record = {
       {"message",
        {{"message", type + ": " + message},
         {"extraInfo", {{"timestamp", std::to_string(std::chrono::duration_cast<std::chrono::seconds>(now).count())}}}}},
       {"type", type},
-      {"rank", rank != nullptr ? std::atoi(rank) : 0}};
+      {"rank", rank_for_record()}};
   const std::string temporary = path + ".tmp";
   {
     std::ofstream out(temporary, std::ios::trunc);

@@ -1,8 +1,32 @@
 #include "lightning/fabric/utilities/launch_env.h"
 
+#include <algorithm>
+#include <sstream>
+#include <thread>
+
 #include "lightning/fabric/utilities/env_vars.h"
 
 namespace lightning::fabric {
+namespace {
+
+// "2", "0.5": seconds as a person writes them (as lightning-run's format_seconds).
+std::string seconds_text(double seconds) {
+  std::ostringstream text;
+  text << seconds;
+  return text.str();
+}
+
+// LT_CLI_USED and the flags lightning-run was given.
+void add_cli_environment(std::map<std::string, std::string>& vars, const WorkerSettings::Cli& cli, int num_nodes) {
+  vars[env::kCliUsed] = "1";
+  if (cli.accelerator) vars[env::kAccelerator] = *cli.accelerator;
+  if (cli.strategy) vars[env::kStrategy] = *cli.strategy;
+  if (cli.precision) vars[env::kPrecision] = *cli.precision;
+  vars[env::kDevices] = cli.devices;
+  vars[env::kNumNodes] = std::to_string(num_nodes);
+}
+
+}  // namespace
 
 void add_torchrun_environment(std::map<std::string, std::string>& vars, const WorkerLayout& layout, int local_rank) {
   const std::string rank = std::to_string(layout.rank_offset + local_rank);
@@ -21,6 +45,27 @@ void add_torchrun_environment(std::map<std::string, std::string>& vars, const Wo
   vars[env::kRunId] = layout.run_id;
   vars[env::kRestartCount] = std::to_string(layout.restart_count);
   vars[env::kMaxRestarts] = std::to_string(layout.max_restarts);
+}
+
+int default_omp_threads(int local_world_size) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, local_world_size));
+}
+
+std::map<std::string, std::string> worker_environment(const WorkerSettings& settings, const WorkerLayout& layout,
+                                                      int local_rank, std::map<std::string, std::string> parent) {
+  auto& vars = parent;
+  if (settings.cli) add_cli_environment(vars, *settings.cli, layout.num_nodes);
+  add_torchrun_environment(vars, layout, local_rank);
+  vars[env::kUseAgentStore] = settings.agent_store ? "True" : "False";
+  if (!settings.error_file.empty()) vars[env::kErrorFile] = settings.error_file;
+  if (settings.hang_timeout_s) vars[env::kHangTimeout] = seconds_text(*settings.hang_timeout_s);
+  if (settings.check_collectives) vars[env::kCheckCollectives] = "1";
+  if (settings.process_group_backend) vars[env::kProcessGroupBackend] = *settings.process_group_backend;
+  if (settings.set_omp_threads && vars.count("OMP_NUM_THREADS") == 0) {
+    vars["OMP_NUM_THREADS"] = std::to_string(default_omp_threads(layout.local_world_size));
+  }
+  return parent;
 }
 
 }  // namespace lightning::fabric

@@ -33,8 +33,7 @@ std::string clock_text(double seconds) {
 bool writes_to_terminal(const std::ostream& out) {
   const int fd = &out == &std::cout ? STDOUT_FILENO : (&out == &std::cerr || &out == &std::clog) ? STDERR_FILENO : -1;
   if (fd < 0) return false;
-  const char* forwarded = std::getenv(env::kTerminal);
-  return ::isatty(fd) == 1 || (forwarded != nullptr && std::string(forwarded) == "1");
+  return ::isatty(fd) == 1 || env::Reader().flag(env::kTerminal);
 }
 }  // namespace
 

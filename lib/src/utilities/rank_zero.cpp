@@ -1,19 +1,24 @@
 #include "lightning/fabric/utilities/rank_zero.h"
 
-#include <cstdlib>
 #include <iostream>
+#include <limits>
 #include <string>
+
+#include "lightning/fabric/utilities/env_vars.h"
 
 namespace lightning::fabric {
 namespace {
+// The first of the launchers' rank variables that is set. Never throws, as warnings may be printed
+// anywhere: a malformed or out-of-range value counts as rank 0 (the cluster environment reports it
+// when the Fabric reads its rank, and set_rank_zero_only_rank then corrects this one).
 int rank_from_env() {
-  for (const char* name : {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"}) {
-    if (const char* value = std::getenv(name)) {
-      try {
-        return std::stoi(value);
-      } catch (const std::exception&) {
-        return 0;
-      }
+  const env::Reader reader;
+  for (const char* name : {env::kRank, "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"}) {
+    if (!reader.text(name)) continue;
+    try {
+      return static_cast<int>(*reader.integer(name, std::numeric_limits<int>::min(), std::numeric_limits<int>::max()));
+    } catch (const std::exception&) {
+      return 0;
     }
   }
   return 0;

@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <string>
 
-#include "lightning/fabric/errors.h"
 #include "lightning/fabric/utilities/env_vars.h"
 #include "lightning/fabric/utilities/rank_zero.h"
 
@@ -14,14 +13,8 @@ namespace lightning::fabric {
 
 uint64_t seed_everything(std::optional<uint64_t> seed, bool workers) {
   if (!seed) {
-    if (const char* recorded = std::getenv(env::kGlobalSeed)) {
-      try {
-        seed = std::stoull(recorded);
-      } catch (const std::exception&) {
-        throw ValueError(std::string("seed_everything: ") + env::kGlobalSeed + "=\"" + recorded +
-                         "\" is not an unsigned integer. Unset it or set a number.");
-      }
-    } else {
+    seed = env::Reader().unsigned_integer(env::kGlobalSeed);
+    if (!seed) {
       seed = 0;
       rank_zero_warn("seed_everything() was called without a seed and PL_GLOBAL_SEED is unset: using seed 0.");
     }
@@ -34,14 +27,6 @@ uint64_t seed_everything(std::optional<uint64_t> seed, bool workers) {
   return *seed;
 }
 
-uint64_t global_seed() {
-  const char* recorded = std::getenv(env::kGlobalSeed);
-  if (recorded == nullptr) return 0;
-  try {
-    return std::stoull(recorded);
-  } catch (const std::exception&) {
-    return 0;
-  }
-}
+uint64_t global_seed() { return env::Reader().unsigned_integer(env::kGlobalSeed).value_or(0); }
 
 }  // namespace lightning::fabric

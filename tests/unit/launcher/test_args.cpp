@@ -2,6 +2,8 @@
 // and usage errors that exit 2 naming the flag, the value and the choices.
 #include <sstream>
 
+#include "lightning/fabric/strategies/launchers/subprocess_launcher.h"
+#include "lightning/fabric/utilities/launch_env.h"
 #include "lightning/launcher/args.h"
 #include "lightning/launcher/worker_env.h"
 // Catch2 last: glog (inside LibTorch) defines its own CHECK macro, Catch2 must win.
@@ -158,4 +160,59 @@ TEST_CASE("worker environment: global ranks start at the node's offset", "[args]
   CHECK(env.count("LT_PROCESS_GROUP_BACKEND") == 0);  // unset: the program's choice (shm or gloo on CPU)
   args.process_group_backend = "gloo";
   CHECK(launcher::worker_environment(args, layout, 0, {}, "/tmp/e.json").at("LT_PROCESS_GROUP_BACKEND") == "gloo");
+}
+
+TEST_CASE("worker environment: lightning-run and Fabric::launch() build it with one function", "[args]") {
+  namespace lf = lightning::fabric;
+  launcher::NodeLayout layout;
+  layout.local_world_size = 2;
+  layout.world_size = 2;
+  layout.main_port = 4242;
+  layout.run_id = "abc";
+  const std::map<std::string, std::string> parent{{"PATH", "/bin"}, {"LT_HANG_TIMEOUT", "9"}};
+  const std::string omp = std::to_string(lf::default_omp_threads(2));
+
+  // lightning-run: its flags become LT_* variables; it hosts the store the workers join.
+  launcher::LaunchArgs args;
+  args.accelerator = "cpu";
+  args.devices = "2";
+  args.hang_timeout_s = 0.5;
+  args.check_collectives = true;
+  const auto cli = launcher::worker_environment(args, layout, 1, parent, "/tmp/rank_1.error.json");
+  CHECK(cli == lf::worker_environment(launcher::worker_settings(args, "/tmp/rank_1.error.json"), layout, 1, parent));
+  CHECK(cli.at("LT_CLI_USED") == "1");
+  CHECK(cli.at("LT_ACCELERATOR") == "cpu");
+  CHECK(cli.count("LT_STRATEGY") == 0);
+  CHECK(cli.at("LT_DEVICES") == "2");
+  CHECK(cli.at("LT_NUM_NODES") == "1");
+  CHECK(cli.at("LT_HANG_TIMEOUT") == "0.5");
+  CHECK(cli.at("LT_CHECK_COLLECTIVES") == "1");
+  CHECK(cli.at("TORCHELASTIC_USE_AGENT_STORE") == "True");
+  CHECK(cli.at("TORCHELASTIC_ERROR_FILE") == "/tmp/rank_1.error.json");
+  CHECK(cli.at("OMP_NUM_THREADS") == omp);
+
+  // Fabric::launch(), a spawned rank: no CLI choices, the parent's settings pass through, rank 0
+  // hosts the store, an error file in the launch's folder.
+  const auto spawned =
+      lf::worker_environment(lf::SubprocessLauncher::worker_settings(1, "/tmp/launch", true), layout, 1, parent);
+  CHECK(spawned.count("LT_CLI_USED") == 0);
+  CHECK(spawned.count("LT_DEVICES") == 0);
+  CHECK(spawned.at("LT_HANG_TIMEOUT") == "9");
+  CHECK(spawned.at("TORCHELASTIC_USE_AGENT_STORE") == "False");
+  CHECK(spawned.at("TORCHELASTIC_ERROR_FILE") == "/tmp/launch/rank_1.error.json");
+  CHECK(spawned.at("OMP_NUM_THREADS") == omp);
+  CHECK(lf::worker_environment(lf::SubprocessLauncher::worker_settings(1, "/tmp/launch", false), layout, 1, parent)
+            .count("OMP_NUM_THREADS") == 0);
+  // The same torchrun set either way.
+  std::map<std::string, std::string> torchrun;
+  lf::add_torchrun_environment(torchrun, layout, 1);
+  for (const auto& [name, value] : torchrun) {
+    CHECK(cli.at(name) == value);
+    CHECK(spawned.at(name) == value);
+  }
+
+  // Fabric::launch()'s own process, local rank 0: exactly the torchrun set and the store flag.
+  std::map<std::string, std::string> own{{"TORCHELASTIC_USE_AGENT_STORE", "False"}};
+  lf::add_torchrun_environment(own, layout, 0);
+  CHECK(lf::worker_environment(lf::SubprocessLauncher::worker_settings(0, "/tmp/launch", true), layout, 0, {}) == own);
 }

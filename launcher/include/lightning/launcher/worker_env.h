@@ -1,5 +1,6 @@
 // The environment each worker gets (docs/launcher.md): the parent's, plus the LT_* variables and the
-// torchrun set. Pinned by tests on both sides through lightning/fabric/utilities/env_vars.h.
+// torchrun set, built by fabric::worker_environment (lightning/fabric/utilities/launch_env.h), the
+// function Fabric::launch() uses too. Pinned by tests on both sides through env_vars.h.
 #pragma once
 
 #include <map>
@@ -15,9 +16,14 @@ namespace lightning::launcher {
 using NodeLayout = fabric::WorkerLayout;
 
 /// OMP_NUM_THREADS for each worker when the parent has none: max(1, cores / local workers).
-int default_omp_threads(int local_world_size);
+using fabric::default_omp_threads;
 
-/// The full environment of one worker. error_file: its TORCHELASTIC_ERROR_FILE path.
+/// lightning-run's worker settings: its Fabric flags (LT_CLI_USED=1 and the LT_* choices), the
+/// agent store, --hang-timeout, --check-collectives, --process-group-backend, the OMP default.
+/// error_file: the worker's TORCHELASTIC_ERROR_FILE path.
+fabric::WorkerSettings worker_settings(const LaunchArgs& args, const std::string& error_file);
+
+/// The full environment of one worker: fabric::worker_environment with worker_settings(args, error_file).
 std::map<std::string, std::string> worker_environment(const LaunchArgs& args, const NodeLayout& layout,
                                                       int local_rank, std::map<std::string, std::string> parent,
                                                       const std::string& error_file);

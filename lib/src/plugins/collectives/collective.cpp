@@ -184,44 +184,22 @@ void Collective::start_watch(const c10::intrusive_ptr<c10d::Store>& hosted) {
   impl_->owns_watchdog = internal::start_hang_watchdog(watch);
 }
 
-namespace {
-std::optional<double> seconds_from(const env::EnvLookup& env, const char* name) {
-  auto value = env(name);
-  if (!value) return std::nullopt;
-  try {
-    size_t used = 0;
-    const double seconds = std::stod(*value, &used);
-    if (used == value->size() && seconds >= 0) return seconds;
-  } catch (const std::exception&) {
-  }
-  throw ValueError(std::string(name) + "=\"" + *value + "\" is not valid: give seconds, a number >= 0 (0 turns it off).");
-}
-}  // namespace
-
 void apply_watch_environment(const env::EnvLookup& env, CollectiveOptions& options) {
-  if (auto seconds = seconds_from(env, env::kHangTimeout)) {
+  const env::Reader reader(env);
+  if (auto seconds = reader.seconds(env::kHangTimeout)) {  // 0 turns hang detection off
     options.hang_timeout = std::chrono::milliseconds(static_cast<int64_t>(*seconds * 1000));
   }
-  if (auto records = env(env::kFlightRecords)) {
-    size_t used = 0;
-    long long count = -1;
-    try {
-      count = std::stoll(*records, &used);
-    } catch (const std::exception&) {
-    }
-    LF_CHECK(used == records->size() && count >= 0 && count <= 1000000, ValueError, env::kFlightRecords, "=\"",
-             *records, "\" is not valid: give the number of collectives the flight recorder keeps, 0 to 1000000 "
+  if (auto records = reader.integer(env::kFlightRecords)) {
+    LF_CHECK(*records >= 0 && *records <= 1000000, ValueError, env::kFlightRecords, "=\"", *env(env::kFlightRecords),
+             "\" is not valid: give the number of collectives the flight recorder keeps, 0 to 1000000 "
              "(default 2048; 0 turns recording and hang detection off).");
-    options.flight_records = static_cast<uint32_t>(count);
+    options.flight_records = static_cast<uint32_t>(*records);
   }
-  options.flight_dir = env(env::kFlightDir).value_or(options.flight_dir);
-  options.hang_dump_dir = env(env::kHangDumpDir).value_or(options.hang_dump_dir);
-  options.error_file = env(env::kErrorFile).value_or(options.error_file);
-  if (auto check = env(env::kCheckCollectives)) {
-    LF_CHECK(*check == "0" || *check == "1", ValueError, env::kCheckCollectives, "=\"", *check,
-             "\" is not valid: give 1 (compare every collective's op, dtype and shape across ranks) or 0.");
-    options.check_collectives = *check == "1";
-  }
+  options.flight_dir = reader.text(env::kFlightDir).value_or(options.flight_dir);
+  options.hang_dump_dir = reader.text(env::kHangDumpDir).value_or(options.hang_dump_dir);
+  options.error_file = reader.text(env::kErrorFile).value_or(options.error_file);
+  // 1: compare every collective's op, dtype and shape across ranks.
+  options.check_collectives = reader.flag(env::kCheckCollectives, options.check_collectives);
 }
 
 namespace {

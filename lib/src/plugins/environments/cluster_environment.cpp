@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "internal/published_port.h"
@@ -12,17 +13,12 @@
 namespace lightning::fabric {
 namespace {
 
-// Reads an integer variable; a malformed value is an error naming the variable.
+// Reads an int variable (a rank, a size, a port); a malformed or out-of-range value is a ValueError
+// naming the variable.
 std::optional<int> int_var(const env::EnvLookup& env, const std::string& name) {
-  auto value = env(name);
+  auto value = env::Reader(env).integer(name, std::numeric_limits<int>::min(), std::numeric_limits<int>::max());
   if (!value) return std::nullopt;
-  try {
-    size_t used = 0;
-    int parsed = std::stoi(*value, &used);
-    if (used == value->size()) return parsed;
-  } catch (const std::exception&) {
-  }
-  throw ValueError("Environment variable " + name + "=\"" + *value + "\" is not an integer. Fix or unset it.");
+  return static_cast<int>(*value);
 }
 
 int required_int(const env::EnvLookup& env, const std::string& name, const std::string& who) {
@@ -78,19 +74,11 @@ void ClusterEnvironment::validate_settings(int num_devices, int num_nodes) const
 }
 
 std::chrono::milliseconds rendezvous_timeout_from(const env::EnvLookup& env, std::chrono::milliseconds fallback) {
-  auto value = env(env::kRendezvousTimeout);
-  if (!value) return fallback;
-  double seconds = 0;
-  try {
-    size_t used = 0;
-    seconds = std::stod(*value, &used);
-    if (used != value->size()) seconds = 0;
-  } catch (const std::exception&) {
-    seconds = 0;
-  }
-  LF_CHECK(seconds > 0, ValueError, env::kRendezvousTimeout, "=\"", *value, "\" is not valid: give the seconds ranks ",
-           "wait for each other to arrive, a positive number (default 300).");
-  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  auto seconds = env::Reader(env).seconds(env::kRendezvousTimeout);
+  if (!seconds) return fallback;
+  LF_CHECK(*seconds > 0, ValueError, env::kRendezvousTimeout, "=\"", *env(env::kRendezvousTimeout),
+           "\" is not valid: give the seconds ranks wait for each other to arrive, a positive number (default 300).");
+  return std::chrono::milliseconds(static_cast<int64_t>(*seconds * 1000));
 }
 
 LightningEnvironment::LightningEnvironment(env::EnvLookup env) : env_(std::move(env)) {}
@@ -213,10 +201,9 @@ std::string SLURMEnvironment::main_address() const {
 
 int SLURMEnvironment::main_port() const {
   if (auto port = int_var(env_, env::kMasterPort)) return *port;
-  auto job = env_("SLURM_JOB_ID");
-  if (!job) return 15000;
-  const std::string digits = job->size() > 4 ? job->substr(job->size() - 4) : *job;
-  return 15000 + std::stoi(digits);
+  // As Lightning: 15000 + the job id's last four digits.
+  auto job = env::Reader(env_).integer("SLURM_JOB_ID");
+  return 15000 + static_cast<int>(job.value_or(0) % 10000);
 }
 
 int SLURMEnvironment::world_size() const { return required_int(env_, "SLURM_NTASKS", "slurm"); }

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -33,7 +34,20 @@ std::vector<std::string> own_command_line() {
 
 constexpr auto kGrace = std::chrono::seconds(5);
 
+// Where local rank `local_rank` records an uncaught exception; the monitor reads it back.
+std::string error_file_of(const std::string& error_dir, int local_rank) {
+  return error_dir + "/rank_" + std::to_string(local_rank) + ".error.json";
+}
+
 }  // namespace
+
+WorkerSettings SubprocessLauncher::worker_settings(int local_rank, const std::string& error_dir, bool set_omp_threads) {
+  WorkerSettings settings;  // no CLI choices; rank 0 hosts the store (TORCHELASTIC_USE_AGENT_STORE=False)
+  const bool spawned = local_rank > 0;  // this process, local rank 0, keeps its error file and threads
+  if (spawned) settings.error_file = error_file_of(error_dir, local_rank);
+  settings.set_omp_threads = spawned && set_omp_threads;
+  return settings;
+}
 
 struct SubprocessLauncher::Impl {
   int num_processes = 1;
@@ -79,7 +93,7 @@ struct SubprocessLauncher::Impl {
   [[noreturn]] void report_and_exit(size_t local_rank, const ExitStatus& status) {
     reporting = true;
     std::cerr << "lightning-fabric: local rank " << local_rank << " failed: " << status.describe() << "\n";
-    const std::string error = read_error_file(error_dir + "/rank_" + std::to_string(local_rank) + ".error.json");
+    const std::string error = read_error_file(error_file_of(error_dir, static_cast<int>(local_rank)));
     if (!error.empty()) std::cerr << "lightning-fabric: its error file says: " << error << "\n";
     std::cerr << "lightning-fabric: stopping the other processes and exiting with " << status.shell_code() << std::endl;
     terminate_all(children, SIGTERM, kGrace);
@@ -103,16 +117,20 @@ void SubprocessLauncher::launch() {
   const auto& env = impl.env;
   WorkerLayout layout;
   layout.num_nodes = impl.num_nodes;
-  layout.node_rank = std::stoi(env(env::kNodeRank).value_or(env(env::kGroupRank).value_or("0")));
+  const env::Reader reader(env);
+  constexpr long long kMaxInt = std::numeric_limits<int>::max();
+  auto node_rank = reader.integer(env::kNodeRank, 0, kMaxInt);
+  if (!node_rank) node_rank = reader.integer(env::kGroupRank, 0, kMaxInt);
+  layout.node_rank = static_cast<int>(node_rank.value_or(0));
   layout.local_world_size = impl.num_processes;
   layout.rank_offset = layout.node_rank * impl.num_processes;
   layout.world_size = impl.num_nodes * impl.num_processes;
-  layout.main_address = env(env::kMasterAddr).value_or("127.0.0.1");
-  auto port = env(env::kMasterPort);
+  layout.main_address = reader.text(env::kMasterAddr).value_or("127.0.0.1");
+  const auto port = reader.integer(env::kMasterPort, 0, 65535);
   LF_CHECK(port || impl.num_nodes == 1, ValueError, "Fabric::launch() with num_nodes=", impl.num_nodes,
            " needs MASTER_ADDR and MASTER_PORT (node 0's address and a free port) and NODE_RANK on every node, "
            "or start the nodes with lightning-run.");
-  layout.main_port = port ? std::stoi(*port) : 0;
+  layout.main_port = static_cast<int>(port.value_or(0));
   layout.run_id = "fabric-launch-" + std::to_string(getpid());
   if (layout.node_rank == 0) {
     int bound = 0;
@@ -122,27 +140,21 @@ void SubprocessLauncher::launch() {
 
   impl.error_dir = make_temporary_directory("lightning-fabric-");
 
-  const bool set_threads = !env("OMP_NUM_THREADS").has_value();
-  const int threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / impl.num_processes);
+  const bool set_threads = !reader.text("OMP_NUM_THREADS").has_value();
   std::vector<ProcessSpec> specs;
   const auto command = own_command_line();
   for (int local = 1; local < impl.num_processes; ++local) {
     ProcessSpec spec;
     spec.executable = "/proc/self/exe";
     spec.argv = command;
-    spec.env = current_environment();
-    add_torchrun_environment(spec.env, layout, local);
-    spec.env[env::kUseAgentStore] = "False";
-    spec.env[env::kErrorFile] = impl.error_dir + "/rank_" + std::to_string(local) + ".error.json";
-    if (set_threads) spec.env["OMP_NUM_THREADS"] = std::to_string(threads);
+    spec.env = worker_environment(worker_settings(local, impl.error_dir, set_threads), layout, local,
+                                  current_environment());
     specs.push_back(std::move(spec));
   }
-  // This process becomes local rank 0 of the same contract.
-  std::map<std::string, std::string> own;
-  add_torchrun_environment(own, layout, 0);
-  own[env::kUseAgentStore] = "False";
+  // This process becomes local rank 0 of the same contract: what the function adds is exported.
+  const auto own = worker_environment(worker_settings(0, impl.error_dir, set_threads), layout, 0, {});
   for (const auto& [key, value] : own) setenv(key.c_str(), value.c_str(), 1);
-  if (set_threads) at::set_num_threads(threads);
+  if (set_threads) at::set_num_threads(default_omp_threads(impl.num_processes));
 
   impl.monitor = std::thread([state = impl_, specs = std::move(specs)]() mutable { state->supervise(std::move(specs)); });
   {

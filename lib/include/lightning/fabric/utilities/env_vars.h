@@ -1,5 +1,6 @@
 // The launcher <-> runtime contract (docs/launcher.md): the name of every environment variable that
-// lightning-run sets and the runtime reads. Tests on both sides pin these names.
+// lightning-run sets and the runtime reads, and env::Reader, through which the runtime parses them.
+// Tests on both sides pin these names.
 #pragma once
 
 #include <functional>
@@ -60,5 +61,32 @@ EnvLookup process_env();
 
 /// A fixed environment, e.g. for tests and dry runs.
 EnvLookup map_env(std::map<std::string, std::string> values);
+
+/// The one typed reader of the environment: every variable the library parses should go through
+/// it, so that a malformed value is reported the same way everywhere. Each accessor returns nullopt (flag:
+/// the fallback) when the variable is unset; when it is set but malformed, it throws
+/// lightning::fabric::ValueError naming the variable, its value, what it accepts and the fix.
+/// An empty value is a value, not "unset": text returns it, the typed accessors reject it.
+class Reader {
+ public:
+  explicit Reader(EnvLookup lookup = process_env());
+
+  /// The value as it is.
+  std::optional<std::string> text(const std::string& name) const;
+  /// A whole number, as std::stoll reads it ("42", "-3", "+7", leading blanks allowed); nothing may
+  /// follow the digits ("3x" is rejected), nor may it overflow long long.
+  std::optional<long long> integer(const std::string& name) const;
+  /// As integer, and within [min, max] (e.g. an int, a port); outside it: ValueError with the range.
+  std::optional<long long> integer(const std::string& name, long long min, long long max) const;
+  /// A whole number >= 0 that fits 64 bits (a seed): as integer, but "-1" is rejected, not wrapped.
+  std::optional<unsigned long long> unsigned_integer(const std::string& name) const;
+  /// 1/true/yes turn it on, 0/false/no off, in any case ("True", "FALSE"); anything else throws.
+  bool flag(const std::string& name, bool fallback = false) const;
+  /// A duration in seconds: a finite number >= 0 ("3", "0.5", "1e3"); "inf", "-1", "3s" are rejected.
+  std::optional<double> seconds(const std::string& name) const;
+
+ private:
+  EnvLookup lookup_;
+};
 
 }  // namespace lightning::fabric::env

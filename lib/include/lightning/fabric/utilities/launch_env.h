@@ -1,9 +1,10 @@
-// The torchrun variables of one worker, built from where its node stands in the job. Shared by
-// lightning-run (launcher/) and Fabric::launch() (strategies/launchers/), so that a program sees
-// the same contract either way (docs/launcher.md).
+// The environment of one worker, built by one function for lightning-run (launcher/) and for
+// Fabric::launch() (strategies/launchers/), so that a program sees the same contract either way
+// (docs/launcher.md). What the two launchers deliberately do differently is a WorkerSettings field.
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 
 namespace lightning::fabric {
@@ -26,5 +27,44 @@ struct WorkerLayout {
 /// ROLE_RANK, ROLE_NAME, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID,
 /// TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS written into env (others untouched).
 void add_torchrun_environment(std::map<std::string, std::string>& env, const WorkerLayout& layout, int local_rank);
+
+/// What differs between lightning-run's workers and the processes Fabric::launch() starts. The
+/// defaults are those of the processes Fabric::launch() spawns; lightning-run fills every field.
+struct WorkerSettings {
+  /// lightning-run's Fabric flags, as given. Set: LT_CLI_USED=1, LT_DEVICES, LT_NUM_NODES (the
+  /// layout's), and each of LT_ACCELERATOR, LT_STRATEGY, LT_PRECISION whose flag was given.
+  /// Fabric::launch() leaves it unset: its processes take the options from the code, as it did.
+  struct Cli {
+    std::optional<std::string> accelerator;
+    std::optional<std::string> strategy;
+    std::optional<std::string> precision;
+    std::string devices = "1";
+  };
+  std::optional<Cli> cli;
+  /// TORCHELASTIC_USE_AGENT_STORE: "True" when the launcher hosts the store and workers join it
+  /// (lightning-run), "False" when global rank 0 hosts it (Fabric::launch()). Always set.
+  bool agent_store = false;
+  /// TORCHELASTIC_ERROR_FILE: where the worker records an uncaught exception. Empty: not set
+  /// (Fabric::launch()'s own process, local rank 0, whose failure is its own to report).
+  std::string error_file;
+  /// LT_HANG_TIMEOUT ("2", "0.5"), LT_CHECK_COLLECTIVES=1, LT_PROCESS_GROUP_BACKEND: lightning-run's
+  /// --hang-timeout, --check-collectives, --process-group-backend, set only when given. Unset or
+  /// false, the parent's values pass through (Fabric::launch()'s processes inherit its own).
+  std::optional<double> hang_timeout_s;
+  bool check_collectives = false;
+  std::optional<std::string> process_group_backend;
+  /// OMP_NUM_THREADS=default_omp_threads(local_world_size) when the parent has none. False for
+  /// Fabric::launch()'s own process, which already runs and sets LibTorch's thread count instead.
+  bool set_omp_threads = true;
+};
+
+/// OMP_NUM_THREADS for each worker when the parent has none: max(1, cores / local workers).
+int default_omp_threads(int local_world_size);
+
+/// The full environment of local rank `local_rank`: `parent` (the environment it inherits), plus
+/// what `settings` asks for and the torchrun set of add_torchrun_environment. Variables it sets
+/// replace the parent's; the others pass through untouched.
+std::map<std::string, std::string> worker_environment(const WorkerSettings& settings, const WorkerLayout& layout,
+                                                      int local_rank, std::map<std::string, std::string> parent);
 
 }  // namespace lightning::fabric

@@ -53,9 +53,10 @@ struct CollectiveOptions {
   bool check_collectives = false;   // compare op, dtype and shape across ranks before every collective
 };
 
-/// Overrides options' hang settings from the environment: LT_HANG_TIMEOUT (seconds, 0 = off),
-/// LT_FLIGHT_RECORDS, LT_FLIGHT_DIR, LT_HANG_DUMP_DIR, LT_CHECK_COLLECTIVES (1/0),
-/// TORCHELASTIC_ERROR_FILE. Throws ValueError naming a bad value and what is valid.
+/// Overrides options' hang settings from the environment (through env::Reader): LT_HANG_TIMEOUT
+/// (seconds, 0 = off), LT_FLIGHT_RECORDS, LT_FLIGHT_DIR, LT_HANG_DUMP_DIR, LT_CHECK_COLLECTIVES (a
+/// flag: 1/0, true/false, yes/no), TORCHELASTIC_ERROR_FILE. Throws ValueError naming a bad value
+/// and what is valid.
 void apply_watch_environment(const env::EnvLookup& env, CollectiveOptions& options);
 
 class Collective {
