@@ -5,20 +5,13 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <climits>
+
 #include "lightning/fabric/errors.h"
+#include "lightning/fabric/plugins/collectives/collective.h"
 #include "lightning/fabric/strategies/launchers/subprocess_launcher.h"
 
 namespace lightning::fabric {
-namespace {
-bool env_true(const env::EnvLookup& env, const char* name) {
-  auto value = env(name);
-  return value && (*value == "True" || *value == "true" || *value == "1");
-}
-int env_int(const env::EnvLookup& env, const char* name, int fallback) {
-  auto value = env(name);
-  return value ? std::stoi(*value) : fallback;
-}
-}  // namespace
 
 void check_process_group_backend(const std::string& setting, const std::optional<std::string>& backend) {
   if (!backend) return;
@@ -79,8 +72,9 @@ void ParallelStrategy::setup_environment() {
   options.main_port = environment.main_port();
   options.rank = global_rank();
   options.world_size = world_size();
-  options.restart_count = env_int(context_.env, env::kRestartCount, 0);
-  options.use_agent_store = env_true(context_.env, env::kUseAgentStore);
+  const env::Reader reader(context_.env);
+  options.restart_count = static_cast<int>(reader.integer(env::kRestartCount, 0, INT_MAX).value_or(0));
+  options.use_agent_store = reader.flag(env::kUseAgentStore);
   options.backend =
       settings_.backend.value_or(root_device().is_cuda() ? "nccl" : (num_nodes() == 1 ? "cpu-auto" : "gloo"));
   if (auto chosen = context_.env(env::kProcessGroupBackend)) {
