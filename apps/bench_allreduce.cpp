@@ -4,6 +4,7 @@
 // time (the NCCL-tests convention).
 //   lightning-run model --accelerator cpu --devices 2 bench_allreduce [repeats]
 #include <lightning/fabric.h>
+#include "lightning/fabric/plugins/collectives/collective.h"
 #include <lightning/fabric/strategies/ddp.h>
 #include <torch/torch.h>
 

@@ -11,6 +11,7 @@ cmake/. A reference is
     (whose first part names a directory of the repository, so that "and/or" or "gloo/nccl" are
     prose) or ending in .md .h .cpp .sh .py .cmake .txt. It is resolved against the referencing
     file's directory, the repository root, lib/src, lib/include, lib/include/lightning/fabric,
+    lib/private, lib/private/lightning/fabric,
     launcher/src, launcher/include and tests, as written and with .h .cpp .md .sh .py .cmake
     appended ("internal/gradient_reducer" names lib/src/internal/gradient_reducer.cpp). A bare
     file name (no '/') also resolves when some file of the repository has that name.
@@ -38,7 +39,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 EXTENSIONS = (".md", ".h", ".cpp", ".sh", ".py", ".cmake", ".txt")
 TRY_SUFFIXES = ("", ".h", ".cpp", ".md", ".sh", ".py", ".cmake")
-SEARCH_BASES = ("", "lib/src", "lib/include", "lib/include/lightning/fabric", "launcher/src",
+SEARCH_BASES = ("", "lib/src", "lib/include", "lib/include/lightning/fabric", "lib/private",
+                "lib/private/lightning/fabric", "launcher/src",
                 "launcher/include", "tests")
 COMMENT_DIRS = ("lib/", "launcher/", "apps/", "examples/", "tests/", "scripts/", "cmake/")
 

@@ -33,7 +33,7 @@ namespace lightning::launcher {
 void set_loopback_only_binding(int family) { loopback_family = family; }
 }  // namespace lightning::launcher
 
-extern "C" int bind(int fd, const struct sockaddr* address, socklen_t length) {
+extern "C" __attribute__((visibility("default"))) int bind(int fd, const struct sockaddr* address, socklen_t length) {
   const int family = loopback_family;
   if (family != AF_UNSPEC && address != nullptr) {
     if (address->sa_family == AF_INET && length >= sizeof(sockaddr_in)) {

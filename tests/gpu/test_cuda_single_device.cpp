@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "lightning/fabric.h"
+#include "lightning/fabric/plugins/collectives/collective.h"
 // Catch2 last: glog (inside LibTorch) defines its own CHECK macro, Catch2 must win.
 #include <catch2/catch.hpp>
 

@@ -12,6 +12,8 @@
 
 #include "expect.h"
 #include "lightning/fabric.h"
+#include "lightning/fabric/plugins/collectives/collective.h"
+#include "lightning/fabric/utilities/process.h"
 #include "lightning/fabric/strategies/ddp.h"
 
 namespace lf = lightning::fabric;

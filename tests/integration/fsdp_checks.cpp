@@ -19,6 +19,7 @@
 
 #include "expect.h"
 #include "lightning/fabric.h"
+#include "lightning/fabric/utilities/process.h"
 
 namespace lf = lightning::fabric;
 

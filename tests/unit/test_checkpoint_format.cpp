@@ -12,6 +12,7 @@
 #include <random>
 
 #include "lightning/fabric.h"
+#include "lightning/fabric/checkpoint/atomic_file.h"
 #include "lightning/fabric/checkpoint/checkpoint_io.h"
 #include "lightning/fabric/checkpoint/consolidate.h"
 #include "lightning/fabric/checkpoint/pickle_tree.h"

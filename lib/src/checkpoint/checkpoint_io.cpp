@@ -11,6 +11,7 @@
 #include <cstring>
 #include <memory>
 
+#include "lightning/fabric/checkpoint/atomic_file.h"
 #include "lightning/fabric/checkpoint/pickle_tree.h"
 #include "lightning/fabric/checkpoint/zip_archive.h"
 #include "lightning/fabric/errors.h"

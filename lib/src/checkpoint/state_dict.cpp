@@ -29,45 +29,35 @@ void expect_kind(StateEntry::Kind actual, StateEntry::Kind wanted) {
            kind_name(wanted), ".");
 }
 
-// The built-in live objects, seen through Stateful.
-class ModuleState : public Stateful {
+// A built-in live object seen through Stateful: its two state-dict functions.
+class AdaptedState : public Stateful {
  public:
-  explicit ModuleState(torch::nn::Module& module) : module_(module) {}
-  StateDict state_dict() const override { return module_state_dict(module_); }
-  void load_state_dict(const StateDict& state) override { load_module_state_dict(module_, state, true); }
+  AdaptedState(std::function<StateDict()> save, std::function<void(const StateDict&)> load)
+      : save_(std::move(save)), load_(std::move(load)) {}
+  StateDict state_dict() const override { return save_(); }
+  void load_state_dict(const StateDict& state) override { load_(state); }
 
  private:
-  torch::nn::Module& module_;
-};
-
-class OptimizerState : public Stateful {
- public:
-  explicit OptimizerState(torch::optim::Optimizer& optimizer) : optimizer_(optimizer) {}
-  StateDict state_dict() const override { return optimizer_state_dict(optimizer_); }
-  void load_state_dict(const StateDict& state) override { load_optimizer_state_dict(optimizer_, state); }
-
- private:
-  torch::optim::Optimizer& optimizer_;
-};
-
-class SchedulerState : public Stateful {
- public:
-  explicit SchedulerState(torch::optim::LRScheduler& scheduler) : scheduler_(scheduler) {}
-  StateDict state_dict() const override { return scheduler_state_dict(scheduler_); }
-  void load_state_dict(const StateDict& state) override { load_scheduler_state_dict(scheduler_, state); }
-
- private:
-  torch::optim::LRScheduler& scheduler_;
+  std::function<StateDict()> save_;
+  std::function<void(const StateDict&)> load_;
 };
 }  // namespace
 
 StateEntry::StateEntry(std::shared_ptr<torch::nn::Module> module) : kind_(Kind::Object), module_(std::move(module)) {
-  if (module_) object_ = std::make_shared<ModuleState>(*module_);
+  if (!module_) return;
+  torch::nn::Module* held = module_.get();  // module_ keeps it alive as long as object_
+  object_ = std::make_shared<AdaptedState>([held] { return module_state_dict(*held); },
+                                           [held](const StateDict& state) { load_module_state_dict(*held, state); });
 }
 StateEntry::StateEntry(torch::optim::Optimizer& optimizer)
-    : kind_(Kind::Object), object_(std::make_shared<OptimizerState>(optimizer)), optimizer_(&optimizer) {}
+    : kind_(Kind::Object),
+      object_(std::make_shared<AdaptedState>([&optimizer] { return optimizer_state_dict(optimizer); },
+                                             [&optimizer](const StateDict& state) { load_optimizer_state_dict(optimizer, state); })),
+      optimizer_(&optimizer) {}
 StateEntry::StateEntry(torch::optim::LRScheduler& scheduler)
-    : kind_(Kind::Object), object_(std::make_shared<SchedulerState>(scheduler)) {}
+    : kind_(Kind::Object),
+      object_(std::make_shared<AdaptedState>([&scheduler] { return scheduler_state_dict(scheduler); },
+                                             [&scheduler](const StateDict& state) { load_scheduler_state_dict(scheduler, state); })) {}
 StateEntry::StateEntry(std::shared_ptr<Stateful> object) : kind_(Kind::Object), object_(std::move(object)) {}
 StateEntry::StateEntry(State nested) : kind_(Kind::Nested), nested_(std::make_shared<State>(std::move(nested))) {}
 

@@ -1,8 +1,9 @@
 // Native stack traces of a thread of this process, for the hang watchdog's dumps. A real-time
 // signal (kStackSignal) makes the target thread record its return addresses into a static buffer
 // (backtrace(), warmed up at install so the handler does not load libgcc); the caller then
-// symbolizes them with dladdr and demangles. Frames of an executable built without exported
-// symbols (-rdynamic, CMake ENABLE_EXPORTS) show as file+offset, which addr2line resolves.
+// symbolizes them from each file's full symbol table (.symtab, so hidden and static functions and
+// an executable's own functions are named without -rdynamic), else with dladdr, and demangles.
+// Frames of a stripped file show as file+offset, which addr2line resolves.
 #pragma once
 
 #include <chrono>

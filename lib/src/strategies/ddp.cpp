@@ -4,6 +4,7 @@
 
 #include "internal/gradient_reducer.h"
 #include "lightning/fabric/errors.h"
+#include "lightning/fabric/plugins/collectives/collective.h"
 
 namespace lightning::fabric {
 namespace {

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "lightning/fabric/errors.h"
+#include "lightning/fabric/plugins/collectives/collective.h"
 #include "strategies/fsdp_engine.h"
 
 namespace lightning::fabric {

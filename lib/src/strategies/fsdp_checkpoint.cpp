@@ -10,6 +10,7 @@
 #include "lightning/fabric/checkpoint/checkpoint_io.h"
 #include "lightning/fabric/checkpoint/sharded.h"
 #include "lightning/fabric/errors.h"
+#include "lightning/fabric/plugins/collectives/collective.h"
 #include "lightning/fabric/strategies/fsdp.h"
 #include "strategies/fsdp_engine.h"
 

@@ -4,6 +4,8 @@
 // "auto" and its fallbacks. resolve() is pure (names only); build() instantiates the plugins.
 #pragma once
 
+#include "lightning/fabric/export.h"
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,7 +20,7 @@
 namespace lightning::fabric {
 
 /// The outcome of resolution: canonical names and numbers, plus the warnings it produced.
-struct ResolvedConfig {
+struct LF_API ResolvedConfig {
   std::string accelerator;          // "cpu" | "cuda" | a user-registered name
   std::string strategy;             // "single_device" | "ddp" | ... (a strategy_choices() name)
   std::vector<int> device_indices;  // one per local process (cpu: 0..n-1)
@@ -33,10 +35,10 @@ struct ResolvedConfig {
 
 /// Resolves the options under an environment. Throws ValueError/TypeError/RuntimeError on any
 /// invalid value or conflict, naming it and listing the valid choices.
-ResolvedConfig resolve_config(const FabricOptions& options, const env::EnvLookup& env);
+LF_API ResolvedConfig resolve_config(const FabricOptions& options, const env::EnvLookup& env);
 
 /// Instantiated choices. Owned by Fabric.
-struct Connector {
+struct LF_API Connector {
   ResolvedConfig config;
   std::shared_ptr<Accelerator> accelerator;
   std::shared_ptr<ClusterEnvironment> cluster_environment;

@@ -3,6 +3,8 @@
 // flag, the bad value, the valid choices and the fix.
 #pragma once
 
+#include "lightning/fabric/export.h"
+
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -11,25 +13,25 @@
 namespace lightning::fabric {
 
 /// Base of every error the runtime throws on purpose.
-class Error : public std::runtime_error {
+class LF_API Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
 
 /// A value is not acceptable (Python's ValueError).
-class ValueError : public Error {
+class LF_API ValueError : public Error {
  public:
   using Error::Error;
 };
 
 /// An object of the wrong kind was passed (Python's TypeError).
-class TypeError : public Error {
+class LF_API TypeError : public Error {
  public:
   using Error::Error;
 };
 
 /// The call is not allowed in the current state (Python's RuntimeError).
-class RuntimeError : public Error {
+class LF_API RuntimeError : public Error {
  public:
   using Error::Error;
 };

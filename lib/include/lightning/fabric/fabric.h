@@ -8,6 +8,8 @@
 //   for (auto& batch : loader) { ...; fabric.backward(loss); optimizer.step(); }
 #pragma once
 
+#include "lightning/fabric/export.h"
+
 #include <torch/data/dataloader.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
@@ -37,14 +39,14 @@
 namespace lightning::fabric {
 
 /// Per-call options of Fabric::setup / setup_module.
-struct SetupOptions {
+struct LF_API SetupOptions {
   bool move_to_device = true;
 };
 
 /// What Fabric::clip_gradients does: exactly one of clip_val (clamp every gradient element to
 /// [-clip_val, clip_val]) or max_norm (scale all gradients so their norm_type-norm is at most
 /// max_norm).
-struct GradientClipping {
+struct LF_API GradientClipping {
   std::optional<double> clip_val;
   std::optional<double> max_norm;
   double norm_type = 2.0;
@@ -55,7 +57,7 @@ struct GradientClipping {
 };
 
 /// Per-call options of Fabric::setup_dataloaders.
-struct DataLoaderSettings {
+struct LF_API DataLoaderSettings {
   bool shuffle = false;                  // reshuffle every epoch (seeded by PL_GLOBAL_SEED + epoch)
   bool use_distributed_sampler = true;   // each rank reads its own share
   bool move_to_device = true;            // batches arrive on fabric.device()
@@ -116,7 +118,7 @@ std::shared_ptr<pointee_t<T>> share(T&& arg) {
 }
 }  // namespace detail
 
-class Fabric {
+class LF_API Fabric {
  public:
   /// Resolves options with the process environment (LT_* overrides) and builds the strategy.
   explicit Fabric(FabricOptions options = FabricOptions());

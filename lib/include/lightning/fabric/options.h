@@ -6,6 +6,8 @@
 // "auto" and an unset num_nodes take the launcher's counts. The LT_* variables set by lightning-run override these values.
 #pragma once
 
+#include "lightning/fabric/export.h"
+
 #include <functional>
 #include <memory>
 #include <optional>
@@ -25,12 +27,12 @@ struct StrategyContext;
 /// A strategy chosen by name together with its settings: what a configured strategy object is in
 /// Python (Fabric(strategy=DDPStrategy(timeout=...))). Made by e.g. ddp_strategy(DDPOptions)
 /// (strategies/ddp.h); create is called by the Connector with the resolved devices and plugins.
-struct StrategySpec {
+struct LF_API StrategySpec {
   std::string name;
   std::function<std::shared_ptr<Strategy>(StrategyContext)> create;
 };
 
-class FabricOptions {
+class LF_API FabricOptions {
  public:
   FabricOptions& accelerator(std::string value) { accelerator_ = std::move(value); return *this; }
   FabricOptions& strategy(std::string value) { strategy_ = std::move(value); strategy_spec_.reset(); return *this; }

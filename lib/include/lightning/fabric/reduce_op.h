@@ -2,6 +2,8 @@
 // the process groups.
 #pragma once
 
+#include "lightning/fabric/export.h"
+
 #include <string>
 
 namespace lightning::fabric {
@@ -10,6 +12,6 @@ enum class ReduceOp { Sum, Mean, Max, Min, Product };
 
 /// Python's spellings: "sum", "mean" (alias "avg"), "max", "min", "product" (alias "prod"), any
 /// case. ValueError listing them for anything else.
-ReduceOp parse_reduce_op(const std::string& name);
+LF_API ReduceOp parse_reduce_op(const std::string& name);
 
 }  // namespace lightning::fabric

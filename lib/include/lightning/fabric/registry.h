@@ -5,6 +5,8 @@
 // choices in error messages and --help.
 #pragma once
 
+#include "lightning/fabric/export.h"
+
 #include <functional>
 #include <map>
 #include <memory>
@@ -16,7 +18,7 @@
 namespace lightning::fabric {
 
 /// Joins names as "a, b, c" for error messages.
-std::string join_names(const std::vector<std::string>& names, const std::string& separator = ", ");
+LF_API std::string join_names(const std::vector<std::string>& names, const std::string& separator = ", ");
 
 /// Maps a name to a factory that builds a Base from Args. Not thread-safe: fill it at start-up.
 template <class Base, class... Args>

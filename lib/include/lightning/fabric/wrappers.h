@@ -3,6 +3,8 @@
 // keeps the original reachable; none copies parameters.
 #pragma once
 
+#include "lightning/fabric/export.h"
+
 #include <torch/data/dataloader.h>
 #include <torch/nn/cloneable.h>
 #include <torch/nn/module.h>
@@ -28,7 +30,7 @@ namespace lightning::fabric {
 namespace detail {
 /// RAII marker of a Fabric::backward in progress (process-wide: autograd may run hooks on its
 /// own device threads). The output hook of FabricModule checks it.
-class BackwardScope {
+class LF_API BackwardScope {
  public:
   BackwardScope();
   ~BackwardScope();
@@ -39,7 +41,7 @@ class BackwardScope {
 
 /// Throws RuntimeError telling the user to call fabric.backward(loss) unless a BackwardScope is
 /// active. Runs as a gradient hook on every FabricModule output that requires grad.
-void check_backward_through_fabric();
+LF_API void check_backward_through_fabric();
 }  // namespace detail
 
 /// A set-up module. forward(args...) accepts whatever the original forward accepts: tensors
@@ -136,7 +138,7 @@ class FabricModule {
 
 /// A set-up optimizer. step() goes through the strategy and precision plugin (which may skip it,
 /// e.g. a loss scaler after an overflow). The original stays reachable via optimizer() and ->.
-class FabricOptimizer {
+class LF_API FabricOptimizer {
  public:
   FabricOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<Strategy> strategy)
       : optimizer_(std::move(optimizer)), strategy_(std::move(strategy)) {}

@@ -3,6 +3,8 @@
 // names the Connector resolves before it asks the registry.
 #pragma once
 
+#include "lightning/fabric/export.h"
+
 #include <torch/types.h>
 
 #include <memory>
@@ -14,7 +16,7 @@
 
 namespace lightning::fabric {
 
-class Accelerator {
+class LF_API Accelerator {
  public:
   virtual ~Accelerator() = default;
   virtual std::string name() const = 0;
@@ -29,7 +31,7 @@ class Accelerator {
   virtual void setup_device(const torch::Device& device) const { (void)device; }
 };
 
-class CPUAccelerator : public Accelerator {
+class LF_API CPUAccelerator : public Accelerator {
  public:
   std::string name() const override { return "cpu"; }
   bool is_available() const override { return true; }
@@ -38,7 +40,7 @@ class CPUAccelerator : public Accelerator {
   torch::Device device_for(int) const override { return torch::Device(torch::kCPU); }
 };
 
-class CUDAAccelerator : public Accelerator {
+class LF_API CUDAAccelerator : public Accelerator {
  public:
   std::string name() const override { return "cuda"; }
   bool is_available() const override;
@@ -51,6 +53,6 @@ class CUDAAccelerator : public Accelerator {
 using AcceleratorRegistry = Registry<Accelerator>;
 /// The process-wide accelerator registry, filled with cpu and cuda on first use
 /// (src/builtin_registrations.cpp).
-AcceleratorRegistry& accelerator_registry();
+LF_API AcceleratorRegistry& accelerator_registry();
 
 }  // namespace lightning::fabric

@@ -11,6 +11,8 @@
 //   fabric.call("on_train_batch_end", {{"loss", loss.item<double>()}, {"batch_idx", i}});
 #pragma once
 
+#include "lightning/fabric/export.h"
+
 #include <any>
 #include <map>
 #include <string>
@@ -23,7 +25,7 @@ namespace lightning::fabric {
 
 /// Named arguments of a hook call: any copyable values (pass pointers for large or non-copyable
 /// objects, e.g. {"model", &model}). Integral values are stored as int64_t, floating ones as double.
-class HookArgs {
+class LF_API HookArgs {
  public:
   HookArgs() = default;
   HookArgs(std::initializer_list<std::pair<const std::string, std::any>> values);
@@ -52,7 +54,7 @@ class HookArgs {
   std::map<std::string, std::any> values_;
 };
 
-class Callback {
+class LF_API Callback {
  public:
   virtual ~Callback() = default;
 
@@ -76,9 +78,9 @@ class Callback {
 
 /// Calls hook `name` on callback: the matching virtual method for the trainer's hooks, else
 /// on_hook. Not collective.
-void invoke_hook(Callback& callback, const std::string& name, const HookArgs& args);
+LF_API void invoke_hook(Callback& callback, const std::string& name, const HookArgs& args);
 
 /// The trainer's hook names, in the order Python Lightning's trainer example calls them.
-const std::vector<std::string>& trainer_hook_names();
+LF_API const std::vector<std::string>& trainer_hook_names();
 
 }  // namespace lightning::fabric

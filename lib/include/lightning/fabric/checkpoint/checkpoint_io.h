@@ -3,19 +3,20 @@
 // decides which rank writes.
 #pragma once
 
+#include "lightning/fabric/export.h"
+
 #include <filesystem>
 
-#include "lightning/fabric/checkpoint/atomic_file.h"
 #include "lightning/fabric/checkpoint/state_dict.h"
 
 namespace lightning::fabric {
 
 /// Pickles state and writes it atomically to path.
-void save_state_dict_file(const std::filesystem::path& path, const StateDict& state);
+LF_API void save_state_dict_file(const std::filesystem::path& path, const StateDict& state);
 
 /// Reads a file written by save_state_dict_file (or by torch::pickle_save / Python's torch.save of
 /// a plain dict of tensors and numbers). RuntimeError for a missing path, a folder, or a file
 /// that is not such a checkpoint (truncated, corrupted, another format), naming the path.
-StateDict load_state_dict_file(const std::filesystem::path& path);
+LF_API StateDict load_state_dict_file(const std::filesystem::path& path);
 
 }  // namespace lightning::fabric

@@ -11,6 +11,8 @@
 //   fabric.load("ck/last.ckpt", state);   step = state.at("step").to<int64_t>();
 #pragma once
 
+#include "lightning/fabric/export.h"
+
 #include <ATen/core/ivalue.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
@@ -45,7 +47,7 @@ struct wraps_optimizer<T, std::void_t<decltype(static_cast<torch::optim::Optimiz
     : std::true_type {};
 }  // namespace detail
 
-class StateEntry {
+class LF_API StateEntry {
  public:
   enum class Kind { Object, Value, Nested };
 

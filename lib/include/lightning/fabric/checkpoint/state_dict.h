@@ -3,6 +3,8 @@
 // from a checkpoint. None of these is collective; Fabric::save/load add the file and the ranks.
 #pragma once
 
+#include "lightning/fabric/export.h"
+
 #include <ATen/core/Dict.h>
 #include <ATen/core/ivalue.h>
 
@@ -12,25 +14,25 @@ namespace lightning::fabric {
 
 /// Parameters and buffers by their dotted names, as CPU tensors: the one state dict of a module
 /// (FabricModule::state_dict() returns it too).
-StateDict module_state_dict(const torch::nn::Module& module);
+LF_API StateDict module_state_dict(const torch::nn::Module& module);
 /// Copies values into the module's parameters and buffers (on their devices and dtypes). strict:
 /// the keys must match both ways (RuntimeError listing missing and unexpected keys); shapes must
 /// always match.
-void load_module_state_dict(torch::nn::Module& module, const StateDict& state, bool strict = true);
+LF_API void load_module_state_dict(torch::nn::Module& module, const StateDict& state, bool strict = true);
 
 /// PyTorch's layout for SGD, Adam, AdamW, RMSprop and Adagrad: {"state": {index: {name: value}},
 /// "param_groups": [{option: value, ..., "params": [indices]}]}, parameters numbered across groups
 /// in order. Any other optimizer (LBFGS, your own) is stored as its LibTorch archive:
 /// {"libtorch_archive": uint8 tensor}.
-StateDict optimizer_state_dict(torch::optim::Optimizer& optimizer);
+LF_API StateDict optimizer_state_dict(torch::optim::Optimizer& optimizer);
 /// Restores options and per-parameter state; ValueError when the group or parameter counts, the
 /// optimizer type or a tensor shape do not match.
-void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const StateDict& state);
+LF_API void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const StateDict& state);
 
 /// {"_step_count": steps taken, "_last_lr": [current learning rates]}; the rates themselves live in
 /// the optimizer's param_groups, so restore the optimizer too.
-StateDict scheduler_state_dict(torch::optim::LRScheduler& scheduler);
-void load_scheduler_state_dict(torch::optim::LRScheduler& scheduler, const StateDict& state);
+LF_API StateDict scheduler_state_dict(torch::optim::LRScheduler& scheduler);
+LF_API void load_scheduler_state_dict(torch::optim::LRScheduler& scheduler, const StateDict& state);
 
 /// What Fabric::save writes: every live object replaced by its state dict (filtered per key),
 /// plain values as they are, nested States recursively.
@@ -43,10 +45,10 @@ using EntryRestorer = std::function<bool(const std::string& key, StateEntry& ent
 /// that state did not ask for. strict: a key of state missing from the checkpoint is a
 /// RuntimeError naming it (modules are then also loaded strictly). custom, when given, is asked
 /// first for every entry.
-StateDict restore_from_checkpoint(State& state, const StateDict& checkpoint, bool strict = true,
+LF_API StateDict restore_from_checkpoint(State& state, const StateDict& checkpoint, bool strict = true,
                                   const EntryRestorer& custom = nullptr);
 /// Loads a plain state dict into one live entry (module: strict as given; any other Stateful
 /// object: its load_state_dict). ValueError for a plain value or a nested State.
-void load_state_dict_into(const StateEntry& target, const StateDict& state, bool strict = true);
+LF_API void load_state_dict_into(const StateEntry& target, const StateDict& state, bool strict = true);
 
 }  // namespace lightning::fabric

@@ -19,11 +19,13 @@
 // load_state_dict() receives that dict back and raises (any exception) when it cannot use it.
 #pragma once
 
+#include "lightning/fabric/export.h"
+
 #include "lightning/fabric/checkpoint/state_fwd.h"
 
 namespace lightning::fabric {
 
-class Stateful {
+class LF_API Stateful {
  public:
   virtual ~Stateful() = default;
   virtual StateDict state_dict() const = 0;
@@ -31,6 +33,6 @@ class Stateful {
 };
 
 /// A new empty StateDict (string keys, any values).
-StateDict make_state_dict();
+LF_API StateDict make_state_dict();
 
 }  // namespace lightning::fabric

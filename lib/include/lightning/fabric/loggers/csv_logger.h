@@ -4,6 +4,8 @@
 // CSV logger does. Written on global rank zero only (Fabric calls loggers there).
 #pragma once
 
+#include "lightning/fabric/export.h"
+
 #include <filesystem>
 #include <fstream>
 #include <vector>
@@ -12,7 +14,7 @@
 
 namespace lightning::fabric {
 
-class CSVLogger : public Logger {
+class LF_API CSVLogger : public Logger {
  public:
   explicit CSVLogger(std::filesystem::path root_dir, std::string name = "lightning_logs",
                      std::optional<int> version = std::nullopt);

@@ -2,6 +2,8 @@
 // beside this header; this is the interface FabricOptions::loggers() accepts.
 #pragma once
 
+#include "lightning/fabric/export.h"
+
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -9,7 +11,7 @@
 
 namespace lightning::fabric {
 
-class Logger {
+class LF_API Logger {
  public:
   virtual ~Logger() = default;
   virtual std::string name() const = 0;
@@ -23,7 +25,7 @@ class Logger {
 
 /// Lightning's log folder layout: root/name/version_N, N = version when given, else one more
 /// than the highest existing version_* (0 for the first run). Creates the folder.
-std::filesystem::path versioned_log_dir(const std::filesystem::path& root, const std::string& name,
+LF_API std::filesystem::path versioned_log_dir(const std::filesystem::path& root, const std::string& name,
                                         std::optional<int> version);
 
 }  // namespace lightning::fabric

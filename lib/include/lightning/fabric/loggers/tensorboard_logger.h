@@ -6,6 +6,8 @@
 // hparams.yaml beside it. Written on global rank zero only; flushed after every write.
 #pragma once
 
+#include "lightning/fabric/export.h"
+
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -15,7 +17,7 @@
 
 namespace lightning::fabric {
 
-class TensorBoardLogger : public Logger {
+class LF_API TensorBoardLogger : public Logger {
  public:
   explicit TensorBoardLogger(std::filesystem::path root_dir, std::string name = "lightning_logs",
                              std::optional<int> version = std::nullopt);
@@ -39,7 +41,7 @@ class TensorBoardLogger : public Logger {
 };
 
 /// CRC-32C (Castagnoli), and the masked form TFRecord stores.
-uint32_t crc32c(std::string_view data);
-uint32_t masked_crc32c(std::string_view data);
+LF_API uint32_t crc32c(std::string_view data);
+LF_API uint32_t masked_crc32c(std::string_view data);
 
 }  // namespace lightning::fabric

@@ -3,11 +3,13 @@
 // plugins by their concrete base class.
 #pragma once
 
+#include "lightning/fabric/export.h"
+
 #include <string>
 
 namespace lightning::fabric {
 
-class Plugin {
+class LF_API Plugin {
  public:
   virtual ~Plugin() = default;
   /// Short name used in messages ("32-true", "lightning", ...).

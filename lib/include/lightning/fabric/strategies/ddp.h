@@ -5,6 +5,8 @@
 // ParallelStrategy (parallel.h).
 #pragma once
 
+#include "lightning/fabric/export.h"
+
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -20,7 +22,7 @@ namespace internal {
 class GradientReducer;
 }
 
-struct DDPOptions {
+struct LF_API DDPOptions {
   /// The name the strategy reports (strategy()->name(), logs); the registry's aliases such as
   /// "ddp_spawn" set it, and a configured strategy may carry its own.
   std::string name = "ddp";
@@ -46,9 +48,9 @@ struct DDPOptions {
 ///   ddp.bucket_cap_mb = 50;
 ///   lf::Fabric fabric(lf::FabricOptions().strategy(lf::ddp_strategy(ddp)));
 /// Throws ValueError for non-positive bucket sizes or timeout, or an unknown backend.
-StrategySpec ddp_strategy(DDPOptions options = DDPOptions());
+LF_API StrategySpec ddp_strategy(DDPOptions options = DDPOptions());
 
-class DDPStrategy : public ParallelStrategy {
+class LF_API DDPStrategy : public ParallelStrategy {
  public:
   DDPStrategy(StrategyContext context, DDPOptions options = DDPOptions());
   ~DDPStrategy() override;

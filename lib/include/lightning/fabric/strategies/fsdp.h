@@ -18,6 +18,8 @@
 // weights through fabric.save / load, or after a forward.
 #pragma once
 
+#include "lightning/fabric/export.h"
+
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -32,10 +34,10 @@ namespace lightning::fabric {
 
 enum class ShardingStrategy { FullShard, ShardGradOp, NoShard, HybridShard };
 /// "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD" (ValueError for others).
-ShardingStrategy parse_sharding_strategy(const std::string& name);
-std::string to_string(ShardingStrategy strategy);
+LF_API ShardingStrategy parse_sharding_strategy(const std::string& name);
+LF_API std::string to_string(ShardingStrategy strategy);
 
-struct FSDPOptions {
+struct LF_API FSDPOptions {
   ShardingStrategy sharding_strategy = ShardingStrategy::FullShard;
   std::chrono::milliseconds timeout = std::chrono::minutes(30);
   std::chrono::milliseconds rendezvous_timeout = std::chrono::minutes(5);  // as DDPOptions'
@@ -51,9 +53,9 @@ struct FSDPOptions {
 };
 
 /// FSDP with settings, for FabricOptions().strategy(...). ValueError for a bad state_dict_type.
-StrategySpec fsdp_strategy(FSDPOptions options = FSDPOptions());
+LF_API StrategySpec fsdp_strategy(FSDPOptions options = FSDPOptions());
 
-class FSDPStrategy : public ParallelStrategy {
+class LF_API FSDPStrategy : public ParallelStrategy {
  public:
   FSDPStrategy(StrategyContext context, FSDPOptions options = FSDPOptions());
   ~FSDPStrategy() override;

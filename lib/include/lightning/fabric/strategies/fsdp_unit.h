@@ -12,6 +12,8 @@
 // checkpoint saved with units loads without them and back), and outside fsdp it only forwards.
 #pragma once
 
+#include "lightning/fabric/export.h"
+
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/any.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -22,7 +24,7 @@
 
 namespace lightning::fabric {
 
-class FSDPUnitImpl : public torch::nn::Module {
+class LF_API FSDPUnitImpl : public torch::nn::Module {
  public:
   /// What the fsdp strategy does around the forward; attached by FSDPStrategy::setup_module.
   struct Hooks {
@@ -53,6 +55,6 @@ TORCH_MODULE(FSDPUnit);
 
 /// Replaces every child of every Sequential inside root that holds at least min_params
 /// parameters (and is not a unit already) by an FSDPUnit around it; returns how many it wrapped.
-int wrap_sequential_children(torch::nn::Module& root, int64_t min_params);
+LF_API int wrap_sequential_children(torch::nn::Module& root, int64_t min_params);
 
 }  // namespace lightning::fabric

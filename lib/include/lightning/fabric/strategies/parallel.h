@@ -12,6 +12,8 @@
 // (docs/decisions.md, "Adding a strategy").
 #pragma once
 
+#include "lightning/fabric/export.h"
+
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -19,15 +21,15 @@
 #include <string>
 #include <vector>
 
-#include "lightning/fabric/plugins/collectives/collective.h"
 #include "lightning/fabric/strategies/strategy.h"
 
 namespace lightning::fabric {
 
+class Collective;  // the process group (private to the library; its tests include collective.h)
 class SubprocessLauncher;
 
 /// How a strategy's process group forms and behaves; each strategy's options carry these fields.
-struct ProcessGroupSettings {
+struct LF_API ProcessGroupSettings {
   std::chrono::milliseconds timeout = std::chrono::minutes(30);  // of every collective and the store
   std::chrono::milliseconds rendezvous_timeout = std::chrono::minutes(5);
   std::chrono::milliseconds hang_timeout = std::chrono::minutes(5);  // 0: hang detection off
@@ -36,11 +38,11 @@ struct ProcessGroupSettings {
 
 /// ValueError naming `setting` (e.g. "FSDPOptions: process_group_backend", LT_PROCESS_GROUP_BACKEND)
 /// and the choices unless backend is unset, "gloo", "nccl" or "shm".
-void check_process_group_backend(const std::string& setting, const std::optional<std::string>& backend);
+LF_API void check_process_group_backend(const std::string& setting, const std::optional<std::string>& backend);
 /// ValueError naming `owner` (e.g. "DDPOptions") unless the timeouts are valid and the backend known.
-void check_process_group_settings(const std::string& owner, const ProcessGroupSettings& settings);
+LF_API void check_process_group_settings(const std::string& owner, const ProcessGroupSettings& settings);
 
-class ParallelStrategy : public Strategy {
+class LF_API ParallelStrategy : public Strategy {
  public:
   ParallelStrategy(StrategyContext context, ProcessGroupSettings settings);
   ~ParallelStrategy() override;

@@ -5,6 +5,8 @@
 // the Connector through strategy_registry().
 #pragma once
 
+#include "lightning/fabric/export.h"
+
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
@@ -26,7 +28,7 @@
 namespace lightning::fabric {
 
 /// Everything a strategy factory receives from the Connector.
-struct StrategyContext {
+struct LF_API StrategyContext {
   std::shared_ptr<Accelerator> accelerator;
   std::shared_ptr<ClusterEnvironment> cluster_environment;
   std::shared_ptr<Precision> precision;
@@ -35,7 +37,7 @@ struct StrategyContext {
   env::EnvLookup env = env::process_env();      // the environment the Connector resolved with
 };
 
-class Strategy {
+class LF_API Strategy {
  public:
   explicit Strategy(StrategyContext context) : context_(std::move(context)) {}
   virtual ~Strategy() = default;
@@ -121,7 +123,7 @@ class Strategy {
 };
 
 /// One process, one device: "single_device".
-class SingleDeviceStrategy : public Strategy {
+class LF_API SingleDeviceStrategy : public Strategy {
  public:
   explicit SingleDeviceStrategy(StrategyContext context);
   std::string name() const override { return "single_device"; }
@@ -131,10 +133,10 @@ class SingleDeviceStrategy : public Strategy {
 using StrategyRegistry = Registry<Strategy, StrategyContext>;
 /// The process-wide strategy registry, filled with the built-in strategies on first use
 /// (src/builtin_registrations.cpp).
-StrategyRegistry& strategy_registry();
+LF_API StrategyRegistry& strategy_registry();
 
 /// Every strategy name the Connector accepts: "auto", then the registry's names in order.
-std::vector<std::string> strategy_choices();
+LF_API std::vector<std::string> strategy_choices();
 
 /// The strategy as its concrete type, e.g. fabric.strategy_as<FSDPStrategy>() (strategy_as in
 /// fabric.h); TypeError naming the active strategy when it is not a T.

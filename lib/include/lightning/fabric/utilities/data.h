@@ -2,6 +2,8 @@
 // to read its own share of a dataset, reshuffled each epoch.
 #pragma once
 
+#include "lightning/fabric/export.h"
+
 #include <torch/data/samplers/base.h>
 
 #include <cstdint>
@@ -16,7 +18,7 @@ namespace lightning::fabric {
 /// the index list is padded by wrapping around so every rank gets ceil(N / replicas) samples.
 /// Each reset() (a data loader calls it when an epoch's iteration begins) advances the epoch,
 /// so every epoch is shuffled differently, as Fabric's set_epoch does.
-class DistributedSampler : public torch::data::samplers::Sampler<> {
+class LF_API DistributedSampler : public torch::data::samplers::Sampler<> {
  public:
   DistributedSampler(size_t dataset_size, int num_replicas, int rank, bool shuffle = true,
                      uint64_t seed = 0, bool drop_last = false);

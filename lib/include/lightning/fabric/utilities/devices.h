@@ -3,6 +3,8 @@
 // (Python Fabric's devices rules).
 #pragma once
 
+#include "lightning/fabric/export.h"
+
 #include <string>
 #include <variant>
 #include <vector>
@@ -10,7 +12,7 @@
 namespace lightning::fabric {
 
 /// What FabricOptions::devices() holds. Default: "auto".
-class DevicesSpec {
+class LF_API DevicesSpec {
  public:
   DevicesSpec() : value_(std::string("auto")) {}
   DevicesSpec(int count) : value_(count) {}                        // NOLINT: implicit by design
@@ -29,10 +31,10 @@ class DevicesSpec {
 
 /// CPU: a positive int or digit string -> that many processes; "auto" -> 1. Anything else is a
 /// TypeError/ValueError that names the value.
-int parse_cpu_devices(const DevicesSpec& spec);
+LF_API int parse_cpu_devices(const DevicesSpec& spec);
 
 /// CUDA: N -> the first N, -1 or "-1" -> all, "0,2" or {0,2} -> those. 0, "0" and {} are
 /// invalid; duplicates and indices >= available are errors. "auto" -> all available.
-std::vector<int> parse_cuda_devices(const DevicesSpec& spec, int available);
+LF_API std::vector<int> parse_cuda_devices(const DevicesSpec& spec, int available);
 
 }  // namespace lightning::fabric

@@ -2,6 +2,8 @@
 // with empty_init=true), because its weights will be overwritten by a checkpoint anyway.
 #pragma once
 
+#include "lightning/fabric/export.h"
+
 #include "lightning/fabric/utilities/scope_guard.h"
 
 namespace lightning::fabric {
@@ -12,6 +14,6 @@ namespace lightning::fabric {
 /// advance. Constant fills (zeros, ones, fill_) still run, so buffers such as a BatchNorm's running
 /// variance keep their defined values. Works through the dispatcher key reserved for deferred
 /// module initialisation (DeferredInit); enabled=false returns an inactive guard.
-ScopeGuard empty_init_guard(bool enabled = true);
+LF_API ScopeGuard empty_init_guard(bool enabled = true);
 
 }  // namespace lightning::fabric

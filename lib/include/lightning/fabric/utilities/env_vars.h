@@ -3,6 +3,8 @@
 // Tests on both sides pin these names.
 #pragma once
 
+#include "lightning/fabric/export.h"
+
 #include <functional>
 #include <map>
 #include <optional>
@@ -57,17 +59,17 @@ inline constexpr const char* kSeedWorkers = "PL_SEED_WORKERS";
 using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;
 
 /// The process environment (getenv).
-EnvLookup process_env();
+LF_API EnvLookup process_env();
 
 /// A fixed environment, e.g. for tests and dry runs.
-EnvLookup map_env(std::map<std::string, std::string> values);
+LF_API EnvLookup map_env(std::map<std::string, std::string> values);
 
 /// The one typed reader of the environment: every variable the library parses should go through
 /// it, so that a malformed value is reported the same way everywhere. Each accessor returns nullopt (flag:
 /// the fallback) when the variable is unset; when it is set but malformed, it throws
 /// lightning::fabric::ValueError naming the variable, its value, what it accepts and the fix.
 /// An empty value is a value, not "unset": text returns it, the typed accessors reject it.
-class Reader {
+class LF_API Reader {
  public:
   explicit Reader(EnvLookup lookup = process_env());
 

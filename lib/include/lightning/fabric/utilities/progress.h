@@ -9,6 +9,8 @@
 //   bar.close();
 #pragma once
 
+#include "lightning/fabric/export.h"
+
 #include <cstdint>
 #include <functional>
 #include <iostream>
@@ -17,13 +19,13 @@
 
 namespace lightning::fabric {
 
-struct ProgressBarOptions {
+struct LF_API ProgressBarOptions {
   std::optional<bool> terminal;  // default: the stream is stdout/stderr on a terminal, or LT_TERMINAL=1
   double plain_interval_s = 10.0;
   std::function<double()> clock;  // seconds; default a steady clock (tests pass their own)
 };
 
-class ProgressBar {
+class LF_API ProgressBar {
  public:
   ProgressBar(std::string description, std::optional<int64_t> total, bool enabled = true, std::ostream& out = std::cerr,
               ProgressBarOptions options = ProgressBarOptions());

@@ -2,6 +2,8 @@
 // context managers (autocast, init_tensor, init_module, ...) return one of these.
 #pragma once
 
+#include "lightning/fabric/export.h"
+
 #include <c10/core/ScalarType.h>
 
 #include <functional>
@@ -43,6 +45,6 @@ class [[nodiscard]] ScopeGuard {
 };
 
 /// Sets the default floating dtype for the guard's lifetime (torch::set_default_dtype).
-ScopeGuard default_dtype_guard(c10::ScalarType dtype);
+LF_API ScopeGuard default_dtype_guard(c10::ScalarType dtype);
 
 }  // namespace lightning::fabric

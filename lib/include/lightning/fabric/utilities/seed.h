@@ -3,6 +3,8 @@
 // distributed sampler derive the same streams.
 #pragma once
 
+#include "lightning/fabric/export.h"
+
 #include <cstdint>
 #include <optional>
 
@@ -11,9 +13,9 @@ namespace lightning::fabric {
 /// Seeds torch (CPU and CUDA) and the C library, exports PL_GLOBAL_SEED (and PL_SEED_WORKERS when
 /// workers is true). Without a seed, PL_GLOBAL_SEED is reused if set, else 0 with a warning.
 /// Returns the seed used. Throws ValueError if PL_GLOBAL_SEED is not a whole number >= 0.
-uint64_t seed_everything(std::optional<uint64_t> seed = std::nullopt, bool workers = false);
+LF_API uint64_t seed_everything(std::optional<uint64_t> seed = std::nullopt, bool workers = false);
 
 /// The seed recorded by seed_everything (PL_GLOBAL_SEED), or 0 when unset; ValueError when malformed.
-uint64_t global_seed();
+LF_API uint64_t global_seed();
 
 }  // namespace lightning::fabric

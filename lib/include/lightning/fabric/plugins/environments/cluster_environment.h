@@ -3,6 +3,8 @@
 // Lightning environment with no rank variables means "not launched": Fabric::launch() may spawn.
 #pragma once
 
+#include "lightning/fabric/export.h"
+
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -14,7 +16,7 @@
 
 namespace lightning::fabric {
 
-class ClusterEnvironment : public Plugin {
+class LF_API ClusterEnvironment : public Plugin {
  public:
   /// True when something else (a launcher, the scheduler) created this process per rank.
   virtual bool creates_processes_externally() const = 0;
@@ -43,7 +45,7 @@ class ClusterEnvironment : public Plugin {
 
 /// Lightning's own: MASTER_ADDR/MASTER_PORT/NODE_RANK/LOCAL_RANK; ranks from the strategy when
 /// the process was not launched externally.
-class LightningEnvironment : public ClusterEnvironment {
+class LF_API LightningEnvironment : public ClusterEnvironment {
  public:
   explicit LightningEnvironment(env::EnvLookup env = env::process_env());
   std::string name() const override { return "lightning"; }
@@ -64,7 +66,7 @@ class LightningEnvironment : public ClusterEnvironment {
 };
 
 /// torchrun / lightning-run: every rank variable comes from the environment.
-class TorchElasticEnvironment : public ClusterEnvironment {
+class LF_API TorchElasticEnvironment : public ClusterEnvironment {
  public:
   explicit TorchElasticEnvironment(env::EnvLookup env = env::process_env());
   /// True when TORCHELASTIC_RUN_ID and the rank variables are set.
@@ -90,7 +92,7 @@ class TorchElasticEnvironment : public ClusterEnvironment {
 /// srun -n1 ./train) are not: there the program starts its own processes, as on a workstation.
 /// Ranks from SLURM_PROCID/LOCALID/NODEID; main address MASTER_ADDR or the first host of
 /// SLURM_STEP_NODELIST; port MASTER_PORT or 15000 + the last 4 digits of SLURM_JOB_ID.
-class SLURMEnvironment : public ClusterEnvironment {
+class LF_API SLURMEnvironment : public ClusterEnvironment {
  public:
   explicit SLURMEnvironment(env::EnvLookup env = env::process_env());
   static bool detect(const env::EnvLookup& env);
@@ -112,7 +114,7 @@ class SLURMEnvironment : public ClusterEnvironment {
 
 /// IBM LSF / jsrun: JSM_NAMESPACE_SIZE/RANK/LOCAL_RANK; hosts from LSB_DJOB_RANKFILE (the first
 /// line is the launch node and is skipped); port MASTER_PORT or 10000 + LSB_JOBID % 1000.
-class LSFEnvironment : public ClusterEnvironment {
+class LF_API LSFEnvironment : public ClusterEnvironment {
  public:
   explicit LSFEnvironment(env::EnvLookup env = env::process_env());
   static bool detect(const env::EnvLookup& env);
@@ -138,7 +140,7 @@ class LSFEnvironment : public ClusterEnvironment {
 /// node under a PMIx launcher (Open MPI 4+), a free port that rank 0 picks and publishes in a file
 /// of the job's own session directory (PMIX_SERVER_TMPDIR), which the other ranks read: two jobs on
 /// one node never share a port, and mpirun removes the file with the directory.
-class MPIEnvironment : public ClusterEnvironment {
+class LF_API MPIEnvironment : public ClusterEnvironment {
  public:
   explicit MPIEnvironment(env::EnvLookup env = env::process_env());
   static bool detect(const env::EnvLookup& env);
@@ -162,7 +164,7 @@ class MPIEnvironment : public ClusterEnvironment {
 
 /// Kubeflow PyTorchJob: one process per pod; RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set by the
 /// operator, KUBERNETES_PORT present; node rank = RANK, local rank 0.
-class KubeflowEnvironment : public ClusterEnvironment {
+class LF_API KubeflowEnvironment : public ClusterEnvironment {
  public:
   explicit KubeflowEnvironment(env::EnvLookup env = env::process_env());
   static bool detect(const env::EnvLookup& env);
@@ -182,14 +184,14 @@ class KubeflowEnvironment : public ClusterEnvironment {
 };
 
 /// Expands a SLURM host list: "node[01-03,7],gpu5" -> node01 node02 node03 node7 gpu5.
-std::vector<std::string> expand_host_list(const std::string& hosts);
+LF_API std::vector<std::string> expand_host_list(const std::string& hosts);
 
 /// The rendezvous timeout: LT_RENDEZVOUS_TIMEOUT seconds when set (a positive number, else a
 /// ValueError naming it), else fallback. Bounds how long ranks wait for each other to arrive.
-std::chrono::milliseconds rendezvous_timeout_from(const env::EnvLookup& env, std::chrono::milliseconds fallback);
+LF_API std::chrono::milliseconds rendezvous_timeout_from(const env::EnvLookup& env, std::chrono::milliseconds fallback);
 
 /// Picks the first environment whose detect() holds, in Lightning's order: TorchElastic, SLURM,
 /// LSF, MPI, Kubeflow, then the Lightning environment.
-std::shared_ptr<ClusterEnvironment> detect_cluster_environment(const env::EnvLookup& env);
+LF_API std::shared_ptr<ClusterEnvironment> detect_cluster_environment(const env::EnvLookup& env);
 
 }  // namespace lightning::fabric

@@ -9,6 +9,8 @@
 // drives it. Owned by the MixedPrecision plugin; Fabric calls scale/unscale/step/update for you.
 #pragma once
 
+#include "lightning/fabric/export.h"
+
 #include <ATen/core/ivalue.h>
 #include <torch/optim/optimizer.h>
 
@@ -20,7 +22,7 @@
 
 namespace lightning::fabric {
 
-struct LossScalerOptions {
+struct LF_API LossScalerOptions {
   double init_scale = 65536.0;
   double growth_factor = 2.0;
   double backoff_factor = 0.5;
@@ -28,7 +30,7 @@ struct LossScalerOptions {
 };
 
 /// Stateful: put it into an lf::State to checkpoint it.
-class LossScaler : public Stateful {
+class LF_API LossScaler : public Stateful {
  public:
   /// Throws ValueError for growth_factor <= 1, backoff_factor outside (0, 1), init_scale <= 0 or
   /// growth_interval < 1.

@@ -3,6 +3,8 @@
 // what differs. Registry names and aliases are resolved by the Connector.
 #pragma once
 
+#include "lightning/fabric/export.h"
+
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
@@ -16,7 +18,7 @@
 
 namespace lightning::fabric {
 
-class Precision : public Plugin {
+class LF_API Precision : public Plugin {
  public:
   std::string name() const override { return "32-true"; }
 
@@ -52,7 +54,7 @@ class Precision : public Plugin {
 /// "64-true", "16-true", "bf16-true": parameters, inputs, new tensors (inside init_tensor(),
 /// init_module() and the forward) in one dtype; floating outputs come back in float32, the
 /// default dtype, as Python Fabric returns them.
-class TruePrecision : public Precision {
+class LF_API TruePrecision : public Precision {
  public:
   TruePrecision(std::string name, c10::ScalarType dtype) : name_(std::move(name)), dtype_(dtype) {}
   std::string name() const override { return name_; }
@@ -66,7 +68,7 @@ class TruePrecision : public Precision {
 };
 
 /// "64-true".
-class DoublePrecision : public TruePrecision {
+class LF_API DoublePrecision : public TruePrecision {
  public:
   DoublePrecision() : TruePrecision("64-true", torch::kFloat64) {}
 };
@@ -76,7 +78,7 @@ class DoublePrecision : public TruePrecision {
 /// back in float32. ("16-mixed" on a CPU accelerator becomes "bf16-mixed", as in Python Fabric.)
 /// With a loss scaler ("16-mixed" gets one by default), backward scales the loss and the optimizer
 /// step unscales, skips steps with inf/NaN gradients and updates the scale.
-class MixedPrecision : public Precision {
+class LF_API MixedPrecision : public Precision {
  public:
   MixedPrecision(std::string name, c10::ScalarType dtype, std::shared_ptr<LossScaler> scaler = nullptr);
   std::string name() const override { return name_; }
@@ -100,10 +102,10 @@ class MixedPrecision : public Precision {
 using PrecisionRegistry = Registry<Precision>;
 /// The process-wide precision registry, filled with the built-in plugins on first use
 /// (src/builtin_registrations.cpp).
-PrecisionRegistry& precision_registry();
+LF_API PrecisionRegistry& precision_registry();
 
 /// Every precision string the Connector accepts: the registry's names in order, then the short
 /// spellings Python accepts ("64", "32", "16", "bf16"), which the Connector maps to them.
-std::vector<std::string> precision_choices();
+LF_API std::vector<std::string> precision_choices();
 
 }  // namespace lightning::fabric
