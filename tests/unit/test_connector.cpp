@@ -331,6 +331,9 @@ TEST_CASE("ddp and fsdp are siblings under ParallelStrategy, each with its own p
   auto* parallel = dynamic_cast<lf::ParallelStrategy*>(connector.strategy.get());
   REQUIRE(parallel != nullptr);
   CHECK(dynamic_cast<lf::DDPStrategy*>(connector.strategy.get()) == nullptr);
+  CHECK(std::is_base_of_v<lf::ParallelStrategy, lf::DDPStrategy>);
+  CHECK(std::is_base_of_v<lf::ParallelStrategy, lf::DataParallelStrategy>);
+  CHECK_FALSE(std::is_base_of_v<lf::DDPStrategy, lf::FSDPStrategy>);
   CHECK(parallel->process_group_settings().backend == std::optional<std::string>("gloo"));
   CHECK(parallel->process_group_settings().timeout == std::chrono::seconds(42));
   fsdp.timeout = std::chrono::milliseconds(0);
