@@ -16,8 +16,6 @@ cmake/. A reference is
     appended ("internal/gradient_reducer" names lib/src/internal/gradient_reducer.cpp). A bare
     file name (no '/') also resolves when some file of the repository has that name.
 Fenced ```diff blocks in markdown are skipped: they show files a change would add.
-Some names are flagged wherever they appear (ALWAYS_BROKEN below): documents this project once
-cited that are not in it.
 
 The files, both those scanned and those a reference may name, come from git (tracked, plus
 untracked files that .gitignore does not ignore), so build outputs are never scanned.
@@ -43,10 +41,6 @@ SEARCH_BASES = ("", "lib/src", "lib/include", "lib/include/lightning/fabric", "l
                 "lib/private/lightning/fabric", "launcher/src",
                 "launcher/include", "tests")
 COMMENT_DIRS = ("lib/", "launcher/", "apps/", "examples/", "tests/", "scripts/", "cmake/")
-
-# Names that must never be cited: the files are not in the repository, and what the reader
-# needed from them now lives in docs/.
-ALWAYS_BROKEN = re.compile(r"(?<![\w.\-/])(DESIGN|REFERENCE|BUILD-NOTES)(\.md)?(?![\w\-/])")
 
 # Leading parts that name places outside the repository's files: build trees, the virtual
 # environment and the vendored headers are ignored by git; the others are absolute or home paths.
@@ -192,7 +186,7 @@ def candidate_tokens(text):
         if not token or token in (".", ".."):
             continue
         if any(c in token for c in "<>{}$*%\\"):
-            continue  # a placeholder, a glob or a variable, not a path
+            continue  # a template such as <name>, a glob or a shell variable: no single path
         if not PATH_TOKEN.match(token):
             continue
         yield token
@@ -223,8 +217,6 @@ def check_token(repo, rel_dir, token):
 def scan_text(repo, rel_path, lines, problems, markdown):
     rel_dir = os.path.dirname(rel_path)
     for number, text in lines:
-        for match in ALWAYS_BROKEN.finditer(text):
-            problems.append((rel_path, number, match.group(0)))
         if markdown:
             targets = [m.group(1) for m in MD_LINK.finditer(text)]
             ref = MD_REF_DEF.match(text)
@@ -235,8 +227,6 @@ def scan_text(repo, rel_path, lines, problems, markdown):
                         or target.startswith(("http:", "https:", "mailto:")):
                     continue
                 path = target.split("#")[0].split("?")[0]
-                if ALWAYS_BROKEN.search(path):
-                    continue  # already reported
                 if path.startswith("/") or not repo.exists(os.path.join(rel_dir, path)):
                     problems.append((rel_path, number, target))
             # The link targets are checked; the prose check below sees only the link texts.
@@ -244,8 +234,6 @@ def scan_text(repo, rel_path, lines, problems, markdown):
             if ref:
                 text = ""
         for token in candidate_tokens(text):
-            if ALWAYS_BROKEN.search(token):
-                continue  # already reported
             if is_reference(repo, rel_dir, token) and not check_token(repo, rel_dir, token):
                 problems.append((rel_path, number, token))
 

@@ -20,7 +20,11 @@ struct BestMetric : lf::Stateful {
     state.insert("best", best);
     return state;
   }
-  void load_state_dict(const lf::StateDict& state) override { best = state.at("best").toDouble(); }
+  void load_state_dict(const lf::StateDict& state) override {
+    LF_CHECK(state.contains("best") && state.at("best").isDouble(), ValueError,
+             "BestMetric: the state dict needs a float \"best\"");
+    best = state.at("best").toDouble();
+  }
 };
 
 bool user_extensions_work() {
@@ -39,6 +43,11 @@ bool user_extensions_work() {
   const lf::StateDict saved = lf::StateEntry(metric).object().state_dict();
   BestMetric restored;
   lf::load_state_dict_into(restored, saved);
+  try {  // a user's error from load_state_dict reaches the caller unchanged
+    lf::load_state_dict_into(restored, lf::make_state_dict());
+    ok = false;
+  } catch (const lf::ValueError&) {
+  }
   return ok && restored.best == 0.25;
 }
 
