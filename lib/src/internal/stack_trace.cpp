@@ -14,7 +14,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -32,26 +31,18 @@ void on_stack_signal(int) {
   errno = saved_errno;
 }
 
-// The function symbols of one ELF file's full symbol table (.symtab), which also holds the
-// functions hidden from the dynamic one (static and hidden-visibility functions, an executable's
-// functions without -rdynamic). Empty for a stripped file.
-struct FunctionSymbols {
-  struct Symbol {
-    uint64_t begin = 0, size = 0;
-    std::string name;
-  };
-  bool absolute = false;  // ET_EXEC: values are addresses; else offsets from the load base
-  std::vector<Symbol> sorted;
-};
-
 bool read_at(int fd, void* out, size_t size, uint64_t offset) {
   return ::pread(fd, out, size, static_cast<off_t>(offset)) == static_cast<ssize_t>(size);
 }
 
-FunctionSymbols read_function_symbols(const char* path) {
-  FunctionSymbols symbols;
+// The function of the ELF file `path` (loaded at `base`) that holds `address`, from the file's
+// full symbol table (.symtab), which also lists what the dynamic table behind dladdr lacks: static
+// and hidden-visibility functions, an executable's functions without -rdynamic. Streams the table
+// in blocks and reads only the one name, so nothing stays in memory (libtorch's table is ~13 MB).
+// False for a stripped file or when no function covers the address.
+bool symtab_function(const char* path, void* base, void* address, std::string& name, uint64_t& offset_in) {
   const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return symbols;
+  if (fd < 0) return false;
   Elf64_Ehdr header{};
   std::vector<Elf64_Shdr> sections;
   if (read_at(fd, &header, sizeof(header), 0) && std::memcmp(header.e_ident, ELFMAG, SELFMAG) == 0 &&
@@ -59,42 +50,37 @@ FunctionSymbols read_function_symbols(const char* path) {
     sections.resize(header.e_shnum);
     if (!read_at(fd, sections.data(), sections.size() * sizeof(Elf64_Shdr), header.e_shoff)) sections.clear();
   }
-  symbols.absolute = header.e_type == ET_EXEC;
+  // ET_EXEC: symbol values are addresses; otherwise offsets from the load base.
+  const uint64_t wanted = reinterpret_cast<uint64_t>(address) - (header.e_type == ET_EXEC ? 0 : reinterpret_cast<uint64_t>(base));
+  Elf64_Sym best{};
+  const Elf64_Shdr* names = nullptr;
   for (const Elf64_Shdr& table : sections) {
     if (table.sh_type != SHT_SYMTAB || table.sh_link >= sections.size() || table.sh_entsize != sizeof(Elf64_Sym)) continue;
-    const Elf64_Shdr& names = sections[table.sh_link];
-    std::vector<Elf64_Sym> entries(table.sh_size / sizeof(Elf64_Sym));
-    std::string text(names.sh_size, '\0');
-    if (!read_at(fd, entries.data(), entries.size() * sizeof(Elf64_Sym), table.sh_offset) ||
-        !read_at(fd, text.data(), text.size(), names.sh_offset)) {
-      break;
+    names = &sections[table.sh_link];
+    std::vector<Elf64_Sym> block(4096);
+    const uint64_t count = table.sh_size / sizeof(Elf64_Sym);
+    for (uint64_t first = 0; first < count; first += block.size()) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(block.size(), count - first));
+      if (!read_at(fd, block.data(), n * sizeof(Elf64_Sym), table.sh_offset + first * sizeof(Elf64_Sym))) break;
+      for (size_t i = 0; i < n; ++i) {
+        const Elf64_Sym& symbol = block[i];
+        if (ELF64_ST_TYPE(symbol.st_info) != STT_FUNC || symbol.st_value == 0 || symbol.st_value > wanted) continue;
+        if (symbol.st_size != 0 && wanted >= symbol.st_value + symbol.st_size) continue;
+        if (symbol.st_value > best.st_value) best = symbol;
+      }
     }
-    for (const Elf64_Sym& entry : entries) {
-      if (ELF64_ST_TYPE(entry.st_info) != STT_FUNC || entry.st_value == 0 || entry.st_name >= text.size()) continue;
-      symbols.sorted.push_back({entry.st_value, entry.st_size, text.c_str() + entry.st_name});
-    }
+    break;
+  }
+  bool found = false;
+  if (names != nullptr && best.st_value != 0 && best.st_name < names->sh_size) {
+    char text[1024] = {};
+    const uint64_t length = std::min<uint64_t>(sizeof(text) - 1, names->sh_size - best.st_name);
+    found = ::pread(fd, text, length, static_cast<off_t>(names->sh_offset + best.st_name)) > 0 && text[0] != '\0';
+    name = text;
+    offset_in = wanted - best.st_value;
   }
   ::close(fd);
-  std::sort(symbols.sorted.begin(), symbols.sorted.end(),
-            [](const auto& a, const auto& b) { return a.begin < b.begin; });
-  return symbols;
-}
-
-// The function of `path` that holds `address` (loaded at `base`), from its .symtab; null if none.
-// Files are read once and kept (callers hold capture_thread_stack's lock).
-const FunctionSymbols::Symbol* function_at(const char* path, void* base, void* address, uint64_t& offset_in) {
-  static std::map<std::string, FunctionSymbols> cache;
-  auto found = cache.find(path);
-  if (found == cache.end()) found = cache.emplace(path, read_function_symbols(path)).first;
-  const FunctionSymbols& symbols = found->second;
-  const uint64_t wanted = reinterpret_cast<uint64_t>(address) - (symbols.absolute ? 0 : reinterpret_cast<uint64_t>(base));
-  auto after = std::upper_bound(symbols.sorted.begin(), symbols.sorted.end(), wanted,
-                                [](uint64_t value, const auto& symbol) { return value < symbol.begin; });
-  if (after == symbols.sorted.begin()) return nullptr;
-  const FunctionSymbols::Symbol& symbol = *std::prev(after);
-  if (symbol.size != 0 && wanted >= symbol.begin + symbol.size) return nullptr;
-  offset_in = wanted - symbol.begin;
-  return &symbol;
+  return found;
 }
 
 std::string frame_text(void* address) {
@@ -109,9 +95,10 @@ std::string frame_text(void* address) {
   // The full symbol table first: the dynamic one that dladdr reads lacks hidden functions, and
   // would name the nearest exported function before them instead.
   uint64_t offset = 0;
+  std::string full_name;
   const char* name = nullptr;
-  if (const auto* symbol = function_at(info.dli_fname, info.dli_fbase, address, offset)) {
-    name = symbol->name.c_str();
+  if (symtab_function(info.dli_fname, info.dli_fbase, address, full_name, offset)) {
+    name = full_name.c_str();
   } else if (info.dli_sname != nullptr) {
     name = info.dli_sname;
     offset = static_cast<uint64_t>(static_cast<char*>(address) - static_cast<char*>(info.dli_saddr));

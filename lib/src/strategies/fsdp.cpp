@@ -32,16 +32,10 @@ std::string to_string(ShardingStrategy strategy) {
   return "?";
 }
 
-namespace {
-ProcessGroupSettings group_settings(const FSDPOptions& options) {
-  return {options.timeout, options.rendezvous_timeout, options.hang_timeout, options.process_group_backend};
-}
-}  // namespace
-
 StrategySpec fsdp_strategy(FSDPOptions options) {
   LF_CHECK(options.state_dict_type == "sharded" || options.state_dict_type == "full", ValueError,
            "FSDPOptions: state_dict_type=\"", options.state_dict_type, "\" is not valid. Choose \"sharded\" or \"full\".");
-  check_process_group_settings("FSDPOptions", group_settings(options));
+  check_process_group_settings("FSDPOptions", process_group_settings_of(options));
   return StrategySpec{"fsdp", [options](StrategyContext context) -> std::shared_ptr<Strategy> {
                         return std::make_shared<FSDPStrategy>(std::move(context), options);
                       }};
@@ -89,7 +83,7 @@ class FSDPStrategy::Engine::UnitHooks : public FSDPUnitImpl::Hooks {
 };
 
 FSDPStrategy::FSDPStrategy(StrategyContext context, FSDPOptions options)
-    : ParallelStrategy(std::move(context), group_settings(options)),
+    : ParallelStrategy(std::move(context), process_group_settings_of(options)),
       fsdp_options_(std::move(options)),
       engine_(std::make_unique<Engine>(*this)) {}
 

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 
 #include "lightning/fabric/errors.h"
 
@@ -66,6 +67,12 @@ std::optional<long long> Reader::integer(const std::string& name, long long min,
   LF_CHECK(*value >= min && *value <= max, ValueError, name, "=\"", *text(name), "\" is out of range. Set it to a ",
            "whole number from ", min, " to ", max, ", or unset it.");
   return value;
+}
+
+std::optional<int> Reader::int_value(const std::string& name) const {
+  auto value = integer(name, std::numeric_limits<int>::min(), std::numeric_limits<int>::max());
+  if (!value) return std::nullopt;
+  return static_cast<int>(*value);
 }
 
 std::optional<unsigned long long> Reader::unsigned_integer(const std::string& name) const {

@@ -8,7 +8,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
-#include <limits>
 #include <nlohmann/json.hpp>
 #include <typeinfo>
 
@@ -75,9 +74,7 @@ namespace {
 // recorded as 0 (the strategy reports it where it reads the rank).
 int rank_for_record() {
   try {
-    const auto rank = env::Reader().integer(env::kRank, std::numeric_limits<int>::min(),
-                                            std::numeric_limits<int>::max());
-    return static_cast<int>(rank.value_or(0));
+    return env::Reader().int_value(env::kRank).value_or(0);
   } catch (const std::exception&) {
     return 0;
   }

@@ -1,7 +1,6 @@
 #include "lightning/fabric/utilities/rank_zero.h"
 
 #include <iostream>
-#include <limits>
 #include <string>
 
 #include "lightning/fabric/utilities/env_vars.h"
@@ -16,7 +15,7 @@ int rank_from_env() {
   for (const char* name : {env::kRank, "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"}) {
     if (!reader.text(name)) continue;
     try {
-      return static_cast<int>(*reader.integer(name, std::numeric_limits<int>::min(), std::numeric_limits<int>::max()));
+      return *reader.int_value(name);
     } catch (const std::exception&) {
       return 0;
     }

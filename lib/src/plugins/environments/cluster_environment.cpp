@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <fstream>
-#include <limits>
 #include <sstream>
 
 #include "internal/published_port.h"
@@ -15,11 +14,7 @@ namespace {
 
 // Reads an int variable (a rank, a size, a port); a malformed or out-of-range value is a ValueError
 // naming the variable.
-std::optional<int> int_var(const env::EnvLookup& env, const std::string& name) {
-  auto value = env::Reader(env).integer(name, std::numeric_limits<int>::min(), std::numeric_limits<int>::max());
-  if (!value) return std::nullopt;
-  return static_cast<int>(*value);
-}
+std::optional<int> int_var(const env::EnvLookup& env, const std::string& name) { return env::Reader(env).int_value(name); }
 
 int required_int(const env::EnvLookup& env, const std::string& name, const std::string& who) {
   auto value = int_var(env, name);

@@ -36,6 +36,13 @@ struct LF_API ProcessGroupSettings {
   std::optional<std::string> backend;  // unset: nccl on CUDA; on CPU shm on one machine, else gloo
 };
 
+/// The process-group fields a strategy's options carry under the same names (DDPOptions,
+/// FSDPOptions, or a user strategy's options).
+template <class Options>
+ProcessGroupSettings process_group_settings_of(const Options& options) {
+  return {options.timeout, options.rendezvous_timeout, options.hang_timeout, options.process_group_backend};
+}
+
 /// ValueError naming `setting` (e.g. "FSDPOptions: process_group_backend", LT_PROCESS_GROUP_BACKEND)
 /// and the choices unless backend is unset, "gloo", "nccl" or "shm".
 LF_API void check_process_group_backend(const std::string& setting, const std::optional<std::string>& backend);

@@ -80,6 +80,8 @@ class LF_API Reader {
   std::optional<long long> integer(const std::string& name) const;
   /// As integer, and within [min, max] (e.g. an int, a port); outside it: ValueError with the range.
   std::optional<long long> integer(const std::string& name, long long min, long long max) const;
+  /// As integer, within an int's range (a rank, a size).
+  std::optional<int> int_value(const std::string& name) const;
   /// A whole number >= 0 that fits 64 bits (a seed): as integer, but "-1" is rejected, not wrapped.
   std::optional<unsigned long long> unsigned_integer(const std::string& name) const;
   /// 1/true/yes turn it on, 0/false/no off, in any case ("True", "FALSE"); anything else throws.
