@@ -1,30 +1,45 @@
 #!/usr/bin/env bash
-# Installs everything the build, tests, examples and benchmarks need:
+# Installs what the project needs, in two profiles:
+#   scripts/install-deps.sh --build   what building the library, the launcher and the examples and
+#                                     running them needs (scripts/quickstart.sh uses this);
+#   scripts/install-deps.sh           that plus what the tests and benchmarks need (scripts/test.sh).
+# Each installs
 #   1. Debian packages (apt-get), only those missing;
 #   2. the project's own Python environment .venv (git-ignored, reused by later runs) with PyTorch
-#      2.11.0 from PyPI (its LibTorch is what the build links: CUDA 13.0, NCCL 2.28), Python
-#      Lightning and tensorboard (peers and readers for tests and benchmarks).
+#      2.11.0 from PyPI (its LibTorch is what the build links: CUDA 13.0, NCCL 2.28) and, for the
+#      tests, Python Lightning and tensorboard (peers and readers).
 # Idempotent: a second run checks and changes nothing. LF_VENV=DIR puts the environment elsewhere.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${LF_VENV:-$root/.venv}"
+profile=all
+case "${1:-}" in
+  --build) profile=build ;;
+  "") ;;
+  *) echo "install-deps: unknown argument '$1'; use --build (build and run only) or no argument (tests too)" >&2
+     exit 2 ;;
+esac
 
-# The versions the project is built and tested with (docs/decisions.md, "LibTorch").
-python_packages=(torch==2.11.0 lightning==2.6.6 tensorboard==2.21.0)
-
+# The versions the project is built and tested with (docs/decisions.md, "Build and dependencies").
+python_packages=(torch==2.11.0)
 packages=(
   cmake ninja-build clang g++ ccache
-  libcli11-dev nlohmann-json3-dev
-  catch2
-  libopenblas0-pthread zlib1g-dev
-  dataset-fashion-mnist
-  procps iproute2
-  python3 python3-venv  # the project's Python environment (when no other python3 is on PATH)
-  protobuf-compiler  # tests: protoc --decode_raw reads our TensorBoard event files
-  libstb-dev      # examples/dcgan writes PNG grids with stb_image_write
-  gnuplot-nox     # scripts/plot_metrics.sh
-  slurm-wlm munge openmpi-bin  # the engines tests: a one-node Slurm (tests/engines) and mpirun
+  libcli11-dev nlohmann-json3-dev zlib1g-dev
+  dataset-fashion-mnist  # the examples' data set
+  libstb-dev             # examples/dcgan writes PNG grids with stb_image_write
+  procps
+  python3 python3-venv   # the project's Python environment (when no other python3 is on PATH)
 )
+if [ "$profile" = all ]; then
+  python_packages+=(lightning==2.6.6 tensorboard==2.21.0)
+  packages+=(
+    catch2
+    iproute2
+    protobuf-compiler  # tests: protoc --decode_raw reads our TensorBoard event files
+    gnuplot-nox        # scripts/plot_metrics.sh
+    slurm-wlm munge openmpi-bin  # the engines tests: a one-node Slurm (tests/engines) and mpirun
+  )
+fi
 
 missing=()
 for pkg in "${packages[@]}"; do

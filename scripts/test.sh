@@ -7,6 +7,6 @@ build_dir="${BUILD_DIR:-$root/build}"
 
 "$root/scripts/install-deps.sh"
 # The CUDA code paths are compiled and linked on every run (LF_WITH_CUDA=OFF for a CPU LibTorch).
-"$root/scripts/build.sh" -DLF_WITH_CUDA="${LF_WITH_CUDA:-ON}"
+"$root/scripts/build.sh" -DLF_WITH_CUDA="${LF_WITH_CUDA:-ON}" -DLF_BUILD_TESTS=ON -DLF_BUILD_BENCHMARKS=ON -DLF_BUILD_EXAMPLES=ON
 cd "$build_dir"
 ctest --output-on-failure -j "${JOBS:-$(nproc)}" "$@"

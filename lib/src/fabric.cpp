@@ -163,7 +163,7 @@ bool graph_reaches(const at::Tensor& loss, const std::unordered_set<const c10::T
 
 void Fabric::refuse_loss_from_unset_model(const at::Tensor& loss) const {
   if (world_size() < 2 || !loss.defined() || !loss.grad_fn()) return;
-  if (dynamic_cast<DDPStrategy*>(connector_.strategy.get()) == nullptr) return;  // ddp and fsdp average gradients
+  if (!connector_.strategy->averages_gradients()) return;
   std::unordered_set<const c10::TensorImpl*> parameters;
   for (const auto& weak : setup_modules_) {
     if (auto module = weak.lock()) {

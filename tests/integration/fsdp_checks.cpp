@@ -1,7 +1,8 @@
 // fsdp checked from inside a real multi-process job (run under lightning-run):
 //   fsdp_checks train SHARDING       50 Adam steps with fsdp match a single-process run on the
 //                                    concatenated batch (= ddp, see ddp_checks) within fp32 rounding;
-//                                    no_backward_sync accumulation and global-norm clipping included
+//                                    no_backward_sync accumulation and global-norm clipping included;
+//                                    then a loss from a model never set up is refused
 //   fsdp_checks units SHARDING       the same with sharding units (auto-wrapped Sequential children
 //                                    and a declared FSDPUnit); under FULL_SHARD the parameters held
 //                                    in full never exceed the set-up module's own plus one unit's
@@ -161,10 +162,26 @@ double train_and_compare(lf::Fabric& fabric, Model& net, int steps, uint64_t red
   return worst;
 }
 
+// fabric.backward refuses a loss from a model that was never set up: its gradients would not be
+// reduced over the shards' ranks (Strategy::averages_gradients).
+void expect_unset_model_refused(lf::Fabric& fabric, const std::string& sharding) {
+  torch::nn::Linear other(16, 1);
+  std::string error;
+  try {
+    fabric.backward(other(torch::ones({2, 16})).sum());
+  } catch (const std::runtime_error& caught) {
+    error = caught.what();
+  }
+  expect(error.find("fabric.backward: the loss does not depend on any model set up with fabric.setup") !=
+             std::string::npos,
+         sharding + ": a loss from a model never set up is refused (got \"" + error + "\")");
+}
+
 int train(const std::string& sharding) {
   auto fabric = make_fabric(sharding);
   Net net;
   const double worst = train_and_compare(fabric, net, 50, /*reducing_units=*/1, /*max_norm=*/0.01);
+  expect_unset_model_refused(fabric, sharding);
   expect(worst < 1e-5, sharding + ": parameters after 50 steps within fp32 rounding of the reference (relative " +
                            std::to_string(worst) + ")");
   auto& fsdp = fabric.strategy_as<lf::FSDPStrategy>();

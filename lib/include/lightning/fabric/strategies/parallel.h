@@ -62,6 +62,9 @@ class LF_API ParallelStrategy : public Strategy {
   /// Forms the process group (once; collective: every rank calls it).
   void setup_environment() override;
   ScopeGuard no_backward_sync(const torch::nn::Module& module, bool enabled) override;
+  /// True: every multi-process strategy synchronises gradients over its ranks. A derived strategy
+  /// that does not (each rank trains its own model) overrides this with false.
+  bool averages_gradients() const override { return true; }
 
   void barrier(const std::string& name = {}) override;
   at::Tensor all_reduce(const at::Tensor& tensor, ReduceOp op) override;

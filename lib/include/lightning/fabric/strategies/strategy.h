@@ -70,6 +70,10 @@ class LF_API Strategy {
   /// Skips the gradient synchronisation of `module` while the guard lives (accumulation).
   /// Default: a no-op with a warning, as on a single device.
   virtual ScopeGuard no_backward_sync(const torch::nn::Module& module, bool enabled);
+  /// Whether backward averages gradients across processes (ddp, fsdp: every ParallelStrategy
+  /// running more than one process). Fabric::backward then refuses a loss that no set-up model
+  /// produced, whose gradients would silently stay local. Default: false (one process).
+  virtual bool averages_gradients() const { return false; }
   /// Strategies that must see module and optimizers together (Python: DeepSpeed, XLA) say so;
   /// Fabric then refuses setup_module()/setup_optimizers().
   virtual bool requires_joint_setup() const { return false; }
