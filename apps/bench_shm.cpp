@@ -33,6 +33,7 @@ double median(std::vector<double> values) {
 int main(int argc, char** argv) {
   const int repeats = argc > 1 ? std::atoi(argv[1]) : 9;
   lf::CollectiveOptions options;
+  options.settings = lf::with_environment_overrides({}, lf::env::process_env());  // GLOO_SOCKET_IFNAME, LT_*
   options.rank = env_int("RANK", 0);
   options.world_size = env_int("WORLD_SIZE", 1);
   options.main_address = std::getenv("MASTER_ADDR") != nullptr ? std::getenv("MASTER_ADDR") : "127.0.0.1";
@@ -40,11 +41,11 @@ int main(int argc, char** argv) {
   options.use_agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE") != nullptr &&
                             std::string(std::getenv("TORCHELASTIC_USE_AGENT_STORE")) == "True";
   options.restart_count = env_int("TORCHELASTIC_RESTART_COUNT", 0);
-  options.flight_records = 0;  // the transports alone
+  options.settings.flight_records = 0;  // the transports alone
   lf::Collective gloo(options);
   std::vector<int> everyone;
   for (int r = 0; r < gloo.world_size(); ++r) everyone.push_back(r);
-  lf::Collective shm(gloo, "bench-shm", everyone, "shm");
+  lf::Collective shm(gloo, "bench-shm", everyone, lf::ProcessGroupBackend::Shm);
   const double n = gloo.world_size();
   for (int64_t bytes : {int64_t{4} << 10, int64_t{1} << 20, int64_t{16} << 20, int64_t{256} << 20}) {
     // Small sizes are timed in batches of calls, so that the clock's resolution does not matter.

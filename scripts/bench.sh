@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the benchmark drivers and prints their JSON lines (docs/benchmarks.md records results).
-# P1: Fabric step time over the raw LibTorch step, side by side, one thread, OpenBLAS.
+# P1: Fabric step time over the raw LibTorch step, side by side, one thread (the LibTorch wheel's MKL).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bin="${BUILD_DIR:-$root/build}/bin"

@@ -17,6 +17,13 @@ cmake/. A reference is
     file name (no '/') also resolves when some file of the repository has that name.
 Fenced ```diff blocks in markdown are skipped: they show files a change would add.
 
+In README.md and docs/, every name qualified with lf:: or lightning::fabric:: inside code (an
+inline `code span` or a fenced block), such as `lf::ddp_strategy` or
+`lightning::fabric::DDPOptions::process_group`, must be declared in an installed header
+(lib/include): each part of the name must occur there as a word. A documented function a user
+cannot include is as broken as a missing file. Such a problem prints as
+"file:line: 'name' is not declared in an installed header (lib/include)".
+
 The files, both those scanned and those a reference may name, come from git (tracked, plus
 untracked files that .gitignore does not ignore), so build outputs are never scanned.
 
@@ -61,6 +68,8 @@ URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.\-]*://\S*|\bmailto:\S*")
 # Splits prose into candidate tokens; < > { } $ * stay inside a token so that it can be skipped.
 DELIMITERS = re.compile(r"[\s`'\"()\[\],;|:=#!?]+")
 MD_LINK = re.compile(r"!?\[(?:[^\]\\]|\\.)*\]\(\s*<?([^)\s>]*)>?(?:\s+\"[^\"]*\")?\s*\)")
+API_NAME = re.compile(r"\b(?:lf|lightning::fabric)((?:::[A-Za-z_][A-Za-z0-9_]*)+)")
+CODE_SPAN = re.compile(r"`([^`]+)`")
 MD_REF_DEF = re.compile(r"^\s{0,3}\[[^\]]+\]:\s+<?([^\s<>{}\"]+?)>?(?:\s+\"[^\"]*\")?\s*$")
 
 
@@ -80,6 +89,11 @@ def git_files():
 class Repository:
     def __init__(self, files):
         self.files = set(files)
+        self.installed_words = set()
+        for f in files:
+            if f.startswith("lib/include/") and f.endswith((".h", ".in")):
+                with open(os.path.join(ROOT, f), encoding="utf-8", errors="replace") as header:
+                    self.installed_words.update(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", header.read()))
         self.dirs = set()
         for f in files:
             d = os.path.dirname(f)
@@ -214,9 +228,25 @@ def check_token(repo, rel_dir, token):
     return "/" not in token and token in repo.base_names
 
 
-def scan_text(repo, rel_path, lines, problems, markdown):
+def undeclared_api_names(repo, code):
+    """The lf::/lightning::fabric:: names in code that no installed header declares."""
+    for match in API_NAME.finditer(code):
+        parts = [p for p in match.group(1).split("::") if p]
+        if parts and not all(p in repo.installed_words for p in parts):
+            yield match.group(0)
+
+
+def scan_text(repo, rel_path, lines, problems, markdown, api_problems=None):
     rel_dir = os.path.dirname(rel_path)
+    in_code = False
     for number, text in lines:
+        if markdown and api_problems is not None:
+            if text.strip().startswith("```"):
+                in_code = not in_code
+                continue
+            code = text if in_code else " ".join(CODE_SPAN.findall(text))
+            for name in undeclared_api_names(repo, code):
+                api_problems.append((rel_path, number, name))
         if markdown:
             targets = [m.group(1) for m in MD_LINK.finditer(text)]
             ref = MD_REF_DEF.match(text)
@@ -240,23 +270,23 @@ def scan_text(repo, rel_path, lines, problems, markdown):
 
 def markdown_lines(text):
     """Numbered lines of a markdown file, leaving out ```diff blocks: a diff shows files a change
-    would add, which need not exist."""
+    would add, which need not exist. Other fence lines are kept (the API check reads them)."""
     in_diff = False
     for number, line in enumerate(text.split("\n"), 1):
         stripped = line.strip()
-        if stripped.startswith("```"):
-            in_diff = not in_diff and stripped[3:].strip() == "diff"
+        if stripped.startswith("```") and (in_diff or stripped[3:].strip() == "diff"):
+            in_diff = not in_diff
             continue
         if not in_diff:
             yield number, line
 
 
-def scan_file(repo, rel_path, full_path, problems):
+def scan_file(repo, rel_path, full_path, problems, api_problems):
     with open(full_path, encoding="utf-8", errors="replace") as f:
         text = f.read()
     name = os.path.basename(rel_path)
     if name.endswith(".md"):
-        scan_text(repo, rel_path, markdown_lines(text), problems, markdown=True)
+        scan_text(repo, rel_path, markdown_lines(text), problems, markdown=True, api_problems=api_problems)
         return
     if name.endswith((".h", ".hpp", ".cpp", ".cc", ".cu")):
         lines = comment_lines_cpp(text)
@@ -281,19 +311,21 @@ def scanned(files):
 def main(argv):
     files = git_files()
     repo = Repository(files)
-    problems = []
+    problems, api_problems = [], []
     if argv:
         for path in argv:
             full = os.path.abspath(path)
             rel = os.path.relpath(full, ROOT)
             scan_file(repo, rel if not rel.startswith("..") else os.path.basename(full), full,
-                      problems)
+                      problems, api_problems)
     else:
         for f in scanned(files):
-            scan_file(repo, f, os.path.join(ROOT, f), problems)
+            scan_file(repo, f, os.path.join(ROOT, f), problems, api_problems)
     for path, number, token in problems:
         print(f"{path}:{number}: '{token}' names no file in the repository")
-    return 1 if problems else 0
+    for path, number, name in api_problems:
+        print(f"{path}:{number}: '{name}' is not declared in an installed header (lib/include)")
+    return 1 if problems or api_problems else 0
 
 
 if __name__ == "__main__":

@@ -7,34 +7,42 @@
 
 #include "lightning/fabric/accelerators/accelerator.h"
 #include "lightning/fabric/errors.h"
+#include "lightning/fabric/plugins/collectives/process_group_settings.h"
+#include "lightning/fabric/plugins/precision/precision.h"
+#include "lightning/fabric/registry.h"
+#include "lightning/fabric/strategies/strategy.h"
 #include "lightning/fabric/utilities/devices.h"
 #include "lightning/fabric/version.h"
 
 namespace lightning::launcher {
 namespace {
 
-const std::vector<std::string> kAccelerators = {"cpu", "gpu", "cuda", "auto"};
-const std::vector<std::string> kStrategies = {"auto", "single_device", "ddp", "ddp_find_unused_parameters_true",
-                                              "ddp_find_unused_parameters_false", "dp", "fsdp"};
-const std::vector<std::string> kPrecisions = {"64-true", "32-true", "16-mixed", "bf16-mixed", "16-true",
-                                              "bf16-true", "64", "32", "16", "bf16"};
+// The choices come from the runtime's registries, as the workers' Connector checks them. The
+// launcher never loads the program, so names a program registers itself are not among them: such
+// a program selects them in code or through the environment (LT_STRATEGY / LT_PRECISION), which
+// the workers inherit (docs/launcher.md, "Choices").
+constexpr const char* kOwnRegistrationHint =
+    " A name your program registers itself is unknown here: set it in code (FabricOptions()), or export "
+    "LT_STRATEGY / LT_PRECISION for its workers instead of passing the flag.";
 
-std::string joined(const std::vector<std::string>& values) {
-  std::string text;
-  for (const auto& value : values) text += (text.empty() ? "" : ", ") + value;
-  return text;
+std::vector<std::string> backend_choices() {
+  std::vector<std::string> names;
+  for (auto backend : {fabric::ProcessGroupBackend::Gloo, fabric::ProcessGroupBackend::Nccl, fabric::ProcessGroupBackend::Shm}) {
+    names.push_back(fabric::to_string(backend));
+  }
+  return names;
 }
 
-// A choice validator whose message names the flag, the value and the choices.
-CLI::Validator one_of(const std::string& flag, const std::vector<std::string>& choices) {
+// A choice validator whose message names the flag, the value and the choices (and hint, if any).
+CLI::Validator one_of(const std::string& flag, const std::vector<std::string>& choices, const std::string& hint = "") {
   return CLI::Validator(
-      [flag, choices](std::string& value) -> std::string {
+      [flag, choices, hint](std::string& value) -> std::string {
         for (const auto& choice : choices) {
           if (value == choice) return {};
         }
-        return flag + "=" + value + " is not valid. Choose one of: " + joined(choices) + ".";
+        return flag + "=" + value + " is not valid. Choose one of: " + fabric::join_names(choices) + "." + hint;
       },
-      "{" + joined(choices) + "}");
+      "{" + fabric::join_names(choices) + "}");
 }
 
 std::set<int> parse_rank_list(const std::string& text) {
@@ -67,8 +75,8 @@ struct RawOptions {
 };
 
 void add_model_options(CLI::App& model, LaunchArgs& args, RawOptions& raw) {
-  model.add_option("--accelerator", raw.accelerator, "Hardware the workers use (default: auto)")->check(one_of("--accelerator", kAccelerators));
-  model.add_option("--strategy", raw.strategy, "Strategy the workers use (default: the program's)")->check(one_of("--strategy", kStrategies));
+  model.add_option("--accelerator", raw.accelerator, "Hardware the workers use (default: auto)")->check(one_of("--accelerator", fabric::accelerator_choices()));
+  model.add_option("--strategy", raw.strategy, "Strategy the workers use (default: the program's)")->check(one_of("--strategy", fabric::strategy_choices(), kOwnRegistrationHint));
   model.add_option("--devices", args.devices, "Devices (workers) per node: a count, or GPU indices such as 0,2")->capture_default_str();
   model.add_option("--num-nodes,--num_nodes", args.num_nodes, "Number of nodes (machines)")->capture_default_str()
       ->check(CLI::Range(1, 1 << 20).description(""));
@@ -77,7 +85,7 @@ void add_model_options(CLI::App& model, LaunchArgs& args, RawOptions& raw) {
   model.add_option("--main-address,--main_address", args.main_address, "Address of node 0 (hosts the rendezvous)")->capture_default_str();
   model.add_option("--main-port,--main_port", raw.main_port, "Port of the rendezvous on node 0 (default 29400; a single-node run without it picks a free port)")
       ->check(CLI::Range(1, 65535).description(""));
-  model.add_option("--precision", raw.precision, "Precision the workers use (default: the program's)")->check(one_of("--precision", kPrecisions));
+  model.add_option("--precision", raw.precision, "Precision the workers use (default: the program's)")->check(one_of("--precision", fabric::precision_choices(), kOwnRegistrationHint));
   model.add_option("--max-restarts,--max_restarts", args.max_restarts, "Restart the whole job this many times after a failure")->capture_default_str()
       ->check(CLI::NonNegativeNumber.description(""));
   model.add_option("--shutdown-grace,--shutdown_grace", args.shutdown_grace_s, "Seconds between the polite signal and SIGKILL")->capture_default_str()
@@ -93,7 +101,7 @@ void add_model_options(CLI::App& model, LaunchArgs& args, RawOptions& raw) {
       ->check(CLI::NonNegativeNumber.description(""));
   model.add_option("--process-group-backend,--process_group_backend", args.process_group_backend,
                    "Collective backend of the workers: gloo, nccl, or shm (CPU, one machine; the default there)")
-      ->check(one_of("--process-group-backend", {"gloo", "nccl", "shm"}));
+      ->check(one_of("--process-group-backend", backend_choices()));
   model.add_flag("--check-collectives", args.check_collectives,
                  "Compare every collective's op, dtype and shape across ranks before it runs (one small all_gather each)");
   model.add_option("--log-dir,--log_dir", raw.log_dir, "Write each worker's stdout and stderr to files here");
@@ -203,22 +211,13 @@ std::string format_seconds(double seconds) {
 }
 
 std::string resolved_accelerator(const LaunchArgs& args) {
-  const std::string requested = args.accelerator.value_or("auto");
-  if (requested == "cpu") return "cpu";
-  const bool cuda = fabric::CUDAAccelerator().is_available();
-  if (requested == "auto") return cuda ? "cuda" : "cpu";
-  if (!cuda) {
-    throw fabric::ValueError("--accelerator=" + requested + " needs a CUDA GPU, but none is visible here. Use --accelerator cpu.");
-  }
-  return "cuda";
+  return fabric::resolve_accelerator(args.accelerator.value_or("auto"), "--accelerator");
 }
 
 int local_process_count(const LaunchArgs& args) {
   if (args.strategy && *args.strategy == "dp") return 1;
-  const std::string accelerator = resolved_accelerator(args);
-  const fabric::DevicesSpec spec(args.devices);
-  if (accelerator == "cpu") return fabric::parse_cpu_devices(spec);
-  return static_cast<int>(fabric::parse_cuda_devices(spec, fabric::CUDAAccelerator().auto_device_count()).size());
+  const auto accelerator = fabric::accelerator_registry().create(resolved_accelerator(args));
+  return static_cast<int>(accelerator->parse_devices(fabric::DevicesSpec(args.devices)).size());
 }
 
 }  // namespace lightning::launcher

@@ -1,6 +1,6 @@
 // Binds c10d's TCPStore server to loopback for local-only jobs.
 //
-// c10d::TCPStore (LibTorch 1.13) always listens on every interface. A single-node job must not be
+// c10d::TCPStore always listens on every interface (it has no bind-address option). A single-node job must not be
 // reachable from the network, so the launcher interposes bind(): while loopback-only binding is
 // enabled, a bind to a wildcard address is rewritten to loopback: 127.0.0.1 for IPv4, and for
 // c10d's dual-stack IPv6 socket ::ffff:127.0.0.1 (or ::1 when the main address is IPv6); an IPv4

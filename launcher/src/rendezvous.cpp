@@ -142,13 +142,11 @@ void Rendezvous::register_node(const LaunchArgs& args, int local_world_size) {
     }
     std::this_thread::sleep_for(kPollInterval);
   }
-  layout_.rank_offset = 0;
-  layout_.world_size = 0;
+  std::vector<int> counts;
   for (int node = 0; node < args.num_nodes; ++node) {
-    const int count = std::stoi(text(store.get(key("node/" + std::to_string(node) + "/local_world_size"))));
-    if (node < rank) layout_.rank_offset += count;
-    layout_.world_size += count;
+    counts.push_back(std::stoi(text(store.get(key("node/" + std::to_string(node) + "/local_world_size")))));
   }
+  fabric::place_node(layout_, rank, counts);
   layout_.run_id = text(store.get(key("run_id")));
 }
 

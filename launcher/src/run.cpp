@@ -6,6 +6,7 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
@@ -15,8 +16,8 @@
 #include "lightning/fabric/utilities/env_vars.h"
 #include "lightning/fabric/utilities/error_file.h"
 #include "lightning/fabric/utilities/process.h"
-#include "lightning/fabric/plugins/collectives/hang_report.h"
-#include "lightning/launcher/hang_watch.h"
+#include "lightning/fabric/hang/hang_report.h"
+#include "lightning/fabric/hang/hang_watch.h"
 #include "lightning/launcher/output.h"
 #include "lightning/launcher/rendezvous.h"
 #include "lightning/launcher/worker_env.h"
@@ -63,16 +64,19 @@ enum class Outcome { Success, Failed, Signalled };
 
 class Job {
  public:
-  explicit Job(const LaunchArgs& args) : args_(args), output_(OutputOptions{}) {}
+  explicit Job(const LaunchArgs& args) : args_(args) {}
   ~Job();
   int run();
 
  private:
   Outcome run_attempt(int attempt);
+  /// The one failure path of an attempt: records failure, tells the other nodes when it happened
+  /// here (local_rank >= 0 on a multi-node job), stops this node's workers.
+  Outcome fail(int attempt, Failure failure);
   void spawn_all(int attempt);
   void stop_workers(int signal);
   void read_output_for(Millis slice);
-  std::optional<Outcome> check_for_hang();
+  std::optional<Outcome> check_for_hang(int attempt);
   int wait_for_other_nodes(int attempt);
   void report(const Failure& failure);
   std::optional<int> read_signal();
@@ -82,10 +86,10 @@ class Job {
   std::string executable_;
   NodeLayout layout_;
   std::optional<Rendezvous> rendezvous_;
-  OutputRouter output_;
+  std::optional<OutputRouter> output_;  // from run(), once the layout (and so the tagging) is known
   std::vector<ChildProcess> children_;
   std::optional<fabric::ProcessGuardian> guardian_;  // tears the workers' groups down if we are killed
-  std::optional<HangWatch> hang_watch_;              // one node: judges hangs from the ranks' recorders
+  std::optional<fabric::HangWatch> hang_watch_;              // one node: judges hangs from the ranks' recorders
   Clock::time_point next_hang_check_;
   std::vector<std::string> error_files_;
   std::string run_dir_;
@@ -114,7 +118,7 @@ std::vector<pollfd> Job::poll_set() const {
   for (const auto& child : children_) {
     if (child.running()) fds.push_back({child.pidfd(), POLLIN, 0});
   }
-  for (int fd : output_.fds()) fds.push_back({fd, POLLIN, 0});
+  for (int fd : output_->fds()) fds.push_back({fd, POLLIN, 0});
   return fds;
 }
 
@@ -134,7 +138,7 @@ void Job::spawn_all(int attempt) {
   for (int local = 0; local < layout.local_world_size; ++local) {
     const int rank = layout.rank_offset + local;
     const std::string error_file = (attempt_dir / ("rank_" + std::to_string(rank) + ".error.json")).string();
-    auto [out, err] = output_.open_worker(rank, local, attempt);
+    auto [out, err] = output_->open_worker(rank, local, attempt);
     fabric::ProcessSpec spec;
     spec.executable = executable_;
     spec.argv.push_back(args_.binary);
@@ -161,24 +165,24 @@ void Job::spawn_all(int attempt) {
 
 void Job::read_output_for(Millis slice) {
   std::vector<pollfd> fds;
-  for (int fd : output_.fds()) fds.push_back({fd, POLLIN, 0});
+  for (int fd : output_->fds()) fds.push_back({fd, POLLIN, 0});
   if (fds.empty()) {
     poll(nullptr, 0, static_cast<int>(slice.count()));
     return;
   }
   if (poll(fds.data(), fds.size(), static_cast<int>(slice.count())) <= 0) return;
   for (const auto& entry : fds) {
-    if ((entry.revents & (POLLIN | POLLHUP | POLLERR)) != 0) output_.on_readable(entry.fd);
+    if ((entry.revents & (POLLIN | POLLHUP | POLLERR)) != 0) output_->on_readable(entry.fd);
   }
 }
 
 void Job::stop_workers(int signal) {
   fabric::terminate_all(children_, signal, seconds(args_.shutdown_grace_s), [this](Millis slice) { read_output_for(slice); });
-  output_.drain(200);
+  output_->drain(200);
 }
 
 // One node: when the recorders show a hang, dump, report and stop the job (exit code 86).
-std::optional<Outcome> Job::check_for_hang() {
+std::optional<Outcome> Job::check_for_hang(int attempt) {
   if (!hang_watch_ || Clock::now() < next_hang_check_) return std::nullopt;
   next_hang_check_ = Clock::now() + Millis(hang_watch_->period_ms());
   std::vector<std::string> exited;
@@ -188,8 +192,15 @@ std::optional<Outcome> Job::check_for_hang() {
   const std::string report = hang_watch_->dump(*verdict, std::chrono::seconds(3), [this](Millis slice) { read_output_for(slice); });
   say(report);
   const int local = std::clamp(verdict->blamed_rank - layout_.rank_offset, 0, static_cast<int>(children_.size()) - 1);
-  failure_ = {layout_.node_rank, layout_.rank_offset + local, local, fabric::kHangExitCode,
-              "hang detected: " + verdict->cause, error_files_[local]};
+  return fail(attempt, {layout_.node_rank, layout_.rank_offset + local, local, fabric::kHangExitCode,
+                        "hang detected: " + verdict->cause, error_files_[local]});
+}
+
+Outcome Job::fail(int attempt, Failure failure) {
+  failure_ = std::move(failure);
+  if (layout_.num_nodes > 1 && failure_.local_rank >= 0) {
+    rendezvous_->announce_failure(attempt, {layout_.node_rank, failure_.global_rank, failure_.exit_code, failure_.summary});
+  }
   stop_workers(SIGTERM);
   return Outcome::Failed;
 }
@@ -240,43 +251,28 @@ Outcome Job::run_attempt(int attempt) {
         if (args_.finish_timeout_s > 0 && !finish_deadline) finish_deadline = Clock::now() + seconds(args_.finish_timeout_s);
         continue;
       }
-      failure_ = {layout_.node_rank, layout_.rank_offset + static_cast<int>(i), static_cast<int>(i),
-                  status.shell_code(), status.describe(), error_files_[i]};
-      if (layout_.num_nodes > 1) {
-        rendezvous_->announce_failure(attempt, {layout_.node_rank, failure_.global_rank, failure_.exit_code, failure_.summary});
-      }
-      stop_workers(SIGTERM);
-      return Outcome::Failed;
+      return fail(attempt, {layout_.node_rank, layout_.rank_offset + static_cast<int>(i), static_cast<int>(i),
+                            status.shell_code(), status.describe(), error_files_[i]});
     }
     for (size_t k = 1; k < fds.size(); ++k) {
-      if ((fds[k].revents & (POLLIN | POLLHUP | POLLERR)) != 0) output_.on_readable(fds[k].fd);
+      if ((fds[k].revents & (POLLIN | POLLHUP | POLLERR)) != 0) output_->on_readable(fds[k].fd);
     }
     if (succeeded == children_.size()) {
       stop_workers(SIGTERM);  // what the workers started and left running goes with them, as under torchrun
       return Outcome::Success;
     }
-    if (auto hung = check_for_hang()) return *hung;
+    if (auto hung = check_for_hang(attempt)) return *hung;
     if (finish_deadline && Clock::now() >= *finish_deadline) {
-      for (size_t i = 0; i < children_.size(); ++i) {
-        if (!children_[i].running()) continue;
-        failure_ = {layout_.node_rank, layout_.rank_offset + static_cast<int>(i), static_cast<int>(i),
-                    kFinishTimeoutExitCode,
-                    "still running " + format_seconds(args_.finish_timeout_s) +
-                        "s after another worker finished (--finish-timeout)",
-                    error_files_[i]};
-        break;
-      }
-      if (layout_.num_nodes > 1) {
-        rendezvous_->announce_failure(attempt, {layout_.node_rank, failure_.global_rank, failure_.exit_code, failure_.summary});
-      }
-      stop_workers(SIGTERM);
-      return Outcome::Failed;
+      const auto running = std::find_if(children_.begin(), children_.end(), [](const auto& c) { return c.running(); });
+      const int i = running == children_.end() ? 0 : static_cast<int>(running - children_.begin());
+      return fail(attempt, {layout_.node_rank, layout_.rank_offset + i, i, kFinishTimeoutExitCode,
+                            "still running " + format_seconds(args_.finish_timeout_s) +
+                                "s after another worker finished (--finish-timeout)",
+                            error_files_[static_cast<size_t>(i)]});
     }
     if (layout_.num_nodes > 1) {
       if (auto remote = rendezvous_->failure(attempt)) {
-        failure_ = {remote->node_rank, remote->global_rank, -1, remote->exit_code, remote->summary, {}};
-        stop_workers(SIGTERM);
-        return Outcome::Failed;
+        return fail(attempt, {remote->node_rank, remote->global_rank, -1, remote->exit_code, remote->summary, {}});
       }
     }
   }
@@ -299,7 +295,7 @@ void Job::report(const Failure& failure) {
   }
   const std::string error = fabric::read_error_file(failure.error_file);
   if (!error.empty()) say("its error file says: " + error);
-  const auto tail = output_.tail(failure.global_rank);
+  const auto tail = output_->tail(failure.global_rank);
   if (!tail.empty()) {
     std::ostringstream lines;
     lines << "last " << tail.size() << " line(s) of rank " << failure.global_rank << ":";
@@ -345,8 +341,7 @@ int Job::run() {
   output.timestamp = args_.timestamp_output;
   output.console_local_ranks = args_.local_ranks_filter;
   output.log_dir = args_.log_dir;
-  output_.~OutputRouter();
-  new (&output_) OutputRouter(output);
+  output_.emplace(output);
 
   if (args_.log_dir) {
     run_dir_ = *args_.log_dir;
@@ -384,7 +379,7 @@ int Job::run() {
       return failure_.exit_code;
     }
     say("restarting the job: attempt " + std::to_string(attempt + 2) + " of " + std::to_string(args_.max_restarts + 1));
-    output_.reset();
+    output_->reset();
   }
 }
 

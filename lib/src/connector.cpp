@@ -45,24 +45,6 @@ std::string resolve_precision(const std::string& value, std::vector<std::string>
   return value;
 }
 
-std::string resolve_accelerator(const std::string& value) {
-  static const std::vector<std::string> base = {"auto", "cpu", "cuda", "gpu"};
-  LF_CHECK(value != "mps" && value != "tpu", ValueError, "accelerator=\"", value,
-           "\" exists in Python Lightning but not in the C++ port. Choose one of: ",
-           choices_with(base, accelerator_registry().names()), ".");
-  const bool known = std::find(base.begin(), base.end(), value) != base.end();
-  LF_CHECK(known || accelerator_registry().contains(value), ValueError, "accelerator=\"", value,
-           "\" is not valid. Choose one of: ", choices_with(base, accelerator_registry().names()), ".");
-  const bool cuda_available = accelerator_registry().create("cuda")->is_available();
-  if (value == "auto") return cuda_available ? "cuda" : "cpu";
-  if (value == "gpu" || value == "cuda") {
-    LF_CHECK(cuda_available, RuntimeError, "accelerator=\"", value, "\" needs a CUDA GPU, but none is available ",
-             "(this LibTorch ", "has no CUDA, or no GPU is visible). Use accelerator=\"cpu\" or \"auto\".");
-    return "cuda";
-  }
-  return value;
-}
-
 int resolve_num_nodes(const std::string& value) {
   int parsed = 0;
   try {
@@ -159,7 +141,7 @@ ResolvedConfig resolve_config(const FabricOptions& options, const env::EnvLookup
   config.device_indices = accelerator_registry().create(config.accelerator)->parse_devices(spec);
   config.num_nodes = resolve_num_nodes(num_nodes);
   if (config.precision == "16-mixed" && config.accelerator == "cpu") {
-    config.warnings.push_back("precision=\"16-mixed\" is not supported on CPU (no float16 autocast): using "
+    config.warnings.push_back("precision=\"16-mixed\" is not supported on CPU (as in Python Fabric): using "
                               "precision=\"bf16-mixed\" instead.");
     config.precision = "bf16-mixed";
   }

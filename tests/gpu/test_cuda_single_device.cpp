@@ -59,7 +59,7 @@ TEST_CASE("cuda: the Fabric loop matches the raw loop on the same GPU", "[gpu]")
 //   lightning-run model --accelerator cuda --devices 1 --strategy ddp lf_gpu_tests "[nccl]"
 TEST_CASE("cuda: an nccl process group with world size 1 reduces and trains", "[.][nccl]") {
   lf::DDPOptions ddp;
-  ddp.process_group_backend = "nccl";
+  ddp.process_group.backend = lf::ProcessGroupBackend::Nccl;
   lf::Fabric fabric(lf::FabricOptions().accelerator("cuda").devices(1).strategy(lf::ddp_strategy(ddp)));
   auto reduced = fabric.all_reduce(torch::ones({4}, torch::kCUDA), "sum");
   CHECK(torch::equal(reduced.cpu(), torch::ones({4})));
@@ -68,7 +68,7 @@ TEST_CASE("cuda: an nccl process group with world size 1 reduces and trains", "[
   auto [model, optimizer] = fabric.setup(net, sgd);
   fabric.backward(model(torch::randn({4, 8})).sum());
   CHECK(optimizer.step());
-  CHECK(fabric.strategy_as<lf::DDPStrategy>().collective().backend() == "nccl");
+  CHECK(fabric.strategy_as<lf::DDPStrategy>().collective().backend() == lf::ProcessGroupBackend::Nccl);
 }
 
 // --has-gpu: exit 0 with a GPU, 77 without (CTest runs it before lightning-run --accelerator cuda).

@@ -108,7 +108,7 @@ TEST_CASE("every Fabric collective, and save/load, under ddp", "[.][ddp]") {
   const int world = fabric.world_size(), rank = fabric.global_rank();
   // Default: nccl on CUDA, shm for CPU ranks on one machine; lightning-run --process-group-backend wins.
   const char* chosen = std::getenv("LT_PROCESS_GROUP_BACKEND");
-  CHECK(collective.backend() == (chosen != nullptr ? std::string(chosen) : cuda ? "nccl" : "shm"));
+  CHECK(lf::to_string(collective.backend()) == (chosen != nullptr ? std::string(chosen) : cuda ? "nccl" : "shm"));
   CHECK(collective.device() == (cuda ? fabric.device() : torch::Device(torch::kCPU)));
   // Object and scalar collectives build their tensors on the caller's side (CPU).
   CHECK(fabric.broadcast(rank == 0 ? std::string("from rank 0") : std::string("not this"), 0) == "from rank 0");

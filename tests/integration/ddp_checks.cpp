@@ -187,7 +187,7 @@ void check_checkpoint(lf::Fabric& fabric) {
 // that another rank never joins (that rank stays alive, so the error is the timeout's).
 int check_timeout() {
   lf::DDPOptions settings;
-  settings.timeout = std::chrono::seconds(4);
+  settings.process_group.timeout = std::chrono::seconds(4);
   lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").strategy(lf::ddp_strategy(settings)));
   fabric.barrier();  // everybody is here
   if (fabric.global_rank() != 0) {

@@ -1,7 +1,9 @@
 // A training program for the launch tests: the same binary runs alone (Fabric starts the
 // processes when --devices > 1) or under lightning-run. Each rank trains a small model with DDP
 // for a few steps and prints one line: rank, world size, and a checksum of its weights.
-//   fabric_program [--devices N] [--fail-rank R] [--launch]
+// --register-strategy registers "counting_ddp" (a ddp under its own name) before Fabric is built,
+// as a program with its own strategy does.
+//   fabric_program [--devices N] [--fail-rank R] [--launch] [--register-strategy]
 #include <torch/torch.h>
 
 #include <cstdlib>
@@ -21,6 +23,11 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--devices") == 0 && i + 1 < argc) devices = argv[++i];
     if (std::strcmp(argv[i], "--fail-rank") == 0 && i + 1 < argc) fail_rank = std::atoi(argv[++i]);
     if (std::strcmp(argv[i], "--launch") == 0) call_launch = true;
+    if (std::strcmp(argv[i], "--register-strategy") == 0) {
+      lf::DDPOptions counting;
+      counting.name = "counting_ddp";
+      lf::strategy_registry().add("counting_ddp", lf::ddp_strategy(counting).create, "a ddp of this program's own");
+    }
   }
   lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").devices(devices));
   if (call_launch) fabric.launch();

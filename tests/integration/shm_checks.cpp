@@ -81,6 +81,7 @@ int peer_dies(lf::Collective& shm) {
 int main(int argc, char** argv) {
   const bool large = argc > 1 && std::strcmp(argv[1], "--large") == 0;
   lf::CollectiveOptions options;
+  options.settings = lf::with_environment_overrides({}, lf::env::process_env());  // GLOO_SOCKET_IFNAME, LT_*
   options.rank = env_int("RANK", 0);
   options.world_size = env_int("WORLD_SIZE", 1);
   options.main_address = std::getenv("MASTER_ADDR") ? std::getenv("MASTER_ADDR") : "127.0.0.1";
@@ -91,10 +92,10 @@ int main(int argc, char** argv) {
   lf::Collective gloo(options);
   std::vector<int> everyone;
   for (int r = 0; r < gloo.world_size(); ++r) everyone.push_back(r);
-  lf::Collective shm(gloo, "shm-checks", everyone, "shm");
+  lf::Collective shm(gloo, "shm-checks", everyone, lf::ProcessGroupBackend::Shm);
   if (argc > 1 && std::strcmp(argv[1], "--peer-dies") == 0) return peer_dies(shm);
   const int rank = gloo.rank(), world = gloo.world_size();
-  checks::expect(shm.backend() == "shm" && shm.world_size() == world, "the subgroup is not an shm group of every rank");
+  checks::expect(shm.backend() == lf::ProcessGroupBackend::Shm && shm.world_size() == world, "the subgroup is not an shm group of every rank");
 
   // all_reduce: every op, dtypes, sizes from empty to several chunks.
   const int64_t chunk_floats = 4 << 20 >> 2;

@@ -439,6 +439,28 @@ TEST_CASE("Fabric::launch: an explicit launch() works alone and is refused under
   check_no_leftovers(refused);
 }
 
+TEST_CASE("launcher: a strategy the program registers itself is chosen through LT_STRATEGY", "[launcher][choices]") {
+  // lightning-run cannot know it (it never loads the program): the flag is refused with the way out...
+  Launched refused(lf_test::launcher_path(), {"model", "--accelerator", "cpu", "--devices", "2", "--strategy",
+                                              "counting_ddp", lf_test::program_path(), "--register-strategy"});
+  CHECK(refused.wait(60) == 2);
+  CHECK_THAT(refused.err(), Contains("--strategy=counting_ddp is not valid") && Contains("LT_STRATEGY"));
+  // ...and the exported variable reaches the workers, whose Connector knows the registration.
+  Launched chosen(lf_test::launcher_path(), {"model", "--accelerator", "cpu", "--devices", "2", lf_test::program_path(),
+                                             "--register-strategy"},
+                  {{"LT_STRATEGY", "counting_ddp"}});
+  REQUIRE(chosen.wait(120) == 0);
+  const auto lines = result_lines(chosen.out());
+  REQUIRE(lines.size() == 2);
+  CHECK_THAT(lines.at(0), Contains("world=2 strategy=counting_ddp"));
+  // Without the registration the same variable is the Connector's error, naming the choices.
+  Launched unknown(lf_test::launcher_path(), {"model", "--accelerator", "cpu", "--devices", "2", lf_test::program_path()},
+                   {{"LT_STRATEGY", "counting_ddp"}});
+  CHECK(unknown.wait(120) != 0);
+  CHECK_THAT(unknown.all(), Contains("counting_ddp") && Contains("fsdp"));
+  check_no_leftovers(unknown);
+}
+
 TEST_CASE("Fabric::launch: a failing child stops the job with its exit code", "[launch]") {
   Launched run(lf_test::program_path(), {"--devices", "2", "--fail-rank", "1"});
   CHECK(run.wait(120) == 3);

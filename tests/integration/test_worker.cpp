@@ -42,14 +42,15 @@ int int_env(const char* name) {
 void barrier(std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
   if (const char* iface = std::getenv("LF_TEST_GLOO_IFACE")) setenv("GLOO_SOCKET_IFNAME", iface, 1);  // two-host test
   lightning::fabric::CollectiveOptions options;
+  options.settings = lightning::fabric::with_environment_overrides({}, lightning::fabric::env::process_env());  // GLOO_SOCKET_IFNAME, LT_*
   options.main_address = std::getenv(env::kMasterAddr);
   options.main_port = int_env(env::kMasterPort);
   options.rank = int_env(env::kRank);
   options.world_size = int_env(env::kWorldSize);
   options.restart_count = int_env(env::kRestartCount);
   options.use_agent_store = true;
-  options.timeout = timeout;
-  options.rendezvous_timeout = timeout;  // a rank that never joins ends the wait as a stuck barrier would
+  options.settings.timeout = timeout;
+  options.settings.rendezvous_timeout = timeout;  // a rank that never joins ends the wait as a stuck barrier would
   lightning::fabric::Collective group(options);
   group.barrier();
 }

@@ -239,15 +239,16 @@ TEST_CASE("a strategy with settings: ddp_strategy(DDPOptions) reaches the DDP st
   lf::DDPOptions settings;
   settings.bucket_cap_mb = 50;
   settings.first_bucket_mb = 2;
-  settings.timeout = std::chrono::seconds(90);
-  settings.process_group_backend = "gloo";
+  settings.process_group.timeout = std::chrono::seconds(90);
+  settings.process_group.backend = lf::ProcessGroupBackend::Gloo;
   auto connector = lf::Connector::build(
       lf::FabricOptions().accelerator("cpu").devices(2).strategy(lf::ddp_strategy(settings)), lf::env::map_env({}));
   CHECK(connector.config.strategy == "ddp");
   auto& ddp = dynamic_cast<lf::DDPStrategy&>(*connector.strategy);
   CHECK(ddp.options().bucket_cap_mb == 50);
   CHECK(ddp.options().first_bucket_mb == 2);
-  CHECK(ddp.options().timeout == std::chrono::seconds(90));
+  CHECK(ddp.options().process_group.timeout == std::chrono::seconds(90));
+  CHECK(ddp.process_group_settings().backend == lf::ProcessGroupBackend::Gloo);
 
   // The name of a configured strategy is valid even outside the registry.
   settings.name = "ddp_tuned";
@@ -269,16 +270,14 @@ TEST_CASE("ddp_strategy refuses bad settings", "[connector][ddp][errors]") {
   bad.bucket_cap_mb = 0;
   CHECK_THROWS_WITH(lf::ddp_strategy(bad), Contains("bucket_cap_mb=0") && Contains("positive"));
   bad = {};
-  bad.timeout = std::chrono::milliseconds(0);
-  CHECK_THROWS_WITH(lf::ddp_strategy(bad), Contains("timeout=0"));
+  bad.process_group.timeout = std::chrono::milliseconds(0);
+  CHECK_THROWS_WITH(lf::ddp_strategy(bad), Contains("DDPOptions: process_group.timeout=0"));
   bad = {};
-  bad.process_group_backend = "mpi";
-  CHECK_THROWS_WITH(lf::ddp_strategy(bad), Contains("\"mpi\"") && Contains("gloo") && Contains("shm"));
-  bad.process_group_backend = "shm";
+  bad.process_group.backend = lf::ProcessGroupBackend::Shm;
   CHECK_NOTHROW(lf::ddp_strategy(bad));
   lf::FSDPOptions fsdp;
-  fsdp.process_group_backend = "tcp";
-  CHECK_THROWS_WITH(lf::fsdp_strategy(fsdp), Contains("FSDPOptions: process_group_backend=\"tcp\"") && Contains("shm"));
+  fsdp.process_group.hang_timeout = std::chrono::milliseconds(-5);
+  CHECK_THROWS_WITH(lf::fsdp_strategy(fsdp), Contains("FSDPOptions: process_group.hang_timeout=-5"));
 }
 
 TEST_CASE("dp: single process over CUDA devices, refused on CPU devices", "[connector][dp]") {
@@ -324,21 +323,21 @@ TEST_CASE("every list of names comes from the registries, in registration order"
 
 TEST_CASE("ddp and fsdp are siblings under ParallelStrategy, each with its own process-group settings", "[connector][fsdp]") {
   lf::FSDPOptions fsdp;
-  fsdp.process_group_backend = "gloo";
-  fsdp.timeout = std::chrono::seconds(42);
+  fsdp.process_group.backend = lf::ProcessGroupBackend::Gloo;
+  fsdp.process_group.timeout = std::chrono::seconds(42);
   auto connector = lf::Connector::build(lf::FabricOptions().accelerator("cpu").devices(2).strategy(lf::fsdp_strategy(fsdp)),
                                         lf::env::map_env({}));
   auto* parallel = dynamic_cast<lf::ParallelStrategy*>(connector.strategy.get());
   REQUIRE(parallel != nullptr);
   CHECK(dynamic_cast<lf::DDPStrategy*>(connector.strategy.get()) == nullptr);
   CHECK(std::is_base_of_v<lf::ParallelStrategy, lf::DDPStrategy>);
-  CHECK(std::is_base_of_v<lf::ParallelStrategy, lf::DataParallelStrategy>);
+  CHECK_FALSE(std::is_base_of_v<lf::ParallelStrategy, lf::DataParallelStrategy>);  // one process
   CHECK_FALSE(std::is_base_of_v<lf::DDPStrategy, lf::FSDPStrategy>);
-  CHECK(parallel->process_group_settings().backend == std::optional<std::string>("gloo"));
+  CHECK(parallel->process_group_settings().backend == lf::ProcessGroupBackend::Gloo);
   CHECK(parallel->process_group_settings().timeout == std::chrono::seconds(42));
-  fsdp.timeout = std::chrono::milliseconds(0);
-  CHECK_THROWS_WITH(lf::fsdp_strategy(fsdp), Contains("FSDPOptions: timeout=0"));
+  fsdp.process_group.timeout = std::chrono::milliseconds(0);
+  CHECK_THROWS_WITH(lf::fsdp_strategy(fsdp), Contains("FSDPOptions: process_group.timeout=0"));
   fsdp = {};
-  fsdp.rendezvous_timeout = std::chrono::milliseconds(-1);
-  CHECK_THROWS_WITH(lf::fsdp_strategy(fsdp), Contains("FSDPOptions: rendezvous_timeout=-1"));
+  fsdp.process_group.rendezvous_timeout = std::chrono::milliseconds(-1);
+  CHECK_THROWS_WITH(lf::fsdp_strategy(fsdp), Contains("FSDPOptions: process_group.rendezvous_timeout=-1"));
 }

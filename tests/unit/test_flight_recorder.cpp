@@ -4,8 +4,8 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 
-#include "lightning/fabric/plugins/collectives/flight_recorder.h"
-#include "lightning/fabric/plugins/collectives/hang_report.h"
+#include "lightning/fabric/hang/flight_recorder.h"
+#include "lightning/fabric/hang/hang_report.h"
 
 namespace lf = lightning::fabric;
 namespace flight = lightning::fabric::flight;

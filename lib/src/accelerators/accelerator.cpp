@@ -4,7 +4,36 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/cuda.h>
 
+#include <algorithm>
+
+#include "lightning/fabric/errors.h"
+
 namespace lightning::fabric {
+
+std::vector<std::string> accelerator_choices() {
+  std::vector<std::string> choices = {"auto", "cpu", "cuda", "gpu"};
+  for (const auto& name : accelerator_registry().names()) {
+    if (std::find(choices.begin(), choices.end(), name) == choices.end()) choices.push_back(name);
+  }
+  return choices;
+}
+
+std::string resolve_accelerator(const std::string& value, const std::string& setting) {
+  const auto choices = accelerator_choices();
+  LF_CHECK(value != "mps" && value != "tpu", ValueError, setting, "=\"", value,
+           "\" exists in Python Lightning but not in the C++ port. Choose one of: ", join_names(choices), ".");
+  LF_CHECK(std::find(choices.begin(), choices.end(), value) != choices.end(), ValueError, setting, "=\"", value,
+           "\" is not valid. Choose one of: ", join_names(choices), ".");
+  if (value == "cpu") return "cpu";
+  const bool cuda_available = accelerator_registry().create("cuda")->is_available();
+  if (value == "auto") return cuda_available ? "cuda" : "cpu";
+  if (value == "gpu" || value == "cuda") {
+    LF_CHECK(cuda_available, RuntimeError, setting, "=\"", value, "\" needs a CUDA GPU, but none is available ",
+             "(this LibTorch has no CUDA, or no GPU is visible). Use ", setting, "=\"cpu\" or \"auto\".");
+    return "cuda";
+  }
+  return value;
+}
 
 std::vector<int> CPUAccelerator::parse_devices(const DevicesSpec& spec) const {
   const int count = parse_cpu_devices(spec);

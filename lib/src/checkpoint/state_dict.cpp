@@ -360,7 +360,7 @@ void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const StateDi
 // ---- schedulers ------------------------------------------------------------------------------
 
 namespace {
-// The step count is protected in LibTorch 1.13; a derived class may name it.
+// The step count is protected in LibTorch's LRScheduler; a derived class may name it.
 struct SchedulerAccess : torch::optim::LRScheduler {
   static constexpr unsigned torch::optim::LRScheduler::*step_count = &SchedulerAccess::step_count_;
 };

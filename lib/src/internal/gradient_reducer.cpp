@@ -1,4 +1,4 @@
-#include "internal/gradient_reducer.h"
+#include "lightning/fabric/internal/gradient_reducer.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/engine.h>

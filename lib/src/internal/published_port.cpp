@@ -1,4 +1,4 @@
-#include "published_port.h"
+#include "lightning/fabric/internal/published_port.h"
 
 #include <netinet/in.h>
 #include <sys/socket.h>

@@ -1,4 +1,4 @@
-#include "wait_for_listener.h"
+#include "lightning/fabric/internal/wait_for_listener.h"
 
 #include <netdb.h>
 #include <poll.h>

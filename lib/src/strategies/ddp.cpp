@@ -2,14 +2,14 @@
 
 #include <algorithm>
 
-#include "internal/gradient_reducer.h"
+#include "lightning/fabric/internal/gradient_reducer.h"
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/plugins/collectives/collective.h"
 
 namespace lightning::fabric {
 
 DDPStrategy::DDPStrategy(StrategyContext context, DDPOptions options)
-    : ParallelStrategy(std::move(context), process_group_settings_of(options)), options_(std::move(options)) {}
+    : ParallelStrategy(std::move(context), options.process_group), options_(std::move(options)) {}
 
 DDPStrategy::~DDPStrategy() = default;
 
@@ -17,7 +17,7 @@ StrategySpec ddp_strategy(DDPOptions options) {
   LF_CHECK(options.bucket_cap_mb > 0 && options.first_bucket_mb > 0, ValueError, "DDPOptions: bucket_cap_mb=",
            options.bucket_cap_mb, " and first_bucket_mb=", options.first_bucket_mb,
            " must be positive (defaults 25 and 1 MiB).");
-  check_process_group_settings("DDPOptions", process_group_settings_of(options));
+  check_process_group_settings("DDPOptions", options.process_group);
   return StrategySpec{options.name, [options](StrategyContext context) -> std::shared_ptr<Strategy> {
                         return std::make_shared<DDPStrategy>(std::move(context), options);
                       }};

@@ -5,7 +5,7 @@
 namespace lightning::fabric {
 
 DataParallelStrategy::DataParallelStrategy(StrategyContext context)
-    : ParallelStrategy(std::move(context), ProcessGroupSettings()) {
+    : Strategy(std::move(context)) {
   for (const auto& device : context_.parallel_devices) {
     LF_CHECK(device.is_cuda(), ValueError, "strategy=\"dp\" splits each batch over CUDA devices, but device ",
              device.str(), " was selected. Use accelerator=\"cuda\", or strategy=\"ddp\" on CPU.");

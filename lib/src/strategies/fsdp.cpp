@@ -9,7 +9,7 @@
 
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/plugins/collectives/collective.h"
-#include "strategies/fsdp_engine.h"
+#include "lightning/fabric/strategies/fsdp_engine.h"
 
 namespace lightning::fabric {
 
@@ -35,7 +35,7 @@ std::string to_string(ShardingStrategy strategy) {
 StrategySpec fsdp_strategy(FSDPOptions options) {
   LF_CHECK(options.state_dict_type == "sharded" || options.state_dict_type == "full", ValueError,
            "FSDPOptions: state_dict_type=\"", options.state_dict_type, "\" is not valid. Choose \"sharded\" or \"full\".");
-  check_process_group_settings("FSDPOptions", process_group_settings_of(options));
+  check_process_group_settings("FSDPOptions", options.process_group);
   return StrategySpec{"fsdp", [options](StrategyContext context) -> std::shared_ptr<Strategy> {
                         return std::make_shared<FSDPStrategy>(std::move(context), options);
                       }};
@@ -83,7 +83,7 @@ class FSDPStrategy::Engine::UnitHooks : public FSDPUnitImpl::Hooks {
 };
 
 FSDPStrategy::FSDPStrategy(StrategyContext context, FSDPOptions options)
-    : ParallelStrategy(std::move(context), process_group_settings_of(options)),
+    : ParallelStrategy(std::move(context), options.process_group),
       fsdp_options_(std::move(options)),
       engine_(std::make_unique<Engine>(*this)) {}
 

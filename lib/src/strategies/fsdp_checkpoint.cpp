@@ -12,7 +12,7 @@
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/plugins/collectives/collective.h"
 #include "lightning/fabric/strategies/fsdp.h"
-#include "strategies/fsdp_engine.h"
+#include "lightning/fabric/strategies/fsdp_engine.h"
 
 namespace lightning::fabric {
 

@@ -13,23 +13,6 @@
 
 namespace lightning::fabric {
 
-void check_process_group_backend(const std::string& setting, const std::optional<std::string>& backend) {
-  if (!backend) return;
-  LF_CHECK(*backend == "gloo" || *backend == "nccl" || *backend == "shm", ValueError, setting, "=\"", *backend,
-           "\" is not supported. Choose \"gloo\", \"nccl\" or \"shm\", or leave it "
-           "unset (nccl on CUDA; on CPU shm when every rank is on one machine, else gloo).");
-}
-
-void check_process_group_settings(const std::string& owner, const ProcessGroupSettings& settings) {
-  LF_CHECK(settings.timeout.count() > 0, ValueError, owner, ": timeout=", settings.timeout.count(),
-           " ms must be positive (default 30 minutes).");
-  LF_CHECK(settings.rendezvous_timeout.count() > 0, ValueError, owner, ": rendezvous_timeout=",
-           settings.rendezvous_timeout.count(), " ms must be positive (default 5 minutes).");
-  LF_CHECK(settings.hang_timeout.count() >= 0, ValueError, owner, ": hang_timeout=", settings.hang_timeout.count(),
-           " ms must be 0 (off) or positive (default 5 minutes).");
-  check_process_group_backend(owner + ": process_group_backend", settings.backend);
-}
-
 ParallelStrategy::ParallelStrategy(StrategyContext context, ProcessGroupSettings settings)
     : Strategy(std::move(context)), settings_(std::move(settings)) {}
 
@@ -75,17 +58,11 @@ void ParallelStrategy::setup_environment() {
   const env::Reader reader(context_.env);
   options.restart_count = static_cast<int>(reader.integer(env::kRestartCount, 0, INT_MAX).value_or(0));
   options.use_agent_store = reader.flag(env::kUseAgentStore);
-  options.backend =
-      settings_.backend.value_or(root_device().is_cuda() ? "nccl" : (num_nodes() == 1 ? "cpu-auto" : "gloo"));
-  if (auto chosen = context_.env(env::kProcessGroupBackend)) {
-    check_process_group_backend(env::kProcessGroupBackend, chosen);
-    options.backend = *chosen;
-  }
+  options.settings = with_environment_overrides(settings_, context_.env);
+  const bool cuda = root_device().is_cuda();
+  options.backend = options.settings.backend.value_or(cuda ? ProcessGroupBackend::Nccl : ProcessGroupBackend::Gloo);
+  options.shm_if_one_host = !options.settings.backend && !cuda && num_nodes() == 1;
   options.device = root_device();
-  options.timeout = settings_.timeout;
-  options.rendezvous_timeout = rendezvous_timeout_from(context_.env, settings_.rendezvous_timeout);
-  options.hang_timeout = settings_.hang_timeout;
-  apply_watch_environment(context_.env, options);
   c10::intrusive_ptr<c10d::Store> store;
   if (launcher_) store = launcher_->hosted_store();
   collective_ = std::make_shared<Collective>(options, store);

@@ -28,6 +28,18 @@ void add_cli_environment(std::map<std::string, std::string>& vars, const WorkerS
 
 }  // namespace
 
+void place_node(WorkerLayout& layout, int node_rank, const std::vector<int>& local_world_sizes) {
+  layout.node_rank = node_rank;
+  layout.num_nodes = static_cast<int>(local_world_sizes.size());
+  layout.local_world_size = local_world_sizes.at(static_cast<size_t>(node_rank));
+  layout.rank_offset = 0;
+  layout.world_size = 0;
+  for (int node = 0; node < layout.num_nodes; ++node) {
+    if (node < node_rank) layout.rank_offset += local_world_sizes[static_cast<size_t>(node)];
+    layout.world_size += local_world_sizes[static_cast<size_t>(node)];
+  }
+}
+
 void add_torchrun_environment(std::map<std::string, std::string>& vars, const WorkerLayout& layout, int local_rank) {
   const std::string rank = std::to_string(layout.rank_offset + local_rank);
   vars[env::kRank] = rank;

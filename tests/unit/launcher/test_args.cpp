@@ -2,6 +2,8 @@
 // and usage errors that exit 2 naming the flag, the value and the choices.
 #include <sstream>
 
+#include "lightning/fabric/plugins/precision/precision.h"
+#include "lightning/fabric/strategies/ddp.h"
 #include "lightning/fabric/strategies/launchers/subprocess_launcher.h"
 #include "lightning/fabric/utilities/launch_env.h"
 #include "lightning/launcher/args.h"
@@ -10,6 +12,7 @@
 #include <catch2/catch.hpp>
 
 using Catch::Matchers::Contains;
+namespace lf = lightning::fabric;
 namespace launcher = lightning::launcher;
 
 namespace {
@@ -73,13 +76,28 @@ TEST_CASE("args: every flag, with underscore spellings, and pass-through after t
   CHECK(args.binary_args == std::vector<std::string>{"--devices", "9", "--help"});
 }
 
+TEST_CASE("args: --strategy, --precision and --accelerator choices come from the runtime's registries", "[args]") {
+  // Not registered yet: refused, and the message says how a program's own strategy is chosen.
+  CHECK(parse({"model", "--strategy", "launcher_test_ddp", "./train"}).result.exit_now == 2);
+  lf::strategy_registry().add(
+      "launcher_test_ddp", [](lf::StrategyContext context) { return std::make_shared<lf::DDPStrategy>(std::move(context)); },
+      "a ddp registered by this test");
+  auto accepted = parse({"model", "--strategy", "launcher_test_ddp", "./train"});
+  CHECK(accepted.result.exit_now.has_value() == false);
+  CHECK(*accepted.result.args.strategy == "launcher_test_ddp");
+  auto help = parse({"model", "--help"});
+  CHECK_THAT(help.out, Contains("launcher_test_ddp") && Contains("fsdp") && Contains("bf16-mixed") && Contains("gpu"));
+  for (const auto& name : lf::precision_choices()) CHECK(parse({"model", "--precision", name, "./train"}).result.exit_now.has_value() == false);
+  for (const auto& name : {"auto", "cpu"}) CHECK(parse({"model", "--accelerator", name, "./train"}).result.exit_now.has_value() == false);
+}
+
 TEST_CASE("args: bad values exit 2 and name the flag, the value and the choices", "[args]") {
   auto accelerator = parse({"model", "--accelerator", "tpu", "./train"});
   CHECK(accelerator.result.exit_now == 2);
-  CHECK_THAT(accelerator.err, Contains("--accelerator=tpu") && Contains("cpu, gpu, cuda, auto"));
+  CHECK_THAT(accelerator.err, Contains("--accelerator=tpu") && Contains("auto, cpu, cuda, gpu"));
   auto strategy = parse({"model", "--strategy", "horovod", "./train"});
   CHECK(strategy.result.exit_now == 2);
-  CHECK_THAT(strategy.err, Contains("--strategy=horovod") && Contains("ddp"));
+  CHECK_THAT(strategy.err, Contains("--strategy=horovod") && Contains("ddp") && Contains("LT_STRATEGY"));
   auto precision = parse({"model", "--precision", "8", "./train"});
   CHECK_THAT(precision.err, Contains("--precision=8") && Contains("bf16-mixed"));
   auto devices = parse({"model", "--accelerator", "cpu", "--devices", "0", "./train"});
@@ -163,7 +181,6 @@ TEST_CASE("worker environment: global ranks start at the node's offset", "[args]
 }
 
 TEST_CASE("worker environment: lightning-run and Fabric::launch() build it with one function", "[args]") {
-  namespace lf = lightning::fabric;
   launcher::NodeLayout layout;
   layout.local_world_size = 2;
   layout.world_size = 2;

@@ -1,39 +1,24 @@
 #include "lightning/fabric/plugins/collectives/collective.h"
 
 #include <ATen/ATen.h>
-#include <arpa/inet.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
-#include <cstdlib>
 #include <sstream>
-#include <thread>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>  // gloo names: src/internal/gloo_interface
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#ifdef USE_C10D_NCCL
-#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
-#endif
 
-#include "internal/wait_for_listener.h"
 #include "lightning/fabric/errors.h"
-#include "lightning/fabric/plugins/collectives/flight_recorder.h"
-#include "plugins/collectives/hang_watchdog.h"
-#include "plugins/collectives/shm_backend.h"
+#include "lightning/fabric/hang/flight_recorder.h"
+#include "lightning/fabric/hang/hang_watchdog.h"
+#include "lightning/fabric/plugins/collectives/collective_backend.h"
+#include "lightning/fabric/plugins/collectives/collective_rendezvous.h"
 
 namespace lightning::fabric {
 namespace {
 // What ProcessGroupGloo and ProcessGroupNCCL derive from: every collective goes through its
 // virtual functions, whose code lives in LibTorch.
 using GroupBackend = c10d::Backend;
-
-bool is_loopback(const std::string& host) {
-  if (host == "localhost") return true;
-  in_addr v4{};
-  return inet_pton(AF_INET, host.c_str(), &v4) == 1 && (ntohl(v4.s_addr) >> 24) == 127;
-}
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
@@ -51,74 +36,13 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   return c10d::ReduceOp::SUM;
 }
 
-std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& main_address) {
-  if (const char* iface = std::getenv("GLOO_SOCKET_IFNAME")) {
-    return c10d::ProcessGroupGloo::createDeviceForInterface(iface);
-  }
-  if (is_loopback(main_address)) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
-  return c10d::ProcessGroupGloo::createDefaultDevice();
-}
-
-std::string seconds_text(std::chrono::milliseconds duration) {
-  std::ostringstream text;
-  text << duration.count() / 1000.0 << " s";
-  return text.str();
-}
-
-// Joins (rank 0: hosts) the TCPStore. A client first waits, quietly, for rank 0's store to listen,
-// up to the rendezvous timeout; if it never does, the error says why that happens.
-c10::intrusive_ptr<c10d::Store> connect_store(const CollectiveOptions& options) {
-  c10d::TCPStoreOptions tcp;
-  tcp.port = static_cast<uint16_t>(options.main_port);
-  tcp.isServer = !options.use_agent_store && options.rank == 0;
-  tcp.waitWorkers = false;
-  tcp.timeout = options.rendezvous_timeout;
-  LF_CHECK(tcp.isServer || internal::wait_for_listener(options.main_address, options.main_port, options.rendezvous_timeout),
-           RuntimeError, "Rank ", options.rank, " could not reach the store ",
-           options.use_agent_store ? "of the launcher" : "of rank 0", " at ", options.main_address, ":",
-           options.main_port, " within the rendezvous timeout (", seconds_text(options.rendezvous_timeout), "): ",
-           options.use_agent_store ? "the launcher is gone" : "rank 0 did not start or failed before joining",
-           ", or the address is wrong. Set the timeout with LT_RENDEZVOUS_TIMEOUT (seconds) or "
-           "DDPOptions::rendezvous_timeout.");
-  return c10::make_intrusive<c10d::TCPStore>(options.main_address, tcp);
-}
-
-// Every rank announces itself and waits until all world_size ranks have: a rank that died before
-// joining is named within the rendezvous timeout instead of hanging its peers in the first collective.
-void await_all_ranks(c10d::Store& store, const CollectiveOptions& options) {
-  const std::string counter = "lightning_fabric/arrivals";
-  store.set("lightning_fabric/arrived/" + std::to_string(options.rank), std::vector<uint8_t>{'1'});
-  int64_t arrived = store.add(counter, 1);
-  const auto deadline = std::chrono::steady_clock::now() + options.rendezvous_timeout;
-  auto pause = std::chrono::milliseconds(2);
-  while (arrived < options.world_size) {
-    if (std::chrono::steady_clock::now() >= deadline) {
-      std::vector<std::string> missing;
-      for (int rank = 0; rank < options.world_size; ++rank) {
-        if (!store.check({"lightning_fabric/arrived/" + std::to_string(rank)})) missing.push_back(std::to_string(rank));
-      }
-      std::string names;
-      for (const auto& rank : missing) names += (names.empty() ? "" : ", ") + rank;
-      throw RuntimeError("Rank" + std::string(missing.size() == 1 ? " " : "s ") + names + " of " +
-                         std::to_string(options.world_size) + " did not join the process group within the "
-                         "rendezvous timeout (" + seconds_text(options.rendezvous_timeout) + "): " +
-                         (missing.size() == 1 ? "it" : "they") + " failed before joining or never started; see " +
-                         (missing.size() == 1 ? "its" : "their") + " output. Set the timeout with "
-                         "LT_RENDEZVOUS_TIMEOUT (seconds) or DDPOptions::rendezvous_timeout.");
-    }
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::milliseconds(100));
-    arrived = store.add(counter, 0);
-  }
-}
-
 }  // namespace
 
 struct Collective::Impl {
   c10::intrusive_ptr<GroupBackend> group;
   c10::intrusive_ptr<c10d::Store> store;  // prefixed; subgroups prefix it further
   CollectiveOptions options;
-  std::string backend;
+  ProcessGroupBackend backend = ProcessGroupBackend::Gloo;  // as resolved (shm_if_one_host decided)
   at::Device device = at::kCPU;
   int rank = 0;
   int world_size = 1;
@@ -129,141 +53,57 @@ struct Collective::Impl {
   bool ops_run_in_call = false;               // the backend (shm) completes each op inside its call
 };
 
-c10::intrusive_ptr<c10d::Store> host_store(const std::string& host, int port, std::chrono::milliseconds timeout,
-                                           int* bound_port) {
-  c10d::TCPStoreOptions options;
-  options.port = static_cast<uint16_t>(port);
-  options.isServer = true;
-  options.waitWorkers = false;
-  options.timeout = timeout;
-  auto store = c10::make_intrusive<c10d::TCPStore>(host, options);
-  if (bound_port != nullptr) *bound_port = store->getPort();
-  return store;
-}
-
 Collective::Collective(const CollectiveOptions& options, c10::intrusive_ptr<c10d::Store> store)
     : impl_(std::make_unique<Impl>()) {
   impl_->rank = options.rank;
   impl_->world_size = options.world_size;
   impl_->backend = options.backend;
-  impl_->device = options.backend == "nccl" ? options.device : at::Device(at::kCPU);
-  LF_CHECK(options.backend != "nccl" || impl_->device.is_cuda(), ValueError, "Collective: the nccl backend needs a "
-           "CUDA device (CollectiveOptions::device), got ", impl_->device, ". Use gloo for CPU tensors.");
-  LF_CHECK(options.rendezvous_timeout.count() > 0, ValueError, "Collective: rendezvous_timeout must be positive.");
-  c10::intrusive_ptr<c10d::Store> base = store ? store : connect_store(options);
-  impl_->store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(options.restart_count), base);
+  impl_->device = options.backend == ProcessGroupBackend::Nccl ? options.device : at::Device(at::kCPU);
+  LF_CHECK(options.backend != ProcessGroupBackend::Nccl || impl_->device.is_cuda(), ValueError, "Collective: the "
+           "nccl backend needs a CUDA device (CollectiveOptions::device), got ", impl_->device,
+           ". Use gloo or shm for CPU tensors.");
+  LF_CHECK(options.settings.rendezvous_timeout.count() > 0, ValueError,
+           "Collective: rendezvous_timeout must be positive.");
+  c10::intrusive_ptr<c10d::Store> base = store ? store : internal::connect_store(options);
+  const std::string prefix = "/worker/attempt_" + std::to_string(options.restart_count);
+  impl_->store = c10::make_intrusive<c10d::PrefixStore>(prefix, base);
   impl_->options = options;
-  await_all_ranks(*impl_->store, options);
-  base->setTimeout(options.timeout);  // from here on the store serves the collectives
-  create_group();
-  start_watch(store);
-}
-
-void Collective::start_watch(const c10::intrusive_ptr<c10d::Store>& hosted) {
-  const CollectiveOptions& options = impl_->options;
-  if (options.world_size < 2 || options.flight_records == 0) return;
-  const std::string file = options.flight_dir.empty()
-                               ? std::string()
-                               : options.flight_dir + "/rank_" + std::to_string(options.rank) + ".flight";
-  if (flight::Recorder::process() == nullptr) {
-    flight::Recorder::install(flight::Recorder::create(options.rank, options.world_size, options.flight_records, file));
+  internal::await_all_ranks(*impl_->store, options);
+  base->setTimeout(options.settings.timeout);  // from here on the store serves the collectives
+  if (options.shm_if_one_host && options.backend == ProcessGroupBackend::Gloo && options.world_size > 1 &&
+      internal::all_ranks_on_one_host(*impl_->store, impl_->rank, impl_->world_size)) {
+    impl_->backend = ProcessGroupBackend::Shm;
   }
-  impl_->recorder = flight::Recorder::process();
-  impl_->recorder->header().hang_timeout_ms = options.hang_timeout.count();
+  create_group();
   internal::WatchdogSettings watch;
   watch.rank = options.rank;
   watch.world_size = options.world_size;
-  watch.hang_timeout = options.hang_timeout;
-  watch.launcher_watches = !options.flight_dir.empty();
+  watch.group = options.settings;
   watch.store_host = options.main_address;
   watch.store_port = options.main_port;
-  if (auto* tcp = dynamic_cast<c10d::TCPStore*>(hosted.get())) watch.store_port = tcp->getPort();
-  watch.store_prefix = "/worker/attempt_" + std::to_string(options.restart_count);
-  watch.dump_dir = options.hang_dump_dir;
-  watch.error_file = options.error_file;
-  impl_->owns_watchdog = internal::start_hang_watchdog(watch);
+  if (auto* tcp = dynamic_cast<c10d::TCPStore*>(store.get())) watch.store_port = tcp->getPort();
+  watch.store_prefix = prefix;
+  const internal::CollectiveWatch watching = internal::watch_collectives(watch);
+  impl_->recorder = watching.recorder;
+  impl_->owns_watchdog = watching.owns_watchdog;
 }
-
-void apply_watch_environment(const env::EnvLookup& env, CollectiveOptions& options) {
-  const env::Reader reader(env);
-  if (auto seconds = reader.seconds(env::kHangTimeout)) {  // 0 turns hang detection off
-    options.hang_timeout = std::chrono::milliseconds(static_cast<int64_t>(*seconds * 1000));
-  }
-  if (auto records = reader.integer(env::kFlightRecords)) {
-    LF_CHECK(*records >= 0 && *records <= 1000000, ValueError, env::kFlightRecords, "=\"", *env(env::kFlightRecords),
-             "\" is not valid: give the number of collectives the flight recorder keeps, 0 to 1000000 "
-             "(default 2048; 0 turns recording and hang detection off).");
-    options.flight_records = static_cast<uint32_t>(*records);
-  }
-  options.flight_dir = reader.text(env::kFlightDir).value_or(options.flight_dir);
-  options.hang_dump_dir = reader.text(env::kHangDumpDir).value_or(options.hang_dump_dir);
-  options.error_file = reader.text(env::kErrorFile).value_or(options.error_file);
-  // 1: compare every collective's op, dtype and shape across ranks.
-  options.check_collectives = reader.flag(env::kCheckCollectives, options.check_collectives);
-}
-
-namespace {
-// Whether every rank of the group runs on rank 0's machine: each rank publishes its host name,
-// rank 0 compares them and publishes the verdict, so every rank gets the same answer. Collective.
-bool all_ranks_on_one_host(c10d::Store& store, int rank, int world_size) {
-  char name[256] = {};
-  ::gethostname(name, sizeof(name) - 1);
-  const std::string host(name);
-  store.set("cpu-auto/host/" + std::to_string(rank), std::vector<uint8_t>(host.begin(), host.end()));
-  if (rank == 0) {
-    bool same = true;
-    for (int peer = 1; peer < world_size; ++peer) {
-      const std::vector<uint8_t> other = store.get("cpu-auto/host/" + std::to_string(peer));
-      same = same && std::string(other.begin(), other.end()) == host;
-    }
-    store.set("cpu-auto/verdict", std::vector<uint8_t>{static_cast<uint8_t>(same ? 1 : 0)});
-  }
-  return store.get("cpu-auto/verdict").at(0) == 1;
-}
-}  // namespace
 
 void Collective::create_group() {
-  CollectiveOptions& options = impl_->options;
-  if (options.backend == "cpu-auto") {
-    const bool one_host = options.world_size > 1 && all_ranks_on_one_host(*impl_->store, impl_->rank, impl_->world_size);
-    options.backend = one_host ? "shm" : "gloo";
-    impl_->backend = options.backend;
-  }
-  impl_->ops_run_in_call = options.backend == "shm";
-  if (options.backend == "gloo") {
-    auto gloo = c10d::ProcessGroupGloo::Options::create(options.timeout);
-    gloo->devices.push_back(gloo_device(options.main_address));
-    impl_->group = c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, impl_->rank, impl_->world_size, gloo);
-  } else if (options.backend == "nccl") {
-#ifdef USE_C10D_NCCL
-    auto nccl = c10d::ProcessGroupNCCL::Options::create();
-    nccl->timeout = options.timeout;
-    impl_->group = c10::make_intrusive<c10d::ProcessGroupNCCL>(impl_->store, impl_->rank, impl_->world_size, nccl);
-#else
-    throw RuntimeError("The nccl backend is not available: this LibTorch was built without NCCL. Use a CUDA "
-                       "LibTorch (CMAKE_PREFIX_PATH) or accelerator=\"cpu\" (gloo).");
-#endif
-  } else if (options.backend == "shm") {
-    impl_->group = c10::make_intrusive<internal::ShmBackend>(impl_->store, impl_->rank, impl_->world_size, options.timeout);
-  } else {
-    throw ValueError("Collective backend \"" + options.backend + "\" is not supported. Choose gloo, nccl or shm.");
-  }
+  impl_->ops_run_in_call = impl_->backend == ProcessGroupBackend::Shm;
+  impl_->group = internal::make_group_backend(impl_->backend, impl_->store, impl_->rank, impl_->world_size, impl_->options);
 }
 
 Collective::Collective(const Collective& parent, const std::string& name, const std::vector<int>& ranks,
-                       const std::string& backend)
+                       std::optional<ProcessGroupBackend> backend)
     : impl_(std::make_unique<Impl>()) {
   const auto position = std::find(ranks.begin(), ranks.end(), parent.rank());
   LF_CHECK(position != ranks.end(), ValueError, "Collective subgroup '", name, "': rank ", parent.rank(),
            " is not one of its ranks.");
   impl_->options = parent.impl_->options;
-  if (!backend.empty()) {
-    LF_CHECK(backend == "gloo" || backend == "shm", ValueError, "Collective subgroup '", name, "': backend \"",
-             backend, "\" is not valid for a subgroup. Choose gloo or shm, or leave it empty (the parent's).");
-    impl_->options.backend = backend;
-  }
-  impl_->backend = impl_->options.backend;
-  impl_->device = impl_->options.backend == "nccl" ? parent.impl_->device : at::Device(at::kCPU);
+  impl_->backend = backend.value_or(parent.impl_->backend);
+  LF_CHECK(!backend || *backend != ProcessGroupBackend::Nccl, ValueError, "Collective subgroup '", name,
+           "': backend \"nccl\" is not valid for a subgroup. Choose gloo or shm, or leave it unset (the parent's).");
+  impl_->device = impl_->backend == ProcessGroupBackend::Nccl ? parent.impl_->device : at::Device(at::kCPU);
   impl_->rank = static_cast<int>(position - ranks.begin());
   impl_->world_size = static_cast<int>(ranks.size());
   impl_->store = c10::make_intrusive<c10d::PrefixStore>("/subgroup/" + name, parent.impl_->store);
@@ -279,7 +119,7 @@ Collective::~Collective() {
 int Collective::rank() const { return impl_->rank; }
 uint64_t Collective::operation_count() const { return impl_->operations; }
 int Collective::world_size() const { return impl_->world_size; }
-const std::string& Collective::backend() const { return impl_->backend; }
+ProcessGroupBackend Collective::backend() const { return impl_->backend; }
 at::Device Collective::device() const { return impl_->device; }
 
 namespace {
@@ -363,7 +203,7 @@ c10::intrusive_ptr<c10d::Work> issue_recorded(flight::Recorder* recorder, uint64
 }  // namespace
 
 void Collective::check_call(int op, const at::Tensor* tensor) {
-  if (!impl_->options.check_collectives || impl_->world_size < 2) return;
+  if (!impl_->options.settings.check_collectives || impl_->world_size < 2) return;
   at::Tensor mine = at::full({kCallFields}, -1, at::kLong);
   int64_t* fields = mine.data_ptr<int64_t>();
   fields[0] = op;
@@ -449,7 +289,7 @@ void Collective::all_reduce_many_(std::vector<at::Tensor>& tensors, ReduceOp op)
       seqs.push_back(recorder->begin("all_reduce", impl_->name, dtype_name(work.scalar_type()), work.sizes().data(),
                                      work.sizes().size(), static_cast<uint64_t>(work.numel())));
     }
-    if (impl_->options.check_collectives) {
+    if (impl_->options.settings.check_collectives) {
       if (recorder) recorder->wait(seqs.back());
       try {
         check_call(kAllReduce, &work);
@@ -462,20 +302,7 @@ void Collective::all_reduce_many_(std::vector<at::Tensor>& tensors, ReduceOp op)
     works.push_back(issue_recorded(recorder, recorder ? seqs.back() : 0, impl_->ops_run_in_call,
                                    [&] { return impl_->group->allreduce(one, options); }));
   }
-  for (size_t i = 0; i < works.size(); ++i) {
-    if (!recorder) {
-      works[i]->wait();
-      continue;
-    }
-    recorder->wait(seqs[i]);
-    try {
-      works[i]->wait();
-    } catch (...) {
-      recorder->end(seqs[i], true);
-      throw;
-    }
-    recorder->end(seqs[i], false);
-  }
+  for (size_t i = 0; i < works.size(); ++i) wait_recorded(works[i], recorder ? seqs[i] : 0);
   for (auto& stage : staged) stage.write_back();
 }
 
@@ -488,7 +315,7 @@ std::function<void()> Collective::all_reduce_start_(at::Tensor& tensor) {
                                                   tensor.sizes().data(), tensor.sizes().size(),
                                                   static_cast<uint64_t>(tensor.numel()))
                                 : 0;
-  if (impl_->options.check_collectives) {
+  if (impl_->options.settings.check_collectives) {
     if (recorder) recorder->wait(seq);
     check_call(kAllReduce, &tensor);
   }
@@ -496,20 +323,23 @@ std::function<void()> Collective::all_reduce_start_(at::Tensor& tensor) {
   c10d::AllreduceOptions options;
   options.reduceOp = c10d::ReduceOp::SUM;
   auto work = issue_recorded(recorder, seq, impl_->ops_run_in_call, [&] { return impl_->group->allreduce(one, options); });
-  return [work, recorder, seq]() -> void {
-    if (!recorder) {
-      work->wait();
-      return;
-    }
-    recorder->wait(seq);
-    try {
-      work->wait();
-    } catch (...) {
-      recorder->end(seq, true);
-      throw;
-    }
-    recorder->end(seq, false);
-  };
+  return [this, work, seq]() -> void { wait_recorded(work, seq); };
+}
+
+void Collective::wait_recorded(const c10::intrusive_ptr<c10d::Work>& work, uint64_t seq) const {
+  flight::Recorder* recorder = impl_->recorder;
+  if (recorder == nullptr) {
+    work->wait();
+    return;
+  }
+  recorder->wait(seq);
+  try {
+    work->wait();
+  } catch (...) {
+    recorder->end(seq, true);
+    throw;
+  }
+  recorder->end(seq, false);
 }
 
 void Collective::all_reduce_(at::Tensor& tensor, ReduceOp op) {

@@ -1,4 +1,4 @@
-#include "plugins/collectives/shm_backend.h"
+#include "lightning/fabric/plugins/collectives/shm_backend.h"
 
 #include <ATen/ATen.h>
 #include <fcntl.h>

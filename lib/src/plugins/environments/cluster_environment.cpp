@@ -6,8 +6,9 @@
 #include <fstream>
 #include <sstream>
 
-#include "internal/published_port.h"
+#include "lightning/fabric/internal/published_port.h"
 #include "lightning/fabric/errors.h"
+#include "lightning/fabric/plugins/collectives/process_group_settings.h"
 
 namespace lightning::fabric {
 namespace {
@@ -66,14 +67,6 @@ void ClusterEnvironment::validate_settings(int num_devices, int num_nodes) const
              ", but the launcher's job spans ", *nodes, " nodes: ", launch_description(),
              ". Leave num_nodes unset, which takes the launcher's count, or make them match.");
   }
-}
-
-std::chrono::milliseconds rendezvous_timeout_from(const env::EnvLookup& env, std::chrono::milliseconds fallback) {
-  auto seconds = env::Reader(env).seconds(env::kRendezvousTimeout);
-  if (!seconds) return fallback;
-  LF_CHECK(*seconds > 0, ValueError, env::kRendezvousTimeout, "=\"", *env(env::kRendezvousTimeout),
-           "\" is not valid: give the seconds ranks wait for each other to arrive, a positive number (default 300).");
-  return std::chrono::milliseconds(static_cast<int64_t>(*seconds * 1000));
 }
 
 LightningEnvironment::LightningEnvironment(env::EnvLookup env) : env_(std::move(env)) {}
@@ -326,7 +319,7 @@ int MPIEnvironment::main_port() const {
                          : " and the job spans several nodes. ",
            "Export a free port to every rank, e.g. mpirun -x MASTER_ADDR=$(hostname) -x MASTER_PORT=29500 ...");
   const std::string path = *directory + "/lightning-fabric-" + *job + ".port";
-  const auto timeout = rendezvous_timeout_from(env_, std::chrono::minutes(5));
+  const auto timeout = with_environment_overrides(ProcessGroupSettings(), env_).rendezvous_timeout;
   published_port_ = global_rank() == 0 ? internal::publish_free_port(path) : internal::read_published_port(path, timeout);
   return *published_port_;
 }

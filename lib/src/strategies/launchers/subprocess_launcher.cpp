@@ -116,15 +116,10 @@ void SubprocessLauncher::launch() {
   Impl& impl = *impl_;
   const auto& env = impl.env;
   WorkerLayout layout;
-  layout.num_nodes = impl.num_nodes;
   const env::Reader reader(env);
-  constexpr long long kMaxInt = std::numeric_limits<int>::max();
-  auto node_rank = reader.integer(env::kNodeRank, 0, kMaxInt);
-  if (!node_rank) node_rank = reader.integer(env::kGroupRank, 0, kMaxInt);
-  layout.node_rank = static_cast<int>(node_rank.value_or(0));
-  layout.local_world_size = impl.num_processes;
-  layout.rank_offset = layout.node_rank * impl.num_processes;
-  layout.world_size = impl.num_nodes * impl.num_processes;
+  auto node_rank = reader.integer(env::kNodeRank, 0, impl.num_nodes - 1);
+  if (!node_rank) node_rank = reader.integer(env::kGroupRank, 0, impl.num_nodes - 1);
+  place_node(layout, static_cast<int>(node_rank.value_or(0)), std::vector<int>(impl.num_nodes, impl.num_processes));
   layout.main_address = reader.text(env::kMasterAddr).value_or("127.0.0.1");
   const auto port = reader.integer(env::kMasterPort, 0, 65535);
   LF_CHECK(port || impl.num_nodes == 1, ValueError, "Fabric::launch() with num_nodes=", impl.num_nodes,

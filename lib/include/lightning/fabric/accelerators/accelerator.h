@@ -55,4 +55,15 @@ using AcceleratorRegistry = Registry<Accelerator>;
 /// (src/builtin_registrations.cpp).
 LF_API AcceleratorRegistry& accelerator_registry();
 
+/// Every accelerator name the Connector and lightning-run --accelerator accept: "auto", "cpu",
+/// "cuda", "gpu" (= cuda), then any other registered name.
+LF_API std::vector<std::string> accelerator_choices();
+
+/// The accelerator `value` means on this machine: "auto" is cuda when a GPU is visible, else cpu;
+/// "gpu" is cuda; a registered name is itself. ValueError naming `setting` (e.g. "accelerator",
+/// "--accelerator"), the value and accelerator_choices() for an unknown name; RuntimeError when
+/// cuda is asked for and none is available. The one resolution the Connector and lightning-run
+/// share.
+LF_API std::string resolve_accelerator(const std::string& value, const std::string& setting = "accelerator");
+
 }  // namespace lightning::fabric

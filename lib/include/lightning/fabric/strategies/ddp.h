@@ -1,7 +1,7 @@
 // Distributed data parallel: one process per device, parameters broadcast from rank 0 at setup,
 // gradients averaged over all ranks during fabric.backward: bucketed all-reduces start as soon as
 // a bucket's gradients are ready, overlapping with the rest of backward
-// (lib/src/internal/gradient_reducer.h). The process group, ranks and launching come from
+// (lib/private/lightning/fabric/internal/gradient_reducer.h). The process group, ranks and launching come from
 // ParallelStrategy (parallel.h).
 #pragma once
 
@@ -29,22 +29,13 @@ struct LF_API DDPOptions {
   bool find_unused_parameters = false;   // a parameter without a gradient counts as zero
   double bucket_cap_mb = 25.0;
   double first_bucket_mb = 1.0;         // small, so the first all-reduce starts early in backward
-  std::chrono::milliseconds timeout = std::chrono::minutes(30);  // of every collective and the store
-  /// How long ranks wait for each other to join the process group; a rank that never arrives (it
-  /// failed before joining) ends the job after this, naming it. LT_RENDEZVOUS_TIMEOUT (seconds) wins.
-  std::chrono::milliseconds rendezvous_timeout = std::chrono::minutes(5);
-  /// A rank blocked in one collective this long is a hang: the job is reported and ended with exit
-  /// code 86 (docs/launcher.md, "When a job hangs"). 0 turns detection off. LT_HANG_TIMEOUT
-  /// (seconds; lightning-run --hang-timeout) wins.
-  std::chrono::milliseconds hang_timeout = std::chrono::minutes(5);
-  /// "gloo" | "nccl" | "shm". Default: nccl on CUDA; on CPU shm when every rank is on one machine
-  /// (checked when the group forms), else gloo. LT_PROCESS_GROUP_BACKEND wins.
-  std::optional<std::string> process_group_backend;
+  /// Timeouts, backend and hang detection of the process group (process_group_settings.h).
+  ProcessGroupSettings process_group;
 };
 
 /// DDP with settings, for FabricOptions().strategy(...):
 ///   lf::DDPOptions ddp;
-///   ddp.timeout = std::chrono::minutes(5);
+///   ddp.process_group.timeout = std::chrono::minutes(5);
 ///   ddp.bucket_cap_mb = 50;
 ///   lf::Fabric fabric(lf::FabricOptions().strategy(lf::ddp_strategy(ddp)));
 /// Throws ValueError for non-positive bucket sizes or timeout, or an unknown backend.

@@ -39,10 +39,8 @@ LF_API std::string to_string(ShardingStrategy strategy);
 
 struct LF_API FSDPOptions {
   ShardingStrategy sharding_strategy = ShardingStrategy::FullShard;
-  std::chrono::milliseconds timeout = std::chrono::minutes(30);
-  std::chrono::milliseconds rendezvous_timeout = std::chrono::minutes(5);  // as DDPOptions'
-  std::chrono::milliseconds hang_timeout = std::chrono::minutes(5);        // as DDPOptions'
-  std::optional<std::string> process_group_backend;                        // as DDPOptions'
+  /// Timeouts, backend and hang detection of the process group (process_group_settings.h).
+  ProcessGroupSettings process_group;
   /// "sharded": fabric.save writes a folder, one shard file per rank plus metadata (fast, every
   /// rank writes in parallel). "full": rank 0 gathers everything and writes one file.
   std::string state_dict_type = "sharded";
@@ -89,7 +87,7 @@ class LF_API FSDPStrategy : public ParallelStrategy {
   int64_t resident_bytes() const;
 
  private:
-  class Engine;  // the sharding state and its operations (lib/src/strategies/fsdp_engine.h)
+  class Engine;  // the sharding state and its operations (lib/private/lightning/fabric/strategies/fsdp_engine.h)
   StateDict read_checkpoint(const std::filesystem::path& path, State* state, bool strict);  // this rank's part
 
   FSDPOptions fsdp_options_;

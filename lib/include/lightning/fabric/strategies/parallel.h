@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "lightning/fabric/plugins/collectives/process_group_settings.h"
 #include "lightning/fabric/strategies/strategy.h"
 
 namespace lightning::fabric {
@@ -28,29 +29,10 @@ namespace lightning::fabric {
 class Collective;  // the process group (private to the library; its tests include collective.h)
 class SubprocessLauncher;
 
-/// How a strategy's process group forms and behaves; each strategy's options carry these fields.
-struct LF_API ProcessGroupSettings {
-  std::chrono::milliseconds timeout = std::chrono::minutes(30);  // of every collective and the store
-  std::chrono::milliseconds rendezvous_timeout = std::chrono::minutes(5);
-  std::chrono::milliseconds hang_timeout = std::chrono::minutes(5);  // 0: hang detection off
-  std::optional<std::string> backend;  // unset: nccl on CUDA; on CPU shm on one machine, else gloo
-};
-
-/// The process-group fields a strategy's options carry under the same names (DDPOptions,
-/// FSDPOptions, or a user strategy's options).
-template <class Options>
-ProcessGroupSettings process_group_settings_of(const Options& options) {
-  return {options.timeout, options.rendezvous_timeout, options.hang_timeout, options.process_group_backend};
-}
-
-/// ValueError naming `setting` (e.g. "FSDPOptions: process_group_backend", LT_PROCESS_GROUP_BACKEND)
-/// and the choices unless backend is unset, "gloo", "nccl" or "shm".
-LF_API void check_process_group_backend(const std::string& setting, const std::optional<std::string>& backend);
-/// ValueError naming `owner` (e.g. "DDPOptions") unless the timeouts are valid and the backend known.
-LF_API void check_process_group_settings(const std::string& owner, const ProcessGroupSettings& settings);
-
 class LF_API ParallelStrategy : public Strategy {
  public:
+  /// settings: the strategy's options' process_group (checked by the strategy's factory); the
+  /// environment's overrides are applied when the group forms (with_environment_overrides).
   ParallelStrategy(StrategyContext context, ProcessGroupSettings settings);
   ~ParallelStrategy() override;
 

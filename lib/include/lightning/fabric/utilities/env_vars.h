@@ -28,6 +28,7 @@ inline constexpr const char* kFlightRecords = "LT_FLIGHT_RECORDS";   // flight r
 inline constexpr const char* kHangDumpDir = "LT_HANG_DUMP_DIR";      // where hang dumps are written
 inline constexpr const char* kProcessGroupBackend = "LT_PROCESS_GROUP_BACKEND";  // gloo | nccl | shm: wins over code
 inline constexpr const char* kCheckCollectives = "LT_CHECK_COLLECTIVES";  // "1": compare every call across ranks
+inline constexpr const char* kGlooSocketInterface = "GLOO_SOCKET_IFNAME";  // the interface gloo uses
 // Set by lightning-run on one node: recorder files live here and the launcher judges hangs.
 inline constexpr const char* kFlightDir = "LT_FLIGHT_DIR";
 

@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace lightning::fabric {
 
@@ -22,6 +23,11 @@ struct WorkerLayout {
   int restart_count = 0;
   int max_restarts = 0;
 };
+
+/// Places node `node_rank` in a job whose nodes run local_world_sizes[n] processes each: sets
+/// num_nodes, local_world_size, rank_offset (the processes of the nodes before it) and world_size.
+/// lightning-run calls it with the counts its nodes published, Fabric::launch() with equal counts.
+void place_node(WorkerLayout& layout, int node_rank, const std::vector<int>& local_world_sizes);
 
 /// RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, NODE_RANK,
 /// ROLE_RANK, ROLE_NAME, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID,

@@ -186,10 +186,6 @@ class LF_API KubeflowEnvironment : public ClusterEnvironment {
 /// Expands a SLURM host list: "node[01-03,7],gpu5" -> node01 node02 node03 node7 gpu5.
 LF_API std::vector<std::string> expand_host_list(const std::string& hosts);
 
-/// The rendezvous timeout: LT_RENDEZVOUS_TIMEOUT seconds when set (a positive number, else a
-/// ValueError naming it), else fallback. Bounds how long ranks wait for each other to arrive.
-LF_API std::chrono::milliseconds rendezvous_timeout_from(const env::EnvLookup& env, std::chrono::milliseconds fallback);
-
 /// Picks the first environment whose detect() holds, in Lightning's order: TorchElastic, SLURM,
 /// LSF, MPI, Kubeflow, then the Lightning environment.
 LF_API std::shared_ptr<ClusterEnvironment> detect_cluster_environment(const env::EnvLookup& env);

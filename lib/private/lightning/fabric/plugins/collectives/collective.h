@@ -22,12 +22,13 @@
 #include <string>
 #include <vector>
 
+#include "lightning/fabric/plugins/collectives/process_group_settings.h"
 #include "lightning/fabric/reduce_op.h"
-#include "lightning/fabric/utilities/env_vars.h"
 
 namespace c10d {
 class Store;
-}
+class Work;
+}  // namespace c10d
 
 namespace lightning::fabric {
 
@@ -38,40 +39,30 @@ struct CollectiveOptions {
   int world_size = 1;
   int restart_count = 0;                 // store prefix /worker/attempt_<N>, as torchrun
   bool use_agent_store = false;          // join a launcher's store instead of hosting on rank 0
-  /// "gloo" | "nccl" | "shm" (CPU, every rank on one machine) | "cpu-auto": shm when every rank
-  /// turns out to be on this machine (compared through the store), else gloo.
-  std::string backend = "gloo";
+  ProcessGroupBackend backend = ProcessGroupBackend::Gloo;
+  /// With backend Gloo: use shm instead when every rank turns out to be on this machine (a vote
+  /// through the store as the group forms). ParallelStrategy sets it for CPU jobs on one node.
+  bool shm_if_one_host = false;
   at::Device device = at::kCPU;          // the group's device: this rank's GPU for nccl
-  std::chrono::milliseconds timeout = std::chrono::minutes(30);             // of every collective
-  std::chrono::milliseconds rendezvous_timeout = std::chrono::minutes(5);    // for all ranks to arrive
-  // Hang detection (docs/launcher.md, "When a job hangs"); apply_watch_environment reads these.
-  std::chrono::milliseconds hang_timeout = std::chrono::minutes(5);  // a rank blocked this long = hang; 0 = off
-  uint32_t flight_records = 2048;   // the flight recorder's ring; 0 = no recorder and no watchdog
-  std::string flight_dir;           // LT_FLIGHT_DIR: recorder files there, read by lightning-run
-  std::string hang_dump_dir;        // LT_HANG_DUMP_DIR: where dumps go (default: rank 0 picks)
-  std::string error_file;           // TORCHELASTIC_ERROR_FILE: rank 0's hang report goes there too
-  bool check_collectives = false;   // compare op, dtype and shape across ranks before every collective
+  /// Timeouts, hang detection and gloo's interface, as they stand after the environment
+  /// (with_environment_overrides). settings.backend is not read here: backend above is the choice.
+  ProcessGroupSettings settings;
 };
-
-/// Overrides options' hang settings from the environment (through env::Reader): LT_HANG_TIMEOUT
-/// (seconds, 0 = off), LT_FLIGHT_RECORDS, LT_FLIGHT_DIR, LT_HANG_DUMP_DIR, LT_CHECK_COLLECTIVES (a
-/// flag: 1/0, true/false, yes/no), TORCHELASTIC_ERROR_FILE. Throws ValueError naming a bad value
-/// and what is valid.
-void apply_watch_environment(const env::EnvLookup& env, CollectiveOptions& options);
 
 class Collective {
  public:
   /// Creates the process group. Also installs this process's flight recorder and starts the hang
-  /// watchdog (world size > 1; see flight_recorder.h and options.hang_timeout). store: a server store this process already hosts (Fabric::launch
-  /// creates it before spawning, so the port is known without a race); null = as options say.
-  /// Collective: every rank first announces itself in the store and waits for the others up to
-  /// options.rendezvous_timeout; then a RuntimeError names the ranks that never arrived.
+  /// watchdog (world size > 1; lightning/fabric/hang/hang_watchdog.h). store: a server store this
+  /// process already hosts (Fabric::launch creates it before spawning, so the port is known
+  /// without a race); null = as options say. Collective: every rank first announces itself in
+  /// the store and waits for the others up to options.settings.rendezvous_timeout; then a
+  /// RuntimeError names the ranks that never arrived (collective_rendezvous.h).
   explicit Collective(const CollectiveOptions& options, c10::intrusive_ptr<c10d::Store> store = {});
   /// A group of some of parent's ranks (collective over those ranks: each calls it with the same
   /// name and rank list, in the same order). This process's rank in it is its position in ranks.
-  /// backend: the parent's when empty, else "gloo" or "shm" (CPU groups).
+  /// backend: the parent's when unset, else Gloo or Shm (CPU groups).
   Collective(const Collective& parent, const std::string& name, const std::vector<int>& ranks,
-             const std::string& backend = "");
+             std::optional<ProcessGroupBackend> backend = std::nullopt);
   ~Collective();
   Collective(const Collective&) = delete;
   Collective& operator=(const Collective&) = delete;
@@ -80,7 +71,7 @@ class Collective {
   /// Collective operations issued so far (tests check that a no-sync backward issues none).
   uint64_t operation_count() const;
   int world_size() const;
-  const std::string& backend() const;
+  ProcessGroupBackend backend() const;
   /// The device this group communicates on (see the top of this header).
   at::Device device() const;
 
@@ -111,8 +102,10 @@ class Collective {
 
  private:
   void create_group();
-  void start_watch(const c10::intrusive_ptr<c10d::Store>& hosted);
   void check_call(int op, const at::Tensor* tensor);
+  /// Waits for an issued op under the recorder: marks the rank waiting, ends the record (failed
+  /// when the wait throws, and rethrows).
+  void wait_recorded(const c10::intrusive_ptr<c10d::Work>& work, uint64_t seq) const;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

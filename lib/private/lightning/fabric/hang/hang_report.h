@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "lightning/fabric/plugins/collectives/flight_recorder.h"
+#include "lightning/fabric/hang/flight_recorder.h"
 
 namespace lightning::fabric {
 

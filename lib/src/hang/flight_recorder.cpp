@@ -1,4 +1,4 @@
-#include "lightning/fabric/plugins/collectives/flight_recorder.h"
+#include "lightning/fabric/hang/flight_recorder.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

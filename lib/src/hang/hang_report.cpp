@@ -1,4 +1,4 @@
-#include "lightning/fabric/plugins/collectives/hang_report.h"
+#include "lightning/fabric/hang/hang_report.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -3,7 +3,7 @@
 // with analyze_hang and the ranks' own hang timeout, and on a hang has every rank dump its
 // recorder and native stack into <attempt dir>/hang/ (writing from the shared memory itself for
 // a rank that does not answer) next to report.txt. Jobs across nodes are judged by the ranks
-// through the store instead (plugins/collectives/hang_watchdog.h).
+// through the store instead (hang_watchdog.h).
 #pragma once
 
 #include <chrono>
@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "lightning/fabric/plugins/collectives/flight_recorder.h"
-#include "lightning/fabric/plugins/collectives/hang_report.h"
+#include "lightning/fabric/hang/flight_recorder.h"
+#include "lightning/fabric/hang/hang_report.h"
 
-namespace lightning::launcher {
+namespace lightning::fabric {
 
 class HangWatch {
  public:
@@ -48,4 +48,4 @@ class HangWatch {
   int64_t timeout_ms_ = 0;
 };
 
-}  // namespace lightning::launcher
+}  // namespace lightning::fabric

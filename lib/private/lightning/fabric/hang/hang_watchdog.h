@@ -16,19 +16,35 @@
 #include <chrono>
 #include <string>
 
-namespace lightning::fabric::internal {
+#include "lightning/fabric/plugins/collectives/process_group_settings.h"
+
+namespace lightning::fabric {
+namespace flight {
+class Recorder;
+}
+
+namespace internal {
 
 struct WatchdogSettings {
   int rank = 0;
   int world_size = 1;
-  std::chrono::milliseconds hang_timeout{0};  // > 0
-  bool launcher_watches = false;              // LT_FLIGHT_DIR: the launcher reads the recorders
-  std::string store_host;                     // store mode: the job's TCPStore
+  /// hang_timeout (> 0 to watch), flight_records, flight_dir (set: launcher mode, the launcher
+  /// reads the recorder files there), hang_dump_dir (empty: rank 0 picks), error_file.
+  ProcessGroupSettings group;
+  std::string store_host;    // store mode: the job's TCPStore
   int store_port = 0;
-  std::string store_prefix;                   // e.g. /worker/attempt_0
-  std::string dump_dir;                       // LT_HANG_DUMP_DIR; empty: rank 0 picks one
-  std::string error_file;                     // TORCHELASTIC_ERROR_FILE, may be empty
+  std::string store_prefix;  // e.g. /worker/attempt_0
 };
+
+/// What watch_collectives set up for the process group that called it.
+struct CollectiveWatch {
+  flight::Recorder* recorder = nullptr;  // the process's recorder; null: recording is off
+  bool owns_watchdog = false;            // this call started the watchdog: stop_hang_watchdog when done
+};
+/// Called by the first process group of a multi-process job: installs this process's flight
+/// recorder (once; <flight_dir>/rank_<R>.flight when flight_dir is set) and starts the watchdog.
+/// Nothing for one rank or with flight_records 0.
+CollectiveWatch watch_collectives(const WatchdogSettings& settings);
 
 /// Starts the process's watchdog (a no-op while one runs or without a flight recorder).
 /// Returns true when this call started it: the caller then stops it.
@@ -39,4 +55,5 @@ void stop_hang_watchdog();
 /// Writes this rank's dump files into dir (created); returns the files written. Any thread.
 std::string write_rank_dump(const std::string& dir);
 
-}  // namespace lightning::fabric::internal
+}  // namespace internal
+}  // namespace lightning::fabric

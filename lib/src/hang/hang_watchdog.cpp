@@ -1,4 +1,4 @@
-#include "plugins/collectives/hang_watchdog.h"
+#include "lightning/fabric/hang/hang_watchdog.h"
 
 #include <unistd.h>
 
@@ -13,9 +13,9 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include "internal/stack_trace.h"
-#include "lightning/fabric/plugins/collectives/flight_recorder.h"
-#include "lightning/fabric/plugins/collectives/hang_report.h"
+#include "lightning/fabric/hang/stack_trace.h"
+#include "lightning/fabric/hang/flight_recorder.h"
+#include "lightning/fabric/hang/hang_report.h"
 #include "lightning/fabric/utilities/error_file.h"
 
 namespace lightning::fabric::internal {
@@ -45,7 +45,7 @@ class Watchdog {
  public:
   explicit Watchdog(WatchdogSettings settings) : settings_(std::move(settings)) {
     install_stack_capture();
-    if (!settings_.launcher_watches) connect_store();
+    if (!!settings_.group.flight_dir.empty()) connect_store();
     thread_ = std::thread([this] { loop(); });
   }
   ~Watchdog() {
@@ -59,8 +59,8 @@ class Watchdog {
 
  private:
   std::chrono::milliseconds period() const {
-    if (settings_.launcher_watches) return std::chrono::milliseconds(200);
-    return std::clamp(settings_.hang_timeout / 4, std::chrono::milliseconds(100), std::chrono::milliseconds(1000));
+    if (!settings_.group.flight_dir.empty()) return std::chrono::milliseconds(200);
+    return std::clamp(settings_.group.hang_timeout / 4, std::chrono::milliseconds(100), std::chrono::milliseconds(1000));
   }
 
   void connect_store() {
@@ -79,7 +79,7 @@ class Watchdog {
       lock.unlock();
       try {
         flight::Recorder::process()->heartbeat();
-        if (settings_.launcher_watches) {
+        if (!settings_.group.flight_dir.empty()) {
           answer_launcher();
         } else {
           store_step();
@@ -106,7 +106,7 @@ class Watchdog {
   void store_step() {
     store_->set(key("progress", settings_.rank), bytes_of(flight::Recorder::process()->progress().serialize()));
     if (store_->check({"dump"})) {
-      std::string dir = settings_.dump_dir.empty() ? text_of(store_->get("dump")) : settings_.dump_dir;
+      std::string dir = settings_.group.hang_dump_dir.empty() ? text_of(store_->get("dump")) : settings_.group.hang_dump_dir;
       write_rank_dump(dir);
       store_->set(key("dumped", settings_.rank), bytes_of("1"));
       // Rank 0 reports and exits; its launcher then stops this rank. If none does, leave anyway.
@@ -129,11 +129,11 @@ class Watchdog {
       progress.silent_s = std::chrono::duration<double>(now - seen.second).count();
       ranks.push_back(progress);
     }
-    const double timeout_s = std::chrono::duration<double>(settings_.hang_timeout).count();
+    const double timeout_s = std::chrono::duration<double>(settings_.group.hang_timeout).count();
     const HangVerdict verdict = analyze_hang(ranks, settings_.world_size, timeout_s);
     if (!verdict.hung) return;
 
-    const std::string dir = settings_.dump_dir.empty() ? default_dump_dir() : settings_.dump_dir;
+    const std::string dir = settings_.group.hang_dump_dir.empty() ? default_dump_dir() : settings_.group.hang_dump_dir;
     store_->set("dump", bytes_of(dir));
     write_rank_dump(dir);
     const auto deadline = Clock::now() + std::chrono::seconds(5);
@@ -152,7 +152,7 @@ class Watchdog {
     write_file(std::filesystem::path(dir) / "report.txt", report);
     std::cerr << "lightning-fabric: " << report << "lightning-fabric: ending the job with exit code " << kHangExitCode
               << " (hang)" << std::endl;
-    if (!settings_.error_file.empty()) write_error_file(settings_.error_file, "HangError", report);
+    if (!settings_.group.error_file.empty()) write_error_file(settings_.group.error_file, "HangError", report);
     std::_Exit(kHangExitCode);
   }
 
@@ -176,9 +176,24 @@ std::unique_ptr<Watchdog>& running_watchdog() {
 
 bool start_hang_watchdog(const WatchdogSettings& settings) {
   std::lock_guard<std::mutex> lock(watchdog_mutex);
-  if (running_watchdog() || flight::Recorder::process() == nullptr || settings.hang_timeout.count() <= 0) return false;
+  if (running_watchdog() || flight::Recorder::process() == nullptr || settings.group.hang_timeout.count() <= 0) return false;
   running_watchdog() = std::make_unique<Watchdog>(settings);
   return true;
+}
+
+CollectiveWatch watch_collectives(const WatchdogSettings& settings) {
+  const ProcessGroupSettings& group = settings.group;
+  if (settings.world_size < 2 || group.flight_records == 0) return {};
+  if (flight::Recorder::process() == nullptr) {
+    const std::string file =
+        group.flight_dir.empty() ? std::string() : group.flight_dir + "/rank_" + std::to_string(settings.rank) + ".flight";
+    flight::Recorder::install(flight::Recorder::create(settings.rank, settings.world_size, group.flight_records, file));
+  }
+  CollectiveWatch watch;
+  watch.recorder = flight::Recorder::process();
+  watch.recorder->header().hang_timeout_ms = group.hang_timeout.count();
+  watch.owns_watchdog = start_hang_watchdog(settings);
+  return watch;
 }
 
 void stop_hang_watchdog() {

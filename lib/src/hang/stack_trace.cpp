@@ -1,4 +1,4 @@
-#include "internal/stack_trace.h"
+#include "lightning/fabric/hang/stack_trace.h"
 
 #include <cxxabi.h>
 #include <dlfcn.h>

@@ -1,12 +1,12 @@
-#include "lightning/launcher/hang_watch.h"
+#include "lightning/fabric/hang/hang_watch.h"
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 
-namespace lightning::launcher {
+namespace lightning::fabric {
 
-namespace flight = fabric::flight;
+// flight:: is lightning::fabric::flight.
 
 HangWatch::HangWatch(std::string attempt_dir, int rank_offset, int local_count, int world_size)
     : attempt_dir_(std::move(attempt_dir)), rank_offset_(rank_offset), world_size_(world_size), recorders_(local_count) {}
@@ -82,4 +82,4 @@ std::string HangWatch::dump(const fabric::HangVerdict& verdict, std::chrono::mil
   return report;
 }
 
-}  // namespace lightning::launcher
+}  // namespace lightning::fabric

@@ -1,0 +1,100 @@
+#include "lightning/fabric/plugins/collectives/collective_rendezvous.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <sstream>
+#include <thread>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "lightning/fabric/errors.h"
+#include "lightning/fabric/internal/wait_for_listener.h"
+
+namespace lightning::fabric {
+
+c10::intrusive_ptr<c10d::Store> host_store(const std::string& host, int port, std::chrono::milliseconds timeout,
+                                           int* bound_port) {
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<uint16_t>(port);
+  options.isServer = true;
+  options.waitWorkers = false;
+  options.timeout = timeout;
+  auto store = c10::make_intrusive<c10d::TCPStore>(host, options);
+  if (bound_port != nullptr) *bound_port = store->getPort();
+  return store;
+}
+
+namespace internal {
+namespace {
+std::string seconds_text(std::chrono::milliseconds duration) {
+  std::ostringstream text;
+  text << duration.count() / 1000.0 << " s";
+  return text.str();
+}
+
+constexpr const char* kTimeoutHint =
+    "Set the timeout with LT_RENDEZVOUS_TIMEOUT (seconds) or the strategy's process_group.rendezvous_timeout.";
+
+std::string missing_ranks_message(c10d::Store& store, const CollectiveOptions& options) {
+  std::vector<std::string> missing;
+  for (int rank = 0; rank < options.world_size; ++rank) {
+    if (!store.check({"lightning_fabric/arrived/" + std::to_string(rank)})) missing.push_back(std::to_string(rank));
+  }
+  std::string names;
+  for (const auto& rank : missing) names += (names.empty() ? "" : ", ") + rank;
+  const bool one = missing.size() == 1;
+  return "Rank" + std::string(one ? " " : "s ") + names + " of " + std::to_string(options.world_size) +
+         " did not join the process group within the rendezvous timeout (" +
+         seconds_text(options.settings.rendezvous_timeout) + "): " + (one ? "it" : "they") +
+         " failed before joining or never started; see " + (one ? "its" : "their") + " output. " + kTimeoutHint;
+}
+}  // namespace
+
+c10::intrusive_ptr<c10d::Store> connect_store(const CollectiveOptions& options) {
+  const auto timeout = options.settings.rendezvous_timeout;
+  c10d::TCPStoreOptions tcp;
+  tcp.port = static_cast<uint16_t>(options.main_port);
+  tcp.isServer = !options.use_agent_store && options.rank == 0;
+  tcp.waitWorkers = false;
+  tcp.timeout = timeout;
+  LF_CHECK(tcp.isServer || wait_for_listener(options.main_address, options.main_port, timeout), RuntimeError, "Rank ",
+           options.rank, " could not reach the store ", options.use_agent_store ? "of the launcher" : "of rank 0",
+           " at ", options.main_address, ":", options.main_port, " within the rendezvous timeout (",
+           seconds_text(timeout), "): ",
+           options.use_agent_store ? "the launcher is gone" : "rank 0 did not start or failed before joining",
+           ", or the address is wrong. ", kTimeoutHint);
+  return c10::make_intrusive<c10d::TCPStore>(options.main_address, tcp);
+}
+
+void await_all_ranks(c10d::Store& store, const CollectiveOptions& options) {
+  const std::string counter = "lightning_fabric/arrivals";
+  store.set("lightning_fabric/arrived/" + std::to_string(options.rank), std::vector<uint8_t>{'1'});
+  int64_t arrived = store.add(counter, 1);
+  const auto deadline = std::chrono::steady_clock::now() + options.settings.rendezvous_timeout;
+  auto pause = std::chrono::milliseconds(2);
+  while (arrived < options.world_size) {
+    if (std::chrono::steady_clock::now() >= deadline) throw RuntimeError(missing_ranks_message(store, options));
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(100));
+    arrived = store.add(counter, 0);
+  }
+}
+
+bool all_ranks_on_one_host(c10d::Store& store, int rank, int world_size) {
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  const std::string host(name);
+  store.set("cpu-auto/host/" + std::to_string(rank), std::vector<uint8_t>(host.begin(), host.end()));
+  if (rank == 0) {
+    bool same = true;
+    for (int peer = 1; peer < world_size; ++peer) {
+      const std::vector<uint8_t> other = store.get("cpu-auto/host/" + std::to_string(peer));
+      same = same && std::string(other.begin(), other.end()) == host;
+    }
+    store.set("cpu-auto/verdict", std::vector<uint8_t>{static_cast<uint8_t>(same ? 1 : 0)});
+  }
+  return store.get("cpu-auto/verdict").at(0) == 1;
+}
+
+}  // namespace internal
+}  // namespace lightning::fabric
