@@ -3,7 +3,9 @@
 # for 2 and 8 workers: lightning-run, a raw fork/exec of the same worker with the environment set
 # by hand (apps/bench_raw_launch.cpp), and torchrun --no-python (PyTorch 2.11 of the project's
 # environment, --monitor-interval 0.1). Runs interleaved, REPEATS times each; prints medians and
-# ratios, and the launchers' peak resident memory (GNU time).
+# ratios. Then the launchers' own peak resident memory: GNU time's maximum resident set also covers
+# the workers the launcher waited for, so that run uses /bin/sleep as the worker (2 MiB), which
+# leaves the launcher's own peak.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bin="${BUILD_DIR:-$root/build}/bin"
@@ -43,3 +45,17 @@ print(f'{{"benchmark":"P4 launch to first barrier","workers":{n},"repeats":{len(
       f'"launcher_peak_rss_kib":{mem["lightning-run"]},"raw_peak_rss_kib":{mem["raw"]},"torchrun_agent_peak_rss_kib":{mem["torchrun"]}}}')
 PY
 done
+
+# The launchers' own peak memory, 2 sleeping workers each (the largest of REPEATS runs).
+: > /tmp/lf-bench-mem
+for _ in $(seq "$repeats"); do
+  echo "lightning-run $(timed "$bin/lightning-run" model --accelerator cpu --devices 2 /bin/sleep 1)" >> /tmp/lf-bench-mem
+  echo "torchrun $(timed "$torchrun" --nproc-per-node 2 --monitor-interval 0.1 --master-addr 127.0.0.1 \
+    --master-port "$(free_port)" --no-python /bin/sleep 1)" >> /tmp/lf-bench-mem
+done
+"$python" - <<'PY'
+rows = [line.split() for line in open("/tmp/lf-bench-mem")]
+mem = {k: max(int(r[2]) for r in rows if r[0] == k) for k in ("lightning-run", "torchrun")}
+print(f'{{"benchmark":"launcher peak resident memory, 2 workers","lightning_run_kib":{mem["lightning-run"]},'
+      f'"torchrun_agent_kib":{mem["torchrun"]},"ratio":{mem["lightning-run"]/mem["torchrun"]:.3f}}}')
+PY

@@ -10,6 +10,7 @@
 #include <torch/serialize/input-archive.h>
 
 #include "lightning/fabric/checkpoint/checkpoint_io.h"
+#include "lightning/fabric/connector.h"
 #include "lightning/fabric/strategies/ddp.h"
 #include "lightning/fabric/utilities/empty_init.h"
 #include "lightning/fabric/utilities/error_file.h"
@@ -20,13 +21,20 @@ namespace lightning::fabric {
 Fabric::Fabric(FabricOptions options) : Fabric(std::move(options), env::process_env()) {}
 
 Fabric::Fabric(FabricOptions options, env::EnvLookup env)
-    : connector_(Connector::build(options, env)),
+    : connector_(std::make_unique<Connector>(Connector::build(options, env))),
       loggers_(options.loggers()),
       callbacks_(options.callbacks()) {
   cli_used_ = env::Reader(env).flag(env::kCliUsed);
   set_rank_zero_only_rank(global_rank());
   install_error_file_handler();
 }
+
+Fabric::~Fabric() = default;
+
+const std::shared_ptr<Strategy>& Fabric::strategy() const { return connector_->strategy; }
+const std::shared_ptr<Accelerator>& Fabric::accelerator() const { return connector_->accelerator; }
+const std::shared_ptr<Precision>& Fabric::precision() const { return connector_->precision; }
+const ResolvedConfig& Fabric::config() const { return connector_->config; }
 
 void Fabric::launch() {
   LF_CHECK(!cli_used_, RuntimeError,
@@ -37,13 +45,13 @@ void Fabric::launch() {
 }
 
 ScopeGuard Fabric::no_backward_sync(const torch::nn::Module& module, bool enabled) {
-  return connector_.strategy->no_backward_sync(module, enabled);
+  return connector_->strategy->no_backward_sync(module, enabled);
 }
 
 void Fabric::ensure_environment_ready() {
   if (environment_ready_) return;
-  connector_.strategy->launch_processes();  // no-op when a launcher (or a scheduler) created them
-  connector_.strategy->setup_environment();
+  connector_->strategy->launch_processes();  // no-op when a launcher (or a scheduler) created them
+  connector_->strategy->setup_environment();
   environment_ready_ = true;
   set_rank_zero_only_rank(global_rank());
 }
@@ -85,9 +93,9 @@ void Fabric::validate_setup(const std::shared_ptr<torch::nn::Module>& module,
 
 void Fabric::prepare_module(const std::shared_ptr<torch::nn::Module>& module, bool move_to_device) {
   ensure_environment_ready();
-  connector_.precision->convert_module(*module);
-  if (move_to_device) connector_.strategy->module_to_device(*module);
-  connector_.strategy->setup_module(module);
+  connector_->precision->convert_module(*module);
+  if (move_to_device) connector_->strategy->module_to_device(*module);
+  connector_->strategy->setup_module(module);
   setup_modules_.erase(std::remove_if(setup_modules_.begin(), setup_modules_.end(),
                                       [](const std::weak_ptr<torch::nn::Module>& m) { return m.expired(); }),
                        setup_modules_.end());
@@ -95,7 +103,7 @@ void Fabric::prepare_module(const std::shared_ptr<torch::nn::Module>& module, bo
 }
 
 void Fabric::prepare_optimizer(torch::optim::Optimizer& optimizer) {
-  connector_.strategy->setup_optimizer(optimizer);
+  connector_->strategy->setup_optimizer(optimizer);
   setup_optimizers_.erase(std::remove_if(setup_optimizers_.begin(), setup_optimizers_.end(),
                                          [](const OptimizerRecord& r) { return r.first_parameter.expired(); }),
                           setup_optimizers_.end());
@@ -135,8 +143,8 @@ void Fabric::refuse_prebuilt_loader() const {
 }
 
 void Fabric::refuse_if_joint_setup_required(const char* call) const {
-  LF_CHECK(!connector_.strategy->requires_joint_setup(), RuntimeError, "The strategy '",
-           connector_.strategy->name(), "' requires the model and optimizer(s) to be set up jointly through ",
+  LF_CHECK(!connector_->strategy->requires_joint_setup(), RuntimeError, "The strategy '",
+           connector_->strategy->name(), "' requires the model and optimizer(s) to be set up jointly through ",
            "fabric.setup(model, optimizer, ...); `", call, "` is not allowed with it.");
 }
 
@@ -163,7 +171,7 @@ bool graph_reaches(const at::Tensor& loss, const std::unordered_set<const c10::T
 
 void Fabric::refuse_loss_from_unset_model(const at::Tensor& loss) const {
   if (world_size() < 2 || !loss.defined() || !loss.grad_fn()) return;
-  if (!connector_.strategy->averages_gradients()) return;
+  if (!connector_->strategy->averages_gradients()) return;
   std::unordered_set<const c10::TensorImpl*> parameters;
   for (const auto& weak : setup_modules_) {
     if (auto module = weak.lock()) {
@@ -171,7 +179,7 @@ void Fabric::refuse_loss_from_unset_model(const at::Tensor& loss) const {
     }
   }
   LF_CHECK(graph_reaches(loss, parameters), RuntimeError, "fabric.backward: the loss does not depend on any model "
-           "set up with fabric.setup, so under the '", connector_.strategy->name(), "' strategy its gradients would "
+           "set up with fabric.setup, so under the '", connector_->strategy->name(), "' strategy its gradients would "
            "not be averaged across the ", world_size(), " ranks. Set the model up first (auto [model, optimizer] = "
            "fabric.setup(net, optimizer)) and compute the loss with the returned model.");
 }
@@ -179,7 +187,7 @@ void Fabric::refuse_loss_from_unset_model(const at::Tensor& loss) const {
 void Fabric::backward(at::Tensor loss) {
   refuse_loss_from_unset_model(loss);
   detail::BackwardScope scope;
-  connector_.strategy->backward(loss, nullptr);
+  connector_->strategy->backward(loss, nullptr);
 }
 
 std::shared_ptr<torch::nn::Module> Fabric::to_device(const std::shared_ptr<torch::nn::Module>& module) const {
@@ -189,12 +197,12 @@ std::shared_ptr<torch::nn::Module> Fabric::to_device(const std::shared_ptr<torch
 
 void Fabric::barrier(const std::string& name) {
   ensure_environment_ready();
-  connector_.strategy->barrier(name);
+  connector_->strategy->barrier(name);
 }
 
 at::Tensor Fabric::all_reduce(const at::Tensor& tensor, ReduceOp op) {
   ensure_environment_ready();
-  return connector_.strategy->all_reduce(tensor, op);
+  return connector_->strategy->all_reduce(tensor, op);
 }
 
 double Fabric::all_reduce(double value, ReduceOp op) {
@@ -203,7 +211,7 @@ double Fabric::all_reduce(double value, ReduceOp op) {
 
 std::string Fabric::broadcast(const std::string& value, int src) {
   ensure_environment_ready();
-  return connector_.strategy->broadcast_bytes(value, src);
+  return connector_->strategy->broadcast_bytes(value, src);
 }
 
 ScopeGuard Fabric::rank_zero_first(bool local) {
@@ -220,12 +228,12 @@ ScopeGuard Fabric::rank_zero_first(bool local) {
 
 at::Tensor Fabric::all_gather(const at::Tensor& tensor) {
   ensure_environment_ready();
-  return connector_.strategy->all_gather(tensor);
+  return connector_->strategy->all_gather(tensor);
 }
 
 at::Tensor Fabric::broadcast(const at::Tensor& tensor, int src) {
   ensure_environment_ready();
-  return connector_.strategy->broadcast(tensor, src);
+  return connector_->strategy->broadcast(tensor, src);
 }
 
 uint64_t Fabric::seed_everything(std::optional<uint64_t> seed, bool workers) {
@@ -238,7 +246,7 @@ std::optional<at::Tensor> Fabric::clip_optimizer_gradients(torch::optim::Optimiz
            "clip_gradients: give either clip_val or max_norm, not both: they are two different clipping methods.");
   LF_CHECK(clipping.clip_val || clipping.max_norm, ValueError,
            "clip_gradients: give clip_val (clip each gradient element) or max_norm (clip the total norm).");
-  connector_.precision->unscale_gradients(optimizer);
+  connector_->precision->unscale_gradients(optimizer);
   std::vector<at::Tensor> parameters;
   for (const auto& group : optimizer.param_groups()) {
     for (const auto& parameter : group.params()) {
@@ -249,7 +257,7 @@ std::optional<at::Tensor> Fabric::clip_optimizer_gradients(torch::optim::Optimiz
     torch::nn::utils::clip_grad_value_(parameters, *clipping.clip_val);
     return std::nullopt;
   }
-  const double norm = connector_.strategy->clip_gradients_by_norm(parameters, *clipping.max_norm, clipping.norm_type,
+  const double norm = connector_->strategy->clip_gradients_by_norm(parameters, *clipping.max_norm, clipping.norm_type,
                                                                  clipping.error_if_nonfinite);
   return at::scalar_tensor(norm, at::kDouble);
 }
@@ -274,14 +282,14 @@ void Fabric::log_dict(const std::map<std::string, double>& metrics, std::optiona
 }
 
 void Fabric::save(const std::filesystem::path& path, const State& state, const StateFilter& filter) {
-  connector_.strategy->save_checkpoint(path, state, filter);
+  connector_->strategy->save_checkpoint(path, state, filter);
 }
 
 StateDict Fabric::load(const std::filesystem::path& path, State& state, bool strict) {
-  return connector_.strategy->load_checkpoint(path, &state, strict);
+  return connector_->strategy->load_checkpoint(path, &state, strict);
 }
 
-StateDict Fabric::load(const std::filesystem::path& path) { return connector_.strategy->load_checkpoint(path, nullptr, true); }
+StateDict Fabric::load(const std::filesystem::path& path) { return connector_->strategy->load_checkpoint(path, nullptr, true); }
 
 void Fabric::load_raw(const std::filesystem::path& path, const StateEntry& target, bool strict) {
   std::optional<StateDict> state;
@@ -303,12 +311,12 @@ void Fabric::load_raw(const std::filesystem::path& path, const StateEntry& targe
   load_state_dict_into(target, *state, strict);
 }
 
-ScopeGuard Fabric::autocast() const { return connector_.precision->forward_context(); }
+ScopeGuard Fabric::autocast() const { return connector_->precision->forward_context(); }
 
-ScopeGuard Fabric::init_tensor() const { return connector_.precision->tensor_init_context(); }
+ScopeGuard Fabric::init_tensor() const { return connector_->precision->tensor_init_context(); }
 
 ScopeGuard Fabric::init_module(bool empty_init) const {
-  return connector_.precision->module_init_context().then(empty_init_guard(empty_init));
+  return connector_->precision->module_init_context().then(empty_init_guard(empty_init));
 }
 
 }  // namespace lightning::fabric

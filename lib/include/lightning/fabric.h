@@ -9,7 +9,7 @@
 #include "lightning/fabric/checkpoint/state_dict.h"
 #include "lightning/fabric/checkpoint/state_fwd.h"
 #include "lightning/fabric/checkpoint/stateful.h"
-#include "lightning/fabric/connector.h"
+#include "lightning/fabric/resolved_config.h"
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/export.h"
 #include "lightning/fabric/fabric.h"

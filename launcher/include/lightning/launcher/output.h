@@ -42,7 +42,7 @@ class OutputRouter {
   void drain(int wait_ms);
   /// The last lines (stdout and stderr interleaved as they arrived) of a worker.
   std::vector<std::string> tail(int global_rank) const;
-  /// Drops every stream (before a restart).
+  /// Closes every stream (before a restart); the tails stay for a later failure report.
   void reset();
 
  private:

@@ -28,15 +28,20 @@
 #include <type_traits>
 
 #include "lightning/fabric/checkpoint/state_dict.h"
-#include "lightning/fabric/connector.h"
+#include "lightning/fabric/accelerators/accelerator.h"
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/options.h"
+#include "lightning/fabric/plugins/precision/precision.h"
+#include "lightning/fabric/resolved_config.h"
+#include "lightning/fabric/strategies/strategy.h"
 #include "lightning/fabric/utilities/data.h"
 #include "lightning/fabric/utilities/scope_guard.h"
 #include "lightning/fabric/utilities/seed.h"
 #include "lightning/fabric/wrappers.h"
 
 namespace lightning::fabric {
+
+struct Connector;  // private to the library
 
 /// Per-call options of Fabric::setup / setup_module.
 struct LF_API SetupOptions {
@@ -128,24 +133,25 @@ class LF_API Fabric {
   /// the workers twice. Pass it by reference.
   Fabric(const Fabric&) = delete;
   Fabric& operator=(const Fabric&) = delete;
+  ~Fabric();
 
   // ---- where this process stands ----
-  torch::Device device() const { return connector_.strategy->root_device(); }
-  int global_rank() const { return connector_.strategy->global_rank(); }
-  int local_rank() const { return connector_.strategy->local_rank(); }
-  int node_rank() const { return connector_.strategy->node_rank(); }
-  int world_size() const { return connector_.strategy->world_size(); }
+  torch::Device device() const { return strategy()->root_device(); }
+  int global_rank() const { return strategy()->global_rank(); }
+  int local_rank() const { return strategy()->local_rank(); }
+  int node_rank() const { return strategy()->node_rank(); }
+  int world_size() const { return strategy()->world_size(); }
   bool is_global_zero() const { return global_rank() == 0; }
-  const std::shared_ptr<Strategy>& strategy() const { return connector_.strategy; }
+  const std::shared_ptr<Strategy>& strategy() const;
   /// The strategy as its concrete type, e.g. fabric.strategy_as<lf::FSDPStrategy>() to call
   /// summon_full_parameters; TypeError naming the active strategy when it is not a T.
   template <class T>
   T& strategy_as() const {
-    return strategy_cast<T>(*connector_.strategy, c10::demangle_type<T>());
+    return strategy_cast<T>(*strategy(), c10::demangle_type<T>());
   }
-  const std::shared_ptr<Accelerator>& accelerator() const { return connector_.accelerator; }
-  const std::shared_ptr<Precision>& precision() const { return connector_.precision; }
-  const ResolvedConfig& config() const { return connector_.config; }
+  const std::shared_ptr<Accelerator>& accelerator() const;
+  const std::shared_ptr<Precision>& precision() const;
+  const ResolvedConfig& config() const;
   const std::vector<std::shared_ptr<Logger>>& loggers() const { return loggers_; }
   const std::vector<std::shared_ptr<Callback>>& callbacks() const { return callbacks_; }
   /// The first logger (Python's fabric.logger), or null without loggers.
@@ -454,7 +460,7 @@ class LF_API Fabric {
   [[noreturn]] void refuse_prebuilt_loader() const;
   void refuse_if_joint_setup_required(const char* call) const;
 
-  Connector connector_;
+  std::unique_ptr<Connector> connector_;  // the resolved plugins and strategy (lib/private: connector.h)
   bool cli_used_ = false;
   bool environment_ready_ = false;
   std::vector<std::shared_ptr<Logger>> loggers_;

@@ -5,7 +5,8 @@
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>  // gloo names: lib/private/gloo_interface
-#ifdef USE_C10D_NCCL
+#if defined(USE_C10D_NCCL) && !defined(LF_WITHOUT_NCCL)
+#define LF_NCCL_BACKEND 1
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
@@ -52,13 +53,14 @@ c10::intrusive_ptr<c10d::Backend> make_group_backend(ProcessGroupBackend backend
       return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, gloo);
     }
     case ProcessGroupBackend::Nccl: {
-#ifdef USE_C10D_NCCL
+#ifdef LF_NCCL_BACKEND
       auto nccl = c10d::ProcessGroupNCCL::Options::create();
       nccl->timeout = options.settings.timeout;
       return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size, nccl);
 #else
-      throw RuntimeError("The nccl backend is not available: this LibTorch was built without NCCL. Use a CUDA "
-                         "LibTorch (CMAKE_PREFIX_PATH) or accelerator=\"cpu\" (gloo or shm).");
+      throw RuntimeError("The nccl backend is not available in this program: it was built without NCCL (a LibTorch "
+                         "without it, or lightning-run's own launcher). Use a CUDA LibTorch (CMAKE_PREFIX_PATH) or "
+                         "accelerator=\"cpu\" (gloo or shm).");
 #endif
     }
     case ProcessGroupBackend::Shm:

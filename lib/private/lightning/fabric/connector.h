@@ -1,10 +1,10 @@
 // The Connector turns FabricOptions plus the LT_* environment into concrete choices, with the
 // rules of Python's _Connector: environment overrides and the CLI conflict
 // error, accelerator "auto"/"gpu", the devices table, precision strings and aliases, strategy
-// "auto" and its fallbacks. resolve() is pure (names only); build() instantiates the plugins.
+// "auto" and its fallbacks. resolve_config() is pure (names only); build() instantiates the plugins.
+// Private to the library: Fabric owns one (behind a pointer, so this header is not installed);
+// users see its outcome as fabric.config() (resolved_config.h).
 #pragma once
-
-#include "lightning/fabric/export.h"
 
 #include <memory>
 #include <string>
@@ -12,6 +12,7 @@
 
 #include "lightning/fabric/accelerators/accelerator.h"
 #include "lightning/fabric/options.h"
+#include "lightning/fabric/resolved_config.h"
 #include "lightning/fabric/plugins/environments/cluster_environment.h"
 #include "lightning/fabric/plugins/precision/precision.h"
 #include "lightning/fabric/strategies/strategy.h"
@@ -19,26 +20,12 @@
 
 namespace lightning::fabric {
 
-/// The outcome of resolution: canonical names and numbers, plus the warnings it produced.
-struct LF_API ResolvedConfig {
-  std::string accelerator;          // "cpu" | "cuda" | a user-registered name
-  std::string strategy;             // "single_device" | "ddp" | ... (a strategy_choices() name)
-  std::vector<int> device_indices;  // one per local process (cpu: 0..n-1)
-  int num_nodes = 1;
-  std::string precision;            // canonical: "32-true", "bf16-mixed", ...
-  int launched_world_size = 1;      // processes an external launcher started in all (1: none)
-  std::vector<std::string> warnings;
-
-  int num_processes_per_node() const { return static_cast<int>(device_indices.size()); }
-  int world_size() const { return num_processes_per_node() * num_nodes; }
-};
-
 /// Resolves the options under an environment. Throws ValueError/TypeError/RuntimeError on any
 /// invalid value or conflict, naming it and listing the valid choices.
-LF_API ResolvedConfig resolve_config(const FabricOptions& options, const env::EnvLookup& env);
+ResolvedConfig resolve_config(const FabricOptions& options, const env::EnvLookup& env);
 
 /// Instantiated choices. Owned by Fabric.
-struct LF_API Connector {
+struct Connector {
   ResolvedConfig config;
   std::shared_ptr<Accelerator> accelerator;
   std::shared_ptr<ClusterEnvironment> cluster_environment;

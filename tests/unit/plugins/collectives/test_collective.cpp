@@ -1,0 +1,123 @@
+// Collective: a real gloo process group of two ranks, each on its own thread of this process,
+// over a TCPStore on 127.0.0.1; the rendezvous errors; gloo's interface setting.
+#include <catch2/catch.hpp>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <future>
+#include <thread>
+
+#include "lightning/fabric/plugins/collectives/collective.h"
+
+namespace lf = lightning::fabric;
+using Catch::Matchers::Contains;
+
+namespace {
+lf::CollectiveOptions options_for(int rank, int world_size, int port) {
+  lf::CollectiveOptions options;
+  options.rank = rank;
+  options.world_size = world_size;
+  options.main_port = port;
+  options.settings.flight_records = 0;  // one recorder per process; two ranks share this one
+  options.settings.rendezvous_timeout = std::chrono::seconds(20);
+  options.settings.timeout = std::chrono::seconds(20);
+  return options;
+}
+
+// Runs body(collective) on rank 0 and rank 1 at once; rank 0 hosts the store.
+template <class Body>
+void on_two_ranks(Body body) {
+  int port = 0;
+  auto store = lf::host_store("127.0.0.1", 0, std::chrono::seconds(20), &port);
+  auto rank1 = std::async(std::launch::async, [&] {
+    lf::Collective group(options_for(1, 2, port));
+    body(group);
+  });
+  lf::Collective group(options_for(0, 2, port), store);
+  body(group);
+  rank1.get();
+}
+}  // namespace
+
+TEST_CASE("collective: two gloo ranks reduce, gather, broadcast and scatter", "[collective]") {
+  on_two_ranks([](lf::Collective& group) {
+    const int rank = group.rank();
+    CHECK(group.world_size() == 2);
+    CHECK(group.backend() == lf::ProcessGroupBackend::Gloo);
+    CHECK(group.device() == at::Device(at::kCPU));
+    at::Tensor sum = at::full({3}, rank + 1.0);
+    group.all_reduce_(sum, lf::ReduceOp::Sum);
+    CHECK(at::equal(sum, at::full({3}, 3.0)));
+    at::Tensor mean = at::full({2}, rank * 4.0);
+    group.all_reduce_(mean, lf::ReduceOp::Mean);
+    CHECK(at::equal(mean, at::full({2}, 2.0)));
+    const at::Tensor gathered = group.all_gather(at::full({2, 2}, static_cast<double>(rank)));
+    CHECK(gathered.sizes() == at::IntArrayRef{2, 2, 2});
+    CHECK(gathered[1].sum().item<double>() == 4.0);
+    at::Tensor sent = rank == 1 ? at::arange(4.0) : at::zeros({4});
+    group.broadcast_(sent, 1);
+    CHECK(at::equal(sent, at::arange(4.0)));
+    CHECK(group.broadcast_bytes(rank == 0 ? "from rank 0" : "", 0) == "from rank 0");
+    const at::Tensor rows = at::arange(4.0).view({2, 2}) + rank;  // rank r keeps row r summed over ranks
+    const at::Tensor mine = group.reduce_scatter_rows(rows);
+    CHECK(at::equal(mine, rank == 0 ? at::tensor({1.0, 3.0}) : at::tensor({5.0, 7.0})));
+    CHECK(group.operation_count() > 0);
+  });
+}
+
+TEST_CASE("collective: a subgroup of the world has its own ranks", "[collective]") {
+  on_two_ranks([](lf::Collective& world) {
+    lf::Collective just_one(world, "solo-" + std::to_string(world.rank()), {world.rank()});
+    CHECK(just_one.world_size() == 1);
+    CHECK(just_one.rank() == 0);
+    lf::Collective reversed(world, "reversed", {1, 0});
+    CHECK(reversed.rank() == 1 - world.rank());
+    at::Tensor value = at::ones({1});
+    reversed.all_reduce_(value, lf::ReduceOp::Sum);
+    CHECK(value.item<double>() == 2.0);
+    CHECK_THROWS_WITH(lf::Collective(world, "not-mine", {1 - world.rank()}), Contains("is not one of its ranks"));
+  });
+}
+
+TEST_CASE("collective rendezvous: a rank that never arrives is named after the rendezvous timeout", "[collective]") {
+  int port = 0;
+  auto store = lf::host_store("127.0.0.1", 0, std::chrono::seconds(5), &port);
+  auto options = options_for(0, 3, port);
+  options.settings.rendezvous_timeout = std::chrono::milliseconds(300);
+  CHECK_THROWS_WITH(lf::Collective(options, store),
+                    Contains("Ranks 1, 2 of 3 did not join the process group within the rendezvous timeout (0.3 s)") &&
+                        Contains("LT_RENDEZVOUS_TIMEOUT"));
+}
+
+TEST_CASE("collective rendezvous: without rank 0's store a rank says so after the timeout", "[collective]") {
+  int port = 0;
+  { lf::host_store("127.0.0.1", 0, std::chrono::seconds(5), &port); }  // a port nobody listens on now
+  auto options = options_for(1, 2, port);
+  options.settings.rendezvous_timeout = std::chrono::milliseconds(300);
+  CHECK_THROWS_WITH(lf::Collective(options),
+                    Contains("Rank 1 could not reach the store of rank 0 at 127.0.0.1:" + std::to_string(port)) &&
+                        Contains("rank 0 did not start or failed before joining"));
+}
+
+TEST_CASE("collective: gloo's interface must exist, and the error lists the host's", "[collective]") {
+  int port = 0;
+  auto store = lf::host_store("127.0.0.1", 0, std::chrono::seconds(5), &port);
+  auto options = options_for(0, 1, port);
+  options.settings.socket_interface = "no-such-if0";
+  CHECK_THROWS_WITH(lf::Collective(options, store),
+                    Contains("GLOO_SOCKET_IFNAME (process_group.socket_interface)=\"no-such-if0\" names no network "
+                             "interface of this host") &&
+                        Contains("lo"));
+  options.settings.socket_interface = "lo";
+  lf::Collective on_loopback(options, store);
+  at::Tensor one = at::ones({1});
+  on_loopback.all_reduce_(one, lf::ReduceOp::Sum);
+  CHECK(one.item<double>() == 1.0);
+}
+
+TEST_CASE("collective: nccl needs a CUDA device", "[collective]") {
+  auto options = options_for(0, 1, 1);
+  options.backend = lf::ProcessGroupBackend::Nccl;
+  CHECK_THROWS_WITH(lf::Collective(options), Contains("the nccl backend needs a CUDA device") && Contains("gloo or shm"));
+}
