@@ -16,7 +16,7 @@ run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix)
 if(MODE STREQUAL "headers")
   foreach(private IN ITEMS utilities/process.h utilities/error_file.h utilities/launch_env.h checkpoint/zip_archive.h
                            checkpoint/pickle_tree.h checkpoint/sharded.h plugins/collectives/collective.h
-                           strategies/launchers/subprocess_launcher.h)
+                           strategies/launchers/subprocess_launcher.h connector.h)
     if(EXISTS ${WORK_DIR}/prefix/include/lightning/fabric/${private})
       message(FATAL_ERROR "a private header was installed: lightning/fabric/${private}")
     endif()

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <torch/torch.h>
 
+#include "lightning/fabric/connector.h"
 #include "lightning/fabric.h"
 // Catch2 last: glog (inside LibTorch) defines its own CHECK macro, Catch2 must win.
 #include <catch2/catch.hpp>
