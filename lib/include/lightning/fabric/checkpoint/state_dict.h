@@ -36,7 +36,7 @@ LF_API void load_scheduler_state_dict(torch::optim::LRScheduler& scheduler, cons
 
 /// What Fabric::save writes: every live object replaced by its state dict (filtered per key),
 /// plain values as they are, nested States recursively.
-StateDict to_checkpoint(const State& state, const StateFilter& filter = {});
+LF_API StateDict to_checkpoint(const State& state, const StateFilter& filter = {});
 /// A strategy's own way to restore some entries (fsdp: sharded modules and their optimizers);
 /// returns false to leave the entry to the default.
 using EntryRestorer = std::function<bool(const std::string& key, StateEntry& entry, const c10::IValue& saved)>;
