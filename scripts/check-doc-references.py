@@ -22,7 +22,10 @@ inline `code span` or a fenced block), such as `lf::ddp_strategy` or
 `lightning::fabric::DDPOptions::process_group`, must be declared in an installed header
 (lib/include): each part of the name must occur there as a word. A documented function a user
 cannot include is as broken as a missing file. Such a problem prints as
-"file:line: 'name' is not declared in an installed header (lib/include)".
+"file:line: 'name' is not declared in an installed header (lib/include)". A member named through
+its type in code, such as `DDPOptions::process_group` or `lf::Fabric::launch`, must be declared in
+that struct's or class's body when the type is one of the installed headers' (a renamed field is
+as broken as a removed function): "file:line: 'Type::member' is not a member of Type".
 
 The files, both those scanned and those a reference may name, come from git (tracked, plus
 untracked files that .gitignore does not ignore), so build outputs are never scanned.
@@ -70,6 +73,44 @@ DELIMITERS = re.compile(r"[\s`'\"()\[\],;|:=#!?]+")
 MD_LINK = re.compile(r"!?\[(?:[^\]\\]|\\.)*\]\(\s*<?([^)\s>]*)>?(?:\s+\"[^\"]*\")?\s*\)")
 API_NAME = re.compile(r"\b(?:lf|lightning::fabric)((?:::[A-Za-z_][A-Za-z0-9_]*)+)")
 CODE_SPAN = re.compile(r"`([^`]+)`")
+MEMBER_NAME = re.compile(r"\b([A-Z][A-Za-z0-9_]*)::([a-z_][A-Za-z0-9_]*)\b")
+TYPE_HEAD = re.compile(r"\b(?:struct|class)\s+(?:LF_API\s+)?([A-Z][A-Za-z0-9_]*)\b[^;{()]*\{")
+
+
+def type_bodies(text):
+    """{type name: (the words of its body, the words naming its bases)} for the structs and
+    classes a header defines."""
+    bodies = {}
+    for match in TYPE_HEAD.finditer(text):
+        depth, i = 1, match.end()
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text[match.end():i]))
+        head = text[match.start(1) + len(match.group(1)):match.end() - 1]
+        bases = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", head.split(":", 1)[1])) if ":" in head else set()
+        entry = bodies.setdefault(match.group(1), (set(), set()))
+        entry[0].update(words)
+        entry[1].update(bases)
+    return bodies
+
+
+def with_inherited(types):
+    """{type: its own words and those of every base it names, transitively}."""
+    resolved = {}
+
+    def words_of(name, seen):
+        if name in resolved:
+            return resolved[name]
+        own, bases = types[name]
+        words = set(own)
+        for base in bases:
+            if base in types and base not in seen:
+                words |= words_of(base, seen | {base})
+        resolved[name] = words
+        return words
+
+    return {name: words_of(name, {name}) for name in types}
 MD_REF_DEF = re.compile(r"^\s{0,3}\[[^\]]+\]:\s+<?([^\s<>{}\"]+?)>?(?:\s+\"[^\"]*\")?\s*$")
 
 
@@ -90,10 +131,17 @@ class Repository:
     def __init__(self, files):
         self.files = set(files)
         self.installed_words = set()
+        self.installed_types = {}
         for f in files:
             if f.startswith("lib/include/") and f.endswith((".h", ".in")):
                 with open(os.path.join(ROOT, f), encoding="utf-8", errors="replace") as header:
-                    self.installed_words.update(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", header.read()))
+                    text = header.read()
+                self.installed_words.update(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text))
+                for name, (words, bases) in type_bodies(text).items():
+                    entry = self.installed_types.setdefault(name, (set(), set()))
+                    entry[0].update(words)
+                    entry[1].update(bases)
+        self.installed_types = with_inherited(self.installed_types)
         self.dirs = set()
         for f in files:
             d = os.path.dirname(f)
@@ -229,11 +277,16 @@ def check_token(repo, rel_dir, token):
 
 
 def undeclared_api_names(repo, code):
-    """The lf::/lightning::fabric:: names in code that no installed header declares."""
+    """The lf::/lightning::fabric:: names in code that no installed header declares, and the
+    Type::member names whose member the installed Type does not declare."""
     for match in API_NAME.finditer(code):
         parts = [p for p in match.group(1).split("::") if p]
         if parts and not all(p in repo.installed_words for p in parts):
-            yield match.group(0)
+            yield match.group(0), "is not declared in an installed header (lib/include)"
+    for match in MEMBER_NAME.finditer(code):
+        members = repo.installed_types.get(match.group(1))
+        if members is not None and match.group(2) not in members:
+            yield match.group(0), "is not a member of " + match.group(1)
 
 
 def scan_text(repo, rel_path, lines, problems, markdown, api_problems=None):
@@ -245,8 +298,8 @@ def scan_text(repo, rel_path, lines, problems, markdown, api_problems=None):
                 in_code = not in_code
                 continue
             code = text if in_code else " ".join(CODE_SPAN.findall(text))
-            for name in undeclared_api_names(repo, code):
-                api_problems.append((rel_path, number, name))
+            for name, why in undeclared_api_names(repo, code):
+                api_problems.append((rel_path, number, name, why))
         if markdown:
             targets = [m.group(1) for m in MD_LINK.finditer(text)]
             ref = MD_REF_DEF.match(text)
@@ -323,8 +376,8 @@ def main(argv):
             scan_file(repo, f, os.path.join(ROOT, f), problems, api_problems)
     for path, number, token in problems:
         print(f"{path}:{number}: '{token}' names no file in the repository")
-    for path, number, name in api_problems:
-        print(f"{path}:{number}: '{name}' is not declared in an installed header (lib/include)")
+    for path, number, name, why in api_problems:
+        print(f"{path}:{number}: '{name}' {why}")
     return 1 if problems or api_problems else 0
 
 

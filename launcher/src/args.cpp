@@ -7,6 +7,7 @@
 
 #include "lightning/fabric/accelerators/accelerator.h"
 #include "lightning/fabric/errors.h"
+#include "lightning/fabric/hang/hang_report.h"
 #include "lightning/fabric/plugins/collectives/process_group_settings.h"
 #include "lightning/fabric/plugins/precision/precision.h"
 #include "lightning/fabric/registry.h"
@@ -97,7 +98,9 @@ void add_model_options(CLI::App& model, LaunchArgs& args, RawOptions& raw) {
       ->check(CLI::NonNegativeNumber.description(""));
   model.add_option("--hang-timeout,--hang_timeout", args.hang_timeout_s,
                    "Seconds a rank may wait in one collective before the job is reported as hung, dumped and stopped "
-                   "with exit code 86 (0: off; default: the program's, 300)")
+                   "with exit code " + std::to_string(fabric::kHangExitCode) + " (0: off; default: the program's, " +
+                       std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
+                                          fabric::ProcessGroupSettings().hang_timeout).count()) + ")")
       ->check(CLI::NonNegativeNumber.description(""));
   model.add_option("--process-group-backend,--process_group_backend", args.process_group_backend,
                    "Collective backend of the workers: gloo, nccl, or shm (CPU, one machine; the default there)")

@@ -273,56 +273,45 @@ void Collective::barrier() {
   impl_->group->barrier(options)->wait();
 }
 
+c10::intrusive_ptr<c10d::Work> Collective::issue_all_reduce(at::Tensor& work, ReduceOp op, uint64_t& seq) {
+  ++impl_->operations;
+  flight::Recorder* recorder = impl_->recorder;
+  seq = recorder ? recorder->begin("all_reduce", impl_->name, dtype_name(work.scalar_type()), work.sizes().data(),
+                                   work.sizes().size(), static_cast<uint64_t>(work.numel()))
+                 : 0;
+  if (impl_->options.settings.check_collectives) {
+    if (recorder) recorder->wait(seq);
+    try {
+      check_call(kAllReduce, &work);
+    } catch (...) {
+      if (recorder) recorder->end(seq, true);
+      throw;
+    }
+  }
+  std::vector<at::Tensor> one{work};
+  c10d::AllreduceOptions options;
+  options.reduceOp = to_c10d(op);
+  return issue_recorded(recorder, seq, impl_->ops_run_in_call, [&] { return impl_->group->allreduce(one, options); });
+}
+
 void Collective::all_reduce_many_(std::vector<at::Tensor>& tensors, ReduceOp op) {
   std::vector<Staged> staged;
   staged.reserve(tensors.size());
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
-  std::vector<uint64_t> seqs;
-  c10d::AllreduceOptions options;
-  options.reduceOp = to_c10d(op);
-  flight::Recorder* recorder = impl_->recorder;
-  for (auto& tensor : tensors) {
-    ++impl_->operations;
-    staged.emplace_back(tensor, impl_->device);
-    const at::Tensor& work = staged.back().work;
-    if (recorder) {
-      seqs.push_back(recorder->begin("all_reduce", impl_->name, dtype_name(work.scalar_type()), work.sizes().data(),
-                                     work.sizes().size(), static_cast<uint64_t>(work.numel())));
-    }
-    if (impl_->options.settings.check_collectives) {
-      if (recorder) recorder->wait(seqs.back());
-      try {
-        check_call(kAllReduce, &work);
-      } catch (...) {
-        if (recorder) recorder->end(seqs.back(), true);
-        throw;
-      }
-    }
-    std::vector<at::Tensor> one{work};
-    works.push_back(issue_recorded(recorder, recorder ? seqs.back() : 0, impl_->ops_run_in_call,
-                                   [&] { return impl_->group->allreduce(one, options); }));
+  std::vector<uint64_t> seqs(tensors.size(), 0);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    staged.emplace_back(tensors[i], impl_->device);
+    works.push_back(issue_all_reduce(staged.back().work, op, seqs[i]));
   }
-  for (size_t i = 0; i < works.size(); ++i) wait_recorded(works[i], recorder ? seqs[i] : 0);
+  for (size_t i = 0; i < works.size(); ++i) wait_recorded(works[i], seqs[i]);
   for (auto& stage : staged) stage.write_back();
 }
 
 std::function<void()> Collective::all_reduce_start_(at::Tensor& tensor) {
   LF_CHECK(tensor.device() == impl_->device && tensor.is_contiguous(), ValueError, "Collective::all_reduce_start_: "
            "the tensor must be contiguous and on the group's device ", impl_->device, ", got ", tensor.device(), ".");
-  ++impl_->operations;
-  flight::Recorder* recorder = impl_->recorder;
-  const uint64_t seq = recorder ? recorder->begin("all_reduce", impl_->name, dtype_name(tensor.scalar_type()),
-                                                  tensor.sizes().data(), tensor.sizes().size(),
-                                                  static_cast<uint64_t>(tensor.numel()))
-                                : 0;
-  if (impl_->options.settings.check_collectives) {
-    if (recorder) recorder->wait(seq);
-    check_call(kAllReduce, &tensor);
-  }
-  std::vector<at::Tensor> one{tensor};
-  c10d::AllreduceOptions options;
-  options.reduceOp = c10d::ReduceOp::SUM;
-  auto work = issue_recorded(recorder, seq, impl_->ops_run_in_call, [&] { return impl_->group->allreduce(one, options); });
+  uint64_t seq = 0;
+  auto work = issue_all_reduce(tensor, ReduceOp::Sum, seq);
   return [this, work, seq]() -> void { wait_recorded(work, seq); };
 }
 

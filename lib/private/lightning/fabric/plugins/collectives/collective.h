@@ -103,6 +103,10 @@ class Collective {
  private:
   void create_group();
   void check_call(int op, const at::Tensor* tensor);
+  /// Counts, records, checks (check_collectives) and issues one all-reduce of work, which is on
+  /// device(); seq receives its flight record (0 without a recorder). A check or issue that fails
+  /// ends the record as failed.
+  c10::intrusive_ptr<c10d::Work> issue_all_reduce(at::Tensor& work, ReduceOp op, uint64_t& seq);
   /// Waits for an issued op under the recorder: marks the rank waiting, ends the record (failed
   /// when the wait throws, and rethrows).
   void wait_recorded(const c10::intrusive_ptr<c10d::Work>& work, uint64_t seq) const;
