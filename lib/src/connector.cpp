@@ -177,6 +177,7 @@ Connector Connector::build(const FabricOptions& options, const env::EnvLookup& e
   context.num_nodes = config.num_nodes;
   context.env = env;
   for (int index : config.device_indices) context.parallel_devices.push_back(connector.accelerator->device_for(index));
+  if (!context.parallel_devices.empty()) connector.precision->set_device_type(context.parallel_devices.front().type());
   const auto& spec = options.strategy_spec();
   if (spec && spec->name == config.strategy) {
     connector.strategy = spec->create(context);

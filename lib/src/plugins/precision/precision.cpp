@@ -71,27 +71,18 @@ at::Tensor MixedPrecision::convert_input(const at::Tensor& input) const {
 at::Tensor MixedPrecision::convert_output(const at::Tensor& output) const { return to_default_dtype(output); }
 
 ScopeGuard MixedPrecision::forward_context() const {
-  // Autocast on CPU and CUDA alike: each only affects operations dispatched on its device. LibTorch
-  // 2.x autocasts both bfloat16 and float16 on both.
-  struct Saved {
-    at::DeviceType type;
-    bool enabled;
-    at::ScalarType dtype;
-  };
-  std::array<Saved, 2> saved{};  // every forward passes here: no allocation
-  const std::array<at::DeviceType, 2> types{at::kCPU, at::kCUDA};
-  for (size_t i = 0; i < types.size(); ++i) {
-    saved[i] = {types[i], at::autocast::is_autocast_enabled(types[i]), at::autocast::get_autocast_dtype(types[i])};
-    at::autocast::set_autocast_enabled(types[i], true);
-    at::autocast::set_autocast_dtype(types[i], dtype_);
-  }
+  // Autocast for the device type in use only (LibTorch 2.x autocasts bfloat16 and float16 on CPU
+  // and CUDA); the other device's autocast state is left as it is.
+  const at::DeviceType type = device_type_;
+  const bool was_enabled = at::autocast::is_autocast_enabled(type);
+  const at::ScalarType was_dtype = at::autocast::get_autocast_dtype(type);
+  at::autocast::set_autocast_enabled(type, true);
+  at::autocast::set_autocast_dtype(type, dtype_);
   at::autocast::increment_nesting();
-  return ScopeGuard([saved] {
+  return ScopeGuard([type, was_enabled, was_dtype] {
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    for (const auto& before : saved) {
-      at::autocast::set_autocast_enabled(before.type, before.enabled);
-      at::autocast::set_autocast_dtype(before.type, before.dtype);
-    }
+    at::autocast::set_autocast_enabled(type, was_enabled);
+    at::autocast::set_autocast_dtype(type, was_dtype);
   });
 }
 

@@ -66,6 +66,27 @@ TEST_CASE("fabric.autocast() applies the precision outside the forward and nests
   CHECK(torch::mm(a, b).scalar_type() == torch::kFloat32);
 }
 
+TEST_CASE("mixed precision autocasts the device type in use only", "[precision]") {
+  auto fabric = fabric_with("bf16-mixed");
+  auto& mixed = dynamic_cast<lf::MixedPrecision&>(*fabric.precision());
+  CHECK(mixed.device_type() == c10::DeviceType::CPU);  // set by the Connector from the accelerator
+  {
+    auto autocast = fabric.autocast();
+    CHECK(at::autocast::is_autocast_enabled(at::kCPU));
+    CHECK_FALSE(at::autocast::is_autocast_enabled(at::kCUDA));
+  }
+  // A CUDA model (the flags are per thread, so this runs without a GPU): CPU autocast stays off.
+  lf::MixedPrecision cuda("bf16-mixed", torch::kBFloat16);
+  cuda.set_device_type(c10::DeviceType::CUDA);
+  {
+    auto autocast = cuda.forward_context();
+    CHECK(at::autocast::is_autocast_enabled(at::kCUDA));
+    CHECK(at::autocast::get_autocast_dtype(at::kCUDA) == torch::kBFloat16);
+    CHECK_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
+  }
+  CHECK_FALSE(at::autocast::is_autocast_enabled(at::kCUDA));  // restored
+}
+
 TEST_CASE("bf16-true: everything in bfloat16, outputs in float32", "[precision]") {
   auto fabric = fabric_with("bf16-true");
   Probe probe;

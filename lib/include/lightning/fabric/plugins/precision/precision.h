@@ -33,6 +33,9 @@ class LF_API Precision : public Plugin {
 
   /// Active around the module's forward (autocast for the mixed plugins).
   virtual ScopeGuard forward_context() const { return ScopeGuard(); }
+  /// The kind of device the module computes on; the Connector sets it from the accelerator before
+  /// any forward (Python passes it to MixedPrecision's constructor). Default: nothing to do.
+  virtual void set_device_type(c10::DeviceType type) { (void)type; }
   /// Active inside Fabric::init_tensor(): new floating tensors get the precision's dtype.
   virtual ScopeGuard tensor_init_context() const;
   /// Active inside Fabric::init_module(): tensor_init_context by default.
@@ -74,7 +77,8 @@ class LF_API DoublePrecision : public TruePrecision {
 };
 
 /// "bf16-mixed" and "16-mixed": parameters stay float32; the forward runs under LibTorch's
-/// autocast in the low dtype (on CPU and CUDA); inputs are cast to it and floating outputs come
+/// autocast in the low dtype, on the device type in use only (CPU autocast stays off while a CUDA
+/// model runs, and CUDA's while a CPU model runs); inputs are cast to it and floating outputs come
 /// back in float32. ("16-mixed" on a CPU accelerator becomes "bf16-mixed", as in Python Fabric.)
 /// With a loss scaler ("16-mixed" gets one by default), backward scales the loss and the optimizer
 /// step unscales, skips steps with inf/NaN gradients and updates the scale.
@@ -85,6 +89,8 @@ class LF_API MixedPrecision : public Precision {
   at::Tensor convert_input(const at::Tensor& input) const override;
   at::Tensor convert_output(const at::Tensor& output) const override;
   ScopeGuard forward_context() const override;
+  void set_device_type(c10::DeviceType type) override { device_type_ = type; }
+  c10::DeviceType device_type() const { return device_type_; }
   c10::ScalarType autocast_dtype() const { return dtype_; }
 
   void pre_backward(at::Tensor& loss) const override;
@@ -97,6 +103,7 @@ class LF_API MixedPrecision : public Precision {
   std::string name_;
   c10::ScalarType dtype_;
   std::shared_ptr<LossScaler> scaler_;
+  c10::DeviceType device_type_ = c10::DeviceType::CPU;  // autocast's device: set_device_type
 };
 
 using PrecisionRegistry = Registry<Precision>;
