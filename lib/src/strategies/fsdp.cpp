@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "lightning/fabric/errors.h"
+#include "lightning/fabric/internal/gradient_norm.h"
 #include "lightning/fabric/plugins/collectives/collective.h"
 #include "lightning/fabric/strategies/fsdp_engine.h"
 
@@ -417,25 +418,17 @@ void FSDPStrategy::Engine::mark_stale() {
 
 double FSDPStrategy::clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm,
                                             double norm_type, bool error_if_nonfinite) {
+  // The shards' norm parts, reduced over the ranks that share the parameters: the global norm.
   torch::NoGradGuard no_grad;
-  const bool infinity = std::isinf(norm_type);
-  at::Tensor local = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(root_device()));
-  for (const auto& parameter : parameters) {
-    if (!parameter.grad().defined() || parameter.grad().numel() == 0) continue;
-    const at::Tensor grad = parameter.grad().to(torch::kFloat64);
-    local = infinity ? torch::maximum(local, grad.abs().max()) : local + grad.abs().pow(norm_type).sum();
-  }
-  if (shard_group_size() > 1) shard_group().all_reduce_(local, infinity ? ReduceOp::Max : ReduceOp::Sum);
-  const double total = infinity ? local.item<double>() : std::pow(local.item<double>(), 1.0 / norm_type);
-  LF_CHECK(!error_if_nonfinite || std::isfinite(total), RuntimeError, "clip_gradients: the total norm of order ",
-           norm_type, " of the gradients is non-finite (", total, "). Pass nonfinite_is_error(false) to clip anyway.");
-  const double coefficient = max_norm / (total + 1e-6);
-  if (coefficient < 1.0) {
-    for (const auto& parameter : parameters) {
-      if (parameter.grad().defined()) parameter.grad().mul_(coefficient);
-    }
-  }
-  return total;
+  std::vector<at::Tensor> grads = internal::gradients_of(parameters);
+  at::Tensor part = internal::local_norm_part(grads, norm_type, root_device());
+  if (shard_group_size() > 1) shard_group().all_reduce_(part, std::isinf(norm_type) ? ReduceOp::Max : ReduceOp::Sum);
+  const at::Tensor total = internal::total_norm_from(part, norm_type);
+  const double value = total.item<double>();
+  LF_CHECK(!error_if_nonfinite || std::isfinite(value), RuntimeError, "clip_gradients: the total norm of order ",
+           norm_type, " of the gradients is non-finite (", value, "). Pass nonfinite_is_error(false) to clip anyway.");
+  internal::scale_to_max_norm(grads, total, max_norm);
+  return value;
 }
 
 int64_t FSDPStrategy::resident_bytes() const { return engine_->resident_bytes(); }

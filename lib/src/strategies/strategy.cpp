@@ -6,6 +6,7 @@
 
 #include "lightning/fabric/checkpoint/checkpoint_io.h"
 #include "lightning/fabric/errors.h"
+#include "lightning/fabric/internal/gradient_norm.h"
 #include "lightning/fabric/utilities/rank_zero.h"
 
 namespace lightning::fabric {
@@ -92,7 +93,16 @@ StateDict Strategy::load_checkpoint(const std::filesystem::path& path, State* st
 
 double Strategy::clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type,
                                         bool error_if_nonfinite) {
-  return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type, error_if_nonfinite);
+  torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> grads = internal::gradients_of(parameters);
+  if (grads.empty()) return 0.0;
+  const at::Tensor total = internal::total_norm_from(internal::local_norm_part(grads, norm_type, grads.front().device()),
+                                                     norm_type);
+  const double value = total.item<double>();
+  LF_CHECK(!error_if_nonfinite || std::isfinite(value), RuntimeError, "clip_gradients: the total norm of order ",
+           norm_type, " of the gradients is non-finite (", value, "). Pass nonfinite_is_error(false) to clip anyway.");
+  internal::scale_to_max_norm(grads, total, max_norm);
+  return value;
 }
 
 const std::vector<torch::Device>& Strategy::data_parallel_devices() const {

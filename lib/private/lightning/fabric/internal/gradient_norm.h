@@ -1,0 +1,27 @@
+// The total gradient norm and its clipping with multi-tensor (foreach) operations: one
+// _foreach_norm and one _foreach_mul_ over all gradients instead of a few operations per
+// parameter (Python's clip_grad_norm_ does the same on CUDA). Used by every strategy's
+// clip_gradients_by_norm; fsdp reduces the local part over its shard group in between.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <vector>
+
+namespace lightning::fabric::internal {
+
+/// The defined, non-empty gradients of parameters.
+std::vector<at::Tensor> gradients_of(const std::vector<at::Tensor>& parameters);
+
+/// sum over grads of |g|^p (p = norm_type, finite) or max |g| (p = inf), as a float64 0-d tensor
+/// on `device`; zero for no gradients. Raise the sum to 1/p for the norm (total_norm_from).
+at::Tensor local_norm_part(const std::vector<at::Tensor>& grads, double norm_type, at::Device device);
+/// The norm from a (possibly all-reduced) local_norm_part, still a tensor.
+at::Tensor total_norm_from(const at::Tensor& part, double norm_type);
+
+/// Multiplies every gradient in place by min(1, max_norm / (total_norm + 1e-6)), computed on the
+/// device: no host synchronisation (the factor 1 leaves a gradient bitwise unchanged).
+void scale_to_max_norm(std::vector<at::Tensor>& grads, const at::Tensor& total_norm, double max_norm);
+
+}  // namespace lightning::fabric::internal
