@@ -5,11 +5,18 @@
 // tokens/s, and the fraction of the card's bf16 peak the model's FLOPs reach.
 //   build/bin/gpt --accelerator cuda --precision bf16-mixed --steps 100
 //   build/bin/gpt --accelerator cpu --layers 2 --d-model 128 --seq 64 --batch-size 4 --steps 5   (smoke)
+//   build/bin/gpt --list-forward-ops   (the ATen operators of one forward, for the twin check)
+// The model is its Python twin op for op (tests/integration/gpt_twin_ops.sh checks the operator
+// counts): q, k and v come from unbind, and every Linear runs as at::linear, which folds the bias
+// into the matrix product (torch::nn::Linear's forward on 3-D input multiplies, then adds).
 #include <CLI/CLI.hpp>
 #include <lightning/fabric.h>
 #include <torch/torch.h>
 
+#include <ATen/record_function.h>
+
 #include <algorithm>
+#include <map>
 
 #include "shared_flags.h"
 #include <chrono>
@@ -24,6 +31,12 @@ struct GptSettings {
   examples::SharedFlags shared;  // --accelerator, --devices, --strategy, --precision (unset unless given), --no-progress
 };
 
+// A Linear's forward as Python's nn.Linear runs it: one at::linear (bias in the GEMM's epilogue on
+// CUDA), where LibTorch's Linear on a 3-D input issues a matmul and a separate add.
+torch::Tensor linear(const torch::nn::Linear& layer, const torch::Tensor& x) {
+  return at::linear(x, layer->weight, layer->bias);
+}
+
 struct BlockImpl : torch::nn::Module {
   BlockImpl(int64_t d, int64_t heads)
       : ln1(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})))),
@@ -37,11 +50,13 @@ struct BlockImpl : torch::nn::Module {
   // kernels on CUDA), the same call as the Python twin's.
   torch::Tensor forward(torch::Tensor x) {
     const int64_t batch = x.size(0), length = x.size(1), d = x.size(2);
-    auto split = qkv(ln1(x)).view({batch, length, 3, heads, d / heads}).permute({2, 0, 3, 1, 4});  // [3, B, H, T, hd]
-    auto attended = at::scaled_dot_product_attention(split[0], split[1], split[2], /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                                     /*is_causal=*/true);
-    x = x + projection(attended.transpose(1, 2).reshape({batch, length, d}));
-    return x + fc2(torch::gelu(fc1(ln2(x))));
+    // [3, B, H, T, hd] unbound into q, k, v: views whose backward is one stack, where indexing
+    // builds three zero tensors and adds them.
+    const auto qkv_heads = linear(qkv, ln1(x)).view({batch, length, 3, heads, d / heads}).permute({2, 0, 3, 1, 4}).unbind(0);
+    auto attended = at::scaled_dot_product_attention(qkv_heads[0], qkv_heads[1], qkv_heads[2], /*attn_mask=*/{},
+                                                     /*dropout_p=*/0.0, /*is_causal=*/true);
+    x = x + linear(projection, attended.transpose(1, 2).reshape({batch, length, d}));
+    return x + linear(fc2, torch::gelu(linear(fc1, ln2(x))));
   }
   torch::nn::LayerNorm ln1;
   torch::nn::Linear qkv, projection;
@@ -63,7 +78,7 @@ struct GptImpl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& ids) {
     auto x = tokens(ids) + positions(torch::arange(ids.size(1), ids.options()));  // [B, T, D]
     for (auto& block : blocks) x = block(x);
-    return head(ln_f(x));
+    return linear(head, ln_f(x));
   }
   torch::nn::Embedding tokens, positions;
   std::vector<Block> blocks;
@@ -71,6 +86,25 @@ struct GptImpl : torch::nn::Module {
   torch::nn::Linear head;
 };
 TORCH_MODULE(Gpt);
+
+// One forward of the model on CPU with every ATen operator counted (nested ones included, as the
+// profiler sees them), printed as "count name" lines sorted by name: the twin check's C++ side.
+int print_forward_ops(const GptSettings& s) {
+  torch::manual_seed(0);
+  Gpt net(s);
+  const auto ids = torch::randint(s.vocab, {s.batch_size, s.seq}, torch::kLong);
+  torch::NoGradGuard no_grad;  // the twin check compares forwards
+  static std::map<std::string, int> counts;
+  auto handle = at::addThreadLocalCallback(
+      at::RecordFunctionCallback([](const at::RecordFunction& call) -> std::unique_ptr<at::ObserverContext> {
+        ++counts[call.name()];
+        return nullptr;
+      }).scopes({at::RecordScope::FUNCTION}));
+  net(ids);
+  at::removeCallback(handle);
+  for (const auto& [name, count] : counts) std::cout << count << " " << name << "\n";
+  return 0;
+}
 
 int main(int argc, char** argv) {
   GptSettings s;
@@ -84,8 +118,12 @@ int main(int argc, char** argv) {
   app.add_option("--steps", s.steps, "Timed steps");
   app.add_option("--warmup", s.warmup, "Untimed steps first");
   app.add_option("--peak-tflops", s.peak_tflops, "The card's bf16 peak, for the utilisation figure");
+  bool list_forward_ops = false;
+  app.add_flag("--list-forward-ops", list_forward_ops,
+               "Print the ATen operators one CPU forward issues, with their counts (no training)");
   s.shared.add_to(app);
   CLI11_PARSE(app, argc, argv);
+  if (list_forward_ops) return print_forward_ops(s);
   try {
     lf::Fabric fabric(s.shared.apply());
     fabric.seed_everything(0);
