@@ -11,7 +11,6 @@
 
 #include "lightning/fabric/checkpoint/checkpoint_io.h"
 #include "lightning/fabric/connector.h"
-#include "lightning/fabric/strategies/ddp.h"
 #include "lightning/fabric/utilities/empty_init.h"
 #include "lightning/fabric/utilities/error_file.h"
 #include "lightning/fabric/utilities/rank_zero.h"

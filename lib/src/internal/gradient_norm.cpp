@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "lightning/fabric/errors.h"
+
 namespace lightning::fabric::internal {
 
 std::vector<at::Tensor> gradients_of(const std::vector<at::Tensor>& parameters) {
@@ -45,6 +47,16 @@ void scale_to_max_norm(std::vector<at::Tensor>& grads, const at::Tensor& total_n
     at::_foreach_mul_(group, factor.to(grads[i].device(), grads[i].scalar_type()));
     group.clear();
   }
+}
+
+double clip_to_max_norm(std::vector<at::Tensor>& grads, const at::Tensor& part, double norm_type, double max_norm,
+                        bool error_if_nonfinite) {
+  const at::Tensor total = total_norm_from(part, norm_type);
+  const double value = total.item<double>();
+  LF_CHECK(!error_if_nonfinite || std::isfinite(value), RuntimeError, "clip_gradients: the total norm of order ",
+           norm_type, " of the gradients is non-finite (", value, "). Pass nonfinite_is_error(false) to clip anyway.");
+  scale_to_max_norm(grads, total, max_norm);
+  return value;
 }
 
 }  // namespace lightning::fabric::internal

@@ -423,12 +423,7 @@ double FSDPStrategy::clip_gradients_by_norm(const std::vector<at::Tensor>& param
   std::vector<at::Tensor> grads = internal::gradients_of(parameters);
   at::Tensor part = internal::local_norm_part(grads, norm_type, root_device());
   if (shard_group_size() > 1) shard_group().all_reduce_(part, std::isinf(norm_type) ? ReduceOp::Max : ReduceOp::Sum);
-  const at::Tensor total = internal::total_norm_from(part, norm_type);
-  const double value = total.item<double>();
-  LF_CHECK(!error_if_nonfinite || std::isfinite(value), RuntimeError, "clip_gradients: the total norm of order ",
-           norm_type, " of the gradients is non-finite (", value, "). Pass nonfinite_is_error(false) to clip anyway.");
-  internal::scale_to_max_norm(grads, total, max_norm);
-  return value;
+  return internal::clip_to_max_norm(grads, part, norm_type, max_norm, error_if_nonfinite);
 }
 
 int64_t FSDPStrategy::resident_bytes() const { return engine_->resident_bytes(); }

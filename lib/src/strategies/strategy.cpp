@@ -1,6 +1,5 @@
 #include "lightning/fabric/strategies/strategy.h"
 
-#include <torch/nn/utils/clip_grad.h>
 
 #include <torch/types.h>
 
@@ -96,13 +95,8 @@ double Strategy::clip_gradients_by_norm(const std::vector<at::Tensor>& parameter
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> grads = internal::gradients_of(parameters);
   if (grads.empty()) return 0.0;
-  const at::Tensor total = internal::total_norm_from(internal::local_norm_part(grads, norm_type, grads.front().device()),
-                                                     norm_type);
-  const double value = total.item<double>();
-  LF_CHECK(!error_if_nonfinite || std::isfinite(value), RuntimeError, "clip_gradients: the total norm of order ",
-           norm_type, " of the gradients is non-finite (", value, "). Pass nonfinite_is_error(false) to clip anyway.");
-  internal::scale_to_max_norm(grads, total, max_norm);
-  return value;
+  const at::Tensor part = internal::local_norm_part(grads, norm_type, grads.front().device());
+  return internal::clip_to_max_norm(grads, part, norm_type, max_norm, error_if_nonfinite);
 }
 
 const std::vector<torch::Device>& Strategy::data_parallel_devices() const {

@@ -24,4 +24,11 @@ at::Tensor total_norm_from(const at::Tensor& part, double norm_type);
 /// device: no host synchronisation (the factor 1 leaves a gradient bitwise unchanged).
 void scale_to_max_norm(std::vector<at::Tensor>& grads, const at::Tensor& total_norm, double max_norm);
 
+/// What every strategy's clip_gradients_by_norm ends with: the norm from part (this rank's
+/// local_norm_part, already reduced over the ranks that share the parameters), a RuntimeError when
+/// it is non-finite and error_if_nonfinite, then scale_to_max_norm. Returns the norm (one host
+/// read, the return value's).
+double clip_to_max_norm(std::vector<at::Tensor>& grads, const at::Tensor& part, double norm_type, double max_norm,
+                        bool error_if_nonfinite);
+
 }  // namespace lightning::fabric::internal
