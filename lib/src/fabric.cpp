@@ -23,6 +23,7 @@ Fabric::Fabric(FabricOptions options, env::EnvLookup env)
     : connector_(std::make_unique<Connector>(Connector::build(options, env))),
       loggers_(options.loggers()),
       callbacks_(options.callbacks()) {
+  fused_optimizer_steps_ = options.fused_optimizer_steps();
   cli_used_ = env::Reader(env).flag(env::kCliUsed);
   set_rank_zero_only_rank(global_rank());
   install_error_file_handler();

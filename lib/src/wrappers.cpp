@@ -28,6 +28,13 @@ void check_backward_through_fabric() {
 
 }  // namespace detail
 
+std::optional<std::string> FabricOptimizer::why_not_fused() const {
+  if (!fuse_steps_) {
+    return std::string("fusing was turned off (FabricOptions::fused_optimizer_steps or SetupOptions::fuse_optimizer_steps)");
+  }
+  return lightning::fabric::why_not_fused(*optimizer_);
+}
+
 void FabricOptimizer::zero_grad(bool set_to_none) {
   for (auto& group : optimizer_->param_groups()) {
     for (auto& parameter : group.params()) {

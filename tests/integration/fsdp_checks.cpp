@@ -239,10 +239,12 @@ int scaler() {
     net->weight.fill_(0.25);
     net->weight[0].zero_();
   }
-  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
-  auto setup = fabric.setup(net, sgd);
+  // AdamW stepped by the fused kernel: the flag and the scale go into the kernel on every rank.
+  torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(0.1));
+  auto setup = fabric.setup(net, adamw);
   auto& model = std::get<0>(setup);
   auto& optimizer = std::get<1>(setup);
+  expect(optimizer.fused(), "fsdp's shards step through the fused kernel");
   auto& fsdp = fabric.strategy_as<lf::FSDPStrategy>();
   auto step = [&](double first_output_weight) {
     optimizer.zero_grad();
@@ -258,6 +260,7 @@ int scaler() {
   const auto before = weights();
   step(1000.0);
   expect(torch::equal(weights(), before), "an overflow in rank 0's shard skips the step on every rank");
+  expect(adamw.state().empty(), "the skipped fused step leaves no optimizer state behind");
   expect(std::abs(loss_scaler->get_scale() / 5e35 - 1.0) < 1e-6, "every rank backs the scale off (scale " +
                                                std::to_string(loss_scaler->get_scale()) + ")");
   step(1e-3);

@@ -389,8 +389,8 @@ void FSDPStrategy::Engine::finish_backward() {
 }
 
 bool FSDPStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
-                                  const torch::optim::Optimizer::LossClosure& closure) {
-  const bool stepped = Strategy::optimizer_step(optimizer, closure);
+                                  const torch::optim::Optimizer::LossClosure& closure, StepKernel kernel) {
+  const bool stepped = Strategy::optimizer_step(optimizer, closure, kernel);
   engine_->mark_stale();
   return stepped;
 }

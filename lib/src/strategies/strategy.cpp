@@ -34,8 +34,8 @@ void Strategy::backward(at::Tensor& loss, torch::nn::Module* module) {
 }
 
 bool Strategy::optimizer_step(torch::optim::Optimizer& optimizer,
-                              const torch::optim::Optimizer::LossClosure& closure) {
-  return context_.precision->optimizer_step(optimizer, closure);
+                              const torch::optim::Optimizer::LossClosure& closure, StepKernel kernel) {
+  return context_.precision->optimizer_step(optimizer, closure, kernel);
 }
 
 SingleDeviceStrategy::SingleDeviceStrategy(StrategyContext context) : Strategy(std::move(context)) {

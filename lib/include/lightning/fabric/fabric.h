@@ -46,6 +46,9 @@ struct Connector;  // private to the library
 /// Per-call options of Fabric::setup / setup_module.
 struct LF_API SetupOptions {
   bool move_to_device = true;
+  /// Whether these optimizers step through ATen's fused kernels where they cover them
+  /// (utilities/fused_step.h); unset: FabricOptions::fused_optimizer_steps (default true).
+  std::optional<bool> fuse_optimizer_steps;
 };
 
 /// What Fabric::clip_gradients does: exactly one of clip_val (clamp every gradient element to
@@ -193,7 +196,7 @@ class LF_API Fabric {
     validate_setup_rest<Rest...>();
     if constexpr (detail::IsFabricModule<std::decay_t<M>>::value) {
       refuse_wrapped_module();
-      return wrap_results(std::forward<M>(module), std::forward<Rest>(rest)...);
+      return wrap_results(options, std::forward<M>(module), std::forward<Rest>(rest)...);
     } else {
       using Arg = detail::module_arg<M>;
       static_assert(Arg::is_module, "Fabric::setup: the first argument must be a torch::nn::Module (shared_ptr or TORCH_MODULE holder)");
@@ -204,7 +207,7 @@ class LF_API Fabric {
       validate_setup(impl, optimizers);
       prepare_module(impl, options.move_to_device);
       for (auto* optimizer : optimizers) prepare_optimizer(*optimizer);
-      return wrap_results(FabricModule<typename Arg::impl>(impl, strategy()), std::forward<Rest>(rest)...);
+      return wrap_results(options, FabricModule<typename Arg::impl>(impl, strategy()), std::forward<Rest>(rest)...);
     }
   }
 
@@ -246,9 +249,9 @@ class LF_API Fabric {
       validate_setup(nullptr, list);
       for (auto* optimizer : list) prepare_optimizer(*optimizer);
       if constexpr (sizeof...(Opts) == 1) {
-        return FabricOptimizer(wrap_one(std::forward<Opts>(optimizers))...);
+        return FabricOptimizer(wrap_one(SetupOptions{}, std::forward<Opts>(optimizers))...);
       } else {
-        return std::make_tuple(FabricOptimizer(wrap_one(std::forward<Opts>(optimizers)))...);
+        return std::make_tuple(FabricOptimizer(wrap_one(SetupOptions{}, std::forward<Opts>(optimizers)))...);
       }
     }
   }
@@ -418,20 +421,21 @@ class LF_API Fabric {
                   "Fabric::setup accepts at most one scheduler");
   }
   template <class Wrapped, class... Rest>
-  auto wrap_results(Wrapped&& module, Rest&&... rest) {
+  auto wrap_results(const SetupOptions& options, Wrapped&& module, Rest&&... rest) {
     if constexpr (sizeof...(Rest) == 0) {
       return std::forward<Wrapped>(module);
     } else {
       return std::tuple<std::decay_t<Wrapped>, detail::setup_result_t<Rest>...>(
-          std::forward<Wrapped>(module), wrap_one(std::forward<Rest>(rest))...);
+          std::forward<Wrapped>(module), wrap_one(options, std::forward<Rest>(rest))...);
     }
   }
   template <class T>
-  decltype(auto) wrap_one(T&& arg) {
+  decltype(auto) wrap_one(const SetupOptions& options, T&& arg) {
     if constexpr (detail::is_fabric_optimizer_arg<T>) {
       return arg;
     } else if constexpr (detail::is_optimizer_arg<T>) {
-      return FabricOptimizer(detail::share(std::forward<T>(arg)), strategy());
+      return FabricOptimizer(detail::share(std::forward<T>(arg)), strategy(),
+                             options.fuse_optimizer_steps.value_or(fused_optimizer_steps_));
     } else {
       return std::forward<T>(arg);
     }
@@ -462,6 +466,7 @@ class LF_API Fabric {
 
   std::unique_ptr<Connector> connector_;  // the resolved plugins and strategy (lib/private: connector.h)
   bool cli_used_ = false;
+  bool fused_optimizer_steps_ = true;  // FabricOptions::fused_optimizer_steps
   bool environment_ready_ = false;
   std::vector<std::shared_ptr<Logger>> loggers_;
   std::vector<std::shared_ptr<Callback>> callbacks_;

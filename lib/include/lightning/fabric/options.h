@@ -50,6 +50,9 @@ class LF_API FabricOptions {
   FabricOptions& callbacks(std::vector<std::shared_ptr<Callback>> value) { callbacks_ = std::move(value); return *this; }
   FabricOptions& logger(std::shared_ptr<Logger> value) { loggers_.push_back(std::move(value)); return *this; }
   FabricOptions& loggers(std::vector<std::shared_ptr<Logger>> value) { loggers_ = std::move(value); return *this; }
+  /// Whether set-up optimizers step through ATen's fused kernels where those cover them (default
+  /// true; utilities/fused_step.h). SetupOptions::fuse_optimizer_steps overrides it per setup call.
+  FabricOptions& fused_optimizer_steps(bool on) { fused_optimizer_steps_ = on; return *this; }
 
   const std::string& accelerator() const { return accelerator_; }
   const std::string& strategy() const { return strategy_; }
@@ -62,6 +65,7 @@ class LF_API FabricOptions {
   const std::vector<std::shared_ptr<Plugin>>& plugins() const { return plugins_; }
   const std::vector<std::shared_ptr<Callback>>& callbacks() const { return callbacks_; }
   const std::vector<std::shared_ptr<Logger>>& loggers() const { return loggers_; }
+  bool fused_optimizer_steps() const { return fused_optimizer_steps_; }
 
  private:
   std::string accelerator_ = "auto";
@@ -73,6 +77,7 @@ class LF_API FabricOptions {
   std::vector<std::shared_ptr<Plugin>> plugins_;
   std::vector<std::shared_ptr<Callback>> callbacks_;
   std::vector<std::shared_ptr<Logger>> loggers_;
+  bool fused_optimizer_steps_ = true;
 };
 
 }  // namespace lightning::fabric

@@ -138,15 +138,23 @@ class FabricModule {
 
 /// A set-up optimizer. step() goes through the strategy and precision plugin (which may skip it,
 /// e.g. a loss scaler after an overflow). The original stays reachable via optimizer() and ->.
+/// Steps run through ATen's fused kernels whenever fused_step covers the optimizer
+/// (utilities/fused_step.h: Adam, AdamW, SGD, Adagrad), unless fusing was turned off at setup.
 class LF_API FabricOptimizer {
  public:
-  FabricOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<Strategy> strategy)
-      : optimizer_(std::move(optimizer)), strategy_(std::move(strategy)) {}
+  FabricOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<Strategy> strategy,
+                  bool fuse_steps = true)
+      : optimizer_(std::move(optimizer)), strategy_(std::move(strategy)), fuse_steps_(fuse_steps) {}
 
   /// One optimizer step; returns false when the precision plugin skipped it.
   bool step(const torch::optim::Optimizer::LossClosure& closure = nullptr) {
-    return strategy_->optimizer_step(*optimizer_, closure);
+    return strategy_->optimizer_step(*optimizer_, closure, fused() ? StepKernel::Fused : StepKernel::LibTorch);
   }
+  /// Whether the next step runs through the fused kernels (checked before every step: a
+  /// gradient that turns sparse, for example, makes that step LibTorch's).
+  bool fused() const { return !why_not_fused(); }
+  /// Why the next step is LibTorch's own, or nullopt when it is fused.
+  std::optional<std::string> why_not_fused() const;
   /// Clears gradients. Default: releases them (set_to_none, the default of LibTorch 2.x and
   /// Python), so the next backward writes fresh gradients instead of adding to zeros;
   /// set_to_none=false zeroes them in place.
@@ -159,6 +167,7 @@ class LF_API FabricOptimizer {
  private:
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   std::shared_ptr<Strategy> strategy_;
+  bool fuse_steps_;
 };
 
 /// A data loader whose batches arrive on the strategy's device. Iterate it as the inner loader.

@@ -58,14 +58,17 @@ at::Tensor LossScaler::scale(const at::Tensor& loss) {
   return loss * scale_.to(loss.scalar_type());
 }
 
-void LossScaler::unscale_(torch::optim::Optimizer& optimizer) {
+void LossScaler::unscale_(torch::optim::Optimizer& optimizer) { check_gradients(optimizer, /*unscale=*/true); }
+
+void LossScaler::check_gradients(torch::optim::Optimizer& optimizer, bool unscale) {
   auto& state = per_optimizer_[&optimizer];
   LF_CHECK(state.stage != Stage::kUnscaled, RuntimeError,
            "LossScaler::unscale_ was already called for this optimizer since the last update(): gradients "
            "are unscaled once per step (clip_gradients and the optimizer step share it).");
   LF_CHECK(state.stage != Stage::kStepped, RuntimeError,
            "LossScaler::unscale_ was called after step() for this optimizer: unscale before stepping.");
-  const at::Tensor inv_scale = scale_.to(torch::kFloat64).reciprocal().to(torch::kFloat32);
+  const at::Tensor inv_scale =
+      unscale ? scale_.to(torch::kFloat64).reciprocal().to(torch::kFloat32) : torch::ones_like(scale_);
   at::Tensor found_inf = torch::zeros({}, scale_.options().dtype(torch::kFloat32));
   const auto groups = gradients_by_device(optimizer);
   LF_CHECK(groups.empty() || scaled_since_update_, RuntimeError,
@@ -81,17 +84,23 @@ void LossScaler::unscale_(torch::optim::Optimizer& optimizer) {
   }
   if (found_inf_reducer_) found_inf_reducer_(found_inf);  // every rank skips when any shard overflowed
   state.found_inf = found_inf;
-  state.stage = Stage::kUnscaled;
+  state.stage = unscale ? Stage::kUnscaled : Stage::kChecked;
 }
 
-bool LossScaler::step(torch::optim::Optimizer& optimizer) {
+bool LossScaler::step(torch::optim::Optimizer& optimizer, StepKernel kernel) {
   LF_CHECK(per_optimizer_[&optimizer].stage != Stage::kStepped, RuntimeError,
            "LossScaler::step was already called for this optimizer since the last update(): call update() "
            "once per iteration, after the optimizers stepped.");
-  if (per_optimizer_[&optimizer].stage == Stage::kReady) unscale_(optimizer);
+  if (per_optimizer_[&optimizer].stage == Stage::kReady) check_gradients(optimizer, kernel == StepKernel::LibTorch);
   auto& state = per_optimizer_[&optimizer];
-  const bool finite = state.found_inf.item<float>() == 0.0f;
-  if (finite) optimizer.step();
+  bool finite = false;
+  if (kernel == StepKernel::Fused) {
+    const at::Tensor grad_scale = state.stage == Stage::kChecked ? scale_ : at::Tensor();
+    finite = fused_step(optimizer, FusedStepScaling{grad_scale, state.found_inf});
+  } else {
+    finite = state.found_inf.item<float>() == 0.0f;
+    if (finite) optimizer.step();
+  }
   state.stage = Stage::kStepped;
   return finite;
 }

@@ -49,12 +49,12 @@ void MixedPrecision::pre_backward(at::Tensor& loss) const {
 }
 
 bool MixedPrecision::optimizer_step(torch::optim::Optimizer& optimizer,
-                                    const torch::optim::Optimizer::LossClosure& closure) const {
-  if (!scaler_) return Precision::optimizer_step(optimizer, closure);
+                                    const torch::optim::Optimizer::LossClosure& closure, StepKernel kernel) const {
+  if (!scaler_) return Precision::optimizer_step(optimizer, closure, kernel);
   LF_CHECK(!closure, ValueError, "optimizer.step(closure): precision=\"", name_,
            "\" scales the loss and may skip steps, which a closure that re-evaluates the loss (LBFGS) cannot "
            "follow. Use precision=\"bf16-mixed\" or \"32-true\" with closure-based optimizers.");
-  const bool stepped = scaler_->step(optimizer);
+  const bool stepped = scaler_->step(optimizer, kernel);
   scaler_->update();
   return stepped;
 }
@@ -87,8 +87,8 @@ ScopeGuard MixedPrecision::forward_context() const {
 }
 
 bool Precision::optimizer_step(torch::optim::Optimizer& optimizer,
-                               const torch::optim::Optimizer::LossClosure& closure) const {
-  optimizer.step(closure);
+                               const torch::optim::Optimizer::LossClosure& closure, StepKernel kernel) const {
+  run_optimizer_step(optimizer, closure, kernel);
   return true;
 }
 

@@ -65,7 +65,8 @@ class LF_API FSDPStrategy : public ParallelStrategy {
   void before_forward(const torch::nn::Module& module) override;
   void backward(at::Tensor& loss, torch::nn::Module* module) override;
   bool optimizer_step(torch::optim::Optimizer& optimizer,
-                      const torch::optim::Optimizer::LossClosure& closure = nullptr) override;
+                      const torch::optim::Optimizer::LossClosure& closure = nullptr,
+                      StepKernel kernel = StepKernel::LibTorch) override;
   double clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type,
                                 bool error_if_nonfinite) override;
 

@@ -23,6 +23,7 @@
 #include "lightning/fabric/reduce_op.h"
 #include "lightning/fabric/registry.h"
 #include "lightning/fabric/utilities/env_vars.h"
+#include "lightning/fabric/utilities/fused_step.h"
 #include "lightning/fabric/utilities/scope_guard.h"
 
 namespace lightning::fabric {
@@ -86,9 +87,11 @@ class LF_API Strategy {
 
   /// Backward through the precision plugin. module is the FabricModule's inner module, or null.
   virtual void backward(at::Tensor& loss, torch::nn::Module* module);
-  /// One optimizer step through the precision plugin; false when the step was skipped.
+  /// One optimizer step through the precision plugin, run by the given kernel (fused_step.h);
+  /// false when the step was skipped.
   virtual bool optimizer_step(torch::optim::Optimizer& optimizer,
-                              const torch::optim::Optimizer::LossClosure& closure = nullptr);
+                              const torch::optim::Optimizer::LossClosure& closure = nullptr,
+                              StepKernel kernel = StepKernel::LibTorch);
 
   // Collectives. Every process of the group must call them (they are collective); on a single
   // process they return their input (all_gather adds no dimension there). Tensors on any device:

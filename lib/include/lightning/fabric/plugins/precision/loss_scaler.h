@@ -19,6 +19,7 @@
 #include <unordered_map>
 
 #include "lightning/fabric/checkpoint/stateful.h"
+#include "lightning/fabric/utilities/fused_step.h"
 
 namespace lightning::fabric {
 
@@ -46,9 +47,13 @@ class LF_API LossScaler : public Stateful {
   /// fabric.backward(loss), and dividing them by the scale would silently shrink the step.
   void unscale_(torch::optim::Optimizer& optimizer);
 
-  /// Unscales (unless unscale_ was already called for this optimizer) and steps the optimizer if
-  /// every gradient is finite. Returns whether it stepped. Once per optimizer between update()s.
-  bool step(torch::optim::Optimizer& optimizer);
+  /// Steps the optimizer if every gradient is finite; returns whether it stepped. Once per
+  /// optimizer between update()s. StepKernel::LibTorch unscales (unless unscale_ already did) and
+  /// reads the inf/NaN flag before stepping. StepKernel::Fused gives the scale and the flag to the
+  /// fused kernels, as PyTorch's GradScaler does for fused optimizers: gradients are checked
+  /// without being rewritten, unscaled inside the kernel, the kernel skips on the device, and
+  /// the flag is read once, after the kernels are queued.
+  bool step(torch::optim::Optimizer& optimizer, StepKernel kernel = StepKernel::LibTorch);
 
   /// Adjusts the scale from the steps since the last update (backoff if any optimizer saw inf/NaN,
   /// growth after growth_interval clean updates) and forgets the per-optimizer state.
@@ -70,12 +75,14 @@ class LF_API LossScaler : public Stateful {
   void load_state_dict(const StateDict& state) override;
 
  private:
-  enum class Stage { kReady, kUnscaled, kStepped };
+  enum class Stage { kReady, kChecked, kUnscaled, kStepped };  // kChecked: flag computed, gradients still scaled
   struct OptimizerState {
     Stage stage = Stage::kReady;
     at::Tensor found_inf;  // float32 scalar, 1 if a gradient was inf/NaN
   };
   void ensure_tensors(const at::Device& device);
+  // unscale_'s work: checks every gradient for inf/NaN, dividing by the scale when unscale is true.
+  void check_gradients(torch::optim::Optimizer& optimizer, bool unscale);
 
   LossScalerOptions options_;
   at::Tensor scale_;           // float32 scalar

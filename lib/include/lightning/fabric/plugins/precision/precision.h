@@ -14,6 +14,7 @@
 #include "lightning/fabric/plugins/plugin.h"
 #include "lightning/fabric/plugins/precision/loss_scaler.h"
 #include "lightning/fabric/registry.h"
+#include "lightning/fabric/utilities/fused_step.h"
 #include "lightning/fabric/utilities/scope_guard.h"
 
 namespace lightning::fabric {
@@ -45,9 +46,11 @@ class LF_API Precision : public Plugin {
   virtual void pre_backward(at::Tensor& loss) const { (void)loss; }
   virtual void backward(at::Tensor& loss) const;
   virtual void post_backward(at::Tensor& loss) const { (void)loss; }
-  /// Runs the optimizer's step (a loss scaler may skip it); returns false when skipped.
+  /// Runs the optimizer's step with the given kernel (run_optimizer_step; a loss scaler may skip
+  /// it); returns false when skipped. FabricOptimizer chooses the kernel.
   virtual bool optimizer_step(torch::optim::Optimizer& optimizer,
-                              const torch::optim::Optimizer::LossClosure& closure = nullptr) const;
+                              const torch::optim::Optimizer::LossClosure& closure = nullptr,
+                              StepKernel kernel = StepKernel::LibTorch) const;
   /// Brings gradients to their true scale before clipping (no-op without a loss scaler).
   virtual void unscale_gradients(torch::optim::Optimizer& optimizer) const { (void)optimizer; }
   /// The loss scaler whose state checkpoints save and restore; null for precisions without one.
@@ -95,7 +98,8 @@ class LF_API MixedPrecision : public Precision {
 
   void pre_backward(at::Tensor& loss) const override;
   bool optimizer_step(torch::optim::Optimizer& optimizer,
-                      const torch::optim::Optimizer::LossClosure& closure = nullptr) const override;
+                      const torch::optim::Optimizer::LossClosure& closure = nullptr,
+                      StepKernel kernel = StepKernel::LibTorch) const override;
   void unscale_gradients(torch::optim::Optimizer& optimizer) const override;
   std::shared_ptr<LossScaler> loss_scaler() const override { return scaler_; }
 

@@ -1,0 +1,275 @@
+#include "lightning/fabric/utilities/fused_step.h"
+
+#include <ATen/ops/_fused_adagrad.h>
+#include <ATen/ops/_fused_adam.h>
+#include <ATen/ops/_fused_adamw.h>
+#include <ATen/ops/_fused_sgd.h>
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <torch/types.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <tuple>
+#include <typeinfo>
+#include <vector>
+
+#include "lightning/fabric/errors.h"
+
+namespace lightning::fabric {
+
+namespace {
+using torch::optim::Optimizer;
+using torch::optim::OptimizerParamGroup;
+using torch::optim::OptimizerParamState;
+
+enum class Kind { Adam, AdamW, Sgd, Adagrad };
+
+// Exact types only: a subclass may override step() with other arithmetic.
+std::optional<Kind> kind_of(const Optimizer& optimizer) {
+  const std::type_info& type = typeid(optimizer);
+  if (type == typeid(torch::optim::Adam)) return Kind::Adam;
+  if (type == typeid(torch::optim::AdamW)) return Kind::AdamW;
+  if (type == typeid(torch::optim::SGD)) return Kind::Sgd;
+  if (type == typeid(torch::optim::Adagrad)) return Kind::Adagrad;
+  return std::nullopt;
+}
+
+std::optional<std::string> why_not_tensor(const at::Tensor& parameter) {
+  const auto type = parameter.device().type();
+  if (type != c10::DeviceType::CPU && type != c10::DeviceType::CUDA) {
+    return "a parameter is on " + parameter.device().str() + "; the fused kernels run on cpu and cuda";
+  }
+  if (!parameter.is_floating_point()) {
+    return std::string("a parameter is ") + c10::toString(parameter.scalar_type()) +
+           "; the fused kernels take floating-point parameters";
+  }
+  if (parameter.layout() != c10::kStrided || !parameter.is_contiguous()) return std::string("a parameter is not contiguous");
+  const at::Tensor& grad = parameter.grad();
+  if (!grad.defined()) return std::nullopt;
+  if (grad.layout() != c10::kStrided) return std::string("a gradient is sparse");
+  if (grad.scalar_type() != parameter.scalar_type() || grad.device() != parameter.device()) {
+    return std::string("a gradient's dtype or device differs from its parameter's");
+  }
+  if (!grad.is_contiguous()) return std::string("a gradient is not contiguous");
+  return std::nullopt;
+}
+
+// Parameters with a gradient that share one kernel call, with their state tensors in the
+// kernel's argument order.
+struct Bucket {
+  std::vector<at::Tensor> params, grads, first, second, third;
+  int64_t step = 0;                          // the counters' value before this step
+  bool first_step = false;                   // SGD: momentum buffers are new
+};
+// (device, dtype, counter value or SGD's first-step flag): one kernel call each.
+using BucketKey = std::tuple<std::string, int, int64_t>;
+
+// Parameters and state creation shared by every kind: the state of a parameter with a gradient,
+// made by make() when it has none (recorded in created so a skipped step can remove it).
+template <class State, class Make>
+State& state_of(Optimizer& optimizer, const at::Tensor& parameter, std::vector<void*>& created, Make make) {
+  auto& states = optimizer.state();
+  void* key = parameter.unsafeGetTensorImpl();
+  auto found = states.find(key);
+  if (found == states.end()) {
+    found = states.emplace(key, make()).first;
+    created.push_back(key);
+  }
+  return static_cast<State&>(*found->second);
+}
+
+at::Tensor zeros_like_parameter(const at::Tensor& parameter) {
+  return torch::zeros_like(parameter, at::MemoryFormat::Preserve);
+}
+
+// Kernels take contiguous state; one loaded from elsewhere is made so, in place in the state.
+const at::Tensor& contiguous(at::Tensor& tensor) {
+  if (!tensor.is_contiguous()) tensor = tensor.contiguous();
+  return tensor;
+}
+
+// One float32 step tensor per bucket (the kernels only read it), repeated for every parameter.
+std::vector<at::Tensor> step_tensors(const Bucket& bucket) {
+  const at::Tensor step = torch::full({}, static_cast<double>(bucket.step + 1),
+                                      bucket.params.front().options().dtype(torch::kFloat32));
+  return std::vector<at::Tensor>(bucket.params.size(), step);
+}
+
+std::optional<at::Tensor> on_device(const at::Tensor& tensor, const at::Device& device) {
+  if (!tensor.defined()) return std::nullopt;
+  return tensor.device() == device ? tensor : tensor.to(device);
+}
+
+class FusedRun {
+ public:
+  FusedRun(Optimizer& optimizer, const FusedStepScaling& scaling) : optimizer_(optimizer), scaling_(scaling) {}
+
+  // Queues every kernel, then reads found_inf (if any) and advances or undoes. Returns stepped.
+  bool run(Kind kind) {
+    for (auto& group : optimizer_.param_groups()) {
+      switch (kind) {
+        case Kind::Adam: adam_group<torch::optim::AdamOptions, torch::optim::AdamParamState>(group, false); break;
+        case Kind::AdamW: adam_group<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(group, true); break;
+        case Kind::Sgd: sgd_group(group); break;
+        case Kind::Adagrad: adagrad_group(group); break;
+      }
+    }
+    const bool stepped = !scaling_.found_inf.defined() || scaling_.found_inf.item<float>() == 0.0f;
+    if (stepped) {
+      for (const auto& advance : advanced_) advance();
+    } else {
+      for (void* key : created_) optimizer_.state().erase(key);
+    }
+    return stepped;
+  }
+
+ private:
+  template <class Options, class State>
+  void adam_group(OptimizerParamGroup& group, bool decoupled) {
+    const auto& options = static_cast<const Options&>(group.options());
+    std::map<BucketKey, Bucket> buckets;
+    for (const auto& parameter : group.params()) {
+      if (!parameter.grad().defined()) continue;
+      State& state = state_of<State>(optimizer_, parameter, created_, [&] {
+        auto made = std::make_unique<State>();
+        made->exp_avg(zeros_like_parameter(parameter));
+        made->exp_avg_sq(zeros_like_parameter(parameter));
+        return made;
+      });
+      if (options.amsgrad() && !state.max_exp_avg_sq().defined()) state.max_exp_avg_sq(zeros_like_parameter(parameter));
+      Bucket& bucket = bucket_for(buckets, parameter, state.step());
+      bucket.first.push_back(contiguous(state.exp_avg()));
+      bucket.second.push_back(contiguous(state.exp_avg_sq()));
+      if (options.amsgrad()) bucket.third.push_back(contiguous(state.max_exp_avg_sq()));
+      bucket.step = state.step();
+      advance_after_step(state);
+    }
+    const auto [beta1, beta2] = options.betas();
+    for (auto& [key, bucket] : buckets) {
+      const at::Device device = bucket.params.front().device();
+      const auto steps = step_tensors(bucket);
+      const auto grad_scale = on_device(scaling_.grad_scale, device);
+      const auto found_inf = on_device(scaling_.found_inf, device);
+      if (decoupled) {
+        at::_fused_adamw_(bucket.params, bucket.grads, bucket.first, bucket.second, bucket.third, steps, options.lr(),
+                          beta1, beta2, options.weight_decay(), options.eps(), options.amsgrad(), /*maximize=*/false,
+                          grad_scale, found_inf);
+      } else {
+        at::_fused_adam_(bucket.params, bucket.grads, bucket.first, bucket.second, bucket.third, steps, options.lr(),
+                         beta1, beta2, options.weight_decay(), options.eps(), options.amsgrad(), /*maximize=*/false,
+                         grad_scale, found_inf);
+      }
+    }
+  }
+
+  void sgd_group(OptimizerParamGroup& group) {
+    const auto& options = static_cast<const torch::optim::SGDOptions&>(group.options());
+    const bool momentum = options.momentum() != 0;
+    std::map<BucketKey, Bucket> buckets;
+    for (const auto& parameter : group.params()) {
+      if (!parameter.grad().defined()) continue;
+      if (!momentum) {
+        bucket_for(buckets, parameter, 0);
+        continue;
+      }
+      const size_t created_before = created_.size();
+      auto& state = state_of<torch::optim::SGDParamState>(optimizer_, parameter, created_, [&] {
+        auto made = std::make_unique<torch::optim::SGDParamState>();
+        made->momentum_buffer(torch::empty_like(parameter.grad()));  // the kernel copies the gradient in
+        return made;
+      });
+      const bool first_step = created_.size() != created_before;
+      Bucket& bucket = bucket_for(buckets, parameter, first_step ? 1 : 0);
+      bucket.first.push_back(contiguous(state.momentum_buffer()));
+      bucket.first_step = first_step;
+    }
+    for (auto& [key, bucket] : buckets) {
+      const at::Device device = bucket.params.front().device();
+      at::_fused_sgd_(bucket.params, bucket.grads, bucket.first, options.weight_decay(), options.momentum(),
+                      options.lr(), options.dampening(), options.nesterov(), /*maximize=*/false, bucket.first_step,
+                      on_device(scaling_.grad_scale, device), on_device(scaling_.found_inf, device));
+    }
+  }
+
+  void adagrad_group(OptimizerParamGroup& group) {
+    const auto& options = static_cast<const torch::optim::AdagradOptions&>(group.options());
+    std::map<BucketKey, Bucket> buckets;
+    for (const auto& parameter : group.params()) {
+      if (!parameter.grad().defined()) continue;
+      // LibTorch's Adagrad makes every state in its constructor; a parameter group added later gets
+      // the same initial state here.
+      auto& state = state_of<torch::optim::AdagradParamState>(optimizer_, parameter, created_, [&] {
+        auto made = std::make_unique<torch::optim::AdagradParamState>();
+        made->sum(torch::full_like(parameter, options.initial_accumulator_value(), at::MemoryFormat::Preserve));
+        return made;
+      });
+      Bucket& bucket = bucket_for(buckets, parameter, state.step());
+      bucket.first.push_back(contiguous(state.sum()));
+      bucket.step = state.step();
+      advance_after_step(state);
+    }
+    for (auto& [key, bucket] : buckets) {
+      const at::Device device = bucket.params.front().device();
+      at::_fused_adagrad_(bucket.params, bucket.grads, bucket.first, step_tensors(bucket), options.lr(),
+                          options.lr_decay(), options.weight_decay(), options.eps(), /*maximize=*/false,
+                          on_device(scaling_.grad_scale, device), on_device(scaling_.found_inf, device));
+    }
+  }
+
+  Bucket& bucket_for(std::map<BucketKey, Bucket>& buckets, const at::Tensor& parameter, int64_t discriminator) {
+    Bucket& bucket = buckets[{parameter.device().str(), static_cast<int>(parameter.scalar_type()), discriminator}];
+    bucket.params.push_back(parameter);
+    bucket.grads.push_back(parameter.grad());
+    return bucket;
+  }
+
+  // The counter advances on the host once the step is known to have run.
+  template <class State>
+  void advance_after_step(State& state) {
+    advanced_.push_back([&state, step = state.step()] { state.step(step + 1); });
+  }
+
+  Optimizer& optimizer_;
+  const FusedStepScaling& scaling_;
+  std::vector<void*> created_;
+  std::vector<std::function<void()>> advanced_;
+};
+
+}  // namespace
+
+std::optional<std::string> why_not_fused(const Optimizer& optimizer) {
+  if (!kind_of(optimizer)) {
+    return "the optimizer is not torch::optim::Adam, AdamW, SGD or Adagrad (exactly: subclasses may change step())";
+  }
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& parameter : group.params()) {
+      if (auto why = why_not_tensor(parameter)) return why;
+    }
+  }
+  return std::nullopt;
+}
+
+bool fused_step(Optimizer& optimizer, const FusedStepScaling& scaling) {
+  const auto why = why_not_fused(optimizer);
+  LF_CHECK(!why, ValueError, "fused_step: ", *why, ". Step it with optimizer.step() instead.");
+  torch::NoGradGuard no_grad;
+  return FusedRun(optimizer, scaling).run(*kind_of(optimizer));
+}
+
+void run_optimizer_step(Optimizer& optimizer, const Optimizer::LossClosure& closure, StepKernel kernel) {
+  if (kernel == StepKernel::LibTorch) {
+    optimizer.step(closure);
+    return;
+  }
+  if (closure) {
+    at::AutoGradMode grad_on(true);
+    closure();
+  }
+  fused_step(optimizer);
+}
+
+}  // namespace lightning::fabric
