@@ -1,11 +1,13 @@
 // The optimizer-step baseline of issue #25: one AdamW step over the parameter shapes of
 // examples/gpt (98 M parameters in 149 tensors), on the CPU, in this process:
-//   - LibTorch's torch::optim::AdamW::step (what FabricOptimizer::step runs today), and
-//   - ATen's fused kernel at::_fused_adamw_ on the same shapes (what a fused Fabric step would run),
+//   - LibTorch's torch::optim::AdamW::step (FabricOptimizer::step with fusing turned off),
+//   - Fabric's fused step, lf::fused_step on a torch::optim::AdamW (FabricOptimizer::step's default),
+//   - ATen's fused kernel at::_fused_adamw_ called directly on the same shapes (the floor),
 // alternated, median of --steps after --warmup. Prints one JSON line; scripts/bench-optimizer.sh runs
 // it beside Python's torch.optim.AdamW(fused=True) and (foreach=False).
 //   OMP_NUM_THREADS=1 build/bin/bench_optimizer_step --steps 5 --warmup 2
 #include <CLI/CLI.hpp>
+#include <lightning/fabric/utilities/fused_step.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -59,7 +61,9 @@ int main(int argc, char** argv) {
   const auto shapes = gpt_shapes(8192, 512, 768, 12);
   auto libtorch_parameters = parameters_of(shapes);
   auto fused_parameters = parameters_of(shapes);
+  auto fabric_parameters = parameters_of(shapes);
   torch::optim::AdamW libtorch(libtorch_parameters, torch::optim::AdamWOptions(3e-4));
+  torch::optim::AdamW fabric(fabric_parameters, torch::optim::AdamWOptions(3e-4));
   std::vector<torch::Tensor> grads, exp_avgs, exp_avg_sqs, steps_done;
   for (const auto& parameter : fused_parameters) {
     grads.push_back(parameter.grad());
@@ -69,7 +73,7 @@ int main(int argc, char** argv) {
   }
   std::vector<torch::Tensor> fused_weights;
   for (const auto& parameter : fused_parameters) fused_weights.push_back(parameter.detach());
-  std::vector<double> libtorch_ms, fused_ms;
+  std::vector<double> libtorch_ms, fused_ms, fabric_ms;
   int64_t elements = 0;
   for (const auto& parameter : libtorch_parameters) elements += parameter.numel();
   for (int step = 0; step < warmup + steps; ++step) {
@@ -82,19 +86,26 @@ int main(int argc, char** argv) {
     at::_fused_adamw_(fused_weights, grads, exp_avgs, exp_avg_sqs, {}, steps_done, 3e-4, 0.9, 0.999, 1e-2, 1e-8,
                       /*amsgrad=*/false, /*maximize=*/false);
     const double other = milliseconds_since(start);
+    start = std::chrono::steady_clock::now();
+    lightning::fabric::fused_step(fabric);
+    const double ours = milliseconds_since(start);
     if (step >= warmup) {
       libtorch_ms.push_back(one);
       fused_ms.push_back(other);
+      fabric_ms.push_back(ours);
     }
   }
-  double worst = 0;
+  double worst = 0, fabric_worst = 0;
   for (size_t i = 0; i < libtorch_parameters.size(); ++i) {
     worst = std::max(worst, (libtorch_parameters[i] - fused_parameters[i]).abs().max().item<double>());
+    fabric_worst = std::max(fabric_worst, (libtorch_parameters[i] - fabric_parameters[i]).abs().max().item<double>());
   }
   std::cout << "{\"benchmark\":\"optimizer step\",\"implementation\":\"lightning-fabric-cpp\",\"tensors\":"
             << shapes.size() << ",\"parameters\":" << elements << ",\"threads\":" << at::get_num_threads()
-            << ",\"libtorch_adamw_ms\":" << median(libtorch_ms) << ",\"aten_fused_adamw_ms\":" << median(fused_ms)
-            << ",\"fused_over_libtorch\":" << median(fused_ms) / median(libtorch_ms)
-            << ",\"max_abs_difference_after_steps\":" << worst << "}" << std::endl;
+            << ",\"libtorch_adamw_ms\":" << median(libtorch_ms) << ",\"fabric_fused_adamw_ms\":" << median(fabric_ms)
+            << ",\"aten_fused_adamw_ms\":" << median(fused_ms)
+            << ",\"fabric_fused_over_libtorch\":" << median(fabric_ms) / median(libtorch_ms)
+            << ",\"max_abs_difference_after_steps\":" << worst << ",\"fabric_max_abs_difference\":" << fabric_worst
+            << "}" << std::endl;
   return 0;
 }

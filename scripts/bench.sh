@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
 # Runs the benchmark drivers and prints their JSON lines (docs/benchmarks.md records results).
-# P1: Fabric step time over the raw LibTorch step, side by side, one thread (the LibTorch wheel's MKL).
+# P1: Fabric step time over the raw LibTorch step, side by side, one thread (the LibTorch wheel's MKL),
+# for batch 64 and 4, in three configurations:
+#   sgd  --fused 0  Fabric steps through LibTorch's SGD, as the raw loop does (Fabric's own overhead)
+#   sgd  --fused 1  Fabric's default: ATen's fused SGD kernel, against LibTorch's SGD
+#   adam --fused 1  Fabric's fused Adam against LibTorch's Adam
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bin="${BUILD_DIR:-$root/build}/bin"
 repeats="${REPEATS:-3}"
-for batch in 64 4; do
-  for _ in $(seq "$repeats"); do
-    OMP_NUM_THREADS=1 "$bin/bench_step_time" --steps 300 --warmup 30 --batch-size "$batch"
+for config in "sgd 0" "sgd 1" "adam 1"; do
+  read -r optimizer fused <<<"$config"
+  for batch in 64 4; do
+    for _ in $(seq "$repeats"); do
+      OMP_NUM_THREADS=1 "$bin/bench_step_time" --steps 300 --warmup 30 --batch-size "$batch" \
+        --optimizer "$optimizer" --fused "$fused"
+    done
   done
 done
