@@ -9,9 +9,11 @@
 #   2. every Fabric collective and a save/load round trip on an NCCL group, under ddp and fsdp
 #      (fsdp with a float16 loss scaler whose overflow flag crosses the group);
 #   3. the step-time benchmark per precision;
-#   4. P8: the bf16-mixed GPT step of examples/gpt against scripts/p8_python_fabric.py under Python
-#      Lightning Fabric, same GPU, model and batch, alternated (goal: C++ at most 0.95 of Python),
-#      then the Python loop once more in plain PyTorch.
+#   4. P8: the bf16-mixed GPT step of examples/gpt (LibTorch's AdamW step and Fabric's fused one)
+#      against scripts/p8_python_fabric.py under Python Lightning Fabric (AdamW's default and
+#      fused=True) and in plain PyTorch (fused=True), same GPU, model and batch, alternated in every
+#      round (P8_ROUNDS, default 2), with one profiled step of each in round 1 (goals: C++ fused at
+#      most 0.90 of Python Fabric's default, and no slower than plain PyTorch with fused AdamW).
 # It ends with a summary. Logs and results.md go to $OUT (when set), else build-device/out.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -73,28 +75,42 @@ for precision in 32-true bf16-mixed 16-mixed; do
     --precision "$precision" --accelerator cuda
   grep -h '"benchmark"' "$out/step-time-$precision.log" | tee -a "$results"
 done
-# P8: the same GPT-style model and batch, bf16-mixed, ours and Python Lightning Fabric's, alternated.
+# P8: the same GPT-style model and batch, bf16-mixed, alternated in every round: the C++ GPT with
+# LibTorch's AdamW step and with Fabric's fused step; the Python twin under Python Lightning Fabric
+# with AdamW's default (foreach on CUDA) and with fused=True; and the same loop in plain PyTorch
+# with fused=True. Round 1 also profiles one step of each (kernel counts).
 median() { sed -n 's/.*"median_step_ms": *\([0-9.e+-]*\).*/\1/p' "$1" | head -n 1; }
-cpp_ms=(); python_ms=()
-for round in 1 2; do
-  run_step "p8-cpp-$round" "$bin/gpt" --accelerator cuda --precision bf16-mixed
-  grep -h '"P8' "$out/p8-cpp-$round.log" | tee -a "$results"
-  cpp_ms+=("$(median "$out/p8-cpp-$round.log")")
-  run_step "p8-python-$round" "$python" "$root/scripts/p8_python_fabric.py" --accelerator cuda --precision bf16-mixed
-  grep -h '"P8' "$out/p8-python-$round.log" | tee -a "$results"
-  python_ms+=("$(median "$out/p8-python-$round.log")")
+declare -A p8_ms
+p8_variants=(cpp-libtorch cpp-fused python-default python-fused plain-fused)
+p8_command() {  # p8_command VARIANT: the command line of one P8 variant
+  case "$1" in
+    cpp-libtorch) echo "$bin/gpt --accelerator cuda --precision bf16-mixed --no-progress --optimizer-step libtorch" ;;
+    cpp-fused) echo "$bin/gpt --accelerator cuda --precision bf16-mixed --no-progress --optimizer-step fused" ;;
+    python-default) echo "$python $root/scripts/p8_python_fabric.py --accelerator cuda --precision bf16-mixed" ;;
+    python-fused) echo "$python $root/scripts/p8_python_fabric.py --accelerator cuda --precision bf16-mixed --fused" ;;
+    plain-fused) echo "$python $root/scripts/p8_python_fabric.py --accelerator cuda --precision bf16-mixed --plain --fused" ;;
+  esac
+}
+for round in $(seq "${P8_ROUNDS:-2}"); do
+  for variant in "${p8_variants[@]}"; do
+    profile=(); [ "$round" -eq 1 ] && profile=(--profile-step)
+    # shellcheck disable=SC2046
+    run_step "p8-$variant-$round" $(p8_command "$variant") "${profile[@]}"
+    grep -h '"P8' "$out/p8-$variant-$round.log" | tee -a "$results"
+    p8_ms[$variant-$round]="$(median "$out/p8-$variant-$round.log")"
+  done
 done
-# The same loop in plain PyTorch: how much of Python's time is Lightning's own.
-run_step p8-python-plain "$python" "$root/scripts/p8_python_fabric.py" --accelerator cuda --precision bf16-mixed --plain
-grep -h '"P8' "$out/p8-python-plain.log" | tee -a "$results"
 
 say ""
 say "## summary"
-for round in 0 1; do
-  c="${cpp_ms[$round]:-}"; p="${python_ms[$round]:-}"
-  if [ -n "$c" ] && [ -n "$p" ]; then
-    say "- P8 round $((round + 1)): C++ ${c} ms, Python Lightning Fabric ${p} ms, ratio $(awk -v c="$c" -v p="$p" 'BEGIN { printf "%.3f", c / p }') (goal <= 0.95)"
-  fi
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "") print "n/a"; else printf "%.3f", a / b }'; }
+for round in $(seq "${P8_ROUNDS:-2}"); do
+  fused="${p8_ms[cpp-fused-$round]:-}"
+  say "- P8 round $round (ms): C++ LibTorch step ${p8_ms[cpp-libtorch-$round]:-n/a}, C++ fused ${fused:-n/a}," \
+    "Python Fabric default ${p8_ms[python-default-$round]:-n/a}, Python Fabric fused ${p8_ms[python-fused-$round]:-n/a}," \
+    "plain PyTorch fused ${p8_ms[plain-fused-$round]:-n/a}"
+  say "  - C++ fused / Python Fabric default: $(ratio "$fused" "${p8_ms[python-default-$round]:-}") (goal <= 0.90);" \
+    "C++ fused / plain PyTorch fused: $(ratio "$fused" "${p8_ms[plain-fused-$round]:-}") (goal <= 1.00)"
 done
 if [ ${#failures[@]} -eq 0 ]; then
   say "- all steps passed in ${SECONDS} s"

@@ -1,7 +1,10 @@
 """P8's Python twin of examples/gpt: the same GPT-style model, batch and synthetic tokens, trained
 with Python Lightning Fabric (precision as given) on the same GPU; prints the same JSON fields.
     python3 scripts/p8_python_fabric.py --accelerator cuda --precision bf16-mixed --steps 60
---plain runs the loop in plain PyTorch without Lightning (autocast by hand for bf16-mixed, else float32)."""
+--plain runs the loop in plain PyTorch without Lightning (autocast by hand for bf16-mixed, else float32).
+--fused builds torch.optim.AdamW(fused=True) (default: AdamW's own default, foreach on CUDA).
+--profile-step profiles one more step with torch.profiler and prints a second JSON line with its
+GPU kernels, kernel launches and ATen operators, counted as examples/gpt --profile-step counts them."""
 import argparse, json, time
 
 import torch
@@ -46,11 +49,13 @@ def main():
     p.add_argument("--accelerator", default="auto")
     p.add_argument("--precision", default="bf16-mixed")
     p.add_argument("--plain", action="store_true")
+    p.add_argument("--fused", action="store_true")
+    p.add_argument("--profile-step", action="store_true")
     a = p.parse_args()
     torch.manual_seed(0)
     model = Gpt(a)
     parameters = sum(t.numel() for t in model.parameters())
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, **({"fused": True} if a.fused else {}))
     if a.plain:
         device = torch.device("cuda" if a.accelerator in ("cuda", "gpu") else "cpu")
         model.to(device)
@@ -69,16 +74,20 @@ def main():
         device, backward, forward = fabric.device, fabric.backward, model
     cuda = device.type == "cuda"
     times = []
-    for step in range(a.warmup + a.steps):
-        batch = torch.randint(a.vocab, (a.batch_size, a.seq + 1), device=device)
-        if cuda:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
+
+    def train_step(batch):
         optimizer.zero_grad()
         logits = forward(batch[:, :-1])
         loss = nn.functional.cross_entropy(logits.reshape(-1, a.vocab).float(), batch[:, 1:].reshape(-1))
         backward(loss)
         optimizer.step()
+
+    for step in range(a.warmup + a.steps):
+        batch = torch.randint(a.vocab, (a.batch_size, a.seq + 1), device=device)
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        train_step(batch)
         if cuda:
             torch.cuda.synchronize()
         if step >= a.warmup:
@@ -86,11 +95,36 @@ def main():
     median = sorted(times)[len(times) // 2]
     tokens = a.batch_size * a.seq
     flops = tokens * (6.0 * parameters + 12.0 * a.layers * a.seq * a.d_model)
-    print(json.dumps({"benchmark": "P8 gpt", "implementation": "plain-pytorch" if a.plain else "python-lightning-fabric",
+    implementation = "plain-pytorch" if a.plain else "python-lightning-fabric"
+    optimizer_step = "fused" if a.fused else "default"
+    print(json.dumps({"benchmark": "P8 gpt", "implementation": implementation, "optimizer_step": optimizer_step,
                       "device": str(device), "precision": a.precision if a.precision == "bf16-mixed" or not a.plain else "32-true",
                       "parameters": parameters, "batch_size": a.batch_size, "seq": a.seq, "median_step_ms": median,
                       "tokens_per_s": tokens / (median / 1e3), "model_tflops": flops / (median / 1e3) / 1e12,
                       "fraction_of_peak": flops / (median / 1e3) / (a.peak_tflops * 1e12)}))
+    if a.profile_step:
+        print_step_profile(train_step, torch.randint(a.vocab, (a.batch_size, a.seq + 1), device=device), cuda,
+                           implementation, optimizer_step)
+
+
+def print_step_profile(train_step, batch, cuda, implementation, optimizer_step):
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        train_step(batch)
+        if cuda:
+            torch.cuda.synchronize()
+    kernels = launches = operators = 0
+    for event in prof.events():
+        if event.device_type == DeviceType.CUDA:
+            kernels += not event.name.startswith(("Memcpy", "Memset"))
+        elif "LaunchKernel" in event.name:
+            launches += 1
+        elif event.name.startswith("aten::"):
+            operators += 1
+    print(json.dumps({"benchmark": "P8 kernels", "implementation": implementation, "optimizer_step": optimizer_step,
+                      "gpu_kernels": kernels, "kernel_launches": launches, "aten_operators": operators}))
 
 
 if __name__ == "__main__":

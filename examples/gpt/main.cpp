@@ -4,8 +4,12 @@
 // (scripts/p8_python_fabric.py) on the same GPU. Prints one JSON line: median step time,
 // tokens/s, and the fraction of the card's bf16 peak the model's FLOPs reach.
 //   build/bin/gpt --accelerator cuda --precision bf16-mixed --steps 100
-//   build/bin/gpt --accelerator cpu --layers 2 --d-model 128 --seq 64 --batch-size 4 --steps 5   (smoke)
+//   build/bin/gpt --accelerator cpu --layers 2 --d-model 128 --heads 4 --seq 64 --batch-size 4 --steps 5   (smoke)
 //   build/bin/gpt --list-forward-ops   (the ATen operators of one forward, for the twin check)
+//   build/bin/gpt --accelerator cuda --precision bf16-mixed --optimizer-step libtorch --profile-step
+// --optimizer-step libtorch steps through LibTorch's AdamW (default: fused, Fabric's default);
+// --profile-step profiles one more step after the timed ones and prints a second JSON line with
+// its kernel count (the Kineto profiler, as torch.profiler in the Python twin).
 // The model is its Python twin op for op (tests/integration/gpt_twin_ops.sh checks the operator
 // counts): q, k and v come from unbind, and every Linear runs as at::linear, which folds the bias
 // into the matrix product (torch::nn::Linear's forward on 3-D input multiplies, then adds).
@@ -14,9 +18,11 @@
 #include <torch/torch.h>
 
 #include <ATen/record_function.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "shared_flags.h"
 #include <chrono>
@@ -28,6 +34,8 @@ struct GptSettings {
   int64_t vocab = 8192, seq = 512, d_model = 768, heads = 12, layers = 12, batch_size = 16;
   int steps = 60, warmup = 10;
   double peak_tflops = 989.0;  // H100/H200 SXM dense bf16
+  std::string optimizer_step = "fused";  // or "libtorch"
+  bool profile_step = false;
   examples::SharedFlags shared;  // --accelerator, --devices, --strategy, --precision (unset unless given), --no-progress
 };
 
@@ -106,6 +114,36 @@ int print_forward_ops(const GptSettings& s) {
   return 0;
 }
 
+// One call of step under the Kineto profiler: GPU kernels (device events), kernel launches
+// (runtime calls whose name has "LaunchKernel") and ATen operators, as the Python twin counts them.
+template <class Step>
+void print_step_profile(const Step& step, bool cuda, const std::string& optimizer_step) {
+  namespace profiler = torch::autograd::profiler;
+  using torch::profiler::impl::ActivityType;
+  std::set<ActivityType> activities{ActivityType::CPU};
+  if (cuda) activities.insert(ActivityType::CUDA);
+  const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
+  profiler::prepareProfiler(config, activities);
+  profiler::enableProfiler(config, activities, {at::RecordScope::FUNCTION});
+  step();
+  if (cuda) torch::cuda::synchronize();
+  const auto result = profiler::disableProfiler();
+  int64_t kernels = 0, launches = 0, operators = 0;
+  for (const auto& event : result->events()) {
+    const std::string name = event.name();
+    if (event.deviceType() == c10::DeviceType::CUDA) {
+      if (name.rfind("Memcpy", 0) != 0 && name.rfind("Memset", 0) != 0) ++kernels;
+    } else if (name.find("LaunchKernel") != std::string::npos) {
+      ++launches;
+    } else if (name.rfind("aten::", 0) == 0) {
+      ++operators;
+    }
+  }
+  std::cout << "{\"benchmark\":\"P8 kernels\",\"implementation\":\"lightning-fabric-cpp\",\"optimizer_step\":\""
+            << optimizer_step << "\",\"gpu_kernels\":" << kernels << ",\"kernel_launches\":" << launches
+            << ",\"aten_operators\":" << operators << "}" << std::endl;
+}
+
 int main(int argc, char** argv) {
   GptSettings s;
   CLI::App app{"A small GPT-style model on synthetic tokens (benchmark P8)"};
@@ -118,14 +156,22 @@ int main(int argc, char** argv) {
   app.add_option("--steps", s.steps, "Timed steps");
   app.add_option("--warmup", s.warmup, "Untimed steps first");
   app.add_option("--peak-tflops", s.peak_tflops, "The card's bf16 peak, for the utilisation figure");
+  app.add_option("--optimizer-step", s.optimizer_step, "fused (Fabric's default) or libtorch (LibTorch's AdamW::step)")
+      ->check(CLI::IsMember({"fused", "libtorch"}));
+  app.add_flag("--profile-step", s.profile_step, "Profile one more step and print its kernel count");
   bool list_forward_ops = false;
   app.add_flag("--list-forward-ops", list_forward_ops,
                "Print the ATen operators one CPU forward issues, with their counts (no training)");
   s.shared.add_to(app);
   CLI11_PARSE(app, argc, argv);
+  if (s.heads < 1 || s.d_model % s.heads != 0) {
+    std::cerr << "gpt: --d-model " << s.d_model << " must be a multiple of --heads " << s.heads
+              << " (each head takes d_model / heads features); e.g. --d-model 128 --heads 4." << std::endl;
+    return 2;
+  }
   if (list_forward_ops) return print_forward_ops(s);
   try {
-    lf::Fabric fabric(s.shared.apply());
+    lf::Fabric fabric(s.shared.apply().fused_optimizer_steps(s.optimizer_step == "fused"));
     fabric.seed_everything(0);
     Gpt net(s);
     int64_t parameters = 0;
@@ -137,15 +183,22 @@ int main(int argc, char** argv) {
     std::vector<double> step_ms;
     // The loss is read (one device sync) after the step's timing, so the bar costs the timings nothing.
     lf::ProgressBar bar("steps", s.warmup + s.steps, s.shared.show_progress(fabric));
-    for (int step = 0; step < s.warmup + s.steps; ++step) {
-      auto batch = torch::randint(s.vocab, {s.batch_size, s.seq + 1}, torch::TensorOptions().dtype(torch::kLong).device(device));
-      if (cuda) torch::cuda::synchronize();
-      const auto start = std::chrono::steady_clock::now();
+    auto train_step = [&, &model = model, &optimizer = optimizer](const torch::Tensor& batch) {
       optimizer.zero_grad();
       auto logits = model(batch.narrow(1, 0, s.seq));
       auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, s.vocab}), batch.narrow(1, 1, s.seq).reshape(-1));
       fabric.backward(loss);
       optimizer.step();
+      return loss;
+    };
+    auto random_batch = [&] {
+      return torch::randint(s.vocab, {s.batch_size, s.seq + 1}, torch::TensorOptions().dtype(torch::kLong).device(device));
+    };
+    for (int step = 0; step < s.warmup + s.steps; ++step) {
+      auto batch = random_batch();
+      if (cuda) torch::cuda::synchronize();
+      const auto start = std::chrono::steady_clock::now();
+      auto loss = train_step(batch);
       if (cuda) torch::cuda::synchronize();
       if (step >= s.warmup) step_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
       bar.update(1, loss.item<double>());
@@ -161,7 +214,12 @@ int main(int argc, char** argv) {
               << "\",\"precision\":\"" << fabric.precision()->name() << "\",\"parameters\":" << parameters << ",\"batch_size\":" << s.batch_size
               << ",\"seq\":" << s.seq << ",\"median_step_ms\":" << median << ",\"tokens_per_s\":" << tokens / (median / 1e3)
               << ",\"model_tflops\":" << flops / (median / 1e3) / 1e12
-              << ",\"fraction_of_peak\":" << flops / (median / 1e3) / (s.peak_tflops * 1e12) << "}" << std::endl;
+              << ",\"fraction_of_peak\":" << flops / (median / 1e3) / (s.peak_tflops * 1e12)
+              << ",\"optimizer_step\":\"" << (optimizer.fused() ? "fused" : "libtorch") << "\"}" << std::endl;
+    if (s.profile_step) {
+      const auto batch = random_batch();
+      print_step_profile([&] { train_step(batch); }, cuda, optimizer.fused() ? "fused" : "libtorch");
+    }
     return 0;
   } catch (const std::exception& error) {
     std::cerr << "gpt: " << error.what() << std::endl;
