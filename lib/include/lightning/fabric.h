@@ -4,6 +4,7 @@
 
 #include "lightning/fabric/accelerators/accelerator.h"
 #include "lightning/fabric/callbacks/callback.h"
+#include "lightning/fabric/captured_step.h"
 #include "lightning/fabric/checkpoint/checkpoint_io.h"
 #include "lightning/fabric/checkpoint/state.h"
 #include "lightning/fabric/checkpoint/state_dict.h"
@@ -34,6 +35,7 @@
 #include "lightning/fabric/utilities/devices.h"
 #include "lightning/fabric/utilities/empty_init.h"
 #include "lightning/fabric/utilities/env_vars.h"
+#include "lightning/fabric/utilities/fused_step.h"
 #include "lightning/fabric/utilities/progress.h"
 #include "lightning/fabric/utilities/rank_zero.h"
 #include "lightning/fabric/utilities/scope_guard.h"

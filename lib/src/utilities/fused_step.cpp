@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "lightning/fabric/errors.h"
+#include "lightning/fabric/internal/device_fused_step.h"
 
 namespace lightning::fabric {
 
@@ -68,20 +69,6 @@ struct Bucket {
 // (device, dtype, counter value or SGD's first-step flag): one kernel call each.
 using BucketKey = std::tuple<std::string, int, int64_t>;
 
-// Parameters and state creation shared by every kind: the state of a parameter with a gradient,
-// made by make() when it has none (recorded in created so a skipped step can remove it).
-template <class State, class Make>
-State& state_of(Optimizer& optimizer, const at::Tensor& parameter, std::vector<void*>& created, Make make) {
-  auto& states = optimizer.state();
-  void* key = parameter.unsafeGetTensorImpl();
-  auto found = states.find(key);
-  if (found == states.end()) {
-    found = states.emplace(key, make()).first;
-    created.push_back(key);
-  }
-  return static_cast<State&>(*found->second);
-}
-
 at::Tensor zeros_like_parameter(const at::Tensor& parameter) {
   return torch::zeros_like(parameter, at::MemoryFormat::Preserve);
 }
@@ -92,23 +79,20 @@ const at::Tensor& contiguous(at::Tensor& tensor) {
   return tensor;
 }
 
-// One float32 step tensor per bucket (the kernels only read it), repeated for every parameter.
-std::vector<at::Tensor> step_tensors(const Bucket& bucket) {
-  const at::Tensor step = torch::full({}, static_cast<double>(bucket.step + 1),
-                                      bucket.params.front().options().dtype(torch::kFloat32));
-  return std::vector<at::Tensor>(bucket.params.size(), step);
-}
-
 std::optional<at::Tensor> on_device(const at::Tensor& tensor, const at::Device& device) {
   if (!tensor.defined()) return std::nullopt;
   return tensor.device() == device ? tensor : tensor.to(device);
 }
 
+// One fused step over every parameter group. Eager (device_ null): step tensors are made from the
+// host counters, which advance once the step is known to have run. Recorded (device_ set): the
+// learning rates and step tensors come from the prepared DeviceStepInputs and nothing is made.
 class FusedRun {
  public:
-  FusedRun(Optimizer& optimizer, const FusedStepScaling& scaling) : optimizer_(optimizer), scaling_(scaling) {}
+  FusedRun(Optimizer& optimizer, const FusedStepScaling& scaling, internal::DeviceStepInputs* device = nullptr)
+      : optimizer_(optimizer), scaling_(scaling), device_(device) {}
 
-  // Queues every kernel, then reads found_inf (if any) and advances or undoes. Returns stepped.
+  // Queues every kernel; eager runs then read found_inf (if any) and advance or undo. Returns stepped.
   bool run(Kind kind) {
     for (auto& group : optimizer_.param_groups()) {
       switch (kind) {
@@ -117,6 +101,11 @@ class FusedRun {
         case Kind::Sgd: sgd_group(group); break;
         case Kind::Adagrad: adagrad_group(group); break;
       }
+      ++group_index_;
+    }
+    if (device_) {
+      device_->advance_host_counters = std::move(advanced_);
+      return true;
     }
     const bool stepped = !scaling_.found_inf.defined() || scaling_.found_inf.item<float>() == 0.0f;
     if (stepped) {
@@ -134,35 +123,39 @@ class FusedRun {
     std::map<BucketKey, Bucket> buckets;
     for (const auto& parameter : group.params()) {
       if (!parameter.grad().defined()) continue;
-      State& state = state_of<State>(optimizer_, parameter, created_, [&] {
+      State& state = state_of<State>(parameter, [&] {
         auto made = std::make_unique<State>();
         made->exp_avg(zeros_like_parameter(parameter));
         made->exp_avg_sq(zeros_like_parameter(parameter));
         return made;
       });
       if (options.amsgrad() && !state.max_exp_avg_sq().defined()) state.max_exp_avg_sq(zeros_like_parameter(parameter));
-      Bucket& bucket = bucket_for(buckets, parameter, state.step());
+      Bucket& bucket = bucket_for(buckets, parameter, counter_key(state.step()));
       bucket.first.push_back(contiguous(state.exp_avg()));
       bucket.second.push_back(contiguous(state.exp_avg_sq()));
       if (options.amsgrad()) bucket.third.push_back(contiguous(state.max_exp_avg_sq()));
       bucket.step = state.step();
       advance_after_step(state);
     }
-    const auto [beta1, beta2] = options.betas();
-    for (auto& [key, bucket] : buckets) {
+    const double beta1 = std::get<0>(options.betas()), beta2 = std::get<1>(options.betas());
+    for (auto& [key_, bucket_] : buckets) {
+      const BucketKey& key = key_;  // (C++17 lambdas cannot capture structured bindings)
+      Bucket& bucket = bucket_;
+      const auto steps = steps_of(key, bucket);
       const at::Device device = bucket.params.front().device();
-      const auto steps = step_tensors(bucket);
       const auto grad_scale = on_device(scaling_.grad_scale, device);
       const auto found_inf = on_device(scaling_.found_inf, device);
-      if (decoupled) {
-        at::_fused_adamw_(bucket.params, bucket.grads, bucket.first, bucket.second, bucket.third, steps, options.lr(),
-                          beta1, beta2, options.weight_decay(), options.eps(), options.amsgrad(), /*maximize=*/false,
-                          grad_scale, found_inf);
-      } else {
-        at::_fused_adam_(bucket.params, bucket.grads, bucket.first, bucket.second, bucket.third, steps, options.lr(),
-                         beta1, beta2, options.weight_decay(), options.eps(), options.amsgrad(), /*maximize=*/false,
-                         grad_scale, found_inf);
-      }
+      with_learning_rate(options.lr(), [&](const auto& lr) {
+        if (decoupled) {
+          at::_fused_adamw_(bucket.params, bucket.grads, bucket.first, bucket.second, bucket.third, steps, lr, beta1,
+                            beta2, options.weight_decay(), options.eps(), options.amsgrad(), /*maximize=*/false,
+                            grad_scale, found_inf);
+        } else {
+          at::_fused_adam_(bucket.params, bucket.grads, bucket.first, bucket.second, bucket.third, steps, lr, beta1,
+                           beta2, options.weight_decay(), options.eps(), options.amsgrad(), /*maximize=*/false,
+                           grad_scale, found_inf);
+        }
+      });
     }
   }
 
@@ -177,7 +170,7 @@ class FusedRun {
         continue;
       }
       const size_t created_before = created_.size();
-      auto& state = state_of<torch::optim::SGDParamState>(optimizer_, parameter, created_, [&] {
+      auto& state = state_of<torch::optim::SGDParamState>(parameter, [&] {
         auto made = std::make_unique<torch::optim::SGDParamState>();
         made->momentum_buffer(torch::empty_like(parameter.grad()));  // the kernel copies the gradient in
         return made;
@@ -187,11 +180,16 @@ class FusedRun {
       bucket.first.push_back(contiguous(state.momentum_buffer()));
       bucket.first_step = first_step;
     }
-    for (auto& [key, bucket] : buckets) {
+    for (auto& entry : buckets) {
+      Bucket& bucket = entry.second;  // (C++17 lambdas cannot capture structured bindings)
       const at::Device device = bucket.params.front().device();
-      at::_fused_sgd_(bucket.params, bucket.grads, bucket.first, options.weight_decay(), options.momentum(),
-                      options.lr(), options.dampening(), options.nesterov(), /*maximize=*/false, bucket.first_step,
-                      on_device(scaling_.grad_scale, device), on_device(scaling_.found_inf, device));
+      const auto grad_scale = on_device(scaling_.grad_scale, device);
+      const auto found_inf = on_device(scaling_.found_inf, device);
+      with_learning_rate(options.lr(), [&](const auto& lr) {
+        at::_fused_sgd_(bucket.params, bucket.grads, bucket.first, options.weight_decay(), options.momentum(), lr,
+                        options.dampening(), options.nesterov(), /*maximize=*/false, bucket.first_step, grad_scale,
+                        found_inf);
+      });
     }
   }
 
@@ -202,22 +200,73 @@ class FusedRun {
       if (!parameter.grad().defined()) continue;
       // LibTorch's Adagrad makes every state in its constructor; a parameter group added later gets
       // the same initial state here.
-      auto& state = state_of<torch::optim::AdagradParamState>(optimizer_, parameter, created_, [&] {
+      auto& state = state_of<torch::optim::AdagradParamState>(parameter, [&] {
         auto made = std::make_unique<torch::optim::AdagradParamState>();
         made->sum(torch::full_like(parameter, options.initial_accumulator_value(), at::MemoryFormat::Preserve));
         return made;
       });
-      Bucket& bucket = bucket_for(buckets, parameter, state.step());
+      Bucket& bucket = bucket_for(buckets, parameter, counter_key(state.step()));
       bucket.first.push_back(contiguous(state.sum()));
       bucket.step = state.step();
       advance_after_step(state);
     }
-    for (auto& [key, bucket] : buckets) {
+    for (auto& [key_, bucket_] : buckets) {
+      const BucketKey& key = key_;  // (C++17 lambdas cannot capture structured bindings)
+      Bucket& bucket = bucket_;
+      const auto steps = steps_of(key, bucket);
       const at::Device device = bucket.params.front().device();
-      at::_fused_adagrad_(bucket.params, bucket.grads, bucket.first, step_tensors(bucket), options.lr(),
-                          options.lr_decay(), options.weight_decay(), options.eps(), /*maximize=*/false,
-                          on_device(scaling_.grad_scale, device), on_device(scaling_.found_inf, device));
+      const auto grad_scale = on_device(scaling_.grad_scale, device);
+      const auto found_inf = on_device(scaling_.found_inf, device);
+      with_learning_rate(options.lr(), [&](const auto& lr) {
+        at::_fused_adagrad_(bucket.params, bucket.grads, bucket.first, steps, lr, options.lr_decay(),
+                            options.weight_decay(), options.eps(), /*maximize=*/false, grad_scale, found_inf);
+      });
     }
+  }
+
+  // The state of a parameter with a gradient, made by make() when it has none (recorded in
+  // created_ so a skipped step can remove it). A recorded step makes nothing.
+  template <class State, class Make>
+  State& state_of(const at::Tensor& parameter, Make make) {
+    auto& states = optimizer_.state();
+    void* key = parameter.unsafeGetTensorImpl();
+    auto found = states.find(key);
+    if (found == states.end()) {
+      LF_CHECK(device_ == nullptr, RuntimeError,
+               "CapturedStep: a parameter got its first gradient after the warm-up steps, so its optimizer state would "
+               "be made inside the CUDA graph and reset by every replay. Give every trained parameter a gradient "
+               "in every step (or raise CaptureOptions::warmup_steps).");
+      found = states.emplace(key, make()).first;
+      created_.push_back(key);
+    }
+    return static_cast<State&>(*found->second);
+  }
+
+  // fn(lr) with the group's learning rate: a double, or the prepared device tensor when recorded.
+  template <class Fn>
+  void with_learning_rate(double lr, Fn&& fn) {
+    if (device_) {
+      fn(device_->learning_rates.at(group_index_));
+    } else {
+      fn(lr);
+    }
+  }
+
+  // The kernel's step tensors: one per bucket, repeated for every parameter (the kernels only read
+  // it). Eager: made from the host counter. Recorded: the prepared tensor, incremented on the device.
+  std::vector<at::Tensor> steps_of(const BucketKey& key, const Bucket& bucket) {
+    at::Tensor step;
+    if (device_) {
+      const auto found = device_->steps.find({group_index_, std::get<0>(key), std::get<1>(key)});
+      LF_CHECK(found != device_->steps.end(), RuntimeError,
+               "CapturedStep: a parameter group, device or dtype has no prepared step counter (a parameter joined "
+               "after the warm-up); build a new CapturedStep.");
+      step = found->second;
+      step.add_(1);
+    } else {
+      step = torch::full({}, static_cast<double>(bucket.step + 1), bucket.params.front().options().dtype(torch::kFloat32));
+    }
+    return std::vector<at::Tensor>(bucket.params.size(), step);
   }
 
   Bucket& bucket_for(std::map<BucketKey, Bucket>& buckets, const at::Tensor& parameter, int64_t discriminator) {
@@ -227,18 +276,34 @@ class FusedRun {
     return bucket;
   }
 
+  // What tells buckets apart by host counter: the counter itself when eager (each bucket gets a
+  // step tensor of its value); nothing when recorded, where one prepared tensor serves the group.
+  int64_t counter_key(int64_t counter) const { return device_ ? 0 : counter; }
+
   // The counter advances on the host once the step is known to have run.
   template <class State>
   void advance_after_step(State& state) {
-    advanced_.push_back([&state, step = state.step()] { state.step(step + 1); });
+    advanced_.push_back([&state] { state.step(state.step() + 1); });
   }
 
   Optimizer& optimizer_;
   const FusedStepScaling& scaling_;
+  internal::DeviceStepInputs* device_;
+  size_t group_index_ = 0;
   std::vector<void*> created_;
   std::vector<std::function<void()>> advanced_;
 };
 
+// The host step counter of a parameter's state, for the optimizers that keep one.
+std::optional<int64_t> counter_of(Kind kind, OptimizerParamState& state) {
+  switch (kind) {
+    case Kind::Adam: return static_cast<torch::optim::AdamParamState&>(state).step();
+    case Kind::AdamW: return static_cast<torch::optim::AdamWParamState&>(state).step();
+    case Kind::Adagrad: return static_cast<torch::optim::AdagradParamState&>(state).step();
+    case Kind::Sgd: return std::nullopt;
+  }
+  return std::nullopt;
+}
 }  // namespace
 
 std::optional<std::string> why_not_fused(const Optimizer& optimizer) {
@@ -271,5 +336,45 @@ void run_optimizer_step(Optimizer& optimizer, const Optimizer::LossClosure& clos
   }
   fused_step(optimizer);
 }
+
+namespace internal {
+
+void prepare_device_step(Optimizer& optimizer, DeviceStepInputs& inputs) {
+  const Kind kind = *kind_of(optimizer);
+  const bool first = inputs.learning_rates.empty();
+  size_t index = 0;
+  for (auto& group : optimizer.param_groups()) {
+    const double lr = group.options().get_lr();
+    if (first) {
+      LF_CHECK(!group.params().empty(), ValueError, "CapturedStep: parameter group ", index, " has no parameters.");
+      const auto options = group.params().front().options().dtype(torch::kFloat32);
+      inputs.learning_rates.push_back(torch::full({}, lr, options));
+      for (const auto& parameter : group.params()) {
+        const auto found = optimizer.state().find(parameter.unsafeGetTensorImpl());
+        if (found == optimizer.state().end()) continue;
+        const auto counter = counter_of(kind, *found->second);
+        if (!counter) continue;
+        const std::tuple<size_t, std::string, int> key{index, parameter.device().str(),
+                                                        static_cast<int>(parameter.scalar_type())};
+        const auto [made, fresh] = inputs.steps.emplace(key, torch::full({}, static_cast<double>(*counter), options));
+        LF_CHECK(fresh || made->second.item<double>() == static_cast<double>(*counter), ValueError,
+                 "CapturedStep: the parameters of group ", index, " have different step counts (",
+                 made->second.item<double>(), " and ", *counter, "): some missed a gradient in the warm-up steps. Give "
+                 "every trained parameter a gradient in every step.");
+      }
+    } else {
+      inputs.learning_rates.at(index).fill_(lr);
+    }
+    ++index;
+  }
+}
+
+void queue_device_step(Optimizer& optimizer, DeviceStepInputs& inputs) {
+  torch::NoGradGuard no_grad;
+  const FusedStepScaling unscaled;
+  FusedRun(optimizer, unscaled, &inputs).run(*kind_of(optimizer));
+}
+
+}  // namespace internal
 
 }  // namespace lightning::fabric
