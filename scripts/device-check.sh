@@ -14,6 +14,8 @@
 #      fused=True) and in plain PyTorch (fused=True), same GPU, model and batch, alternated in every
 #      round (P8_ROUNDS, default 2), with one profiled step of each in round 1 (goals: C++ fused at
 #      most 0.90 of Python Fabric's default, and no slower than plain PyTorch with fused AdamW).
+#   5. CUDA graph: the C++ GPT's fused step eager and captured as a CUDA graph (lf::CapturedStep,
+#      experimental), alternated twice: steps per second and the weights after training.
 # It ends with a summary. Logs and results.md go to $OUT (when set), else build-device/out.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -101,6 +103,15 @@ for round in $(seq "${P8_ROUNDS:-2}"); do
   done
 done
 
+# CUDA graph (experimental): the C++ GPT's fused step eager and captured (lf::CapturedStep),
+# alternated; the same seed and batches, so the weights after training must agree.
+weights_l2() { sed -n 's/.*"weights_l2": *\([0-9.e+-]*\).*/\1/p' "$1" | head -n 1; }
+for round in 1 2; do
+  run_step "graph-eager-$round" $(p8_command cpp-fused)
+  run_step "graph-captured-$round" $(p8_command cpp-fused) --cuda-graph
+  grep -h '"P8' "$out/graph-eager-$round.log" "$out/graph-captured-$round.log" | tee -a "$results"
+done
+
 say ""
 say "## summary"
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "") print "n/a"; else printf "%.3f", a / b }'; }
@@ -111,6 +122,12 @@ for round in $(seq "${P8_ROUNDS:-2}"); do
     "plain PyTorch fused ${p8_ms[plain-fused-$round]:-n/a}"
   say "  - C++ fused / Python Fabric default: $(ratio "$fused" "${p8_ms[python-default-$round]:-}") (goal <= 0.90);" \
     "C++ fused / plain PyTorch fused: $(ratio "$fused" "${p8_ms[plain-fused-$round]:-}") (goal <= 1.00)"
+done
+for round in 1 2; do
+  e="$(median "$out/graph-eager-$round.log")"; c="$(median "$out/graph-captured-$round.log")"
+  we="$(weights_l2 "$out/graph-eager-$round.log")"; wc="$(weights_l2 "$out/graph-captured-$round.log")"
+  agree="$(awk -v a="$we" -v b="$wc" 'BEGIN { if (a == "" || b == "") print "n/a"; else { d = (a - b) / a; if (d < 0) d = -d; printf "%s (relative difference %.2e)", (d <= 1e-3 ? "yes" : "NO"), d } }')"
+  say "- CUDA graph round $round: eager ${e:-n/a} ms, captured ${c:-n/a} ms, steps/s captured over eager $(ratio "$e" "$c"); weights agree: $agree"
 done
 if [ ${#failures[@]} -eq 0 ]; then
   say "- all steps passed in ${SECONDS} s"

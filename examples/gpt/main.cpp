@@ -9,7 +9,9 @@
 //   build/bin/gpt --accelerator cuda --precision bf16-mixed --optimizer-step libtorch --profile-step
 // --optimizer-step libtorch steps through LibTorch's AdamW (default: fused, Fabric's default);
 // --profile-step profiles one more step after the timed ones and prints a second JSON line with
-// its kernel count (the Kineto profiler, as torch.profiler in the Python twin).
+// its kernel count (the Kineto profiler, as torch.profiler in the Python twin); --cuda-graph runs
+// every step through lf::CapturedStep (experimental: captured once, then replayed). The JSON line
+// ends with weights_l2, the norm of all weights after training, for comparing two runs.
 // The model is its Python twin op for op (tests/integration/gpt_twin_ops.sh checks the operator
 // counts): q, k and v come from unbind, and every Linear runs as at::linear, which folds the bias
 // into the matrix product (torch::nn::Linear's forward on 3-D input multiplies, then adds).
@@ -21,7 +23,9 @@
 #include <torch/csrc/autograd/profiler_kineto.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "shared_flags.h"
@@ -36,6 +40,7 @@ struct GptSettings {
   double peak_tflops = 989.0;  // H100/H200 SXM dense bf16
   std::string optimizer_step = "fused";  // or "libtorch"
   bool profile_step = false;
+  bool cuda_graph = false;
   examples::SharedFlags shared;  // --accelerator, --devices, --strategy, --precision (unset unless given), --no-progress
 };
 
@@ -114,6 +119,14 @@ int print_forward_ops(const GptSettings& s) {
   return 0;
 }
 
+// The norm of every weight together: equal for two runs that trained alike.
+double weights_l2(torch::nn::Module& net) {
+  torch::NoGradGuard no_grad;
+  double sum = 0;
+  for (const auto& p : net.parameters()) sum += p.to(torch::kFloat64).pow(2).sum().item<double>();
+  return std::sqrt(sum);
+}
+
 // One call of step under the Kineto profiler: GPU kernels (device events), kernel launches
 // (runtime calls whose name has "LaunchKernel") and ATen operators, as the Python twin counts them.
 template <class Step>
@@ -159,6 +172,7 @@ int main(int argc, char** argv) {
   app.add_option("--optimizer-step", s.optimizer_step, "fused (Fabric's default) or libtorch (LibTorch's AdamW::step)")
       ->check(CLI::IsMember({"fused", "libtorch"}));
   app.add_flag("--profile-step", s.profile_step, "Profile one more step and print its kernel count");
+  app.add_flag("--cuda-graph", s.cuda_graph, "Capture the step as a CUDA graph and replay it (experimental)");
   bool list_forward_ops = false;
   app.add_flag("--list-forward-ops", list_forward_ops,
                "Print the ATen operators one CPU forward issues, with their counts (no training)");
@@ -183,11 +197,20 @@ int main(int argc, char** argv) {
     std::vector<double> step_ms;
     // The loss is read (one device sync) after the step's timing, so the bar costs the timings nothing.
     lf::ProgressBar bar("steps", s.warmup + s.steps, s.shared.show_progress(fabric));
-    auto train_step = [&, &model = model, &optimizer = optimizer](const torch::Tensor& batch) {
-      optimizer.zero_grad();
+    auto forward_backward = [&, &model = model](const torch::Tensor& batch) {
       auto logits = model(batch.narrow(1, 0, s.seq));
       auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, s.vocab}), batch.narrow(1, 1, s.seq).reshape(-1));
       fabric.backward(loss);
+      return loss;
+    };
+    std::optional<lf::CapturedStep> captured;
+    if (s.cuda_graph) {
+      captured.emplace(fabric, optimizer, [&](const std::vector<torch::Tensor>& in) { return forward_backward(in[0]); });
+    }
+    auto train_step = [&, &optimizer = optimizer](const torch::Tensor& batch) {
+      if (captured) return (*captured)({batch});
+      optimizer.zero_grad();
+      auto loss = forward_backward(batch);
       optimizer.step();
       return loss;
     };
@@ -215,7 +238,9 @@ int main(int argc, char** argv) {
               << ",\"seq\":" << s.seq << ",\"median_step_ms\":" << median << ",\"tokens_per_s\":" << tokens / (median / 1e3)
               << ",\"model_tflops\":" << flops / (median / 1e3) / 1e12
               << ",\"fraction_of_peak\":" << flops / (median / 1e3) / (s.peak_tflops * 1e12)
-              << ",\"optimizer_step\":\"" << (optimizer.fused() ? "fused" : "libtorch") << "\"}" << std::endl;
+              << ",\"optimizer_step\":\"" << (optimizer.fused() ? "fused" : "libtorch") << "\""
+              << ",\"cuda_graph\":" << (captured && captured->captured() ? "true" : "false")
+              << ",\"weights_l2\":" << weights_l2(*net) << "}" << std::endl;
     if (s.profile_step) {
       const auto batch = random_batch();
       print_step_profile([&] { train_step(batch); }, cuda, optimizer.fused() ? "fused" : "libtorch");
