@@ -74,6 +74,12 @@ def main():
         device, backward, forward = fabric.device, fabric.backward, model
     cuda = device.type == "cuda"
     times = []
+    from lightning.fabric.utilities.throughput import measure_flops
+    raw = getattr(model, "module", model)  # the unwrapped module: measure_flops runs its own backward
+    sample = torch.randint(a.vocab, (a.batch_size, a.seq + 1), device=device)
+    step_flops = measure_flops(raw, lambda: raw(sample[:, :-1]), lambda logits: nn.functional.cross_entropy(
+        logits.reshape(-1, a.vocab).float(), sample[:, 1:].reshape(-1)))
+    raw.zero_grad(set_to_none=True)
 
     def train_step(batch):
         optimizer.zero_grad()
@@ -100,6 +106,7 @@ def main():
     print(json.dumps({"benchmark": "P8 gpt", "implementation": implementation, "optimizer_step": optimizer_step,
                       "device": str(device), "precision": a.precision if a.precision == "bf16-mixed" or not a.plain else "32-true",
                       "parameters": parameters, "batch_size": a.batch_size, "seq": a.seq, "median_step_ms": median,
+                      "measured_flops_per_step": step_flops,
                       "tokens_per_s": tokens / (median / 1e3), "model_tflops": flops / (median / 1e3) / 1e12,
                       "fraction_of_peak": flops / (median / 1e3) / (a.peak_tflops * 1e12)}))
     if a.profile_step:

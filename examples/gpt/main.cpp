@@ -119,6 +119,16 @@ int print_forward_ops(const GptSettings& s) {
   return 0;
 }
 
+// Model FLOPs utilisation of a step: measured FLOPs per second over the device's dense peak in the
+// precision's compute dtype (lf::available_flops); "null" where no peak is known (CPUs).
+std::string mfu_text(const lf::Fabric& fabric, int64_t step_flops, double median_ms) {
+  const auto* mixed = dynamic_cast<const lf::MixedPrecision*>(fabric.precision().get());
+  const auto dtype = mixed ? mixed->autocast_dtype() : fabric.precision()->module_dtype().value_or(torch::kFloat32);
+  const auto peak = lf::available_flops(fabric.device(), dtype);
+  if (!peak) return "null";
+  return std::to_string(static_cast<double>(step_flops) / (median_ms / 1e3) / *peak);
+}
+
 // The norm of every weight together: equal for two runs that trained alike.
 double weights_l2(torch::nn::Module& net) {
   torch::NoGradGuard no_grad;
@@ -217,6 +227,14 @@ int main(int argc, char** argv) {
     auto random_batch = [&] {
       return torch::randint(s.vocab, {s.batch_size, s.seq + 1}, torch::TensorOptions().dtype(torch::kLong).device(device));
     };
+    // The FLOPs of one training step, counted from the products that run (lf::measure_flops), on
+    // the raw module: its backward is measure_flops's own, not fabric.backward.
+    const auto sample = random_batch();
+    const int64_t step_flops = lf::measure_flops(
+        *net, [&] { return net->forward(sample.narrow(1, 0, s.seq)); },
+        [&](const torch::Tensor& logits) {
+          return torch::nn::functional::cross_entropy(logits.reshape({-1, s.vocab}), sample.narrow(1, 1, s.seq).reshape(-1));
+        });
     for (int step = 0; step < s.warmup + s.steps; ++step) {
       auto batch = random_batch();
       if (cuda) torch::cuda::synchronize();
@@ -238,6 +256,7 @@ int main(int argc, char** argv) {
               << ",\"seq\":" << s.seq << ",\"median_step_ms\":" << median << ",\"tokens_per_s\":" << tokens / (median / 1e3)
               << ",\"model_tflops\":" << flops / (median / 1e3) / 1e12
               << ",\"fraction_of_peak\":" << flops / (median / 1e3) / (s.peak_tflops * 1e12)
+              << ",\"measured_flops_per_step\":" << step_flops << ",\"mfu\":" << mfu_text(fabric, step_flops, median)
               << ",\"optimizer_step\":\"" << (optimizer.fused() ? "fused" : "libtorch") << "\""
               << ",\"cuda_graph\":" << (captured && captured->captured() ? "true" : "false")
               << ",\"weights_l2\":" << weights_l2(*net) << "}" << std::endl;

@@ -11,6 +11,7 @@
 #include "lightning/fabric/plugins/collectives/process_group_settings.h"
 #include "lightning/fabric/plugins/precision/precision.h"
 #include "lightning/fabric/registry.h"
+#include "lightning/fabric/utilities/profiler.h"
 #include "lightning/fabric/strategies/strategy.h"
 #include "lightning/fabric/utilities/devices.h"
 #include "lightning/fabric/version.h"
@@ -70,7 +71,7 @@ std::set<int> parse_rank_list(const std::string& text) {
 
 // Raw values of the options whose absence matters (they are optional in LaunchArgs).
 struct RawOptions {
-  std::string accelerator, strategy, precision, log_dir, ranks_filter;
+  std::string accelerator, strategy, precision, log_dir, ranks_filter, profile, profile_ranks;
   int main_port = kDefaultMainPort;
   bool tag = false, no_tag = false;
 };
@@ -108,6 +109,10 @@ void add_model_options(CLI::App& model, LaunchArgs& args, RawOptions& raw) {
   model.add_flag("--check-collectives", args.check_collectives,
                  "Compare every collective's op, dtype and shape across ranks before it runs (one small all_gather each)");
   model.add_option("--log-dir,--log_dir", raw.log_dir, "Write each worker's stdout and stderr to files here");
+  model.add_option("--profile", raw.profile,
+                   "Record a Kineto trace of these optimizer steps on every rank, e.g. 10-15 (files: LOG_DIR/profile/"
+                   "trace-rank<R>.json, or ./profile/ without --log-dir)");
+  model.add_option("--profile-ranks,--profile_ranks", raw.profile_ranks, "Profile only these global ranks, e.g. 0 or 0,3");
   model.add_flag("--tag-output", raw.tag, "Prefix every output line with its rank (default with more than one worker)");
   model.add_flag("--no-tag-output", raw.no_tag, "Never prefix output lines");
   model.add_flag("--timestamp-output", args.timestamp_output, "Prefix output lines with the time");
@@ -182,6 +187,21 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv, std::ost
     if (given("--main-port")) args.main_port = raw.main_port;
     if (given("--log-dir")) args.log_dir = raw.log_dir;
     if (given("--local-ranks-filter")) args.local_ranks_filter = parse_rank_list(raw.ranks_filter);
+    try {
+      if (given("--profile")) {
+        fabric::parse_profile_steps(raw.profile, "--profile");
+        args.profile = raw.profile;
+      }
+      if (given("--profile-ranks")) {
+        fabric::parse_profile_ranks(raw.profile_ranks, "--profile-ranks");
+        args.profile_ranks = raw.profile_ranks;
+      }
+    } catch (const fabric::ValueError& error) {
+      throw CLI::ValidationError(error.what());
+    }
+    if (args.profile_ranks && !args.profile) {
+      throw CLI::ValidationError("--profile-ranks chooses the ranks of --profile STEPS: give --profile too.");
+    }
     if (raw.tag && raw.no_tag) throw CLI::ValidationError("--tag-output and --no-tag-output contradict each other: give one.");
     if (raw.tag) args.tag_output = true;
     if (raw.no_tag) args.tag_output = false;

@@ -1,5 +1,7 @@
 #include "lightning/launcher/worker_env.h"
 
+#include <filesystem>
+
 #include "lightning/fabric/utilities/env_vars.h"
 
 namespace lightning::launcher {
@@ -14,6 +16,12 @@ fabric::WorkerSettings worker_settings(const LaunchArgs& args, const std::string
   settings.hang_timeout_s = args.hang_timeout_s;
   settings.check_collectives = args.check_collectives;
   settings.process_group_backend = args.process_group_backend;
+  settings.profile = args.profile;
+  settings.profile_ranks = args.profile_ranks;
+  if (args.profile) {
+    const std::filesystem::path base = args.log_dir ? std::filesystem::path(*args.log_dir) : std::filesystem::current_path();
+    settings.profile_dir = std::filesystem::absolute(base / "profile").string();
+  }
   settings.set_omp_threads = true;
   return settings;
 }

@@ -24,6 +24,8 @@ Fabric::Fabric(FabricOptions options, env::EnvLookup env)
       loggers_(options.loggers()),
       callbacks_(options.callbacks()) {
   fused_optimizer_steps_ = options.fused_optimizer_steps();
+  const ProfileSettings profile = profile_settings_from_environment(options.profile_settings(), env);
+  if (profiles_rank(profile, global_rank())) step_observer_ = std::make_shared<StepProfiler>(profile, global_rank());
   cli_used_ = env::Reader(env).flag(env::kCliUsed);
   set_rank_zero_only_rank(global_rank());
   install_error_file_handler();
@@ -185,6 +187,7 @@ void Fabric::refuse_loss_from_unset_model(const at::Tensor& loss) const {
 }
 
 void Fabric::backward(at::Tensor loss) {
+  RECORD_USER_SCOPE("lf::backward");  // a profiler range (utilities/profiler.h); free when none runs
   refuse_loss_from_unset_model(loss);
   detail::BackwardScope scope;
   connector_->strategy->backward(loss, nullptr);

@@ -28,6 +28,16 @@ void check_backward_through_fabric() {
 
 }  // namespace detail
 
+bool FabricOptimizer::step(const torch::optim::Optimizer::LossClosure& closure) {
+  bool stepped = false;
+  {
+    RECORD_USER_SCOPE("lf::optimizer_step");
+    stepped = strategy_->optimizer_step(*optimizer_, closure, fused() ? StepKernel::Fused : StepKernel::LibTorch);
+  }
+  if (observer_) observer_->after_optimizer_step();
+  return stepped;
+}
+
 std::optional<std::string> FabricOptimizer::why_not_fused() const {
   if (!fuse_steps_) {
     return std::string("fusing was turned off (FabricOptions::fused_optimizer_steps or SetupOptions::fuse_optimizer_steps)");

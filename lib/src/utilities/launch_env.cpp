@@ -74,6 +74,9 @@ std::map<std::string, std::string> worker_environment(const WorkerSettings& sett
   if (settings.hang_timeout_s) vars[env::kHangTimeout] = seconds_text(*settings.hang_timeout_s);
   if (settings.check_collectives) vars[env::kCheckCollectives] = "1";
   if (settings.process_group_backend) vars[env::kProcessGroupBackend] = *settings.process_group_backend;
+  if (settings.profile) vars[env::kProfile] = *settings.profile;
+  if (settings.profile_ranks) vars[env::kProfileRanks] = *settings.profile_ranks;
+  if (settings.profile_dir) vars[env::kProfileDir] = *settings.profile_dir;
   if (settings.set_omp_threads && vars.count("OMP_NUM_THREADS") == 0) {
     vars["OMP_NUM_THREADS"] = std::to_string(default_omp_threads(layout.local_world_size));
   }

@@ -32,6 +32,8 @@ struct LaunchArgs {
   bool check_collectives = false;    // LT_CHECK_COLLECTIVES=1
   std::optional<std::string> process_group_backend;  // LT_PROCESS_GROUP_BACKEND when given
   std::optional<std::string> log_dir;
+  std::optional<std::string> profile;        // --profile STEPS: LT_PROFILE (validated)
+  std::optional<std::string> profile_ranks;  // --profile-ranks: LT_PROFILE_RANKS (validated)
   std::optional<bool> tag_output;    // default: on when the job has more than one worker
   bool timestamp_output = false;
   std::optional<std::set<int>> local_ranks_filter;

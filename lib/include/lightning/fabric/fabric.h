@@ -435,7 +435,7 @@ class LF_API Fabric {
       return arg;
     } else if constexpr (detail::is_optimizer_arg<T>) {
       return FabricOptimizer(detail::share(std::forward<T>(arg)), strategy(),
-                             options.fuse_optimizer_steps.value_or(fused_optimizer_steps_));
+                             options.fuse_optimizer_steps.value_or(fused_optimizer_steps_), step_observer_);
     } else {
       return std::forward<T>(arg);
     }
@@ -467,6 +467,7 @@ class LF_API Fabric {
   std::unique_ptr<Connector> connector_;  // the resolved plugins and strategy (lib/private: connector.h)
   bool cli_used_ = false;
   bool fused_optimizer_steps_ = true;  // FabricOptions::fused_optimizer_steps
+  std::shared_ptr<StepObserver> step_observer_;  // the profiler switch's StepProfiler, when on for this rank
   bool environment_ready_ = false;
   std::vector<std::shared_ptr<Logger>> loggers_;
   std::vector<std::shared_ptr<Callback>> callbacks_;

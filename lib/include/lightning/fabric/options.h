@@ -18,6 +18,7 @@
 #include "lightning/fabric/loggers/logger.h"
 #include "lightning/fabric/plugins/plugin.h"
 #include "lightning/fabric/utilities/devices.h"
+#include "lightning/fabric/utilities/profiler.h"
 
 namespace lightning::fabric {
 
@@ -53,6 +54,13 @@ class LF_API FabricOptions {
   /// Whether set-up optimizers step through ATen's fused kernels where those cover them (default
   /// true; utilities/fused_step.h). SetupOptions::fuse_optimizer_steps overrides it per setup call.
   FabricOptions& fused_optimizer_steps(bool on) { fused_optimizer_steps_ = on; return *this; }
+  /// A Kineto trace of optimizer steps "FIRST-LAST" (or "STEP") on every rank (utilities/profiler.h);
+  /// ValueError for a malformed range. LT_PROFILE (lightning-run --profile) wins over it.
+  FabricOptions& profile(const std::string& steps) {
+    profile_ = parse_profile_steps(steps, "FabricOptions::profile", profile_);
+    return *this;
+  }
+  FabricOptions& profile(ProfileSettings settings) { profile_ = std::move(settings); return *this; }
 
   const std::string& accelerator() const { return accelerator_; }
   const std::string& strategy() const { return strategy_; }
@@ -66,6 +74,7 @@ class LF_API FabricOptions {
   const std::vector<std::shared_ptr<Callback>>& callbacks() const { return callbacks_; }
   const std::vector<std::shared_ptr<Logger>>& loggers() const { return loggers_; }
   bool fused_optimizer_steps() const { return fused_optimizer_steps_; }
+  const ProfileSettings& profile_settings() const { return profile_; }
 
  private:
   std::string accelerator_ = "auto";
@@ -78,6 +87,7 @@ class LF_API FabricOptions {
   std::vector<std::shared_ptr<Callback>> callbacks_;
   std::vector<std::shared_ptr<Logger>> loggers_;
   bool fused_optimizer_steps_ = true;
+  ProfileSettings profile_;
 };
 
 }  // namespace lightning::fabric

@@ -5,6 +5,7 @@
 
 #include "lightning/fabric/export.h"
 
+#include <ATen/record_function.h>
 #include <torch/data/dataloader.h>
 #include <torch/nn/cloneable.h>
 #include <torch/nn/module.h>
@@ -24,6 +25,7 @@
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/strategies/strategy.h"
 #include "lightning/fabric/utilities/apply_func.h"
+#include "lightning/fabric/utilities/profiler.h"
 
 namespace lightning::fabric {
 
@@ -56,6 +58,7 @@ class FabricModule {
 
   template <class... Args>
   decltype(auto) forward(Args&&... args) {
+    RECORD_USER_SCOPE("lf::forward");  // a profiler range (utilities/profiler.h); free when none runs
     const Precision& precision = *strategy_->precision();
     const torch::Device device = strategy_->root_device();
     strategy_->before_forward(*module_);
@@ -142,14 +145,14 @@ class FabricModule {
 /// (utilities/fused_step.h: Adam, AdamW, SGD, Adagrad), unless fusing was turned off at setup.
 class LF_API FabricOptimizer {
  public:
+  /// observer (may be null) is told of every step: Fabric's profiler switch counts them.
   FabricOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<Strategy> strategy,
-                  bool fuse_steps = true)
-      : optimizer_(std::move(optimizer)), strategy_(std::move(strategy)), fuse_steps_(fuse_steps) {}
+                  bool fuse_steps = true, std::shared_ptr<StepObserver> observer = nullptr)
+      : optimizer_(std::move(optimizer)), strategy_(std::move(strategy)), fuse_steps_(fuse_steps),
+        observer_(std::move(observer)) {}
 
   /// One optimizer step; returns false when the precision plugin skipped it.
-  bool step(const torch::optim::Optimizer::LossClosure& closure = nullptr) {
-    return strategy_->optimizer_step(*optimizer_, closure, fused() ? StepKernel::Fused : StepKernel::LibTorch);
-  }
+  bool step(const torch::optim::Optimizer::LossClosure& closure = nullptr);
   /// Whether the next step runs through the fused kernels (checked before every step: a
   /// gradient that turns sparse, for example, makes that step LibTorch's).
   bool fused() const { return !why_not_fused(); }
@@ -168,6 +171,7 @@ class LF_API FabricOptimizer {
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   std::shared_ptr<Strategy> strategy_;
   bool fuse_steps_;
+  std::shared_ptr<StepObserver> observer_;
 };
 
 /// A data loader whose batches arrive on the strategy's device. Iterate it as the inner loader.

@@ -1,6 +1,7 @@
 #include "lightning/fabric/plugins/collectives/collective.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 
 #include <algorithm>
 #include <sstream>
@@ -179,10 +180,45 @@ std::string call_text(const int64_t* fields) {
   return text.str();
 }
 
-flight::Scope record(flight::Recorder* recorder, const char* op, const std::string& group, const at::Tensor* tensor) {
-  if (tensor == nullptr) return flight::Scope(recorder, op, group, "", nullptr, 0, 0);
-  return flight::Scope(recorder, op, group, dtype_name(tensor->scalar_type()), tensor->sizes().data(),
-                       tensor->sizes().size(), static_cast<uint64_t>(tensor->numel()));
+// A profiler range (utilities/profiler.h) named as the flight recorder names the call: "#12 all_gather
+// float32[4, 8] on world" (no "#seq" without a recorder). Free when no profiler runs: the name is
+// built only when one does.
+class ProfiledCall {
+ public:
+  template <class Name>
+  explicit ProfiledCall(Name&& name) : range_(at::RecordScope::USER_SCOPE) {
+    if (range_.isActive()) range_.before(name());
+  }
+
+ private:
+  at::RecordFunction range_;
+};
+
+std::string call_name(uint64_t seq, const char* op, const std::string& group, const at::Tensor* tensor) {
+  std::ostringstream name;
+  if (seq != 0) name << "#" << seq << " ";
+  name << op;
+  if (tensor != nullptr) name << " " << dtype_name(tensor->scalar_type()) << tensor->sizes();
+  name << " on " << group;
+  return name.str();
+}
+
+// One blocking collective: its flight record and its profiler range, for the enclosing block.
+class RecordedCall {
+ public:
+  RecordedCall(flight::Recorder* recorder, const char* op, const std::string& group, const at::Tensor* tensor)
+      : scope_(recorder, op, group, tensor ? dtype_name(tensor->scalar_type()) : "",
+               tensor ? tensor->sizes().data() : nullptr, tensor ? tensor->sizes().size() : 0,
+               tensor ? static_cast<uint64_t>(tensor->numel()) : 0),
+        range_([&] { return call_name(scope_.seq(), op, group, tensor); }) {}
+
+ private:
+  flight::Scope scope_;
+  ProfiledCall range_;
+};
+
+RecordedCall record(flight::Recorder* recorder, const char* op, const std::string& group, const at::Tensor* tensor) {
+  return RecordedCall(recorder, op, group, tensor);
 }
 }  // namespace
 
@@ -317,6 +353,10 @@ std::function<void()> Collective::all_reduce_start_(at::Tensor& tensor) {
 
 void Collective::wait_recorded(const c10::intrusive_ptr<c10d::Work>& work, uint64_t seq) const {
   flight::Recorder* recorder = impl_->recorder;
+  const ProfiledCall range([&] {
+    const auto call = recorder ? recorder->call(seq) : std::nullopt;
+    return (call ? call->describe() : "all_reduce on " + impl_->name) + " (wait)";
+  });
   if (recorder == nullptr) {
     work->wait();
     return;

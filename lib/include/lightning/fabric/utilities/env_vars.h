@@ -29,6 +29,9 @@ inline constexpr const char* kHangDumpDir = "LT_HANG_DUMP_DIR";      // where ha
 inline constexpr const char* kProcessGroupBackend = "LT_PROCESS_GROUP_BACKEND";  // gloo | nccl | shm: wins over code
 inline constexpr const char* kCheckCollectives = "LT_CHECK_COLLECTIVES";  // "1": compare every call across ranks
 inline constexpr const char* kGlooSocketInterface = "GLOO_SOCKET_IFNAME";  // the interface gloo uses
+inline constexpr const char* kProfile = "LT_PROFILE";              // "10-15": trace those optimizer steps
+inline constexpr const char* kProfileRanks = "LT_PROFILE_RANKS";   // "0,2": only these global ranks
+inline constexpr const char* kProfileDir = "LT_PROFILE_DIR";       // where trace-rank<R>.json files go
 // Set by lightning-run on one node: recorder files live here and the launcher judges hangs.
 inline constexpr const char* kFlightDir = "LT_FLIGHT_DIR";
 

@@ -147,6 +147,8 @@ class Scope {
   ~Scope();
   Scope(const Scope&) = delete;
   Scope& operator=(const Scope&) = delete;
+  /// The collective's seq (0 without a recorder).
+  uint64_t seq() const { return seq_; }
 
  private:
   Recorder* recorder_;

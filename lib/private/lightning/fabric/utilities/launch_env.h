@@ -59,6 +59,9 @@ struct WorkerSettings {
   std::optional<double> hang_timeout_s;
   bool check_collectives = false;
   std::optional<std::string> process_group_backend;
+  /// LT_PROFILE, LT_PROFILE_RANKS, LT_PROFILE_DIR (utilities/profiler.h): lightning-run's --profile
+  /// and --profile-ranks, and the folder it chose; set only when given.
+  std::optional<std::string> profile, profile_ranks, profile_dir;
   /// OMP_NUM_THREADS=default_omp_threads(local_world_size) when the parent has none. False for
   /// Fabric::launch()'s own process, which already runs and sets LibTorch's thread count instead.
   bool set_omp_threads = true;

@@ -1,0 +1,111 @@
+// Throughput and model FLOPs utilisation (MFU), with the quantities and metric names of Python
+// Lightning Fabric's lightning.fabric.utilities.throughput:
+//
+//   lf::ThroughputMonitor monitor(fabric);                 // MFU against the device's peak
+//   const int64_t flops = lf::measure_flops(*net, [&] { return net->forward(x); },
+//                                           [](const torch::Tensor& y) { return y.sum(); });
+//   for (int64_t i = 1; ...; ++i) {
+//     train_step();                                         // on CUDA: synchronise before timing
+//     monitor.update({seconds_since_start, i, i * batch_size, i * batch_size * seq, flops});
+//     if (i % 10 == 0) monitor.compute_and_log();          // fabric.log_dict on rank 0
+//   }
+//
+// Metrics (rolling over window_size updates; per-second values appear once the window is full):
+// device/batches_per_sec, device/samples_per_sec, device/items_per_sec, device/flops_per_sec,
+// device/mfu, and with world_size > 1 the totals batches_per_sec, samples_per_sec,
+// items_per_sec, flops_per_sec; always time, batches, samples and (if given) lengths.
+#pragma once
+
+#include "lightning/fabric/export.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+
+namespace lightning::fabric {
+
+class Fabric;
+
+struct LF_API ThroughputOptions {
+  /// Peak FLOP/s of one device, for MFU (unset: no MFU). ThroughputMonitor fills it from
+  /// available_flops unless given.
+  std::optional<double> available_flops;
+  /// Devices across hosts; totals are reported only above 1. ThroughputMonitor takes fabric's.
+  int world_size = 1;
+  /// Updates the rolling averages span (at least 2).
+  int window_size = 100;
+  /// Between "device" and the metric name.
+  std::string separator = "/";
+};
+
+/// One update: running totals on this device since the start (each at least the previous one).
+struct LF_API ThroughputUpdate {
+  double time = 0;       // seconds elapsed
+  int64_t batches = 0;   // batches seen
+  int64_t samples = 0;   // samples seen (>= batches)
+  std::optional<int64_t> lengths;  // items (tokens) seen (>= samples)
+  std::optional<double> flops;     // FLOPs of this device since the previous update
+};
+
+class LF_API Throughput {
+ public:
+  /// ValueError for world_size < 1 or window_size < 2.
+  explicit Throughput(ThroughputOptions options = {});
+  virtual ~Throughput() = default;
+
+  /// ValueError when samples < batches or lengths < samples, or when lengths are given in some
+  /// updates and not in others.
+  void update(const ThroughputUpdate& update);
+  /// The metrics named above.
+  std::map<std::string, double> compute() const;
+  void reset();
+  const ThroughputOptions& options() const { return options_; }
+
+ private:
+  ThroughputOptions options_;
+  std::deque<double> time_, flops_;
+  std::deque<int64_t> batches_, samples_, lengths_;
+};
+
+/// Throughput for a Fabric: world_size is fabric.world_size(), available_flops (unless given)
+/// is available_flops(fabric.device(), the precision's compute dtype). update/compute act on
+/// rank 0 only (other ranks get empty metrics), as in Python. The Fabric must outlive it.
+class LF_API ThroughputMonitor : public Throughput {
+ public:
+  explicit ThroughputMonitor(Fabric& fabric, ThroughputOptions options = {});
+  /// compute(), logged through fabric.log_dict at step (default: one more than the last call,
+  /// starting at 0); returns the metrics (empty on ranks other than 0).
+  std::map<std::string, double> compute_and_log(std::optional<int64_t> step = std::nullopt);
+
+ private:
+  Fabric& fabric_;
+  int64_t step_ = -1;
+};
+
+/// The FLOPs of forward_fn() and, when loss_fn is given, of loss_fn(output).backward(), counted
+/// analytically from the shapes of the matrix products and convolutions that run (aten::mm, addmm,
+/// bmm, baddbmm, convolution, convolution_backward, and the flash, memory-efficient and cuDNN
+/// attention kernels forward and backward): 2 FLOPs per multiply-add, as Python's FlopCounterMode
+/// counts them. Elementwise operations, normalisations and softmax are not counted. model is the
+/// module forward_fn runs (its gradients are released afterwards). Runs the passes for real;
+/// process-wide while it runs (other threads' products would be counted too).
+LF_API int64_t measure_flops(torch::nn::Module& model, const std::function<at::Tensor()>& forward_fn,
+                             const std::function<at::Tensor(const at::Tensor&)>& loss_fn = nullptr);
+
+/// The dense (not sparsity-doubled) peak FLOP/s of one device for dtype, from the vendor's data
+/// sheet, or nullopt when unknown: no table for CPUs (measure your own peak and pass
+/// ThroughputOptions::available_flops). float32 on a GPU counts as TF32 when float32 matrix products
+/// may use TF32 (at::globalContext().allowTF32CuBLAS()).
+LF_API std::optional<double> available_flops(const c10::Device& device, c10::ScalarType dtype);
+/// The same for a CUDA device name as the driver reports it (e.g. "NVIDIA H200"); "tf32" selects
+/// TF32 for float32.
+LF_API std::optional<double> available_flops(const std::string& device_name, c10::ScalarType dtype, bool tf32 = false);
+
+}  // namespace lightning::fabric
