@@ -106,6 +106,10 @@ void add_model_options(CLI::App& model, LaunchArgs& args, RawOptions& raw) {
   model.add_option("--process-group-backend,--process_group_backend", args.process_group_backend,
                    "Collective backend of the workers: gloo, nccl, or shm (CPU, one machine; the default there)")
       ->check(one_of("--process-group-backend", backend_choices()));
+  model.add_option("--straggler-threshold,--straggler_threshold", args.straggler_threshold_s,
+                   "Name a rank that arrives last at 80% of the last 32 collectives by a median of at least this many "
+                   "seconds (one node; 0: off)")->capture_default_str()
+      ->check(CLI::NonNegativeNumber.description(""));
   model.add_flag("--check-collectives", args.check_collectives,
                  "Compare every collective's op, dtype and shape across ranks before it runs (one small all_gather each)");
   model.add_option("--log-dir,--log_dir", raw.log_dir, "Write each worker's stdout and stderr to files here");

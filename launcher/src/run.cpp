@@ -77,6 +77,7 @@ class Job {
   void stop_workers(int signal);
   void read_output_for(Millis slice);
   std::optional<Outcome> check_for_hang(int attempt);
+  void report_straggler();
   int wait_for_other_nodes(int attempt);
   void report(const Failure& failure);
   std::optional<int> read_signal();
@@ -91,6 +92,7 @@ class Job {
   std::optional<fabric::ProcessGuardian> guardian_;  // tears the workers' groups down if we are killed
   std::optional<fabric::HangWatch> hang_watch_;              // one node: judges hangs from the ranks' recorders
   Clock::time_point next_hang_check_;
+  int named_straggler_ = -1;  // the rank last named as the straggler this attempt (-1: none)
   std::vector<std::string> error_files_;
   std::string run_dir_;
   bool remove_run_dir_ = false;
@@ -135,6 +137,7 @@ void Job::spawn_all(int attempt) {
     hang_watch_.emplace(attempt_dir.string(), layout.rank_offset, layout.local_world_size, layout.world_size);
   }
   next_hang_check_ = Clock::now();
+  named_straggler_ = -1;
   for (int local = 0; local < layout.local_world_size; ++local) {
     const int rank = layout.rank_offset + local;
     const std::string error_file = (attempt_dir / ("rank_" + std::to_string(rank) + ".error.json")).string();
@@ -188,12 +191,26 @@ std::optional<Outcome> Job::check_for_hang(int attempt) {
   std::vector<std::string> exited;
   for (const auto& child : children_) exited.push_back(child.status() ? child.status()->describe() : std::string());
   const auto verdict = hang_watch_->check(exited);
-  if (!verdict) return std::nullopt;
+  if (!verdict) {
+    report_straggler();
+    return std::nullopt;
+  }
   const std::string report = hang_watch_->dump(*verdict, std::chrono::seconds(3), [this](Millis slice) { read_output_for(slice); });
   say(report);
   const int local = std::clamp(verdict->blamed_rank - layout_.rank_offset, 0, static_cast<int>(children_.size()) - 1);
   return fail(attempt, {layout_.node_rank, layout_.rank_offset + local, local, fabric::kHangExitCode,
                         "hang detected: " + verdict->cause, error_files_[local]});
+}
+
+// One node: names the rank that holds the job back, once each time another rank becomes it.
+void Job::report_straggler() {
+  if (args_.straggler_threshold_s <= 0) return;
+  fabric::StragglerSettings settings;
+  settings.threshold_s = args_.straggler_threshold_s;
+  const auto straggler = hang_watch_->straggler(settings);
+  if (!straggler || straggler->first.rank == named_straggler_) return;
+  named_straggler_ = straggler->first.rank;
+  say(straggler->second + " (--straggler-threshold " + format_seconds(settings.threshold_s) + " s)");
 }
 
 Outcome Job::fail(int attempt, Failure failure) {

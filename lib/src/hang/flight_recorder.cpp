@@ -310,6 +310,20 @@ std::optional<Call> Recorder::call(uint64_t seq) const {
   return result;
 }
 
+std::vector<std::pair<uint64_t, int64_t>> Recorder::entries(size_t count) const {
+  std::vector<std::pair<uint64_t, int64_t>> result;
+  if (header_->capacity == 0) return result;
+  const uint64_t completed = header_->completed.load(std::memory_order_acquire);
+  for (uint64_t seq = completed; seq > 0 && result.size() < count && completed - seq < header_->capacity; --seq) {
+    const Record& record = records_[seq % header_->capacity];
+    std::atomic_thread_fence(std::memory_order_acquire);
+    const int64_t enter_ns = record.enter_ns;
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (record.seq == seq) result.emplace_back(seq, enter_ns);
+  }
+  return result;
+}
+
 Progress Recorder::progress() const {
   const Header& header = *header_;
   const int64_t now = clock_ns(CLOCK_MONOTONIC);

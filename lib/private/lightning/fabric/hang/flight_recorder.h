@@ -21,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace lightning::fabric::flight {
@@ -129,6 +130,9 @@ class Recorder {
   std::string dump_text() const;
   /// The record with this seq, if the ring still holds it.
   std::optional<Call> call(uint64_t seq) const;
+  /// When this rank entered each of its last `count` completed collectives: (seq, enter_ns on
+  /// CLOCK_MONOTONIC), newest first, as far as the ring still holds them.
+  std::vector<std::pair<uint64_t, int64_t>> entries(size_t count) const;
 
  private:
   Recorder() = default;

@@ -1,0 +1,42 @@
+// Which rank holds a job back: from every rank's flight recorder, each rank's arrival lag at the
+// collectives all ranks completed (its entry time minus the first rank's), over a sliding window.
+// A rank that arrives last at most of them, by more than a threshold, is the straggler. Used by
+// lightning-run on one node (HangWatch::straggler), where all recorders share one monotonic clock.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace lightning::fabric {
+
+struct StragglerSettings {
+  double threshold_s = 0.05;  // median lag that counts as behind (lightning-run --straggler-threshold; 0: off)
+  double share = 0.8;         // of the window's collectives at which the rank must arrive last
+  size_t window = 32;         // the last collectives every rank completed
+};
+
+struct StragglerVerdict {
+  int rank = -1;
+  double share = 0;         // of the window's collectives this rank arrived last at
+  double median_lag_s = 0;  // its median lag behind the first rank to arrive
+  size_t collectives = 0;   // the window's size
+};
+
+/// One rank's entries: its global rank and (seq, enter_ns) of its last completed collectives.
+struct RankEntries {
+  int rank = -1;
+  std::vector<std::pair<uint64_t, int64_t>> entries;
+};
+
+/// The straggler, if one rank arrives last at `share` of the last `window` collectives that every
+/// rank completed, with a median lag of at least threshold_s; nullopt otherwise (also with fewer
+/// than two ranks, fewer than window common collectives, or a threshold of 0).
+std::optional<StragglerVerdict> find_straggler(const std::vector<RankEntries>& ranks, const StragglerSettings& settings);
+
+/// "rank 3 on host-b arrives last at 92% of the last 32 collectives, median 180 ms behind the first".
+std::string describe_straggler(const StragglerVerdict& verdict, const std::string& host);
+
+}  // namespace lightning::fabric
