@@ -123,6 +123,10 @@ for round in $(seq "${P8_ROUNDS:-2}"); do
   say "  - C++ fused / Python Fabric default: $(ratio "$fused" "${p8_ms[python-default-$round]:-}") (goal <= 0.90);" \
     "C++ fused / plain PyTorch fused: $(ratio "$fused" "${p8_ms[plain-fused-$round]:-}") (goal <= 1.00)"
 done
+field() { sed -n "s/.*\"$2\": *\([0-9.e+-]*\).*/\1/p" "$1" | head -n 1; }
+say "- FLOPs per step: C++ lf::measure_flops $(field "$out/p8-cpp-fused-1.log" measured_flops_per_step)," \
+  "Python measure_flops $(field "$out/p8-python-default-1.log" measured_flops_per_step); C++ MFU (fused step)" \
+  "$(field "$out/p8-cpp-fused-1.log" mfu) against the dense bf16 peak (lf::available_flops)"
 for round in 1 2; do
   e="$(median "$out/graph-eager-$round.log")"; c="$(median "$out/graph-captured-$round.log")"
   we="$(weights_l2 "$out/graph-eager-$round.log")"; wc="$(weights_l2 "$out/graph-captured-$round.log")"
