@@ -1,6 +1,7 @@
 #include "lightning/fabric/captured_step.h"
 
 #include <ATen/autocast_mode.h>
+#include <ATen/record_function.h>
 #include <torch/types.h>
 
 #include "lightning/fabric/errors.h"
@@ -163,8 +164,12 @@ at::Tensor CapturedStep::operator()(const std::vector<at::Tensor>& inputs) {
              "CapturedStep after loading.");
     internal::prepare_device_step(optimizer, g.device_step);  // this replay's learning rates
   }
-  g.graph.replay();
+  {
+    RECORD_USER_SCOPE("lf::captured_step");
+    g.graph.replay();
+  }
   for (const auto& advance : g.device_step.advance_host_counters) advance();
+  if (optimizer_.observer_) optimizer_.observer_->after_optimizer_step();  // the profiler counts replays too
   return g.loss;
 #endif
 }

@@ -310,9 +310,13 @@ std::optional<std::string> why_not_fused(const Optimizer& optimizer) {
   if (!kind_of(optimizer)) {
     return "the optimizer is not torch::optim::Adam, AdamW, SGD or Adagrad (exactly: subclasses may change step())";
   }
+  const bool cpu_only = *kind_of(optimizer) == Kind::Adagrad;  // as Python: fused Adagrad is CPU-only
   for (const auto& group : optimizer.param_groups()) {
     for (const auto& parameter : group.params()) {
       if (auto why = why_not_tensor(parameter)) return why;
+      if (cpu_only && !parameter.is_cpu()) {
+        return "a parameter is on " + parameter.device().str() + "; fused Adagrad runs on cpu only (as in PyTorch)";
+      }
     }
   }
   return std::nullopt;

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cctype>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "lightning/fabric/errors.h"
@@ -28,6 +29,8 @@ Throughput::Throughput(ThroughputOptions options) : options_(std::move(options))
   LF_CHECK(options_.world_size >= 1, ValueError, "Throughput: world_size=", options_.world_size, " must be at least 1.");
   LF_CHECK(options_.window_size >= 2, ValueError, "Throughput: window_size=", options_.window_size,
            " must be at least 2 (a rate needs two updates; default 100).");
+  LF_CHECK(options_.log_every_n_updates >= 0, ValueError, "Throughput: log_every_n_updates=",
+           options_.log_every_n_updates, " must be 0 (log when asked) or positive.");
 }
 
 namespace {
@@ -125,6 +128,13 @@ ThroughputOptions for_fabric(const Fabric& fabric, ThroughputOptions options) {
 ThroughputMonitor::ThroughputMonitor(Fabric& fabric, ThroughputOptions options)
     : Throughput(for_fabric(fabric, std::move(options))), fabric_(fabric) {}
 
+void ThroughputMonitor::update(const ThroughputUpdate& update) {
+  Throughput::update(update);
+  ++updates_;
+  const int every = options().log_every_n_updates;
+  if (every > 0 && updates_ % every == 0) compute_and_log();
+}
+
 std::map<std::string, double> ThroughputMonitor::compute_and_log(std::optional<int64_t> step) {
   step_ = step.value_or(step_ + 1);
   if (!fabric_.is_global_zero()) return {};
@@ -171,7 +181,8 @@ int64_t convolution_flops(const at::Tensor& input, const at::Tensor& weight, c10
   return 2 * outputs * weight.size(1) * kernel;  // weight [Cout, Cin/groups, k...]
 }
 
-// The attention kernels: q [B, H, Sq, D], k [B, H, Sk, D]; forward two products (QK^T, PV), backward four.
+// The attention kernels: q [B, H, Sq, D], k [B, H, Sk, D]; forward two products (QK^T, PV), backward
+// five (QK^T recomputed, then dV, dP, dQ, dK), as Python's FlopCounterMode counts them.
 int64_t attention_flops(const at::Tensor* q, const at::Tensor* k, int products) {
   if (!q || !k || q->dim() != 4 || k->dim() != 4) return 0;
   return products * 2 * q->size(0) * q->size(1) * q->size(2) * k->size(2) * q->size(3);
@@ -206,7 +217,7 @@ int64_t flops_of(const at::RecordFunction& call) {
       name == "aten::_scaled_dot_product_efficient_attention_backward" ||
       name == "aten::_scaled_dot_product_cudnn_attention_backward" ||
       name == "aten::_scaled_dot_product_flash_attention_for_cpu_backward") {
-    return attention_flops(tensor_input(inputs, 1), tensor_input(inputs, 2), 4);  // (grad_out, q, k, v, ...)
+    return attention_flops(tensor_input(inputs, 1), tensor_input(inputs, 2), 5);  // (grad_out, q, k, v, ...)
   }
   return 0;
 }
@@ -226,8 +237,15 @@ int64_t measure_flops(torch::nn::Module& model, const std::function<at::Tensor()
           .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
   ScopeGuard remove([handle] { at::removeCallback(handle); });
   if (loss_fn) {
+    // The model's own gradients are set aside and put back: the count's backward neither adds to
+    // them nor leaves its own.
+    auto parameters = model.parameters();
+    std::vector<at::Tensor> kept;
+    for (auto& parameter : parameters) kept.push_back(std::exchange(parameter.mutable_grad(), at::Tensor()));
+    ScopeGuard restore([&] {
+      for (size_t i = 0; i < parameters.size(); ++i) parameters[i].mutable_grad() = kept[i];
+    });
     loss_fn(forward_fn()).backward();
-    for (auto& parameter : model.parameters()) parameter.mutable_grad().reset();
   } else {
     torch::NoGradGuard no_grad;
     forward_fn();

@@ -19,7 +19,10 @@ TEST_CASE("measure_flops counts a Linear as 2*N*in*out forward, and the backward
   CHECK(lf::measure_flops(*linear, [&] { return linear(x); }, sum) == 2 * forward);
   const auto x_grad = x.clone().requires_grad_();
   CHECK(lf::measure_flops(*linear, [&] { return linear(x_grad); }, sum) == 3 * forward);
-  CHECK_FALSE(linear->weight.grad().defined());  // released afterwards
+  CHECK_FALSE(linear->weight.grad().defined());  // the count leaves no gradient behind
+  linear->weight.mutable_grad() = torch::ones_like(linear->weight);
+  lf::measure_flops(*linear, [&] { return linear(x); }, sum);
+  CHECK(torch::equal(linear->weight.grad(), torch::ones_like(linear->weight)));  // nor adds to one there was
 }
 
 TEST_CASE("measure_flops counts a Conv2d from its output, kernel and input channels", "[throughput]") {
@@ -102,6 +105,13 @@ TEST_CASE("ThroughputMonitor logs through fabric.log_dict, counting its steps", 
   CHECK(logger->logged[1].second == 1);
   CHECK(logger->logged[2].second == 10);
   CHECK(logger->logged[0].first.at("samples") == 16);
+
+  options.log_every_n_updates = 2;
+  lf::ThroughputMonitor every_two(fabric, options);
+  for (int64_t i = 1; i <= 5; ++i) every_two.update({0.5 * static_cast<double>(i), i, 8 * i});
+  CHECK(logger->logged.size() == 3 + 2);  // after updates 2 and 4
+  options.log_every_n_updates = -1;
+  CHECK_THROWS_WITH(lf::Throughput(options), Contains("log_every_n_updates=-1"));
 }
 
 TEST_CASE("available_flops: dense peaks of current datacenter GPUs, none for CPUs", "[throughput]") {

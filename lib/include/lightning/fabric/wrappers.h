@@ -172,6 +172,7 @@ class LF_API FabricOptimizer {
   std::shared_ptr<Strategy> strategy_;
   bool fuse_steps_;
   std::shared_ptr<StepObserver> observer_;
+  friend class CapturedStep;  // its replays are steps too: it tells observer_
 };
 
 /// A data loader whose batches arrive on the strategy's device. Iterate it as the inner loader.

@@ -82,6 +82,7 @@ void LossScaler::check_gradients(torch::optim::Optimizer& optimizer, bool unscal
     at::_amp_foreach_non_finite_check_and_unscale_(grads, device_inf, device_inv);
     found_inf.add_(device_inf.to(found_inf.device()));
   }
+  found_inf.clamp_max_(1.0);  // 1, not a count of devices: the fused kernels skip only on exactly 1
   if (found_inf_reducer_) found_inf_reducer_(found_inf);  // every rank skips when any shard overflowed
   state.found_inf = found_inf;
   state.stage = unscale ? Stage::kUnscaled : Stage::kChecked;

@@ -4,8 +4,9 @@
 // rule, within float rounding) and so is the state: the same OptimizerParamState types, keys and
 // fields, so optimizer->state(), checkpoints and Python interop see no difference.
 //
-// Covered: torch::optim::Adam, AdamW, SGD and Adagrad with every option LibTorch has, on CPU and
-// CUDA, for dense, contiguous floating-point parameters and gradients. Anything else (another
+// Covered: torch::optim::Adam, AdamW and SGD with every option LibTorch has, on CPU and CUDA, and
+// Adagrad on CPU (PyTorch fuses Adagrad on CPU only), for dense, contiguous floating-point
+// parameters and gradients. Anything else (another
 // optimizer type, a sparse or non-contiguous gradient, a device other than CPU/CUDA) is reported
 // by why_not_fused and steps through LibTorch. FabricOptimizer::step uses this by default
 // (FabricOptions::fused_optimizer_steps, SetupOptions::fuse_optimizer_steps turn it off).

@@ -43,6 +43,9 @@ struct LF_API ThroughputOptions {
   int window_size = 100;
   /// Between "device" and the metric name.
   std::string separator = "/";
+  /// ThroughputMonitor: compute_and_log() after every this many updates (0, the default: only
+  /// when you call it, as Python's ThroughputMonitor).
+  int log_every_n_updates = 0;
 };
 
 /// One update: running totals on this device since the start (each at least the previous one).
@@ -75,11 +78,13 @@ class LF_API Throughput {
 };
 
 /// Throughput for a Fabric: world_size is fabric.world_size(), available_flops (unless given)
-/// is available_flops(fabric.device(), the precision's compute dtype). update/compute act on
-/// rank 0 only (other ranks get empty metrics), as in Python. The Fabric must outlive it.
+/// is available_flops(fabric.device(), the precision's compute dtype). update and compute work on
+/// every rank (each rank's own numbers); logging happens on rank 0 only. The Fabric must outlive it.
 class LF_API ThroughputMonitor : public Throughput {
  public:
   explicit ThroughputMonitor(Fabric& fabric, ThroughputOptions options = {});
+  /// Throughput::update, then compute_and_log() every log_every_n_updates updates.
+  void update(const ThroughputUpdate& update);
   /// compute(), logged through fabric.log_dict at step (default: one more than the last call,
   /// starting at 0); returns the metrics (empty on ranks other than 0).
   std::map<std::string, double> compute_and_log(std::optional<int64_t> step = std::nullopt);
@@ -87,15 +92,17 @@ class LF_API ThroughputMonitor : public Throughput {
  private:
   Fabric& fabric_;
   int64_t step_ = -1;
+  int64_t updates_ = 0;
 };
 
 /// The FLOPs of forward_fn() and, when loss_fn is given, of loss_fn(output).backward(), counted
 /// analytically from the shapes of the matrix products and convolutions that run (aten::mm, addmm,
 /// bmm, baddbmm, convolution, convolution_backward, and the flash, memory-efficient and cuDNN
 /// attention kernels forward and backward): 2 FLOPs per multiply-add, as Python's FlopCounterMode
-/// counts them. Elementwise operations, normalisations and softmax are not counted. model is the
-/// module forward_fn runs (its gradients are released afterwards). Runs the passes for real;
-/// process-wide while it runs (other threads' products would be counted too).
+/// counts them (also the attention backward's five products). Elementwise operations,
+/// normalisations and softmax are not counted. model is the module forward_fn runs: its gradients
+/// are set aside during the count and put back after it. Runs the passes for real; process-wide
+/// while it runs (other threads' products would be counted too).
 LF_API int64_t measure_flops(torch::nn::Module& model, const std::function<at::Tensor()>& forward_fn,
                              const std::function<at::Tensor(const at::Tensor&)>& loss_fn = nullptr);
 
