@@ -18,6 +18,7 @@
 #include "lightning/fabric/utilities/process.h"
 #include "lightning/fabric/hang/hang_report.h"
 #include "lightning/fabric/hang/hang_watch.h"
+#include "lightning/fabric/internal/step_times.h"
 #include "lightning/launcher/output.h"
 #include "lightning/launcher/rendezvous.h"
 #include "lightning/launcher/worker_env.h"
@@ -78,6 +79,7 @@ class Job {
   void read_output_for(Millis slice);
   std::optional<Outcome> check_for_hang(int attempt);
   void report_straggler();
+  void report_step_times(int attempt) const;
   int wait_for_other_nodes(int attempt);
   void report(const Failure& failure);
   std::optional<int> read_signal();
@@ -200,6 +202,17 @@ std::optional<Outcome> Job::check_for_hang(int attempt) {
   const int local = std::clamp(verdict->blamed_rank - layout_.rank_offset, 0, static_cast<int>(children_.size()) - 1);
   return fail(attempt, {layout_.node_rank, layout_.rank_offset + local, local, fabric::kHangExitCode,
                         "hang detected: " + verdict->cause, error_files_[local]});
+}
+
+// After an attempt: this node's ranks' step-time percentiles (written by each rank's Fabric).
+void Job::report_step_times(int attempt) const {
+  const auto dir = std::filesystem::path(run_dir_) / ("attempt_" + std::to_string(attempt));
+  std::vector<std::string> files;
+  for (int local = 0; local < layout_.local_world_size; ++local) {
+    files.push_back((dir / ("rank_" + std::to_string(layout_.rank_offset + local) + ".steps")).string());
+  }
+  const std::string times = fabric::internal::describe_step_times(files, layout_.rank_offset);
+  if (!times.empty()) say("step times (between optimizer steps) on node " + std::to_string(layout_.node_rank) + ": " + times);
 }
 
 // One node: names the rank that holds the job back, once each time another rank becomes it.
@@ -378,6 +391,7 @@ int Job::run() {
   for (int attempt = 0;; ++attempt) {
     if (attempt > 0 && layout_.num_nodes > 1) rendezvous_->wait_for_attempt(attempt);
     const Outcome outcome = run_attempt(attempt);
+    report_step_times(attempt);
     if (outcome == Outcome::Success) return layout_.num_nodes > 1 ? wait_for_other_nodes(attempt) : 0;
     if (outcome == Outcome::Signalled) {
       say("stopped; exiting with " + std::to_string(128 + received_signal_));

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <filesystem>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <unordered_set>
@@ -11,11 +12,33 @@
 
 #include "lightning/fabric/checkpoint/checkpoint_io.h"
 #include "lightning/fabric/connector.h"
+#include "lightning/fabric/internal/step_times.h"
 #include "lightning/fabric/utilities/empty_init.h"
 #include "lightning/fabric/utilities/error_file.h"
 #include "lightning/fabric/utilities/rank_zero.h"
 
 namespace lightning::fabric {
+
+namespace {
+std::shared_ptr<StepObserver> one_or_all(std::vector<std::shared_ptr<StepObserver>> observers) {
+  if (observers.empty()) return nullptr;
+  if (observers.size() == 1) return observers.front();
+  return std::make_shared<internal::StepObservers>(std::move(observers));
+}
+}  // namespace
+
+// What FabricOptimizer tells of each step: the profiler switch, and under lightning-run the step
+// timer of its end-of-job summary (internal/step_times.h). Null when neither is on.
+std::shared_ptr<StepObserver> Fabric::make_step_observer(const FabricOptions& options, const env::EnvLookup& env) const {
+  std::vector<std::shared_ptr<StepObserver>> observers;
+  const ProfileSettings profile = profile_settings_from_environment(options.profile_settings(), env);
+  if (profiles_rank(profile, global_rank())) observers.push_back(std::make_shared<StepProfiler>(profile, global_rank()));
+  if (auto dir = env::Reader(env).text(env::kStepTimesDir)) {
+    const auto file = std::filesystem::path(*dir) / ("rank_" + std::to_string(global_rank()) + ".steps");
+    observers.push_back(std::make_shared<internal::StepTimes>(file.string()));
+  }
+  return one_or_all(std::move(observers));
+}
 
 Fabric::Fabric(FabricOptions options) : Fabric(std::move(options), env::process_env()) {}
 
@@ -24,8 +47,7 @@ Fabric::Fabric(FabricOptions options, env::EnvLookup env)
       loggers_(options.loggers()),
       callbacks_(options.callbacks()) {
   fused_optimizer_steps_ = options.fused_optimizer_steps();
-  const ProfileSettings profile = profile_settings_from_environment(options.profile_settings(), env);
-  if (profiles_rank(profile, global_rank())) step_observer_ = std::make_shared<StepProfiler>(profile, global_rank());
+  step_observer_ = make_step_observer(options, env);
   cli_used_ = env::Reader(env).flag(env::kCliUsed);
   set_rank_zero_only_rank(global_rank());
   install_error_file_handler();

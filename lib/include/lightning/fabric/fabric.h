@@ -455,6 +455,7 @@ class LF_API Fabric {
   void prepare_module(const std::shared_ptr<torch::nn::Module>& module, bool move_to_device);
   void prepare_optimizer(torch::optim::Optimizer& optimizer);
   void ensure_environment_ready();
+  std::shared_ptr<StepObserver> make_step_observer(const FabricOptions& options, const env::EnvLookup& env) const;
   [[noreturn]] void refuse_wrapped_module() const;
   // Under ddp/fsdp with several ranks: a loss that reaches no set-up model's parameter is an error.
   void refuse_loss_from_unset_model(const at::Tensor& loss) const;

@@ -34,6 +34,8 @@ inline constexpr const char* kProfileRanks = "LT_PROFILE_RANKS";   // "0,2": onl
 inline constexpr const char* kProfileDir = "LT_PROFILE_DIR";       // where trace-rank<R>.json files go
 // Set by lightning-run on one node: recorder files live here and the launcher judges hangs.
 inline constexpr const char* kFlightDir = "LT_FLIGHT_DIR";
+// Set by lightning-run on every node: each rank writes rank_<R>.steps (its step-time percentiles) here.
+inline constexpr const char* kStepTimesDir = "LT_STEP_TIMES_DIR";
 
 // The torchrun set, as torchrun sets them.
 inline constexpr const char* kRank = "RANK";
