@@ -138,25 +138,18 @@ class FusedRun {
       advance_after_step(state);
     }
     const double beta1 = std::get<0>(options.betas()), beta2 = std::get<1>(options.betas());
-    for (auto& [key_, bucket_] : buckets) {
-      const BucketKey& key = key_;  // (C++17 lambdas cannot capture structured bindings)
-      Bucket& bucket = bucket_;
-      const auto steps = steps_of(key, bucket);
-      const at::Device device = bucket.params.front().device();
-      const auto grad_scale = on_device(scaling_.grad_scale, device);
-      const auto found_inf = on_device(scaling_.found_inf, device);
-      with_learning_rate(options.lr(), [&](const auto& lr) {
-        if (decoupled) {
-          at::_fused_adamw_(bucket.params, bucket.grads, bucket.first, bucket.second, bucket.third, steps, lr, beta1,
-                            beta2, options.weight_decay(), options.eps(), options.amsgrad(), /*maximize=*/false,
-                            grad_scale, found_inf);
-        } else {
-          at::_fused_adam_(bucket.params, bucket.grads, bucket.first, bucket.second, bucket.third, steps, lr, beta1,
-                           beta2, options.weight_decay(), options.eps(), options.amsgrad(), /*maximize=*/false,
-                           grad_scale, found_inf);
-        }
-      });
-    }
+    launch_each(buckets, options.lr(), /*counted=*/true, [&](const Bucket& bucket, const auto& steps, const auto& lr,
+                                                             const auto& grad_scale, const auto& found_inf) {
+      if (decoupled) {
+        at::_fused_adamw_(bucket.params, bucket.grads, bucket.first, bucket.second, bucket.third, steps, lr, beta1, beta2,
+                          options.weight_decay(), options.eps(), options.amsgrad(), /*maximize=*/false, grad_scale,
+                          found_inf);
+      } else {
+        at::_fused_adam_(bucket.params, bucket.grads, bucket.first, bucket.second, bucket.third, steps, lr, beta1, beta2,
+                         options.weight_decay(), options.eps(), options.amsgrad(), /*maximize=*/false, grad_scale,
+                         found_inf);
+      }
+    });
   }
 
   void sgd_group(OptimizerParamGroup& group) {
@@ -180,17 +173,12 @@ class FusedRun {
       bucket.first.push_back(contiguous(state.momentum_buffer()));
       bucket.first_step = first_step;
     }
-    for (auto& entry : buckets) {
-      Bucket& bucket = entry.second;  // (C++17 lambdas cannot capture structured bindings)
-      const at::Device device = bucket.params.front().device();
-      const auto grad_scale = on_device(scaling_.grad_scale, device);
-      const auto found_inf = on_device(scaling_.found_inf, device);
-      with_learning_rate(options.lr(), [&](const auto& lr) {
-        at::_fused_sgd_(bucket.params, bucket.grads, bucket.first, options.weight_decay(), options.momentum(), lr,
-                        options.dampening(), options.nesterov(), /*maximize=*/false, bucket.first_step, grad_scale,
-                        found_inf);
-      });
-    }
+    launch_each(buckets, options.lr(), /*counted=*/false, [&](const Bucket& bucket, const auto&, const auto& lr,
+                                                              const auto& grad_scale, const auto& found_inf) {
+      at::_fused_sgd_(bucket.params, bucket.grads, bucket.first, options.weight_decay(), options.momentum(), lr,
+                      options.dampening(), options.nesterov(), /*maximize=*/false, bucket.first_step, grad_scale,
+                      found_inf);
+    });
   }
 
   void adagrad_group(OptimizerParamGroup& group) {
@@ -210,17 +198,25 @@ class FusedRun {
       bucket.step = state.step();
       advance_after_step(state);
     }
-    for (auto& [key_, bucket_] : buckets) {
-      const BucketKey& key = key_;  // (C++17 lambdas cannot capture structured bindings)
-      Bucket& bucket = bucket_;
-      const auto steps = steps_of(key, bucket);
+    launch_each(buckets, options.lr(), /*counted=*/true, [&](const Bucket& bucket, const auto& steps, const auto& lr,
+                                                             const auto& grad_scale, const auto& found_inf) {
+      at::_fused_adagrad_(bucket.params, bucket.grads, bucket.first, steps, lr, options.lr_decay(),
+                          options.weight_decay(), options.eps(), /*maximize=*/false, grad_scale, found_inf);
+    });
+  }
+
+  // kernel(bucket, steps, lr, grad_scale, found_inf) once per bucket: the step tensors (for optimizers
+  // that count steps), the learning rate (a double, or the prepared tensor when recorded) and the
+  // scaler's tensors on the bucket's device.
+  template <class Kernel>
+  void launch_each(std::map<BucketKey, Bucket>& buckets, double lr, bool counted, Kernel&& kernel) {
+    for (auto& entry : buckets) {
+      const Bucket& bucket = entry.second;  // (C++17 lambdas cannot capture structured bindings)
+      const std::vector<at::Tensor> steps = counted ? steps_of(entry.first, bucket) : std::vector<at::Tensor>{};
       const at::Device device = bucket.params.front().device();
       const auto grad_scale = on_device(scaling_.grad_scale, device);
       const auto found_inf = on_device(scaling_.found_inf, device);
-      with_learning_rate(options.lr(), [&](const auto& lr) {
-        at::_fused_adagrad_(bucket.params, bucket.grads, bucket.first, steps, lr, options.lr_decay(),
-                            options.weight_decay(), options.eps(), /*maximize=*/false, grad_scale, found_inf);
-      });
+      with_learning_rate(lr, [&](const auto& rate) { kernel(bucket, steps, rate, grad_scale, found_inf); });
     }
   }
 
