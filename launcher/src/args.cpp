@@ -108,7 +108,7 @@ void add_model_options(CLI::App& model, LaunchArgs& args, RawOptions& raw) {
       ->check(one_of("--process-group-backend", backend_choices()));
   model.add_option("--straggler-threshold,--straggler_threshold", args.straggler_threshold_s,
                    "Name a rank that arrives last at 80% of the last 32 collectives by a median of at least this many "
-                   "seconds (one node; 0: off)")->capture_default_str()
+                   "seconds (0: off; default: the program's, 0.05)")
       ->check(CLI::NonNegativeNumber.description(""));
   model.add_flag("--check-collectives", args.check_collectives,
                  "Compare every collective's op, dtype and shape across ranks before it runs (one small all_gather each)");

@@ -215,15 +215,13 @@ void Job::report_step_times(int attempt) const {
   if (!times.empty()) say("step times (between optimizer steps) on node " + std::to_string(layout_.node_rank) + ": " + times);
 }
 
-// One node: names the rank that holds the job back, once each time another rank becomes it.
+// One node: names the rank that holds the job back, once each time another rank becomes it (with
+// the ranks' own threshold, which --straggler-threshold sets).
 void Job::report_straggler() {
-  if (args_.straggler_threshold_s <= 0) return;
-  fabric::StragglerSettings settings;
-  settings.threshold_s = args_.straggler_threshold_s;
-  const auto straggler = hang_watch_->straggler(settings);
+  const auto straggler = hang_watch_->straggler();
   if (!straggler || straggler->first.rank == named_straggler_) return;
   named_straggler_ = straggler->first.rank;
-  say(straggler->second + " (--straggler-threshold " + format_seconds(settings.threshold_s) + " s)");
+  say(straggler->second);
 }
 
 Outcome Job::fail(int attempt, Failure failure) {

@@ -14,6 +14,7 @@ fabric::WorkerSettings worker_settings(const LaunchArgs& args, const std::string
   settings.agent_store = true;
   settings.error_file = error_file;
   settings.hang_timeout_s = args.hang_timeout_s;
+  settings.straggler_threshold_s = args.straggler_threshold_s;
   settings.check_collectives = args.check_collectives;
   settings.process_group_backend = args.process_group_backend;
   settings.profile = args.profile;

@@ -184,6 +184,20 @@ case "$case_name" in
     grep -q spin_forever_on_purpose "$work/dumps/rank_1.stack.txt" || fail "rank 1's stack does not show its loop"
     echo "ok: hang reported after $((SECONDS - start)) s, exit status $status"
     ;;
+  srun_straggler|mpirun_straggler|torchrun_straggler)
+    # Rank 1 sleeps 120 ms before each step's all_reduce: rank 0's watchdog names it from the
+    # entries every rank publishes in the store, once, with its host and lag.
+    straggler_job="$(dirname "$trainer")/lf_straggler_job"
+    job=("$straggler_job" 60 1 120 "$work")  # the last argument only marks the job's processes
+    case "$case_name" in
+      srun_straggler) run "$log" srun "${srun_flags[@]}" -n 2 "${job[@]}" ;;
+      mpirun_straggler) run "$log" mpirun --oversubscribe -np 2 "${job[@]}" ;;
+      torchrun_straggler) run "$log" "$torchrun" --standalone --nproc-per-node 2 --no-python "${job[@]}" ;;
+    esac
+    expect_exit -eq 0 $?
+    source "$source_dir/tests/integration/expect_straggler.sh"
+    expect_straggler "$(cat "$log")" "lightning-fabric: rank 1 on $(hostname)"
+    ;;
   *)
     fail "unknown case"
     ;;

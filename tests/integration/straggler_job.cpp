@@ -1,5 +1,6 @@
 // A ddp job with one collective per step, for lightning-run's straggler report (straggler.sh):
-//   straggler_job STEPS SLOW_RANK SLEEP_MS   (SLOW_RANK -1: a balanced job)
+//   straggler_job STEPS SLOW_RANK SLEEP_MS [MARK]   (SLOW_RANK -1: a balanced job; MARK is ignored,
+//   it lets a test find the job's processes by their command line)
 // The slow rank sleeps before every step's all_reduce, so it arrives last by about SLEEP_MS.
 #include <lightning/fabric.h>
 #include <torch/torch.h>
@@ -12,8 +13,8 @@
 namespace lf = lightning::fabric;
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    std::cerr << "usage: straggler_job STEPS SLOW_RANK SLEEP_MS" << std::endl;
+  if (argc != 4 && argc != 5) {
+    std::cerr << "usage: straggler_job STEPS SLOW_RANK SLEEP_MS [MARK]" << std::endl;
     return 2;
   }
   const int steps = std::stoi(argv[1]), slow_rank = std::stoi(argv[2]), sleep_ms = std::stoi(argv[3]);

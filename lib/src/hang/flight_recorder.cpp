@@ -310,7 +310,7 @@ std::optional<Call> Recorder::call(uint64_t seq) const {
   return result;
 }
 
-std::vector<std::pair<uint64_t, int64_t>> Recorder::entries(size_t count) const {
+std::vector<std::pair<uint64_t, int64_t>> Recorder::entries(size_t count, EntryTimes times) const {
   std::vector<std::pair<uint64_t, int64_t>> result;
   if (header_->capacity == 0) return result;
   const uint64_t completed = header_->completed.load(std::memory_order_acquire);
@@ -318,8 +318,10 @@ std::vector<std::pair<uint64_t, int64_t>> Recorder::entries(size_t count) const 
     const Record& record = records_[seq % header_->capacity];
     std::atomic_thread_fence(std::memory_order_acquire);
     const int64_t enter_ns = record.enter_ns;
+    const int64_t leave_ns = record.leave_ns;
     std::atomic_thread_fence(std::memory_order_acquire);
-    if (record.seq == seq) result.emplace_back(seq, enter_ns);
+    if (record.seq != seq) continue;
+    result.emplace_back(seq, times == EntryTimes::kMonotonic ? enter_ns : enter_ns - leave_ns);
   }
   return result;
 }

@@ -32,17 +32,19 @@ std::vector<flight::Progress> HangWatch::read(const std::vector<std::string>& ex
   return ranks;
 }
 
-std::optional<std::pair<StragglerVerdict, std::string>> HangWatch::straggler(const StragglerSettings& settings) {
+std::optional<std::pair<StragglerVerdict, std::string>> HangWatch::straggler() {
   if (static_cast<int>(recorders_.size()) != world_size_) return std::nullopt;  // every rank must be local
   const auto ranks = read({});
   if (static_cast<int>(ranks.size()) != world_size_) return std::nullopt;
+  StragglerSettings settings;
+  settings.threshold_s = recorders_.front()->header().straggler_threshold_us / 1e6;
   std::vector<RankEntries> entries;
   for (size_t local = 0; local < recorders_.size(); ++local) {
     entries.push_back({rank_offset_ + static_cast<int>(local), recorders_[local]->entries(settings.window * 2)});
   }
   auto verdict = find_straggler(entries, settings);
   if (!verdict) return std::nullopt;
-  return std::make_pair(*verdict, describe_straggler(*verdict, ranks.front().host));
+  return std::make_pair(*verdict, describe_straggler(*verdict, ranks.front().host, settings.threshold_s));
 }
 
 std::string HangWatch::positions(const std::vector<std::string>& exited) { return fabric::describe_positions(read(exited)); }

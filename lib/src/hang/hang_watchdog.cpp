@@ -16,6 +16,7 @@
 #include "lightning/fabric/hang/stack_trace.h"
 #include "lightning/fabric/hang/flight_recorder.h"
 #include "lightning/fabric/hang/hang_report.h"
+#include "lightning/fabric/hang/straggler.h"
 #include "lightning/fabric/utilities/error_file.h"
 
 namespace lightning::fabric::internal {
@@ -103,8 +104,15 @@ class Watchdog {
 
   std::string key(const std::string& what, int rank) const { return what + "/" + std::to_string(rank); }
 
+  bool watches_stragglers() const { return settings_.group.straggler_threshold_s > 0 && settings_.world_size > 1; }
+
   void store_step() {
-    store_->set(key("progress", settings_.rank), bytes_of(flight::Recorder::process()->progress().serialize()));
+    flight::Recorder* recorder = flight::Recorder::process();
+    store_->set(key("progress", settings_.rank), bytes_of(recorder->progress().serialize()));
+    if (watches_stragglers()) {
+      const auto entries = recorder->entries(StragglerSettings().window * 2, flight::EntryTimes::kFromLeave);
+      store_->set(key("entries", settings_.rank), bytes_of(serialize_entries(entries)));
+    }
     if (store_->check({"dump"})) {
       std::string dir = settings_.group.hang_dump_dir.empty() ? text_of(store_->get("dump")) : settings_.group.hang_dump_dir;
       write_rank_dump(dir);
@@ -131,7 +139,10 @@ class Watchdog {
     }
     const double timeout_s = std::chrono::duration<double>(settings_.group.hang_timeout).count();
     const HangVerdict verdict = analyze_hang(ranks, settings_.world_size, timeout_s);
-    if (!verdict.hung) return;
+    if (!verdict.hung) {
+      report_straggler(ranks);
+      return;
+    }
 
     const std::string dir = settings_.group.hang_dump_dir.empty() ? default_dump_dir() : settings_.group.hang_dump_dir;
     store_->set("dump", bytes_of(dir));
@@ -156,7 +167,30 @@ class Watchdog {
     std::_Exit(kHangExitCode);
   }
 
+  // Rank 0: names the rank that holds the job back (find_straggler over the entries every rank
+  // published), once, and again only when another rank becomes the straggler.
+  void report_straggler(const std::vector<flight::Progress>& ranks) {
+    if (!watches_stragglers() || static_cast<int>(ranks.size()) != settings_.world_size) return;
+    std::vector<RankEntries> entries;
+    std::vector<std::string> keys;
+    for (int rank = 0; rank < settings_.world_size; ++rank) keys.push_back(key("entries", rank));
+    if (!store_->check(keys)) return;
+    const auto texts = store_->multiGet(keys);
+    for (int rank = 0; rank < settings_.world_size; ++rank) entries.push_back({rank, parse_entries(text_of(texts[rank]))});
+    StragglerSettings judged;
+    judged.threshold_s = settings_.group.straggler_threshold_s;
+    const auto verdict = find_straggler(entries, judged);
+    if (!verdict || verdict->rank == named_straggler_) return;
+    named_straggler_ = verdict->rank;
+    std::string host;
+    for (const auto& progress : ranks) {
+      if (progress.rank == verdict->rank) host = progress.host;
+    }
+    std::cerr << "lightning-fabric: " << describe_straggler(*verdict, host, judged.threshold_s) << std::endl;
+  }
+
   WatchdogSettings settings_;
+  int named_straggler_ = -1;
   c10::intrusive_ptr<c10d::Store> store_;
   std::map<int, std::pair<std::string, Clock::time_point>> last_seen_;
   bool dumped_ = false;
@@ -192,6 +226,7 @@ CollectiveWatch watch_collectives(const WatchdogSettings& settings) {
   CollectiveWatch watch;
   watch.recorder = flight::Recorder::process();
   watch.recorder->header().hang_timeout_ms = group.hang_timeout.count();
+  watch.recorder->header().straggler_threshold_us = static_cast<int32_t>(group.straggler_threshold_s * 1e6);
   watch.owns_watchdog = start_hang_watchdog(settings);
   return watch;
 }

@@ -47,11 +47,37 @@ std::optional<StragglerVerdict> find_straggler(const std::vector<RankEntries>& r
   return verdict;
 }
 
-std::string describe_straggler(const StragglerVerdict& verdict, const std::string& host) {
+std::string serialize_entries(const std::vector<std::pair<uint64_t, int64_t>>& entries) {
+  std::string text;
+  for (const auto& [seq, ns] : entries) {
+    if (!text.empty()) text += ',';
+    text += std::to_string(seq) + ':' + std::to_string(ns);
+  }
+  return text;
+}
+
+std::vector<std::pair<uint64_t, int64_t>> parse_entries(const std::string& text) {
+  std::vector<std::pair<uint64_t, int64_t>> entries;
+  std::istringstream in(text);
+  std::string pair;
+  while (std::getline(in, pair, ',')) {
+    const size_t colon = pair.find(':');
+    if (colon == std::string::npos) break;
+    try {
+      entries.emplace_back(std::stoull(pair.substr(0, colon)), std::stoll(pair.substr(colon + 1)));
+    } catch (const std::exception&) {
+      break;
+    }
+  }
+  return entries;
+}
+
+std::string describe_straggler(const StragglerVerdict& verdict, const std::string& host, double threshold_s) {
   std::ostringstream text;
   text << "rank " << verdict.rank << (host.empty() ? "" : " on " + host) << " arrives last at "
        << std::lround(verdict.share * 100) << "% of the last " << verdict.collectives << " collectives, median "
-       << std::lround(verdict.median_lag_s * 1000) << " ms behind the first";
+       << std::lround(verdict.median_lag_s * 1000) << " ms behind the first (straggler threshold " << threshold_s
+       << " s)";
   return text.str();
 }
 

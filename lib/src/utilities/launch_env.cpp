@@ -72,6 +72,7 @@ std::map<std::string, std::string> worker_environment(const WorkerSettings& sett
   vars[env::kUseAgentStore] = settings.agent_store ? "True" : "False";
   if (!settings.error_file.empty()) vars[env::kErrorFile] = settings.error_file;
   if (settings.hang_timeout_s) vars[env::kHangTimeout] = seconds_text(*settings.hang_timeout_s);
+  if (settings.straggler_threshold_s) vars[env::kStragglerThreshold] = seconds_text(*settings.straggler_threshold_s);
   if (settings.check_collectives) vars[env::kCheckCollectives] = "1";
   if (settings.process_group_backend) vars[env::kProcessGroupBackend] = *settings.process_group_backend;
   if (settings.profile) vars[env::kProfile] = *settings.profile;

@@ -164,3 +164,29 @@ TEST_CASE("hang analysis: after a crash, positions show where each rank was and 
   CHECK_THAT(text, Contains("collective #10 differs across ranks (rank 0: all_reduce float32[4]; rank 1: all_reduce float32[8])"));
   CHECK(lf::describe_positions({idle_after(0, 3, 1), idle_after(1, 3, 1)}).find("likely cause") == std::string::npos);
 }
+
+TEST_CASE("flight recorder: entries give entry times on the monotonic clock or counted back from the leave",
+          "[flight]") {
+  auto recorder = flight::Recorder::create(0, 2, 8, "");
+  for (int call = 0; call < 3; ++call) {
+    const int64_t shape[] = {4};
+    const uint64_t seq = recorder->begin("all_reduce", "world", "float32", shape, 1, 4);
+    recorder->wait(seq);
+    usleep(static_cast<useconds_t>(20000 * (call + 1)));  // waits of 20, 40 and 60 ms
+    recorder->end(seq, false);
+  }
+  issue(*recorder, "barrier", {}, false);  // in flight: not an entry yet
+  const auto monotonic = recorder->entries(8);
+  const auto from_leave = recorder->entries(8, flight::EntryTimes::kFromLeave);
+  REQUIRE(monotonic.size() == 3);
+  REQUIRE(from_leave.size() == 3);
+  CHECK(monotonic[0].first == 3);  // newest first
+  CHECK(monotonic[0].second > monotonic[2].second);
+  for (size_t i = 0; i < 3; ++i) {
+    const double waited_ms = -static_cast<double>(from_leave[i].second) / 1e6;
+    CHECK(from_leave[i].first == monotonic[i].first);
+    CHECK(waited_ms >= 20.0 * static_cast<double>(3 - i));
+    CHECK(waited_ms < 20.0 * static_cast<double>(3 - i) + 500);
+  }
+  CHECK(recorder->entries(2, flight::EntryTimes::kFromLeave).size() == 2);
+}

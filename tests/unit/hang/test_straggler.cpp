@@ -33,8 +33,9 @@ TEST_CASE("a rank that arrives last at most collectives by more than the thresho
   CHECK(verdict->share == 1.0);
   CHECK(verdict->median_lag_s == Approx(0.150));
   CHECK(verdict->collectives == 32);
-  CHECK_THAT(lf::describe_straggler(*verdict, "host-b"),
-             Contains("rank 3 on host-b arrives last at 100% of the last 32 collectives, median 150 ms behind the first"));
+  CHECK(lf::describe_straggler(*verdict, "host-b", 0.05) ==
+        "rank 3 on host-b arrives last at 100% of the last 32 collectives, median 150 ms behind the first "
+        "(straggler threshold 0.05 s)");
 }
 
 TEST_CASE("a balanced job, a sometimes-late rank and a short history name no one", "[straggler]") {
@@ -69,4 +70,32 @@ TEST_CASE("only collectives every rank completed count", "[straggler]") {
   auto short_history = entries(2, 40, slow);
   short_history[0].entries.erase(short_history[0].entries.begin(), short_history[0].entries.begin() + 20);
   CHECK_FALSE(lf::find_straggler(short_history, lf::StragglerSettings{}));  // 20 in common
+}
+
+TEST_CASE("entry times counted back from the leave name the straggler without a shared clock", "[straggler]") {
+  // Three ranks on unrelated clocks (offsets of hours). Every collective ends at one moment;
+  // rank 1 waits 1 ms in each, ranks 0 and 2 wait 121 and 123 ms.
+  const int64_t offsets[] = {0, 7'200'000'000'000, -3'600'000'000'000};
+  std::vector<lf::RankEntries> ranks;
+  for (int rank = 0; rank < 3; ++rank) {
+    lf::RankEntries one{rank, {}};
+    for (uint64_t seq = 40; seq >= 1; --seq) {
+      const int64_t leave = static_cast<int64_t>(seq) * 300'000'000 + offsets[rank];
+      const int64_t wait = rank == 1 ? 1'000'000 : 121'000'000 + rank * 1'000'000;
+      one.entries.emplace_back(seq, (leave - wait) - leave);  // what EntryTimes::kFromLeave gives
+    }
+    ranks.push_back(one);
+  }
+  const auto verdict = lf::find_straggler(ranks, lf::StragglerSettings());
+  REQUIRE(verdict);
+  CHECK(verdict->rank == 1);
+  CHECK(verdict->median_lag_s == Approx(0.122));  // behind rank 2, which waits longest (123 ms)
+}
+
+TEST_CASE("entries survive the store's text form; a malformed tail is dropped", "[straggler]") {
+  const std::vector<std::pair<uint64_t, int64_t>> entries{{12, -1500}, {11, 0}, {10, 987654321012}};
+  CHECK(lf::serialize_entries(entries) == "12:-1500,11:0,10:987654321012");
+  CHECK(lf::parse_entries(lf::serialize_entries(entries)) == entries);
+  CHECK(lf::parse_entries("").empty());
+  CHECK(lf::parse_entries("3:5,oops,2:1") == std::vector<std::pair<uint64_t, int64_t>>{{3, 5}});
 }

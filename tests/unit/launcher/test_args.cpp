@@ -194,6 +194,7 @@ TEST_CASE("worker environment: lightning-run and Fabric::launch() build it with 
   args.accelerator = "cpu";
   args.devices = "2";
   args.hang_timeout_s = 0.5;
+  args.straggler_threshold_s = 0.25;
   args.check_collectives = true;
   const auto cli = launcher::worker_environment(args, layout, 1, parent, "/tmp/rank_1.error.json");
   CHECK(cli == lf::worker_environment(launcher::worker_settings(args, "/tmp/rank_1.error.json"), layout, 1, parent));
@@ -203,6 +204,7 @@ TEST_CASE("worker environment: lightning-run and Fabric::launch() build it with 
   CHECK(cli.at("LT_DEVICES") == "2");
   CHECK(cli.at("LT_NUM_NODES") == "1");
   CHECK(cli.at("LT_HANG_TIMEOUT") == "0.5");
+  CHECK(cli.at("LT_STRAGGLER_THRESHOLD") == "0.25");
   CHECK(cli.at("LT_CHECK_COLLECTIVES") == "1");
   CHECK(cli.at("TORCHELASTIC_USE_AGENT_STORE") == "True");
   CHECK(cli.at("TORCHELASTIC_ERROR_FILE") == "/tmp/rank_1.error.json");

@@ -30,6 +30,9 @@ void check_process_group_settings(const std::string& owner, const ProcessGroupSe
            settings.rendezvous_timeout.count(), " ms must be positive (default 5 minutes).");
   LF_CHECK(settings.hang_timeout.count() >= 0, ValueError, owner, ": process_group.hang_timeout=",
            settings.hang_timeout.count(), " ms must be 0 (off) or positive (default 5 minutes).");
+  LF_CHECK(settings.straggler_threshold_s >= 0 && settings.straggler_threshold_s <= 2000, ValueError, owner,
+           ": process_group.straggler_threshold_s=", settings.straggler_threshold_s,
+           " must be 0 (off) or seconds up to 2000 (default 0.05).");
 }
 
 namespace {
@@ -49,6 +52,11 @@ ProcessGroupSettings with_environment_overrides(ProcessGroupSettings settings, c
     settings.rendezvous_timeout = milliseconds_of(*seconds);
   }
   if (auto seconds = reader.seconds(env::kHangTimeout)) settings.hang_timeout = milliseconds_of(*seconds);  // 0: off
+  if (auto seconds = reader.seconds(env::kStragglerThreshold)) {
+    LF_CHECK(*seconds <= 2000, ValueError, env::kStragglerThreshold, "=\"", *env(env::kStragglerThreshold),
+             "\" is not valid: give the median lag in seconds that names a straggler, 0 (off) to 2000 (default 0.05).");
+    settings.straggler_threshold_s = *seconds;
+  }
   if (auto records = reader.integer(env::kFlightRecords)) {
     LF_CHECK(*records >= 0 && *records <= 1000000, ValueError, env::kFlightRecords, "=\"", *env(env::kFlightRecords),
              "\" is not valid: give the number of collectives the flight recorder keeps, 0 to 1000000 "

@@ -33,6 +33,7 @@ TEST_CASE("ddp and fsdp compose one ProcessGroupSettings with one set of default
   CHECK(defaults.timeout == std::chrono::minutes(30));
   CHECK(defaults.rendezvous_timeout == std::chrono::minutes(5));
   CHECK(defaults.hang_timeout == std::chrono::minutes(5));
+  CHECK(defaults.straggler_threshold_s == 0.05);
   CHECK_FALSE(defaults.backend.has_value());
   CHECK(defaults.flight_records == 2048);
   CHECK_FALSE(defaults.check_collectives);
@@ -49,7 +50,13 @@ TEST_CASE("check_process_group_settings names the owner, the field and the defau
   CHECK_THROWS_WITH(lf::check_process_group_settings("MyOptions", bad),
                     Contains("MyOptions: process_group.timeout=0 ms must be positive (default 30 minutes)"));
   bad = {};
+  bad.straggler_threshold_s = -1;
+  CHECK_THROWS_WITH(lf::check_process_group_settings("MyOptions", bad),
+                    Contains("MyOptions: process_group.straggler_threshold_s=-1 must be 0 (off)") &&
+                        Contains("default 0.05"));
+  bad = {};
   bad.hang_timeout = milliseconds(0);  // off
+  bad.straggler_threshold_s = 0;       // off
   CHECK_NOTHROW(lf::check_process_group_settings("MyOptions", bad));
 }
 
@@ -63,6 +70,7 @@ TEST_CASE("with_environment_overrides: the environment wins over code for every 
   const auto set = overridden({{"LT_PROCESS_GROUP_BACKEND", "shm"},
                                {"LT_RENDEZVOUS_TIMEOUT", "2.5"},
                                {"LT_HANG_TIMEOUT", "0.5"},
+                               {"LT_STRAGGLER_THRESHOLD", "0.2"},
                                {"LT_FLIGHT_RECORDS", "16"},
                                {"LT_CHECK_COLLECTIVES", "1"},
                                {"GLOO_SOCKET_IFNAME", "lo"},
@@ -73,6 +81,7 @@ TEST_CASE("with_environment_overrides: the environment wins over code for every 
   CHECK(set.backend == lf::ProcessGroupBackend::Shm);
   CHECK(set.rendezvous_timeout == milliseconds(2500));
   CHECK(set.hang_timeout == milliseconds(500));
+  CHECK(set.straggler_threshold_s == 0.2);
   CHECK(set.flight_records == 16);
   CHECK(set.check_collectives);
   CHECK(set.socket_interface == "lo");
@@ -92,6 +101,9 @@ TEST_CASE("with_environment_overrides: a malformed variable names itself and wha
   CHECK_THROWS_WITH(overridden({{"LT_RENDEZVOUS_TIMEOUT", "0"}}),
                     Contains("LT_RENDEZVOUS_TIMEOUT=\"0\"") && Contains("positive number"));
   CHECK_THROWS_WITH(overridden({{"LT_HANG_TIMEOUT", "soon"}}), Contains("LT_HANG_TIMEOUT=\"soon\""));
+  CHECK_THROWS_WITH(overridden({{"LT_STRAGGLER_THRESHOLD", "-1"}}), Contains("LT_STRAGGLER_THRESHOLD=\"-1\""));
+  CHECK_THROWS_WITH(overridden({{"LT_STRAGGLER_THRESHOLD", "5000"}}),
+                    Contains("LT_STRAGGLER_THRESHOLD=\"5000\"") && Contains("0 (off) to 2000"));
   CHECK_THROWS_WITH(overridden({{"LT_CHECK_COLLECTIVES", "maybe"}}), Contains("LT_CHECK_COLLECTIVES=\"maybe\""));
   CHECK_THROWS_WITH(overridden({{"LT_FLIGHT_RECORDS", "many"}}), Contains("LT_FLIGHT_RECORDS=\"many\""));
   CHECK_THROWS_WITH(overridden({{"LT_FLIGHT_RECORDS", "2000000"}}), Contains("0 to 1000000"));

@@ -24,6 +24,7 @@ inline constexpr const char* kTerminal = "LT_TERMINAL";          // "1": the con
 // Read by the runtime, set by the user (any launcher).
 inline constexpr const char* kRendezvousTimeout = "LT_RENDEZVOUS_TIMEOUT";  // seconds ranks wait to arrive
 inline constexpr const char* kHangTimeout = "LT_HANG_TIMEOUT";       // seconds in a collective = hang; 0 off
+inline constexpr const char* kStragglerThreshold = "LT_STRAGGLER_THRESHOLD";  // seconds behind = straggler; 0 off
 inline constexpr const char* kFlightRecords = "LT_FLIGHT_RECORDS";   // flight recorder ring size; 0 off
 inline constexpr const char* kHangDumpDir = "LT_HANG_DUMP_DIR";      // where hang dumps are written
 inline constexpr const char* kProcessGroupBackend = "LT_PROCESS_GROUP_BACKEND";  // gloo | nccl | shm: wins over code

@@ -47,7 +47,7 @@ struct Header {
   int32_t rank = -1;
   int32_t world_size = 0;
   int32_t pid = 0;
-  int32_t reserved = 0;
+  int32_t straggler_threshold_us = 0;  // the rank's effective straggler threshold (the launcher judges with it)
   int64_t start_mono_ns = 0;        // CLOCK_MONOTONIC and CLOCK_REALTIME at creation, to print wall times
   int64_t start_wall_ns = 0;
   int64_t hang_timeout_ms = 0;      // the rank's effective hang timeout (the launcher judges with it)
@@ -94,6 +94,13 @@ struct Progress {
 
 int64_t monotonic_ns();
 
+/// How Recorder::entries times each collective's entry so that ranks can be compared:
+///   kMonotonic: its CLOCK_MONOTONIC entry time, comparable between ranks of one machine;
+///   kFromLeave: minus its wait (leave - enter), its entry time counted back from the moment it
+///     left. Every rank leaves a collective at about the same moment, so these compare across
+///     machines without synchronised clocks.
+enum class EntryTimes { kMonotonic, kFromLeave };
+
 class Recorder {
  public:
   /// A new recorder for this rank: in `file` (created, mode 0600) when not empty, else in private
@@ -130,9 +137,9 @@ class Recorder {
   std::string dump_text() const;
   /// The record with this seq, if the ring still holds it.
   std::optional<Call> call(uint64_t seq) const;
-  /// When this rank entered each of its last `count` completed collectives: (seq, enter_ns on
-  /// CLOCK_MONOTONIC), newest first, as far as the ring still holds them.
-  std::vector<std::pair<uint64_t, int64_t>> entries(size_t count) const;
+  /// When this rank entered each of its last `count` completed collectives: (seq, entry time in ns
+  /// as `times` says), newest first, as far as the ring still holds them.
+  std::vector<std::pair<uint64_t, int64_t>> entries(size_t count, EntryTimes times = EntryTimes::kMonotonic) const;
 
  private:
   Recorder() = default;

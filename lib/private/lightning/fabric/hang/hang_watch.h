@@ -37,9 +37,10 @@ class HangWatch {
   /// After a local worker failed: where every rank was (describe_positions); empty without recorders.
   std::string positions(const std::vector<std::string>& exited);
 
-  /// The rank that holds the job back now (find_straggler over every rank's recorder), with the
-  /// message naming it and this host; nullopt without one or before every rank has a recorder.
-  std::optional<std::pair<StragglerVerdict, std::string>> straggler(const StragglerSettings& settings);
+  /// The rank that holds the job back now (find_straggler over every rank's recorder, with the
+  /// threshold rank 0 wrote in its recorder), with the message naming it, this host and the
+  /// threshold; nullopt without one, with the threshold 0, or before every rank has a recorder.
+  std::optional<std::pair<StragglerVerdict, std::string>> straggler();
 
   /// Milliseconds between checks (a fraction of the hang timeout, 50 ms to 1 s).
   int period_ms() const;

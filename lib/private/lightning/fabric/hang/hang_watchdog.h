@@ -8,7 +8,9 @@
 //     job's store, over a connection of its own; rank 0's watchdog reads every rank's, and when
 //     some rank has waited in a collective for the hang timeout it asks every rank to dump, writes
 //     the report to stderr, the report file and the error file, and ends the process with
-//     kHangExitCode. The other ranks end with it after dumping.
+//     kHangExitCode. The other ranks end with it after dumping. Each rank also publishes its last
+//     collectives' entry times counted back from their leave, and rank 0 names a straggler
+//     (hang/straggler.h) on its stderr.
 // Dump files: <dir>/rank_<R>.flight.txt (the recorder) and <dir>/rank_<R>.stack.txt (the native
 // stack of the thread that issued the collectives).
 #pragma once

@@ -1,7 +1,9 @@
 // Which rank holds a job back: from every rank's flight recorder, each rank's arrival lag at the
 // collectives all ranks completed (its entry time minus the first rank's), over a sliding window.
-// A rank that arrives last at most of them, by more than a threshold, is the straggler. Used by
-// lightning-run on one node (HangWatch::straggler), where all recorders share one monotonic clock.
+// A rank that arrives last at most of them, by more than a threshold, is the straggler. Judged by
+// lightning-run on one node (HangWatch::straggler, entry times on the node's monotonic clock) and
+// otherwise by rank 0's hang watchdog from the entries every rank publishes in the store (entry
+// times counted back from each collective's leave, which needs no synchronised clocks).
 #pragma once
 
 #include <cstdint>
@@ -36,7 +38,13 @@ struct RankEntries {
 /// than two ranks, fewer than window common collectives, or a threshold of 0).
 std::optional<StragglerVerdict> find_straggler(const std::vector<RankEntries>& ranks, const StragglerSettings& settings);
 
-/// "rank 3 on host-b arrives last at 92% of the last 32 collectives, median 180 ms behind the first".
-std::string describe_straggler(const StragglerVerdict& verdict, const std::string& host);
+/// The store's text form of entries: "seq:ns" pairs joined by commas; parse_entries reads it back
+/// (a malformed pair ends the list there).
+std::string serialize_entries(const std::vector<std::pair<uint64_t, int64_t>>& entries);
+std::vector<std::pair<uint64_t, int64_t>> parse_entries(const std::string& text);
+
+/// "rank 3 on host-b arrives last at 92% of the last 32 collectives, median 180 ms behind the first
+/// (straggler threshold 0.05 s)".
+std::string describe_straggler(const StragglerVerdict& verdict, const std::string& host, double threshold_s);
 
 }  // namespace lightning::fabric

@@ -53,10 +53,12 @@ struct WorkerSettings {
   /// TORCHELASTIC_ERROR_FILE: where the worker records an uncaught exception. Empty: not set
   /// (Fabric::launch()'s own process, local rank 0, whose failure is its own to report).
   std::string error_file;
-  /// LT_HANG_TIMEOUT ("2", "0.5"), LT_CHECK_COLLECTIVES=1, LT_PROCESS_GROUP_BACKEND: lightning-run's
-  /// --hang-timeout, --check-collectives, --process-group-backend, set only when given. Unset or
-  /// false, the parent's values pass through (Fabric::launch()'s processes inherit its own).
+  /// LT_HANG_TIMEOUT ("2", "0.5"), LT_STRAGGLER_THRESHOLD, LT_CHECK_COLLECTIVES=1,
+  /// LT_PROCESS_GROUP_BACKEND: lightning-run's --hang-timeout, --straggler-threshold,
+  /// --check-collectives, --process-group-backend, set only when given. Unset or false, the
+  /// parent's values pass through (Fabric::launch()'s processes inherit its own).
   std::optional<double> hang_timeout_s;
+  std::optional<double> straggler_threshold_s;
   bool check_collectives = false;
   std::optional<std::string> process_group_backend;
   /// LT_PROFILE, LT_PROFILE_RANKS, LT_PROFILE_DIR (utilities/profiler.h): lightning-run's --profile

@@ -37,6 +37,11 @@ struct LF_API ProcessGroupSettings {
   /// code 86 (docs/launcher.md, "When a job hangs"). 0 turns detection off. LT_HANG_TIMEOUT
   /// (seconds; lightning-run --hang-timeout) wins.
   std::chrono::milliseconds hang_timeout = std::chrono::minutes(5);
+  /// A rank that arrives last at 80 % of the last 32 collectives, by a median of at least this many
+  /// seconds, is named as the job's straggler while it runs (docs/launcher.md, "Stragglers"); 0
+  /// turns the check off. Judged with hang detection, so hang_timeout 0 turns it off too.
+  /// LT_STRAGGLER_THRESHOLD (seconds; lightning-run --straggler-threshold) wins.
+  double straggler_threshold_s = 0.05;
   /// Unset: nccl on CUDA; on CPU shm when every rank is on one machine (checked when the group
   /// forms), else gloo. LT_PROCESS_GROUP_BACKEND (lightning-run --process-group-backend) wins.
   std::optional<ProcessGroupBackend> backend;
@@ -62,7 +67,7 @@ struct LF_API ProcessGroupSettings {
 LF_API void check_process_group_settings(const std::string& owner, const ProcessGroupSettings& settings);
 
 /// settings with every environment variable that overrides one applied, through env::Reader:
-/// LT_PROCESS_GROUP_BACKEND, LT_RENDEZVOUS_TIMEOUT, LT_HANG_TIMEOUT, LT_FLIGHT_RECORDS,
+/// LT_PROCESS_GROUP_BACKEND, LT_RENDEZVOUS_TIMEOUT, LT_HANG_TIMEOUT, LT_STRAGGLER_THRESHOLD, LT_FLIGHT_RECORDS,
 /// LT_CHECK_COLLECTIVES, GLOO_SOCKET_IFNAME, LT_HANG_DUMP_DIR, LT_FLIGHT_DIR and
 /// TORCHELASTIC_ERROR_FILE. ValueError naming the variable, its value and what is valid.
 LF_API ProcessGroupSettings with_environment_overrides(ProcessGroupSettings settings, const env::EnvLookup& env);
