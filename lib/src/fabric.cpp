@@ -1,5 +1,7 @@
 #include "lightning/fabric/fabric.h"
 
+#include "lightning/fabric/utilities/activation_checkpoint.h"
+
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -115,10 +117,12 @@ void Fabric::validate_setup(const std::shared_ptr<torch::nn::Module>& module,
   }
 }
 
-void Fabric::prepare_module(const std::shared_ptr<torch::nn::Module>& module, bool move_to_device) {
+void Fabric::prepare_module(const std::shared_ptr<torch::nn::Module>& module, const SetupOptions& options) {
   ensure_environment_ready();
   connector_->precision->convert_module(*module);
-  if (move_to_device) connector_->strategy->module_to_device(*module);
+  if (options.move_to_device) connector_->strategy->module_to_device(*module);
+  apply_activation_checkpointing(*module,
+                                 options.activation_checkpointing.value_or(connector_->strategy->activation_checkpointing()));
   connector_->strategy->setup_module(module);
   setup_modules_.erase(std::remove_if(setup_modules_.begin(), setup_modules_.end(),
                                       [](const std::weak_ptr<torch::nn::Module>& m) { return m.expired(); }),

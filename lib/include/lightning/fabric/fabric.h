@@ -49,6 +49,10 @@ struct LF_API SetupOptions {
   /// Whether these optimizers step through ATen's fused kernels where they cover them
   /// (utilities/fused_step.h); unset: FabricOptions::fused_optimizer_steps (default true).
   std::optional<bool> fuse_optimizer_steps;
+  /// The submodules whose activations are recomputed in backward instead of kept
+  /// (activation_checkpoint.h); unset: the strategy's (DDPOptions / FSDPOptions
+  /// ::activation_checkpointing; none for the others). Applies to setup and setup_module.
+  std::optional<ModulePolicy> activation_checkpointing;
 };
 
 /// What Fabric::clip_gradients does: exactly one of clip_val (clamp every gradient element to
@@ -205,7 +209,7 @@ class LF_API Fabric {
       bool scheduler_seen = false;
       (collect_setup_arg(rest, optimizers, scheduler_seen), ...);
       validate_setup(impl, optimizers);
-      prepare_module(impl, options.move_to_device);
+      prepare_module(impl, options);
       for (auto* optimizer : optimizers) prepare_optimizer(*optimizer);
       return wrap_results(options, FabricModule<typename Arg::impl>(impl, strategy()), std::forward<Rest>(rest)...);
     }
@@ -229,7 +233,7 @@ class LF_API Fabric {
       refuse_if_joint_setup_required("setup_module");
       std::shared_ptr<typename Arg::impl> impl = Arg::get(module);
       validate_setup(impl, {});
-      prepare_module(impl, options.move_to_device);
+      prepare_module(impl, options);
       return FabricModule<typename Arg::impl>(impl, strategy());
     }
   }
@@ -452,7 +456,7 @@ class LF_API Fabric {
   std::optional<at::Tensor> clip_optimizer_gradients(torch::optim::Optimizer& optimizer, const GradientClipping& clipping);
   void validate_setup(const std::shared_ptr<torch::nn::Module>& module,
                       const std::vector<torch::optim::Optimizer*>& optimizers);
-  void prepare_module(const std::shared_ptr<torch::nn::Module>& module, bool move_to_device);
+  void prepare_module(const std::shared_ptr<torch::nn::Module>& module, const SetupOptions& options);
   void prepare_optimizer(torch::optim::Optimizer& optimizer);
   void ensure_environment_ready();
   std::shared_ptr<StepObserver> make_step_observer(const FabricOptions& options, const env::EnvLookup& env) const;

@@ -31,6 +31,9 @@ struct LF_API DDPOptions {
   double first_bucket_mb = 1.0;         // small, so the first all-reduce starts early in backward
   /// Timeouts, backend and hang detection of the process group (process_group_settings.h).
   ProcessGroupSettings process_group;
+  /// Submodules whose activations are recomputed in backward (activation_checkpoint.h), e.g.
+  /// lf::ModulePolicy::of_type<BlockImpl>(); empty: none. SetupOptions::activation_checkpointing wins.
+  ModulePolicy activation_checkpointing;
 };
 
 /// DDP with settings, for FabricOptions().strategy(...):
@@ -47,6 +50,7 @@ class LF_API DDPStrategy : public ParallelStrategy {
   ~DDPStrategy() override;
   std::string name() const override { return options_.name; }
   const DDPOptions& options() const { return options_; }
+  ModulePolicy activation_checkpointing() const override { return options_.activation_checkpointing; }
 
   /// Broadcasts rank 0's parameters and buffers, then attaches a gradient reducer (collective).
   void setup_module(const std::shared_ptr<torch::nn::Module>& module) override;

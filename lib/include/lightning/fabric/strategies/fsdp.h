@@ -48,6 +48,11 @@ struct LF_API FSDPOptions {
   /// Sequential inside the module that holds at least this many parameters becomes an FSDPUnit.
   /// 0 (the default): only the units the model declares itself (fsdp_unit.h).
   int64_t auto_wrap_min_params = 0;
+  /// Submodules whose activations are recomputed in backward (Python's
+  /// activation_checkpointing_policy; activation_checkpoint.h), e.g.
+  /// lf::ModulePolicy::of_type<BlockImpl>(); empty: none. Inside a unit, the gathered parameters
+  /// are reused by the recompute. SetupOptions::activation_checkpointing wins.
+  ModulePolicy activation_checkpointing;
 };
 
 /// FSDP with settings, for FabricOptions().strategy(...). ValueError for a bad state_dict_type.
@@ -59,6 +64,7 @@ class LF_API FSDPStrategy : public ParallelStrategy {
   ~FSDPStrategy() override;
   std::string name() const override { return "fsdp"; }
   const FSDPOptions& fsdp_options() const { return fsdp_options_; }
+  ModulePolicy activation_checkpointing() const override { return fsdp_options_.activation_checkpointing; }
 
   void setup_module(const std::shared_ptr<torch::nn::Module>& module) override;
   void setup_optimizer(torch::optim::Optimizer& optimizer) override;

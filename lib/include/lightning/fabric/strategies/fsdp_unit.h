@@ -22,9 +22,11 @@
 #include <functional>
 #include <memory>
 
+#include "lightning/fabric/utilities/wrapper_module.h"
+
 namespace lightning::fabric {
 
-class LF_API FSDPUnitImpl : public torch::nn::Module {
+class LF_API FSDPUnitImpl : public WrapperModule {
  public:
   /// What the fsdp strategy does around the forward; attached by FSDPStrategy::setup_module.
   struct Hooks {
@@ -39,15 +41,14 @@ class LF_API FSDPUnitImpl : public torch::nn::Module {
   template <typename ModuleType>
   explicit FSDPUnitImpl(ModuleType wrapped) : FSDPUnitImpl(torch::nn::AnyModule(std::move(wrapped))) {}
 
+  /// The wrapped module's forward between the strategy's hooks; checkpointed inside them when
+  /// activation checkpointing marked the wrapped module (activation_checkpoint.h).
   at::Tensor forward(at::Tensor input);
-  void train(bool on = true) override;
-  const std::shared_ptr<torch::nn::Module>& wrapped() const { return wrapped_; }
   void attach(std::shared_ptr<Hooks> hooks) { hooks_ = std::move(hooks); }
 
  private:
   FSDPUnitImpl(std::shared_ptr<torch::nn::Module> wrapped, std::function<at::Tensor(at::Tensor)> forward);
 
-  std::shared_ptr<torch::nn::Module> wrapped_;
   std::function<at::Tensor(at::Tensor)> forward_;
   std::weak_ptr<Hooks> hooks_;  // owned by the strategy
 };

@@ -24,6 +24,7 @@
 #include "lightning/fabric/registry.h"
 #include "lightning/fabric/utilities/env_vars.h"
 #include "lightning/fabric/utilities/fused_step.h"
+#include "lightning/fabric/utilities/module_policy.h"
 #include "lightning/fabric/utilities/scope_guard.h"
 
 namespace lightning::fabric {
@@ -82,6 +83,8 @@ class LF_API Strategy {
   virtual void module_to_device(torch::nn::Module& module) const;
   /// Wraps/attaches to the module for this strategy (DDP: gradient reducer). Default: nothing.
   virtual void setup_module(const std::shared_ptr<torch::nn::Module>& module) { (void)module; }
+  /// The submodules Fabric::setup checkpoints when SetupOptions names none (activation_checkpoint.h).
+  virtual ModulePolicy activation_checkpointing() const { return {}; }
   /// Prepares an optimizer built over the set-up module's parameters. Default: nothing.
   virtual void setup_optimizer(torch::optim::Optimizer& optimizer) { (void)optimizer; }
 
