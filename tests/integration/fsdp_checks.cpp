@@ -6,6 +6,8 @@
 //   fsdp_checks units SHARDING       the same with sharding units (auto-wrapped Sequential children
 //                                    and a declared FSDPUnit); under FULL_SHARD the parameters held
 //                                    in full never exceed the set-up module's own plus one unit's
+//   fsdp_checks checkpointed SHARDING   the units checkpointed (FSDPOptions::activation_checkpointing):
+//                                    the same result and bound, the checkpointed part run twice
 //   fsdp_checks scaler               a loss scaler over shards: when only rank 0's shard overflows,
 //                                    every rank skips the step and backs the scale off together
 //   fsdp_checks save SHARDING DIR    train, save a sharded checkpoint to DIR/ck and the full
@@ -60,7 +62,11 @@ struct ProbeFunction : torch::autograd::Function<ProbeFunction> {
 };
 
 struct ProbeImpl : torch::nn::Module {
-  torch::Tensor forward(const torch::Tensor& x) { return ProbeFunction::apply(x); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    ++forwards;
+    return ProbeFunction::apply(x);
+  }
+  int forwards = 0;
 };
 TORCH_MODULE(Probe);
 
@@ -80,10 +86,12 @@ struct UnitNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(UnitNet);
 
-lf::Fabric make_fabric(const std::string& sharding, int64_t auto_wrap_min_params = 0) {
+lf::Fabric make_fabric(const std::string& sharding, int64_t auto_wrap_min_params = 0,
+                       lf::ModulePolicy activation_checkpointing = {}) {
   lf::FSDPOptions options;
   options.sharding_strategy = lf::parse_sharding_strategy(sharding);
   options.auto_wrap_min_params = auto_wrap_min_params;
+  options.activation_checkpointing = std::move(activation_checkpointing);
   return lf::Fabric(lf::FabricOptions().accelerator("cpu").strategy(lf::fsdp_strategy(options)));
 }
 
@@ -229,6 +237,41 @@ int units(const std::string& sharding) {
   return 0;
 }
 
+// The units of `units`, each checkpointed (FSDPOptions::activation_checkpointing by name): two
+// auto-wrapped Linears and the declared unit's Sequential. The same result within fp32 rounding,
+// the same bound on full parameters, and the checkpointed probe runs twice per forward.
+int checkpointed(const std::string& sharding) {
+  auto fabric = make_fabric(sharding, 500, lf::ModulePolicy([](const torch::nn::Module&, const std::string& name) {
+                              return name == "body.0" || name == "body.2" || name == "body.4";
+                            }));
+  UnitNet net;
+  watched = net.ptr().get();
+  const double worst = train_and_compare(fabric, net, 50, /*reducing_units=*/4, /*max_norm=*/0.01);
+  watched = nullptr;
+  expect(worst < 1e-5, sharding + " with checkpointed units: parameters after 50 steps within fp32 rounding of the "
+                           "reference (relative " + std::to_string(worst) + ")");
+  std::vector<int> forwards;
+  for (const auto& module : net->modules()) {
+    if (auto* probe = dynamic_cast<ProbeImpl*>(module.get())) forwards.push_back(probe->forwards);
+  }
+  const int passes = 50 + 17;  // every step's forward and every third step's accumulated one
+  expect(forwards == std::vector<int>{2 * passes, passes},
+         "the probe in a checkpointed unit runs again in backward, the other one does not (" +
+             std::to_string(forwards.empty() ? -1 : forwards[0]) + " and " +
+             std::to_string(forwards.size() < 2 ? -1 : forwards[1]) + " forwards)");
+  expect(net->named_parameters().contains("body.0.weight") && net->named_parameters().contains("body.2.0.weight"),
+         "checkpoint and unit wrappers keep the parameter names");
+  const int64_t head = 305 * 4, largest_unit = 720 * 4;
+  if (sharding == "FULL_SHARD") {
+    expect(peak_parameter_bytes <= head + largest_unit,
+           "with checkpointing, still at most the set-up module's own parameters and one unit's are full (peak " +
+               std::to_string(peak_parameter_bytes) + " bytes)");
+  }
+  std::cout << "rank " << fabric.global_rank() << " " << sharding << " with checkpointed units: relative difference "
+            << worst << ", peak bytes of full parameters " << peak_parameter_bytes << std::endl;
+  return 0;
+}
+
 int scaler() {
   auto loss_scaler = std::make_shared<lf::LossScaler>(lf::LossScalerOptions{1e36, 2.0, 0.5, 2000});
   auto precision = std::make_shared<lf::MixedPrecision>("bf16-mixed", torch::kBFloat16, loss_scaler);
@@ -308,11 +351,13 @@ int main(int argc, char** argv) {
   try {
     if (mode == "train" && argc == 3) train(argv[2]);
     else if (mode == "units" && argc == 3) units(argv[2]);
+    else if (mode == "checkpointed" && argc == 3) checkpointed(argv[2]);
     else if (mode == "scaler" && argc == 2) scaler();
     else if (mode == "save" && argc == 4) save(argv[2], argv[3]);
     else if (mode == "load" && argc == 3) load(argv[2]);
     else {
-      std::cerr << "usage: fsdp_checks train SHARDING | units SHARDING | scaler | save SHARDING DIR | load DIR" << std::endl;
+      std::cerr << "usage: fsdp_checks train SHARDING | units SHARDING | checkpointed SHARDING | scaler | "
+                   "save SHARDING DIR | load DIR" << std::endl;
       return 2;
     }
   } catch (const std::exception& error) {

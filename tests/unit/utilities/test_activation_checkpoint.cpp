@@ -160,7 +160,7 @@ TEST_CASE("checkpoint: a tensor that needs a gradient and is not listed is an er
   CHECK_FALSE(lf::checkpoint([&](const torch::Tensor& t) { return t * hidden; }, x).requires_grad());
 }
 
-TEST_CASE("apply_activation_checkpointing marks matches anywhere; lf::call and Sequential children honour it",
+TEST_CASE("apply_activation_checkpointing marks matches anywhere, and lf::call and Sequential children honour it",
           "[checkpoint]") {
   torch::manual_seed(0);
   Net net(8, 2, 0.0, true);
