@@ -20,6 +20,8 @@
 #include <torch/torch.h>
 
 #include <ATen/record_function.h>
+#include <malloc.h>
+#include <sys/resource.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 
 #include <algorithm>
@@ -41,6 +43,7 @@ struct GptSettings {
   std::string optimizer_step = "fused";  // or "libtorch"
   bool profile_step = false;
   bool cuda_graph = false;
+  bool activation_checkpointing = false;  // recompute each block's activations in backward
   examples::SharedFlags shared;  // --accelerator, --devices, --strategy, --precision (unset unless given), --no-progress
 };
 
@@ -90,7 +93,8 @@ struct GptImpl : torch::nn::Module {
   // tokens: [B, T] -> logits [B, T, vocab]
   torch::Tensor forward(const torch::Tensor& ids) {
     auto x = tokens(ids) + positions(torch::arange(ids.size(1), ids.options()));  // [B, T, D]
-    for (auto& block : blocks) x = block(x);
+    // Through lf::call, so that an activation-checkpointing policy reaches the blocks.
+    for (auto& block : blocks) x = lf::call(block, x);
     return linear(head, ln_f(x));
   }
   torch::nn::Embedding tokens, positions;
@@ -167,6 +171,20 @@ void print_step_profile(const Step& step, bool cuda, const std::string& optimize
             << ",\"aten_operators\":" << operators << "}" << std::endl;
 }
 
+// Heap bytes in use (small blocks plus mmap'ed large ones): on the CPU, what a forward's
+// activations add until its backward frees them.
+size_t heap_in_use() {
+  const auto info = mallinfo2();
+  return info.uordblks + info.hblkhd;
+}
+
+// The process's peak resident memory so far, in MB.
+double peak_rss_mb() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / 1024.0;
+}
+
 int main(int argc, char** argv) {
   GptSettings s;
   CLI::App app{"A small GPT-style model on synthetic tokens (benchmark P8)"};
@@ -183,6 +201,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"fused", "libtorch"}));
   app.add_flag("--profile-step", s.profile_step, "Profile one more step and print its kernel count");
   app.add_flag("--cuda-graph", s.cuda_graph, "Capture the step as a CUDA graph and replay it (experimental)");
+  app.add_flag("--activation-checkpointing", s.activation_checkpointing,
+               "Keep no activations inside the blocks: recompute each block in backward");
   bool list_forward_ops = false;
   app.add_flag("--list-forward-ops", list_forward_ops,
                "Print the ATen operators one CPU forward issues, with their counts (no training)");
@@ -201,7 +221,19 @@ int main(int argc, char** argv) {
     int64_t parameters = 0;
     for (const auto& p : net->parameters()) parameters += p.numel();
     torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(3e-4));
-    auto [model, optimizer] = fabric.setup(net, adamw);
+    // The FLOPs of one training step, counted from the products that run (lf::measure_flops), on
+    // one sequence and scaled by the batch (every counted product is linear in it), before setup:
+    // the raw module still holds every parameter (under fsdp a set-up one holds shards) and its
+    // backward is measure_flops's own. The token values do not change the count.
+    const auto one_sequence = torch::zeros({1, s.seq + 1}, torch::kLong);
+    const int64_t step_flops = s.batch_size * lf::measure_flops(
+        *net, [&] { return net->forward(one_sequence.narrow(1, 0, s.seq)); },
+        [&](const torch::Tensor& logits) {
+          return torch::nn::functional::cross_entropy(logits.reshape({-1, s.vocab}), one_sequence.narrow(1, 1, s.seq).reshape(-1));
+        });
+    lf::SetupOptions setup;
+    if (s.activation_checkpointing) setup.activation_checkpointing = lf::ModulePolicy::of_type<BlockImpl>();
+    auto [model, optimizer] = fabric.setup(setup, net, adamw);
     const auto device = fabric.device();
     const bool cuda = device.is_cuda();
     std::vector<double> step_ms;
@@ -227,14 +259,6 @@ int main(int argc, char** argv) {
     auto random_batch = [&] {
       return torch::randint(s.vocab, {s.batch_size, s.seq + 1}, torch::TensorOptions().dtype(torch::kLong).device(device));
     };
-    // The FLOPs of one training step, counted from the products that run (lf::measure_flops), on
-    // the raw module: its backward is measure_flops's own, not fabric.backward.
-    const auto sample = random_batch();
-    const int64_t step_flops = lf::measure_flops(
-        *net, [&] { return net->forward(sample.narrow(1, 0, s.seq)); },
-        [&](const torch::Tensor& logits) {
-          return torch::nn::functional::cross_entropy(logits.reshape({-1, s.vocab}), sample.narrow(1, 1, s.seq).reshape(-1));
-        });
     for (int step = 0; step < s.warmup + s.steps; ++step) {
       auto batch = random_batch();
       if (cuda) torch::cuda::synchronize();
@@ -245,11 +269,31 @@ int main(int argc, char** argv) {
       bar.update(1, loss.item<double>());
     }
     bar.close();
+    // What one forward keeps for its backward, in MB (CPU only: "null" on CUDA).
+    std::string activations = "null";
+    if (!cuda) {
+      const auto sample = random_batch();
+      optimizer.zero_grad();
+      const size_t before = heap_in_use();
+      auto logits = model(sample.narrow(1, 0, s.seq));
+      auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, s.vocab}), sample.narrow(1, 1, s.seq).reshape(-1));
+      activations = std::to_string(static_cast<double>(heap_in_use() - before) / 1e6);
+      fabric.backward(loss);
+      optimizer.zero_grad();
+    }
     std::sort(step_ms.begin(), step_ms.end());
     const double median = step_ms[step_ms.size() / 2];
     const double tokens = static_cast<double>(s.batch_size * s.seq);
     // Training FLOPs per token: 6 per parameter plus attention's 12 * layers * seq * d_model.
     const double flops = tokens * (6.0 * static_cast<double>(parameters) + 12.0 * s.layers * s.seq * s.d_model);
+    // Under fsdp the set-up module holds shards: every rank gathers the full weights to measure them.
+    double final_l2 = 0;
+    if (auto* fsdp = dynamic_cast<lf::FSDPStrategy*>(fabric.strategy().get())) {
+      auto full = fsdp->summon_full_parameters(*net);
+      final_l2 = weights_l2(*net);
+    } else {
+      final_l2 = weights_l2(*net);
+    }
     if (!fabric.is_global_zero()) return 0;  // one line per job, from rank 0 (its own steps' times)
     std::cout << "{\"benchmark\":\"P8 gpt\",\"implementation\":\"lightning-fabric-cpp\",\"device\":\"" << device.str()
               << "\",\"precision\":\"" << fabric.precision()->name() << "\",\"parameters\":" << parameters << ",\"batch_size\":" << s.batch_size
@@ -259,7 +303,9 @@ int main(int argc, char** argv) {
               << ",\"measured_flops_per_step\":" << step_flops << ",\"mfu\":" << mfu_text(fabric, step_flops, median)
               << ",\"optimizer_step\":\"" << (optimizer.fused() ? "fused" : "libtorch") << "\""
               << ",\"cuda_graph\":" << (captured && captured->captured() ? "true" : "false")
-              << ",\"weights_l2\":" << weights_l2(*net) << "}" << std::endl;
+              << ",\"activation_checkpointing\":" << (s.activation_checkpointing ? "true" : "false")
+              << ",\"activation_mb\":" << activations << ",\"peak_rss_mb\":" << peak_rss_mb()
+              << ",\"weights_l2\":" << final_l2 << "}" << std::endl;
     if (s.profile_step) {
       const auto batch = random_batch();
       print_step_profile([&] { train_step(batch); }, cuda, optimizer.fused() ? "fused" : "libtorch");
