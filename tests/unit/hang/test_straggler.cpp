@@ -92,7 +92,7 @@ TEST_CASE("entry times counted back from the leave name the straggler without a 
   CHECK(verdict->median_lag_s == Approx(0.122));  // behind rank 2, which waits longest (123 ms)
 }
 
-TEST_CASE("entries survive the store's text form; a malformed tail is dropped", "[straggler]") {
+TEST_CASE("entries survive the store's text form, and a malformed tail is dropped", "[straggler]") {
   const std::vector<std::pair<uint64_t, int64_t>> entries{{12, -1500}, {11, 0}, {10, 987654321012}};
   CHECK(lf::serialize_entries(entries) == "12:-1500,11:0,10:987654321012");
   CHECK(lf::parse_entries(lf::serialize_entries(entries)) == entries);
