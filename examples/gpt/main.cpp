@@ -44,6 +44,7 @@ struct GptSettings {
   bool profile_step = false;
   bool cuda_graph = false;
   bool activation_checkpointing = false;  // recompute each block's activations in backward
+  bool fsdp_block_units = false;          // fsdp with one sharding unit per block
   examples::SharedFlags shared;  // --accelerator, --devices, --strategy, --precision (unset unless given), --no-progress
 };
 
@@ -203,6 +204,8 @@ int main(int argc, char** argv) {
   app.add_flag("--cuda-graph", s.cuda_graph, "Capture the step as a CUDA graph and replay it (experimental)");
   app.add_flag("--activation-checkpointing", s.activation_checkpointing,
                "Keep no activations inside the blocks: recompute each block in backward");
+  app.add_flag("--fsdp-block-units", s.fsdp_block_units,
+               "Run fsdp (FULL_SHARD) with one sharding unit per block (FSDPOptions::auto_wrap by type)");
   bool list_forward_ops = false;
   app.add_flag("--list-forward-ops", list_forward_ops,
                "Print the ATen operators one CPU forward issues, with their counts (no training)");
@@ -215,7 +218,13 @@ int main(int argc, char** argv) {
   }
   if (list_forward_ops) return print_forward_ops(s);
   try {
-    lf::Fabric fabric(s.shared.apply().fused_optimizer_steps(s.optimizer_step == "fused"));
+    lf::FabricOptions options = s.shared.apply().fused_optimizer_steps(s.optimizer_step == "fused");
+    if (s.fsdp_block_units) {
+      lf::FSDPOptions fsdp;
+      fsdp.auto_wrap = lf::ModulePolicy::of_type<BlockImpl>();
+      options.strategy(lf::fsdp_strategy(fsdp));
+    }
+    lf::Fabric fabric(options);
     fabric.seed_everything(0);
     Gpt net(s);
     int64_t parameters = 0;

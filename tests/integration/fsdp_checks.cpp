@@ -8,6 +8,9 @@
 //                                    in full never exceed the set-up module's own plus one unit's
 //   fsdp_checks checkpointed SHARDING   the units checkpointed (FSDPOptions::activation_checkpointing):
 //                                    the same result and bound, the checkpointed part run twice
+//   fsdp_checks by_type SHARDING     units by layer type (FSDPOptions::auto_wrap) in a named member,
+//                                    a ModuleList and a Sequential, each checkpointed; a forward
+//                                    that skips lf::call is refused with the fix
 //   fsdp_checks scaler               a loss scaler over shards: when only rank 0's shard overflows,
 //                                    every rank skips the step and backs the scale off together
 //   fsdp_checks save SHARDING DIR    train, save a sharded checkpoint to DIR/ck and the full
@@ -86,12 +89,48 @@ struct UnitNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(UnitNet);
 
+// Blocks of one type in three places: a named member and a ModuleList (called through lf::call),
+// and a Sequential child; each 16 -> 16 with a probe (272 parameters). The head (85) stays with
+// the set-up module. through_call false: the parent calls the blocks directly (a mistake under
+// FSDPOptions::auto_wrap, which the forward must name).
+struct TypedBlockImpl : torch::nn::Module {
+  TypedBlockImpl() : fc(register_module("fc", torch::nn::Linear(16, 16))), probe(register_module("probe", Probe())) {}
+  torch::Tensor forward(const torch::Tensor& x) { return probe(x + torch::tanh(fc(x))); }
+  torch::nn::Linear fc;
+  Probe probe;
+};
+TORCH_MODULE(TypedBlock);
+
+struct TypedNetImpl : torch::nn::Module {
+  explicit TypedNetImpl(bool through_call = true)
+      : first(register_module("first", TypedBlock())),
+        list(register_module("list", torch::nn::ModuleList(TypedBlock(), TypedBlock()))),
+        seq(register_module("seq", torch::nn::Sequential(TypedBlock(), torch::nn::Tanh()))),
+        head(register_module("head", torch::nn::Linear(16, 5))),
+        through_call(through_call) {}
+  torch::Tensor forward(torch::Tensor x) {
+    x = through_call ? lf::call(first, x) : first(x);
+    for (size_t i = 0; i < list->size(); ++i) {
+      auto block = list->ptr<TypedBlockImpl>(i);
+      x = through_call ? lf::call(block, x) : block->forward(x);
+    }
+    return head(seq->forward(x));
+  }
+  TypedBlock first;
+  torch::nn::ModuleList list;
+  torch::nn::Sequential seq;
+  torch::nn::Linear head;
+  bool through_call;
+};
+TORCH_MODULE(TypedNet);
+
 lf::Fabric make_fabric(const std::string& sharding, int64_t auto_wrap_min_params = 0,
-                       lf::ModulePolicy activation_checkpointing = {}) {
+                       lf::ModulePolicy activation_checkpointing = {}, lf::ModulePolicy auto_wrap = {}) {
   lf::FSDPOptions options;
   options.sharding_strategy = lf::parse_sharding_strategy(sharding);
   options.auto_wrap_min_params = auto_wrap_min_params;
   options.activation_checkpointing = std::move(activation_checkpointing);
+  options.auto_wrap = std::move(auto_wrap);
   return lf::Fabric(lf::FabricOptions().accelerator("cpu").strategy(lf::fsdp_strategy(options)));
 }
 
@@ -272,6 +311,52 @@ int checkpointed(const std::string& sharding) {
   return 0;
 }
 
+// FSDPOptions::auto_wrap by type: every TypedBlock becomes a unit wherever it sits (named member,
+// ModuleList, Sequential child), each checkpointed too. The same result, one block's parameters
+// full at a time, each probe run twice; and a parent that skips lf::call is told so.
+int by_type(const std::string& sharding) {
+  const auto blocks = lf::ModulePolicy::of_type<TypedBlockImpl>();
+  auto fabric = make_fabric(sharding, 0, blocks, blocks);
+  TypedNet net;
+  watched = net.ptr().get();
+  const double worst = train_and_compare(fabric, net, 50, /*reducing_units=*/5, /*max_norm=*/0.01);
+  watched = nullptr;
+  expect(worst < 1e-5, sharding + " with units by type: parameters after 50 steps within fp32 rounding of the "
+                           "reference (relative " + std::to_string(worst) + ")");
+  int declared = 0, probes_twice = 0, probes = 0;
+  for (const auto& module : net->modules()) declared += dynamic_cast<lf::FSDPUnitImpl*>(module.get()) != nullptr;
+  for (const auto& module : net->modules()) {
+    if (auto* probe = dynamic_cast<ProbeImpl*>(module.get())) probes_twice += probe->forwards == 2 * (50 + 17), ++probes;
+  }
+  expect(declared == 1, "the Sequential child is wrapped in an FSDPUnit, the others are not (" + std::to_string(declared) + ")");
+  expect(probes == 4 && probes_twice == 4, "every block is checkpointed: its probe runs twice per forward (" +
+                                               std::to_string(probes_twice) + " of " + std::to_string(probes) + ")");
+  expect(net->named_parameters().contains("seq.0.fc.weight") && net->named_parameters().contains("list.1.fc.weight"),
+         "parameter names unchanged");
+  const int64_t own = 85 * 4, block = 272 * 4, all = (4 * 272 + 85) * 4;
+  if (sharding == "FULL_SHARD") {
+    expect(peak_parameter_bytes <= own + block, "one block's parameters full at a time (peak " +
+                                                    std::to_string(peak_parameter_bytes) + " bytes, bound " +
+                                                    std::to_string(own + block) + ", all " + std::to_string(all) + ")");
+    // The same model calling its blocks directly: the forward fails, and says why.
+    TypedNet direct(/*through_call=*/false);
+    torch::optim::SGD sgd(direct->parameters(), 0.1);
+    auto [model, optimizer] = fabric.setup(direct, sgd);
+    std::string error;
+    try {
+      model(torch::randn({3, 16}));
+    } catch (const lf::RuntimeError& caught) {
+      error = caught.what();
+    }
+    expect(error.find("fsdp: FSDPOptions::auto_wrap made 'first', 'list.0', 'list.1' sharding units, but this forward "
+                      "did not run them through lf::call") != std::string::npos,
+           "a forward that skips lf::call names the units and the fix (got \"" + error + "\")");
+  }
+  std::cout << "rank " << fabric.global_rank() << " " << sharding << " with units by type: relative difference " << worst
+            << ", peak bytes of full parameters " << peak_parameter_bytes << " (all: " << all << ")" << std::endl;
+  return 0;
+}
+
 int scaler() {
   auto loss_scaler = std::make_shared<lf::LossScaler>(lf::LossScalerOptions{1e36, 2.0, 0.5, 2000});
   auto precision = std::make_shared<lf::MixedPrecision>("bf16-mixed", torch::kBFloat16, loss_scaler);
@@ -352,12 +437,13 @@ int main(int argc, char** argv) {
     if (mode == "train" && argc == 3) train(argv[2]);
     else if (mode == "units" && argc == 3) units(argv[2]);
     else if (mode == "checkpointed" && argc == 3) checkpointed(argv[2]);
+    else if (mode == "by_type" && argc == 3) by_type(argv[2]);
     else if (mode == "scaler" && argc == 2) scaler();
     else if (mode == "save" && argc == 4) save(argv[2], argv[3]);
     else if (mode == "load" && argc == 3) load(argv[2]);
     else {
-      std::cerr << "usage: fsdp_checks train SHARDING | units SHARDING | checkpointed SHARDING | scaler | "
-                   "save SHARDING DIR | load DIR" << std::endl;
+      std::cerr << "usage: fsdp_checks train SHARDING | units SHARDING | checkpointed SHARDING | by_type SHARDING | "
+                   "scaler | save SHARDING DIR | load DIR" << std::endl;
       return 2;
     }
   } catch (const std::exception& error) {

@@ -37,6 +37,7 @@
 #include "lightning/fabric/utilities/empty_init.h"
 #include "lightning/fabric/utilities/env_vars.h"
 #include "lightning/fabric/utilities/fused_step.h"
+#include "lightning/fabric/utilities/module_call.h"
 #include "lightning/fabric/utilities/module_policy.h"
 #include "lightning/fabric/utilities/profiler.h"
 #include "lightning/fabric/utilities/progress.h"

@@ -6,6 +6,7 @@
 #include <torch/types.h>
 
 #include <cmath>
+#include <set>
 
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/internal/gradient_norm.h"
@@ -118,11 +119,31 @@ void FSDPStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module
   }
   if (fsdp_options_.sharding_strategy == ShardingStrategy::HybridShard) use_node_groups("fsdp");
   if (fsdp_options_.auto_wrap_min_params > 0) wrap_sequential_children(*module, fsdp_options_.auto_wrap_min_params);
+  const auto called = wrap_matching_modules(*module, fsdp_options_.auto_wrap);
   broadcast_module_from_rank_zero(*module);
-  engine_->shard(module);
+  engine_->shard(module, called);
 }
 
-void FSDPStrategy::Engine::shard(const std::shared_ptr<torch::nn::Module>& module) {
+void FSDPStrategy::annotate_forward_error(const torch::nn::Module& module, const std::exception& error) {
+  const std::string hint = engine_->forward_error_hint(module);
+  if (!hint.empty()) throw RuntimeError(std::string(error.what()) + "\n" + hint);
+}
+
+std::string FSDPStrategy::Engine::forward_error_hint(const torch::nn::Module& module) {
+  ShardedModule* sharded = find(module);
+  if (sharded == nullptr || !frees_parameters()) return {};
+  std::string missed;
+  for (const auto& unit : sharded->units) {
+    if (unit.via_call && !unit.entered) missed += (missed.empty() ? "'" : ", '") + unit.name + "'";
+  }
+  if (missed.empty()) return {};
+  return "fsdp: FSDPOptions::auto_wrap made " + missed + " sharding units, but this forward did not run them through "
+         "lf::call, so their parameters were still shards. Call them as lf::call(block, x) in the parent's forward "
+         "(LibTorch modules have no forward hooks; docs/fsdp.md, \"Sharding units\").";
+}
+
+void FSDPStrategy::Engine::shard(const std::shared_ptr<torch::nn::Module>& module,
+                                 const std::vector<std::shared_ptr<torch::nn::Module>>& called) {
   torch::NoGradGuard no_grad;
   auto sharded = std::make_unique<ShardedModule>();
   sharded->address = module.get();
@@ -142,19 +163,26 @@ void FSDPStrategy::Engine::shard(const std::shared_ptr<torch::nn::Module>& modul
     p.shard = frees_parameters() ? flat.clone() : flat;
     sharded->parameters.push_back(std::move(p));
   }
-  build_units(*sharded, *module);
+  build_units(*sharded, *module, called);
   for (auto& unit : sharded->units) {
     if (frees_parameters()) free_full_parameters(*sharded, unit);
   }
   modules_.push_back(std::move(sharded));
 }
 
-void FSDPStrategy::Engine::build_units(ShardedModule& sharded, torch::nn::Module& module) {
+void FSDPStrategy::Engine::build_units(ShardedModule& sharded, torch::nn::Module& module,
+                                       const std::vector<std::shared_ptr<torch::nn::Module>>& called) {
   std::map<const c10::TensorImpl*, size_t> index_of;
   for (size_t i = 0; i < sharded.parameters.size(); ++i) index_of[sharded.parameters[i].parameter.unsafeGetTensorImpl()] = i;
-  std::vector<FSDPUnitImpl*> unit_modules;
-  for (const auto& child : module.modules(/*include_self=*/false)) {
-    if (auto* unit = dynamic_cast<FSDPUnitImpl*>(child.get())) unit_modules.push_back(unit);
+  std::set<const torch::nn::Module*> called_set;
+  for (const auto& m : called) called_set.insert(m.get());
+  std::vector<torch::nn::Module*> unit_modules;  // in tree order, outer before inner
+  std::vector<std::string> unit_names;
+  for (const auto& item : module.named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
+    torch::nn::Module* child = item.value().get();
+    if (dynamic_cast<FSDPUnitImpl*>(child) == nullptr && called_set.count(child) == 0) continue;
+    unit_modules.push_back(child);
+    unit_names.push_back(item.key());
   }
   // Deepest units claim their parameters first; unit 0 takes what is left.
   std::vector<int> owner(sharded.parameters.size(), 0);
@@ -166,11 +194,19 @@ void FSDPStrategy::Engine::build_units(ShardedModule& sharded, torch::nn::Module
     }
   }
   sharded.units.resize(unit_modules.size() + 1);
-  for (size_t u = 0; u < unit_modules.size(); ++u) sharded.units[u + 1].module = unit_modules[u];
+  for (size_t u = 0; u < unit_modules.size(); ++u) {
+    sharded.units[u + 1].module = unit_modules[u];
+    sharded.units[u + 1].name = unit_names[u];
+  }
   for (size_t i = 0; i < sharded.parameters.size(); ++i) sharded.units[static_cast<size_t>(owner[i])].parameters.push_back(i);
   for (size_t u = 1; u < sharded.units.size(); ++u) {
     auto hooks = std::make_shared<UnitHooks>(*this, sharded, u);
-    sharded.units[u].module->attach(hooks);
+    if (auto* declared = dynamic_cast<FSDPUnitImpl*>(sharded.units[u].module)) {
+      declared->attach(hooks);
+    } else {
+      set_forward_hooks(*sharded.units[u].module, hooks);
+      sharded.units[u].via_call = true;
+    }
     sharded.hooks.push_back(std::move(hooks));
     for (size_t i : sharded.units[u].parameters) {  // the unit reduces once its last gradient arrived
       ShardedParameter& p = sharded.parameters[i];
@@ -293,12 +329,13 @@ void FSDPStrategy::before_forward(const torch::nn::Module& module) { engine_->be
 void FSDPStrategy::Engine::before_forward(const torch::nn::Module& module) {
   ShardedModule* sharded = find(module);
   if (sharded == nullptr) return;
-  for (auto& unit : sharded->units) unit.reduced = false;
+  for (auto& unit : sharded->units) unit.reduced = false, unit.entered = false;
   Unit& own = sharded->units.front();
   if (!own.materialized || own.stale) gather(*sharded, own);
 }
 
 void FSDPStrategy::Engine::unit_before_forward(ShardedModule& sharded, Unit& unit) {
+  unit.entered = true;
   if (!unit.materialized || unit.stale) gather(sharded, unit);
   unit.pending = 0;
   if (torch::GradMode::is_enabled()) {

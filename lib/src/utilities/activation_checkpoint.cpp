@@ -270,7 +270,8 @@ int apply_activation_checkpointing(torch::nn::Module& root, const ModulePolicy& 
     ++count;
   }
   // A Sequential calls its children itself: a marked child is wrapped so that the call checkpoints.
-  replace_sequential_children(root, [](const torch::nn::AnyModule& child) -> std::optional<torch::nn::AnyModule> {
+  replace_sequential_children(root, [](const torch::nn::AnyModule& child,
+                                      const std::string&) -> std::optional<torch::nn::AnyModule> {
     if (dynamic_cast<WrapperModule*>(child.ptr().get()) != nullptr || !is_checkpointed(*child.ptr())) return std::nullopt;
     return torch::nn::AnyModule(Checkpointed(child));
   });

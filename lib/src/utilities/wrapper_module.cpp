@@ -28,18 +28,20 @@ const torch::nn::Module& unwrapped(const torch::nn::Module& module) {
 
 int replace_sequential_children(torch::nn::Module& root, const SequentialChildReplacement& replacement) {
   int replaced = 0;
-  for (const auto& module : root.modules(/*include_self=*/true)) {
-    auto* sequential = dynamic_cast<torch::nn::SequentialImpl*>(module.get());
+  for (const auto& item : root.named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
+    auto* sequential = dynamic_cast<torch::nn::SequentialImpl*>(item.value().get());
     if (sequential == nullptr) continue;
+    const std::string prefix = item.key().empty() ? "" : item.key() + ".";
+    const auto names = sequential->named_children();
     std::vector<std::optional<torch::nn::AnyModule>> replacements;
     bool changes = false;
+    size_t position = 0;
     for (const auto& child : *sequential) {
-      replacements.push_back(replacement(child));
+      replacements.push_back(replacement(child, prefix + names[position++].key()));
       changes |= replacements.back().has_value();
     }
     if (!changes) continue;
     torch::nn::SequentialImpl rebuilt;
-    const auto names = sequential->named_children();
     size_t index = 0;
     for (const auto& child : *sequential) {
       const std::string name = names[index].key();

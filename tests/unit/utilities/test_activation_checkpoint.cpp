@@ -189,3 +189,25 @@ TEST_CASE("apply_activation_checkpointing marks matches anywhere, and lf::call a
   unit(x).sum().backward();
   CHECK(dynamic_cast<BlockImpl*>(unit->wrapped().get())->calls == 2);
 }
+
+TEST_CASE("lf::call runs the hooks set for a module around its forward, while their owner lives", "[checkpoint]") {
+  struct Recorder : lf::ForwardHooks {
+    std::vector<std::string> log;
+    void before_forward() override { log.push_back("before"); }
+    torch::Tensor after_forward(torch::Tensor output) override {
+      log.push_back("after");
+      return output * 2;
+    }
+  };
+  Block block(4), other(4);
+  const auto x = torch::randn({2, 4});
+  auto hooks = std::make_shared<Recorder>();
+  lf::set_forward_hooks(*block, hooks);
+  CHECK(torch::equal(lf::call(block, x), block(x) * 2));
+  CHECK(hooks->log == std::vector<std::string>{"before", "after"});
+  CHECK(lf::forward_hooks(*other) == nullptr);
+  CHECK(torch::equal(lf::call(other, x), other(x)));  // nothing set: the plain forward
+  hooks.reset();                                      // the owner is gone: so are the hooks
+  CHECK(lf::forward_hooks(*block) == nullptr);
+  CHECK(torch::equal(lf::call(block, x), block(x)));
+}

@@ -68,17 +68,27 @@ class FabricModule {
     using Output = decltype(module_->forward(apply_to_tensors(std::forward<Args>(args), prepare)...));
     if constexpr (std::is_void_v<Output>) {
       auto context = precision.forward_context();
-      module_->forward(apply_to_tensors(std::forward<Args>(args), prepare)...);
+      try {
+        module_->forward(apply_to_tensors(std::forward<Args>(args), prepare)...);
+      } catch (const std::exception& error) {
+        strategy_->annotate_forward_error(*module_, error);
+        throw;
+      }
     } else {
       // The forward runs inside the precision's context; outputs are converted after it ended.
       std::optional<std::decay_t<Output>> output;
       {
         auto context = precision.forward_context();
         const auto& split_devices = strategy_->data_parallel_devices();
-        if (split_devices.size() > 1) {
-          output.emplace(data_parallel_forward<std::decay_t<Output>>(split_devices, prepare, std::forward<Args>(args)...));
-        } else {
-          output.emplace(module_->forward(apply_to_tensors(std::forward<Args>(args), prepare)...));
+        try {
+          if (split_devices.size() > 1) {
+            output.emplace(data_parallel_forward<std::decay_t<Output>>(split_devices, prepare, std::forward<Args>(args)...));
+          } else {
+            output.emplace(module_->forward(apply_to_tensors(std::forward<Args>(args), prepare)...));
+          }
+        } catch (const std::exception& error) {
+          strategy_->annotate_forward_error(*module_, error);
+          throw;
         }
       }
       return apply_to_tensors(std::move(*output), [&precision](const at::Tensor& tensor) {

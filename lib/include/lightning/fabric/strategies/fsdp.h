@@ -48,6 +48,12 @@ struct LF_API FSDPOptions {
   /// Sequential inside the module that holds at least this many parameters becomes an FSDPUnit.
   /// 0 (the default): only the units the model declares itself (fsdp_unit.h).
   int64_t auto_wrap_min_params = 0;
+  /// Sharding units by layer type or name (Python's auto_wrap_policy={Block}): at setup, every
+  /// submodule the policy matches, anywhere in the tree, becomes a unit. A child of a Sequential is
+  /// wrapped in an FSDPUnit; any other match (blocks in a vector, a ModuleList, named members) must
+  /// be called through lf::call(block, x) by its parent, which runs the unit's gather and release
+  /// (module_call.h; a forward that skips it fails with an error that says so). Empty: none.
+  ModulePolicy auto_wrap;
   /// Submodules whose activations are recomputed in backward (Python's
   /// activation_checkpointing_policy; activation_checkpoint.h), e.g.
   /// lf::ModulePolicy::of_type<BlockImpl>(); empty: none. Inside a unit, the gathered parameters
@@ -69,6 +75,7 @@ class LF_API FSDPStrategy : public ParallelStrategy {
   void setup_module(const std::shared_ptr<torch::nn::Module>& module) override;
   void setup_optimizer(torch::optim::Optimizer& optimizer) override;
   void before_forward(const torch::nn::Module& module) override;
+  void annotate_forward_error(const torch::nn::Module& module, const std::exception& error) override;
   void backward(at::Tensor& loss, torch::nn::Module* module) override;
   bool optimizer_step(torch::optim::Optimizer& optimizer,
                       const torch::optim::Optimizer::LossClosure& closure = nullptr,

@@ -7,6 +7,9 @@
 //   FSDPOptions().auto_wrap_min_params = 1'000'000;       // or: wrap every Sequential child that
 //                                                         // holds at least that many parameters
 //
+// Or by layer type, anywhere in the tree: FSDPOptions::auto_wrap = lf::ModulePolicy::of_type<BlockImpl>(),
+// with the blocks that are not children of a Sequential called through lf::call (module_call.h).
+//
 // The wrapped module's forward must take and return one tensor. The wrapper is transparent
 // everywhere else: its parameters, buffers and children carry the wrapped module's names (a
 // checkpoint saved with units loads without them and back), and outside fsdp it only forwards.
@@ -21,7 +24,10 @@
 
 #include <functional>
 #include <memory>
+#include <vector>
 
+#include "lightning/fabric/utilities/module_call.h"
+#include "lightning/fabric/utilities/module_policy.h"
 #include "lightning/fabric/utilities/wrapper_module.h"
 
 namespace lightning::fabric {
@@ -29,11 +35,7 @@ namespace lightning::fabric {
 class LF_API FSDPUnitImpl : public WrapperModule {
  public:
   /// What the fsdp strategy does around the forward; attached by FSDPStrategy::setup_module.
-  struct Hooks {
-    virtual ~Hooks() = default;
-    virtual void before_forward() = 0;
-    virtual at::Tensor after_forward(at::Tensor output) = 0;
-  };
+  using Hooks = ForwardHooks;
 
   explicit FSDPUnitImpl(torch::nn::AnyModule wrapped);
   /// A Sequential (which AnyModule cannot hold: its forward is a template).
@@ -57,5 +59,11 @@ TORCH_MODULE(FSDPUnit);
 /// Replaces every child of every Sequential inside root that holds at least min_params
 /// parameters (and is not a unit already) by an FSDPUnit around it; returns how many it wrapped.
 LF_API int wrap_sequential_children(torch::nn::Module& root, int64_t min_params);
+
+/// Makes every submodule of root that policy matches (root excluded) a sharding unit
+/// (FSDPOptions::auto_wrap): a child of a Sequential is wrapped in an FSDPUnit in place; every
+/// other match is returned, for the strategy to make a unit whose hooks run through lf::call.
+LF_API std::vector<std::shared_ptr<torch::nn::Module>> wrap_matching_modules(torch::nn::Module& root,
+                                                                            const ModulePolicy& policy);
 
 }  // namespace lightning::fabric

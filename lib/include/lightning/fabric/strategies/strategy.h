@@ -115,6 +115,11 @@ class LF_API Strategy {
   /// Called by FabricModule before every forward of a set-up module (sharded strategies gather
   /// parameters here). Default: nothing.
   virtual void before_forward(const torch::nn::Module& module) { (void)module; }
+  /// A set-up module's forward threw `error`: a strategy that knows why may throw a RuntimeError
+  /// with error's message and its explanation; returning lets the original propagate.
+  virtual void annotate_forward_error(const torch::nn::Module& module, const std::exception& error) {
+    (void)module, (void)error;
+  }
   /// Scales gradients so their global norm_type-norm is at most max_norm; returns the norm before
   /// clipping. parameters: those of one optimizer (shards under fsdp, where the norm is global).
   virtual double clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type,

@@ -12,7 +12,7 @@
 // lf::call(module, x), or by itself where Fabric can wrap it: a child of a Sequential, or an
 // FSDPUnit's module. LibTorch modules have no virtual forward and no hooks, so a module that its
 // parent calls directly (block->forward(x), block(x)) cannot be intercepted: call it through
-// lf::call, which is a plain forward for modules nothing marked.
+// lf::call (module_call.h), which is a plain forward for modules nothing marked.
 //
 // What recomputation preserves: the CPU random state and the CUDA random state of every CUDA
 // device among the inputs (dropout draws the same mask), and the autocast state of the forward.
@@ -90,17 +90,8 @@ at::Tensor checkpoint(ModuleHolder& module, const at::Tensor& input) {
 /// calls it with the setup's or the strategy's policy.
 LF_API int apply_activation_checkpointing(torch::nn::Module& root, const ModulePolicy& policy);
 
-/// Whether apply_activation_checkpointing marked module.
+/// Whether apply_activation_checkpointing marked module (lf::call, module_call.h, then checkpoints it).
 LF_API bool is_checkpointed(const torch::nn::Module& module);
-
-/// module's forward(input), checkpointed when apply_activation_checkpointing marked it. Every
-/// caller of a module that a policy may mark (blocks in a vector, a ModuleList, named members)
-/// calls it this way.
-template <class ModuleHolder>
-at::Tensor call(ModuleHolder& module, const at::Tensor& input) {
-  if (is_checkpointed(*module)) return checkpoint(module, input);
-  return module->forward(input);
-}
 
 /// The wrapper apply_activation_checkpointing puts around a Sequential's child: its forward is
 /// the child's, checkpointed. Its parameters, buffers and children carry the child's names.

@@ -33,9 +33,11 @@ class LF_API WrapperModule : public torch::nn::Module {
 LF_API const torch::nn::Module& unwrapped(const torch::nn::Module& module);
 
 /// For every Sequential inside root (root included), replaces each child for which
-/// replacement(child) returns a module by that module, in place and under the same name (the
-/// model's own Sequential member sees the change). Returns how many children it replaced.
-using SequentialChildReplacement = std::function<std::optional<torch::nn::AnyModule>(const torch::nn::AnyModule& child)>;
+/// replacement(child, name) returns a module by that module, in place and under the same name
+/// (the model's own Sequential member sees the change). name: the child's dotted path from root
+/// ("body.2"). Returns how many children it replaced.
+using SequentialChildReplacement =
+    std::function<std::optional<torch::nn::AnyModule>(const torch::nn::AnyModule& child, const std::string& name)>;
 LF_API int replace_sequential_children(torch::nn::Module& root, const SequentialChildReplacement& replacement);
 
 }  // namespace lightning::fabric

@@ -34,7 +34,10 @@ class FSDPStrategy::Engine {
   // A sharding unit: the parameters gathered, given back and reduced together. Unit 0 holds the
   // set-up module's parameters that no FSDPUnit inside it claims.
   struct Unit {
-    FSDPUnitImpl* module = nullptr;  // nullptr for unit 0
+    torch::nn::Module* module = nullptr;  // an FSDPUnit, or a module called through lf::call; nullptr for unit 0
+    std::string name;          // the module's dotted path from the set-up module
+    bool via_call = false;     // its hooks run only when the parent calls it through lf::call
+    bool entered = false;      // its forward ran since the set-up module's forward started
     std::vector<size_t> parameters;  // indices into ShardedModule::parameters
     bool materialized = true;  // full parameters present
     bool stale = false;        // shards stepped since the last gather
@@ -53,8 +56,12 @@ class FSDPStrategy::Engine {
 
   explicit Engine(FSDPStrategy& strategy) : strategy_(strategy) {}
 
-  /// Splits a module whose values every rank already shares into this rank's shards.
-  void shard(const std::shared_ptr<torch::nn::Module>& module);
+  /// Splits a module whose values every rank already shares into this rank's shards. called:
+  /// modules (not FSDPUnits) that become units whose hooks run through lf::call.
+  void shard(const std::shared_ptr<torch::nn::Module>& module, const std::vector<std::shared_ptr<torch::nn::Module>>& called);
+  /// A hint for a forward of module that threw: units made through lf::call whose forward did not
+  /// run (their parameters are still shards); empty when there are none.
+  std::string forward_error_hint(const torch::nn::Module& module);
   /// Points the optimizer at the shards of the parameters it holds.
   void adopt_optimizer(torch::optim::Optimizer& optimizer);
   /// Gathers unit 0 of a set-up module before its forward (collective).
@@ -80,7 +87,8 @@ class FSDPStrategy::Engine {
  private:
   class UnitHooks;
   bool frees_parameters() const;  // FULL_SHARD, HYBRID_SHARD
-  void build_units(ShardedModule& sharded, torch::nn::Module& module);
+  void build_units(ShardedModule& sharded, torch::nn::Module& module,
+                   const std::vector<std::shared_ptr<torch::nn::Module>>& called);
   void gather(ShardedModule& sharded, Unit& unit);            // collective over the shard group
   void reduce_gradients(ShardedModule& sharded, Unit& unit);  // collective
   void free_full_parameters(ShardedModule& sharded, Unit& unit);
