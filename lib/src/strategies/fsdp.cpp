@@ -73,7 +73,10 @@ void restore_storage(const c10::Storage& storage, size_t bytes) {
 class FSDPStrategy::Engine::UnitHooks : public FSDPUnitImpl::Hooks {
  public:
   UnitHooks(Engine& engine, ShardedModule& sharded, size_t unit) : engine_(engine), sharded_(sharded), unit_(unit) {}
-  void before_forward() override { engine_.unit_before_forward(sharded_, sharded_.units[unit_]); }
+  at::Tensor before_forward(at::Tensor input) override {
+    engine_.unit_before_forward(sharded_, sharded_.units[unit_]);
+    return engine_.cast_input(input);
+  }
   at::Tensor after_forward(at::Tensor output) override {
     return engine_.unit_after_forward(sharded_, sharded_.units[unit_], std::move(output));
   }
@@ -120,8 +123,42 @@ void FSDPStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module
   if (fsdp_options_.sharding_strategy == ShardingStrategy::HybridShard) use_node_groups("fsdp");
   if (fsdp_options_.auto_wrap_min_params > 0) wrap_sequential_children(*module, fsdp_options_.auto_wrap_min_params);
   const auto called = wrap_matching_modules(*module, fsdp_options_.auto_wrap);
+  if (const auto buffer_dtype = effective_mixed_precision().buffer_dtype) {
+    torch::NoGradGuard no_grad;
+    for (auto& buffer : module->buffers()) {
+      if (buffer.is_floating_point() && buffer.scalar_type() != *buffer_dtype) buffer.set_data(buffer.to(*buffer_dtype));
+    }
+  }
   broadcast_module_from_rank_zero(*module);
   engine_->shard(module, called);
+}
+
+FSDPMixedPrecision FSDPStrategy::effective_mixed_precision() const {
+  return resolve_mixed_precision(fsdp_options_.mixed_precision, precision()->name());
+}
+
+FSDPMixedPrecision resolve_mixed_precision(FSDPMixedPrecision dtypes, const std::string& name) {
+  std::optional<c10::ScalarType> low;
+  if (name == "bf16-mixed" || name == "bf16-true") low = at::kBFloat16;
+  if (name == "16-mixed" || name == "16-true") low = at::kHalf;
+  if (!dtypes.param_dtype) dtypes.param_dtype = low;
+  if (!dtypes.reduce_dtype) dtypes.reduce_dtype = dtypes.param_dtype;  // Python: param_dtype when unset
+  if (!dtypes.buffer_dtype) dtypes.buffer_dtype = low;
+  return dtypes;
+}
+
+at::Tensor FSDPStrategy::convert_input(const at::Tensor& input) const { return engine_->cast_input(input); }
+
+at::Tensor FSDPStrategy::Engine::cast_input(const at::Tensor& input) const {
+  const auto dtype = dtypes_.param_dtype;
+  if (!dtype || !input.defined() || !input.is_floating_point() || input.scalar_type() == *dtype) return input;
+  return input.to(*dtype);
+}
+
+c10::ScalarType FSDPStrategy::Engine::full_dtype(const ShardedParameter& p, bool full_precision) const {
+  const c10::ScalarType own = p.shard.scalar_type();
+  if (full_precision || !dtypes_.param_dtype || !c10::isFloatingType(own)) return own;
+  return *dtypes_.param_dtype;
 }
 
 void FSDPStrategy::annotate_forward_error(const torch::nn::Module& module, const std::exception& error) {
@@ -149,6 +186,10 @@ void FSDPStrategy::Engine::shard(const std::shared_ptr<torch::nn::Module>& modul
   sharded->address = module.get();
   sharded->module = module;
   const int parts = strategy_.shard_group_size(), part = strategy_.shard_group_rank();
+  dtypes_ = strategy_.effective_mixed_precision();
+  for (const auto& parameter : module->parameters()) {
+    sharded->casts |= dtypes_.param_dtype && parameter.is_floating_point() && parameter.scalar_type() != *dtypes_.param_dtype;
+  }
   for (const auto& item : module->named_parameters(true)) {
     ShardedParameter p;
     p.name = item.key();
@@ -158,14 +199,19 @@ void FSDPStrategy::Engine::shard(const std::shared_ptr<torch::nn::Module>& modul
     p.chunk = (p.numel + parts - 1) / parts;
     p.slice = shard_slice(p.numel, parts, part);
     at::Tensor flat = p.parameter.detach().view(-1).narrow(0, p.slice.begin, p.slice.length);
-    // FULL_SHARD and HYBRID_SHARD keep the shard in its own memory (the full parameter is freed);
+    // FULL_SHARD and HYBRID_SHARD keep the shard in its own memory (the full parameter is freed),
+    // and so does a cast to a param dtype (the full parameter is then another dtype); otherwise
     // SHARD_GRAD_OP and NO_SHARD step a view of the full parameter in place.
-    p.shard = frees_parameters() ? flat.clone() : flat;
+    p.shard = frees_parameters() || sharded->casts ? flat.clone() : flat;
     sharded->parameters.push_back(std::move(p));
   }
   build_units(*sharded, *module, called);
   for (auto& unit : sharded->units) {
-    if (frees_parameters()) free_full_parameters(*sharded, unit);
+    if (frees_parameters()) {
+      free_full_parameters(*sharded, unit);
+    } else if (sharded->casts) {
+      unit.stale = true;  // the first forward gathers the full parameters in the param dtype
+    }
   }
   modules_.push_back(std::move(sharded));
 }
@@ -279,23 +325,25 @@ void FSDPStrategy::Engine::release_full_parameters(ShardedModule& sharded, Unit&
   unit.released = true;
 }
 
-void FSDPStrategy::Engine::gather(ShardedModule& sharded, Unit& unit) {
+void FSDPStrategy::Engine::gather(ShardedModule& sharded, Unit& unit, bool full_precision) {
   torch::NoGradGuard no_grad;
   const int parts = strategy_.shard_group_size();
-  if (strategy_.fsdp_options_.sharding_strategy == ShardingStrategy::NoShard || unit.parameters.empty()) {
-    unit.stale = false;  // NO_SHARD: the shards are the full parameters
+  if ((strategy_.fsdp_options_.sharding_strategy == ShardingStrategy::NoShard && !sharded.casts) ||
+      unit.parameters.empty()) {
+    unit.stale = false;  // NO_SHARD without a cast: the shards are the full parameters
     return;
   }
   int64_t slots = 0;
   for (size_t i : unit.parameters) slots += sharded.parameters[i].chunk;
-  at::Tensor local = torch::zeros({slots}, sharded.parameters[unit.parameters.front()].shard.options());
+  const ShardedParameter& first = sharded.parameters[unit.parameters.front()];
+  at::Tensor local = torch::zeros({slots}, first.shard.options().dtype(full_dtype(first, full_precision)));
   int64_t offset = 0;
   for (size_t i : unit.parameters) {
     const ShardedParameter& p = sharded.parameters[i];
-    LF_CHECK(p.shard.scalar_type() == local.scalar_type(), ValueError, "fsdp: parameter ", p.name, " is ",
-             c10::toString(p.shard.scalar_type()), " but others of its unit are ", c10::toString(local.scalar_type()),
+    LF_CHECK(p.shard.scalar_type() == first.shard.scalar_type(), ValueError, "fsdp: parameter ", p.name, " is ",
+             c10::toString(p.shard.scalar_type()), " but others of its unit are ", c10::toString(first.shard.scalar_type()),
              "; one dtype per sharding unit is supported (wrap the others in an FSDPUnit of their own).");
-    local.narrow(0, offset, p.slice.length).copy_(p.shard);
+    local.narrow(0, offset, p.slice.length).copy_(p.shard);  // cast to the param dtype, if any
     offset += p.chunk;
   }
   const at::Tensor gathered =
@@ -303,12 +351,13 @@ void FSDPStrategy::Engine::gather(ShardedModule& sharded, Unit& unit) {
   offset = 0;
   for (size_t i : unit.parameters) {
     ShardedParameter& p = sharded.parameters[i];
+    const auto options = p.shard.options().dtype(full_dtype(p, full_precision));
     if (unit.released) {  // back into the storage autograd saved, with the full shape
-      restore_storage(p.held, static_cast<size_t>(p.numel) * p.shard.element_size());
-      p.parameter.set_data(at::empty({0}, p.parameter.options()).set_(p.held, 0, p.shape, contiguous_strides(p.shape)));
+      restore_storage(p.held, static_cast<size_t>(p.numel) * c10::elementSize(full_dtype(p, full_precision)));
+      p.parameter.set_data(at::empty({0}, options).set_(p.held, 0, p.shape, contiguous_strides(p.shape)));
       p.held = c10::Storage();
-    } else if (!unit.materialized) {
-      p.parameter.set_data(at::empty(p.shape, p.shard.options()));
+    } else if (!unit.materialized || p.parameter.scalar_type() != full_dtype(p, full_precision) || p.parameter.numel() != p.numel) {
+      p.parameter.set_data(at::empty(p.shape, options));
     }
     // Row r of the gathered buffer holds part r's chunk: copied straight into place, no temporary.
     // .data(): a fresh version counter, so the tensors autograd saved stay valid.
@@ -375,7 +424,11 @@ void FSDPStrategy::Engine::reduce_gradients(ShardedModule& sharded, Unit& unit) 
   // the shard group leaves each rank the sum of its own chunks.
   int64_t slots = 0;
   for (size_t i : unit.parameters) slots += sharded.parameters[i].chunk;
-  at::Tensor rows = torch::zeros({parts, slots}, sharded.parameters[unit.parameters.front()].shard.options());
+  // In the reduce dtype (copy_ casts each gradient into it); added to the shards' gradients in theirs.
+  const at::Tensor& first_shard = sharded.parameters[unit.parameters.front()].shard;
+  const c10::ScalarType reduce_dtype = dtypes_.reduce_dtype && c10::isFloatingType(first_shard.scalar_type())
+                                           ? *dtypes_.reduce_dtype : first_shard.scalar_type();
+  at::Tensor rows = torch::zeros({parts, slots}, first_shard.options().dtype(reduce_dtype));
   int64_t offset = 0;
   for (size_t i : unit.parameters) {
     ShardedParameter& p = sharded.parameters[i];
@@ -403,7 +456,7 @@ void FSDPStrategy::Engine::reduce_gradients(ShardedModule& sharded, Unit& unit) 
     if (p.shard.grad().defined()) {
       p.shard.mutable_grad().add_(slice);
     } else {
-      p.shard.mutable_grad() = slice.clone();
+      p.shard.mutable_grad() = slice.to(p.shard.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
     }
     offset += p.chunk;
   }
@@ -438,12 +491,19 @@ ScopeGuard FSDPStrategy::Engine::summon(const torch::nn::Module& module) {
   ShardedModule* sharded = find(module);
   LF_CHECK(sharded != nullptr, ValueError, "summon_full_parameters: this module was not set up with strategy=\"fsdp\". ",
            "Pass the module given to fabric.setup.");
+  // In the shards' own dtype: the master values, whatever the param dtype.
   for (auto& unit : sharded->units) {
-    if (!unit.materialized || unit.stale || unit.released) gather(*sharded, unit);
+    if (!unit.materialized || unit.stale || unit.released || sharded->casts) gather(*sharded, unit, /*full_precision=*/true);
   }
-  if (!frees_parameters()) return ScopeGuard();
+  if (!frees_parameters() && !sharded->casts) return ScopeGuard();
   return ScopeGuard([this, sharded] {
-    for (auto& unit : sharded->units) free_full_parameters(*sharded, unit);
+    for (auto& unit : sharded->units) {
+      if (frees_parameters()) {
+        free_full_parameters(*sharded, unit);
+      } else {
+        unit.stale = true;  // the next forward gathers in the param dtype again
+      }
+    }
   });
 }
 

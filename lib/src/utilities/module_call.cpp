@@ -48,8 +48,7 @@ at::Tensor detail::call_module(torch::nn::Module& module, const std::shared_ptr<
     return is_checkpointed(module) ? checkpoint(forward, x, module.parameters()) : forward(x);
   };
   if (!hooks) return run(input);
-  hooks->before_forward();
-  return hooks->after_forward(run(input));
+  return hooks->after_forward(run(hooks->before_forward(input)));
 }
 
 }  // namespace lightning::fabric

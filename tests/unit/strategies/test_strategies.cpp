@@ -77,3 +77,24 @@ TEST_CASE("strategies: dp is one process over CUDA devices and averages nothing 
   CHECK(dp.data_parallel_devices().size() == 2);
   CHECK_FALSE(dp.averages_gradients());
 }
+
+TEST_CASE("fsdp: the mixed-precision dtypes follow the precision plugin unless set, as Python's", "[strategies]") {
+  const auto bf16 = lf::resolve_mixed_precision({}, "bf16-mixed");
+  CHECK(bf16.param_dtype == at::kBFloat16);
+  CHECK(bf16.reduce_dtype == at::kBFloat16);
+  CHECK(bf16.buffer_dtype == at::kBFloat16);
+  CHECK(lf::resolve_mixed_precision({}, "16-mixed").param_dtype == at::kHalf);
+  CHECK(lf::resolve_mixed_precision({}, "bf16-true").buffer_dtype == at::kBFloat16);
+  const auto fp32 = lf::resolve_mixed_precision({}, "32-true");
+  CHECK_FALSE(fp32.param_dtype.has_value());  // no cast
+  CHECK_FALSE(fp32.reduce_dtype.has_value());
+  lf::FSDPMixedPrecision own;
+  own.param_dtype = at::kHalf;
+  own.reduce_dtype = at::kFloat;  // reduce in float32, compute in float16
+  const auto mixed = lf::resolve_mixed_precision(own, "bf16-mixed");
+  CHECK(mixed.param_dtype == at::kHalf);
+  CHECK(mixed.reduce_dtype == at::kFloat);
+  CHECK(mixed.buffer_dtype == at::kBFloat16);
+  own.reduce_dtype.reset();
+  CHECK(lf::resolve_mixed_precision(own, "32-true").reduce_dtype == at::kHalf);  // falls back to param_dtype
+}

@@ -193,7 +193,10 @@ TEST_CASE("apply_activation_checkpointing marks matches anywhere, and lf::call a
 TEST_CASE("lf::call runs the hooks set for a module around its forward, while their owner lives", "[checkpoint]") {
   struct Recorder : lf::ForwardHooks {
     std::vector<std::string> log;
-    void before_forward() override { log.push_back("before"); }
+    torch::Tensor before_forward(torch::Tensor input) override {
+      log.push_back("before");
+      return input;
+    }
     torch::Tensor after_forward(torch::Tensor output) override {
       log.push_back("after");
       return output * 2;

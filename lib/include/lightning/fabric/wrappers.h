@@ -63,7 +63,7 @@ class FabricModule {
     const torch::Device device = strategy_->root_device();
     strategy_->before_forward(*module_);
     auto prepare = [&](const at::Tensor& tensor) {
-      return precision.convert_input(tensor.device() == device ? tensor : tensor.to(device));
+      return strategy_->convert_input(precision.convert_input(tensor.device() == device ? tensor : tensor.to(device)));
     };
     using Output = decltype(module_->forward(apply_to_tensors(std::forward<Args>(args), prepare)...));
     if constexpr (std::is_void_v<Output>) {

@@ -37,6 +37,25 @@ enum class ShardingStrategy { FullShard, ShardGradOp, NoShard, HybridShard };
 LF_API ShardingStrategy parse_sharding_strategy(const std::string& name);
 LF_API std::string to_string(ShardingStrategy strategy);
 
+/// The dtypes fsdp computes and communicates in (Python's MixedPrecision). Shards, their gradients
+/// and the optimizer state stay in the parameters' own dtype (float32: the master copy). Unset
+/// param_dtype and buffer_dtype are taken from the precision plugin as Python Fabric takes them
+/// ("bf16-mixed" and "bf16-true": bfloat16; "16-mixed" and "16-true": float16; otherwise the
+/// parameters' own dtype, no cast); an unset reduce_dtype is param_dtype.
+struct LF_API FSDPMixedPrecision {
+  /// Full parameters gathered for forward and backward, and each unit's floating-point inputs.
+  std::optional<c10::ScalarType> param_dtype;
+  /// Gradients reduce-scattered (all-reduced under NO_SHARD) in this dtype, then added to the
+  /// shards' gradients in theirs.
+  std::optional<c10::ScalarType> reduce_dtype;
+  /// Floating-point buffers, cast once at setup (checkpoints then hold them in this dtype).
+  std::optional<c10::ScalarType> buffer_dtype;
+};
+
+/// options with param_dtype and buffer_dtype, when unset, filled from the precision named
+/// precision_name (as above), and reduce_dtype, when unset, set to param_dtype, as in Python.
+LF_API FSDPMixedPrecision resolve_mixed_precision(FSDPMixedPrecision options, const std::string& precision_name);
+
 struct LF_API FSDPOptions {
   ShardingStrategy sharding_strategy = ShardingStrategy::FullShard;
   /// Timeouts, backend and hang detection of the process group (process_group_settings.h).
@@ -54,6 +73,8 @@ struct LF_API FSDPOptions {
   /// be called through lf::call(block, x) by its parent, which runs the unit's gather and release
   /// (module_call.h; a forward that skips it fails with an error that says so). Empty: none.
   ModulePolicy auto_wrap;
+  /// Compute and communication dtypes (see FSDPMixedPrecision); the default follows the precision.
+  FSDPMixedPrecision mixed_precision;
   /// Submodules whose activations are recomputed in backward (Python's
   /// activation_checkpointing_policy; activation_checkpoint.h), e.g.
   /// lf::ModulePolicy::of_type<BlockImpl>(); empty: none. Inside a unit, the gathered parameters
@@ -76,6 +97,10 @@ class LF_API FSDPStrategy : public ParallelStrategy {
   void setup_optimizer(torch::optim::Optimizer& optimizer) override;
   void before_forward(const torch::nn::Module& module) override;
   void annotate_forward_error(const torch::nn::Module& module, const std::exception& error) override;
+  at::Tensor convert_input(const at::Tensor& input) const override;
+  /// The dtypes in effect: FSDPOptions::mixed_precision with the unset fields filled from the
+  /// precision plugin (nullopt: no cast).
+  FSDPMixedPrecision effective_mixed_precision() const;
   void backward(at::Tensor& loss, torch::nn::Module* module) override;
   bool optimizer_step(torch::optim::Optimizer& optimizer,
                       const torch::optim::Optimizer::LossClosure& closure = nullptr,

@@ -115,6 +115,9 @@ class LF_API Strategy {
   /// Called by FabricModule before every forward of a set-up module (sharded strategies gather
   /// parameters here). Default: nothing.
   virtual void before_forward(const torch::nn::Module& module) { (void)module; }
+  /// A set-up module's input after the precision plugin converted it (fsdp casts it to its
+  /// param_dtype); identity by default.
+  virtual at::Tensor convert_input(const at::Tensor& input) const { return input; }
   /// A set-up module's forward threw `error`: a strategy that knows why may throw a RuntimeError
   /// with error's message and its explanation; returning lets the original propagate.
   virtual void annotate_forward_error(const torch::nn::Module& module, const std::exception& error) {

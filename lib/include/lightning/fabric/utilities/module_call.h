@@ -24,7 +24,8 @@ namespace lightning::fabric {
 /// strategy owns it; modules and the table below hold it weakly.
 struct LF_API ForwardHooks {
   virtual ~ForwardHooks() = default;
-  virtual void before_forward() = 0;
+  /// Runs before the forward; returns the input the forward gets (input itself, or e.g. cast).
+  virtual at::Tensor before_forward(at::Tensor input) = 0;
   virtual at::Tensor after_forward(at::Tensor output) = 0;
 };
 

@@ -52,9 +52,13 @@ class FSDPStrategy::Engine {
     std::vector<ShardedParameter> parameters;
     std::vector<Unit> units;
     std::vector<std::shared_ptr<FSDPUnitImpl::Hooks>> hooks;  // one per FSDPUnit (weakly held there)
+    bool casts = false;  // some full parameter is gathered in the param dtype, not its shard's
   };
 
   explicit Engine(FSDPStrategy& strategy) : strategy_(strategy) {}
+
+  /// input cast to the param dtype when it is floating point and one is in effect.
+  at::Tensor cast_input(const at::Tensor& input) const;
 
   /// Splits a module whose values every rank already shares into this rank's shards. called:
   /// modules (not FSDPUnits) that become units whose hooks run through lf::call.
@@ -89,7 +93,10 @@ class FSDPStrategy::Engine {
   bool frees_parameters() const;  // FULL_SHARD, HYBRID_SHARD
   void build_units(ShardedModule& sharded, torch::nn::Module& module,
                    const std::vector<std::shared_ptr<torch::nn::Module>>& called);
-  void gather(ShardedModule& sharded, Unit& unit);            // collective over the shard group
+  /// Collective over the shard group. full_precision: in the shards' dtype (summon), else in
+  /// the param dtype.
+  void gather(ShardedModule& sharded, Unit& unit, bool full_precision = false);
+  c10::ScalarType full_dtype(const ShardedParameter& p, bool full_precision) const;
   void reduce_gradients(ShardedModule& sharded, Unit& unit);  // collective
   void free_full_parameters(ShardedModule& sharded, Unit& unit);
   void release_full_parameters(ShardedModule& sharded, Unit& unit);  // mid-step: autograd may refill
@@ -98,6 +105,7 @@ class FSDPStrategy::Engine {
   void finish_unit_backward(ShardedModule& sharded, Unit& unit);  // reduce, then free (once per backward)
 
   FSDPStrategy& strategy_;
+  FSDPMixedPrecision dtypes_;  // resolved at the first shard()
   std::vector<std::unique_ptr<ShardedModule>> modules_;
 };
 
