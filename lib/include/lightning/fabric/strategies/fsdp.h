@@ -12,7 +12,8 @@
 //   HYBRID_SHARD   FULL_SHARD inside each node, replicated across nodes (a shard group per node,
 //                  gradients of a shard averaged over its replicas on the other nodes)
 // Sharding units: the set-up module, plus every FSDPUnit inside it (declared by the model or made
-// by auto_wrap_min_params); a unit's full parameters exist only from its forward's start to its
+// by auto_wrap_min_params or auto_wrap) and every module auto_wrap made a unit in place (called
+// through lf::call); a unit's full parameters exist only from its forward's start to its
 // end, and again from the backward reaching it until its gradients are reduce-scattered. Between
 // a backward and the next forward, a FULL_SHARD module's parameters have zero elements: read
 // weights through fabric.save / load, or after a forward.
