@@ -2,7 +2,11 @@
 // equal to the plain forward's, the same dropout mask, activations not kept, autocast, nesting,
 // the error for an unlisted tensor, and setup's marking of modules anywhere in the tree.
 #include <ATen/autocast_mode.h>
-#include <malloc.h>
+#include <c10/core/CPUAllocator.h>
+
+#include <atomic>
+#include <mutex>
+#include <unordered_map>
 #include <torch/torch.h>
 
 #include "lightning/fabric.h"
@@ -64,10 +68,62 @@ bool all_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Ten
   return true;
 }
 
-size_t heap_in_use() {
-  const auto info = mallinfo2();
-  return info.uordblks + info.hblkhd;  // small blocks in the heap plus the large ones mmap'ed
-}
+// Bytes of live CPU tensor memory, counted by an allocator put in front of LibTorch's while one
+// exists (a count of what tensors hold, independent of malloc and of sanitizers). Its memory is
+// LibTorch's own, released through the base allocator's raw deleter.
+class CountingAllocator final : public c10::Allocator {
+ public:
+  CountingAllocator() : base_(c10::GetCPUAllocator()) {
+    base_deleter() = base_->raw_deleter();
+    c10::SetCPUAllocator(this, kPriority);
+  }
+  ~CountingAllocator() override { c10::SetCPUAllocator(base_, kPriority); }
+  c10::DataPtr allocate(size_t bytes) override {
+    c10::DataPtr inner = base_->allocate(bytes);
+    void* data = inner.get();
+    REQUIRE(inner.get_context() == data);  // LibTorch's CPU allocator: context is the pointer
+    inner.release_context();
+    {
+      std::lock_guard<std::mutex> lock(mutex());
+      sizes()[data] = bytes;
+    }
+    live() += static_cast<int64_t>(bytes);
+    return {data, data, &release, c10::Device(c10::kCPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
+  static std::atomic<int64_t>& live() {
+    static std::atomic<int64_t> bytes{0};
+    return bytes;
+  }
+
+ private:
+  static void release(void* data) {
+    {
+      std::lock_guard<std::mutex> lock(mutex());
+      const auto found = sizes().find(data);
+      if (found != sizes().end()) {
+        live() -= static_cast<int64_t>(found->second);
+        sizes().erase(found);
+      }
+    }
+    base_deleter()(data);
+  }
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::unordered_map<void*, size_t>& sizes() {
+    static std::unordered_map<void*, size_t> map;
+    return map;
+  }
+  static c10::DeleterFnPtr& base_deleter() {
+    static c10::DeleterFnPtr deleter = nullptr;
+    return deleter;
+  }
+  static constexpr uint8_t kPriority = 200;
+  c10::Allocator* base_;
+};
 }  // namespace
 
 TEST_CASE("checkpoint: gradients equal the plain forward's, bitwise, with and without dropout", "[checkpoint]") {
@@ -87,11 +143,12 @@ TEST_CASE("checkpoint: activations inside the function are not kept until backwa
   torch::manual_seed(0);
   Net net(256, 8, 0.0, false);
   const auto input = torch::randn({512, 256});
+  CountingAllocator counting;  // in front of LibTorch's for this test
   auto kept = [&](bool checkpointed) {
-    const size_t before = heap_in_use();
+    const int64_t before = CountingAllocator::live();
     auto y = input.clone().requires_grad_();
     for (auto& block : net->blocks) y = checkpointed ? lf::checkpoint(block, y) : block(y);
-    const size_t after = heap_in_use();
+    const int64_t after = CountingAllocator::live();
     y.sum().backward();
     return static_cast<double>(after - before);
   };
