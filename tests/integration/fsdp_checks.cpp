@@ -21,6 +21,7 @@
 //   fsdp_checks load DIR             load DIR/ck into a fresh model on any number of ranks: the
 //                                    gathered parameters equal DIR/reference.pt bitwise
 // Each prints "FAIL: ..." per failed check and exits 1 if any failed.
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/torch.h>
 
 #include <filesystem>
@@ -33,6 +34,7 @@
 
 #include <map>
 #include <set>
+#include <sstream>
 
 namespace lf = lightning::fabric;
 
@@ -370,19 +372,32 @@ int by_type(const std::string& sharding) {
     expect(peak_parameter_bytes <= own + block, "one block's parameters full at a time (peak " +
                                                     std::to_string(peak_parameter_bytes) + " bytes, bound " +
                                                     std::to_string(own + block) + ", all " + std::to_string(all) + ")");
-    // The same model calling its blocks directly: the forward fails, and says why.
-    TypedNet direct(/*through_call=*/false);
-    torch::optim::SGD sgd(direct->parameters(), 0.1);
-    auto [model, optimizer] = fabric.setup(direct, sgd);
-    std::string error;
-    try {
-      model(torch::randn({3, 16}));
-    } catch (const lf::RuntimeError& caught) {
-      error = caught.what();
-    }
-    expect(error.find("fsdp: FSDPOptions::auto_wrap made 'first', 'list.0', 'list.1' sharding units, but this forward "
-                      "did not run them through lf::call") != std::string::npos,
-           "a forward that skips lf::call names the units and the fix (got \"" + error + "\")");
+  }
+  // The same model calling its blocks directly. FULL_SHARD: the forward fails (LibTorch's error,
+  // unchanged) and stderr names the units and the fix. SHARD_GRAD_OP: the forward runs on full
+  // parameters that would go stale, so fabric.backward refuses it, naming them.
+  TypedNet direct(/*through_call=*/false);
+  torch::optim::SGD sgd(direct->parameters(), 0.1);
+  auto [model, optimizer] = fabric.setup(direct, sgd);
+  std::ostringstream stderr_text;
+  auto* previous = std::cerr.rdbuf(stderr_text.rdbuf());
+  std::string error;
+  try {
+    fabric.backward(model(torch::randn({3, 16})).sum());
+  } catch (const std::exception& caught) {
+    error = caught.what();
+  }
+  std::cerr.rdbuf(previous);
+  if (sharding == "FULL_SHARD") {
+    expect(!error.empty() && error.find("fsdp:") == std::string::npos, "the forward's own error propagates unchanged");
+    expect(stderr_text.str().find("lightning-fabric: fsdp: the sharding units 'first', 'list.0', 'list.1' (made by "
+                                  "FSDPOptions::auto_wrap) had not run when this forward failed") != std::string::npos &&
+               stderr_text.str().find("call them as lf::call(block, x)") != std::string::npos,
+           "stderr names the skipped units and the fix (got \"" + stderr_text.str() + "\")");
+  } else {
+    expect(error.find("fsdp: the sharding units 'first', 'list.0', 'list.1' (made by FSDPOptions::auto_wrap) ran in "
+                      "this step without lf::call") != std::string::npos,
+           "fabric.backward names the units a forward ran without lf::call (got \"" + error + "\")");
   }
   std::cout << "rank " << fabric.global_rank() << " " << sharding << " with units by type: relative difference " << worst
             << ", peak bytes of full parameters " << peak_parameter_bytes << " (all: " << all << ")" << std::endl;
@@ -428,10 +443,18 @@ int mixed(const std::string& sharding) {
   fabric.barrier();
   auto& fsdp = fabric.strategy_as<lf::FSDPStrategy>();
   expect(fsdp.effective_mixed_precision().reduce_dtype == at::kBFloat16, "the options' dtypes are in effect");
+  // A unit's parameter gets its reduce hook back after the dtype changes of its gathers (set_data
+  // to another dtype makes autograd build a new AccumulateGrad): a summon in float32 (as at the end
+  // of train_and_compare), then a bfloat16 step.
+  const at::Tensor unit_weight = inner != nullptr ? inner->fc->weight : net->parameters().front();
+  auto hooked = [&] { return !torch::autograd::impl::grad_accumulator(unit_weight)->post_hooks().empty(); };
   {
     auto full = fsdp.summon_full_parameters(*net);
     expect(net->parameters().front().scalar_type() == at::kFloat, "summon_full_parameters gives the float32 master values");
   }
+  fabric.strategy()->before_forward(*net);  // the set-up module's forward, as its FabricModule runs it
+  fabric.backward(net->forward(torch::randn({3, 16}, torch::kBFloat16)).to(torch::kFloat).pow(2).mean());
+  expect(hooked(), "the reduce hook is back after a summon in float32 and a bfloat16 step");
   std::cout << "rank " << fabric.global_rank() << " " << sharding << " in bfloat16: relative difference " << worst
             << " (tolerance " << tolerance << ")" << std::endl;
   return 0;

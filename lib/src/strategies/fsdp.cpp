@@ -6,6 +6,7 @@
 #include <torch/types.h>
 
 #include <cmath>
+#include <iostream>
 #include <set>
 
 #include "lightning/fabric/errors.h"
@@ -162,21 +163,33 @@ c10::ScalarType FSDPStrategy::Engine::full_dtype(const ShardedParameter& p, bool
 }
 
 void FSDPStrategy::annotate_forward_error(const torch::nn::Module& module, const std::exception& error) {
-  const std::string hint = engine_->forward_error_hint(module);
-  if (!hint.empty()) throw RuntimeError(std::string(error.what()) + "\n" + hint);
+  (void)error;  // propagates unchanged; the hint goes to stderr beside it
+  const std::string hint = engine_->skipped_units_hint(module, /*after_backward=*/false);
+  if (!hint.empty()) std::cerr << "lightning-fabric: " << hint << std::endl;
 }
 
-std::string FSDPStrategy::Engine::forward_error_hint(const torch::nn::Module& module) {
+std::string FSDPStrategy::Engine::skipped_units_hint(const torch::nn::Module& module, bool after_backward) {
   ShardedModule* sharded = find(module);
-  if (sharded == nullptr || !frees_parameters()) return {};
+  if (sharded == nullptr) return {};
   std::string missed;
   for (const auto& unit : sharded->units) {
-    if (unit.via_call && !unit.entered) missed += (missed.empty() ? "'" : ", '") + unit.name + "'";
+    if (!unit.via_call || unit.entered) continue;
+    bool counts = !after_backward;  // in a failed forward: any unit not reached (it may come later)
+    for (size_t i : unit.parameters) {
+      const at::Tensor& parameter = sharded->parameters[i].parameter;
+      if (!after_backward) counts &= frees_parameters() && parameter.numel() == 0;  // still sharded
+      if (after_backward) counts |= parameter.grad().defined();  // it ran, but not through lf::call
+    }
+    if (counts) missed += (missed.empty() ? "'" : ", '") + unit.name + "'";
   }
   if (missed.empty()) return {};
-  return "fsdp: FSDPOptions::auto_wrap made " + missed + " sharding units, but this forward did not run them through "
-         "lf::call, so their parameters were still shards. Call them as lf::call(block, x) in the parent's forward "
-         "(LibTorch modules have no forward hooks; docs/fsdp.md, \"Sharding units\").";
+  const std::string what = after_backward ? " ran in this step without lf::call, so they were never gathered again "
+                                            "after an optimizer step (stale weights)"
+                                          : " had not run when this forward failed; their parameters are shards until "
+                                            "their forward runs through lf::call";
+  return "fsdp: the sharding units " + missed + " (made by FSDPOptions::auto_wrap)" + what +
+         ". If the parent's forward calls them directly, call them as lf::call(block, x) (LibTorch modules have no "
+         "forward hooks; docs/fsdp.md, \"Sharding units\").";
 }
 
 void FSDPStrategy::Engine::shard(const std::shared_ptr<torch::nn::Module>& module,
@@ -254,15 +267,24 @@ void FSDPStrategy::Engine::build_units(ShardedModule& sharded, torch::nn::Module
       sharded.units[u].via_call = true;
     }
     sharded.hooks.push_back(std::move(hooks));
-    for (size_t i : sharded.units[u].parameters) {  // the unit reduces once its last gradient arrived
-      ShardedParameter& p = sharded.parameters[i];
-      if (!p.parameter.requires_grad()) continue;
-      p.accumulator = torch::autograd::impl::grad_accumulator(p.parameter);
-      p.accumulator->add_post_hook(std::make_unique<AfterAccumulation>([this, &sharded, u] {
-        Unit& unit = sharded.units[u];
-        if (unit.pending > 0 && --unit.pending == 0) finish_unit_backward(sharded, unit);
-      }));
-    }
+    hook_accumulators(sharded, u);
+  }
+}
+
+// The unit reduces once its last gradient arrived: a post-hook on each parameter's AccumulateGrad.
+// Autograd makes a new AccumulateGrad when set_data changes a parameter's dtype (a gather in the
+// param dtype after one in the shards' dtype), so this runs again before every forward.
+void FSDPStrategy::Engine::hook_accumulators(ShardedModule& sharded, size_t u) {
+  for (size_t i : sharded.units[u].parameters) {
+    ShardedParameter& p = sharded.parameters[i];
+    if (!p.parameter.requires_grad()) continue;
+    auto accumulator = torch::autograd::impl::grad_accumulator(p.parameter);
+    if (accumulator == p.accumulator) continue;
+    p.accumulator = std::move(accumulator);
+    p.accumulator->add_post_hook(std::make_unique<AfterAccumulation>([this, &sharded, u] {
+      Unit& unit = sharded.units[u];
+      if (unit.pending > 0 && --unit.pending == 0) finish_unit_backward(sharded, unit);
+    }));
   }
 }
 
@@ -386,6 +408,7 @@ void FSDPStrategy::Engine::before_forward(const torch::nn::Module& module) {
 void FSDPStrategy::Engine::unit_before_forward(ShardedModule& sharded, Unit& unit) {
   unit.entered = true;
   if (!unit.materialized || unit.stale) gather(sharded, unit);
+  hook_accumulators(sharded, static_cast<size_t>(&unit - sharded.units.data()));
   unit.pending = 0;
   if (torch::GradMode::is_enabled()) {
     for (size_t i : unit.parameters) unit.pending += sharded.parameters[i].parameter.requires_grad() ? 1 : 0;
@@ -443,12 +466,16 @@ void FSDPStrategy::Engine::reduce_gradients(ShardedModule& sharded, Unit& unit) 
     }
     offset += p.chunk;
   }
-  at::Tensor mine = parts > 1 ? strategy_.shard_group().reduce_scatter_rows(rows) : rows[0].clone();
   const int world = strategy_.world_size();
+  // float16 sums overflow soon: divide partly before the reduction and the rest after (Python's
+  // pre- and post-divide factors); other dtypes divide once, after.
+  const double pre = reduce_dtype == at::kHalf ? std::sqrt(static_cast<double>(world)) : 1.0;
+  if (pre != 1.0) rows.div_(pre);
+  at::Tensor mine = parts > 1 ? strategy_.shard_group().reduce_scatter_rows(rows) : rows[0].clone();
   if (parts == 1 && world > 1) strategy_.collective().all_reduce_(mine, ReduceOp::Sum);  // NO_SHARD: DDP
   Collective* replicas = strategy_.replica_group();
   if (replicas != nullptr && replicas->world_size() > 1) replicas->all_reduce_(mine, ReduceOp::Sum);
-  mine.div_(world);
+  mine.div_(static_cast<double>(world) / pre);
   offset = 0;
   for (size_t i : unit.parameters) {
     ShardedParameter& p = sharded.parameters[i];
@@ -470,6 +497,8 @@ void FSDPStrategy::backward(at::Tensor& loss, torch::nn::Module* module) {
 void FSDPStrategy::Engine::finish_backward() {
   for (auto& sharded : modules_) {  // units the backward did not finish (unit 0, unused parameters), in order
     if (sharded->module.expired()) continue;
+    const std::string skipped = skipped_units_hint(*sharded->address, /*after_backward=*/true);
+    LF_CHECK(skipped.empty(), RuntimeError, skipped);
     for (auto& unit : sharded->units) {
       finish_unit_backward(*sharded, unit);
       unit.reduced = false;
@@ -491,6 +520,11 @@ ScopeGuard FSDPStrategy::Engine::summon(const torch::nn::Module& module) {
   ShardedModule* sharded = find(module);
   LF_CHECK(sharded != nullptr, ValueError, "summon_full_parameters: this module was not set up with strategy=\"fsdp\". ",
            "Pass the module given to fabric.setup.");
+  for (const auto& unit : sharded->units) {
+    LF_CHECK(!unit.released, RuntimeError, "summon_full_parameters: a forward of this module has run and its backward "
+             "has not: the full parameters autograd saved are in use. Call it before the forward or after "
+             "fabric.backward.");
+  }
   // In the shards' own dtype: the master values, whatever the param dtype.
   for (auto& unit : sharded->units) {
     if (!unit.materialized || unit.stale || unit.released || sharded->casts) gather(*sharded, unit, /*full_precision=*/true);

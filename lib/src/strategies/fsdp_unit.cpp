@@ -52,7 +52,7 @@ std::vector<std::shared_ptr<torch::nn::Module>> wrap_matching_modules(torch::nn:
   std::vector<std::shared_ptr<torch::nn::Module>> called;
   std::set<const torch::nn::Module*> in_sequential;  // their calls pass through the Sequential's units
   for (const auto& module : root.modules(/*include_self=*/true)) {
-    if (auto* sequential = dynamic_cast<torch::nn::SequentialImpl*>(module.get())) {
+    if (auto* sequential = sequential_at(*module)) {
       for (const auto& child : sequential->children()) in_sequential.insert(child.get());
     }
   }

@@ -161,9 +161,11 @@ struct CheckpointNode : torch::autograd::Function<CheckpointNode> {
     const std::vector<at::Tensor> inputs(tensors.begin(), tensors.begin() + static_cast<std::ptrdiff_t>(call->input_count));
     ctx->save_for_backward(inputs);
     std::vector<at::Tensor> outputs = call->fn(inputs);  // grad mode is off here: nothing is kept
+    torch::autograd::variable_list integral;  // one call: each call replaces the previous set
     for (const auto& output : outputs) {
-      if (output.defined() && !output.is_floating_point() && !output.is_complex()) ctx->mark_non_differentiable({output});
+      if (output.defined() && !output.is_floating_point() && !output.is_complex()) integral.push_back(output);
     }
+    if (!integral.empty()) ctx->mark_non_differentiable(integral);
     ctx->saved_data["call"] = c10::IValue::make_capsule(std::move(call));
     return outputs;
   }

@@ -26,10 +26,16 @@ const torch::nn::Module& unwrapped(const torch::nn::Module& module) {
   return *current;
 }
 
+torch::nn::SequentialImpl* sequential_at(torch::nn::Module& module) {
+  torch::nn::Module* current = &module;
+  while (auto* wrapper = dynamic_cast<WrapperModule*>(current)) current = wrapper->wrapped().get();
+  return dynamic_cast<torch::nn::SequentialImpl*>(current);
+}
+
 int replace_sequential_children(torch::nn::Module& root, const SequentialChildReplacement& replacement) {
   int replaced = 0;
   for (const auto& item : root.named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
-    auto* sequential = dynamic_cast<torch::nn::SequentialImpl*>(item.value().get());
+    auto* sequential = sequential_at(*item.value());
     if (sequential == nullptr) continue;
     const std::string prefix = item.key().empty() ? "" : item.key() + ".";
     const auto names = sequential->named_children();
@@ -53,7 +59,9 @@ int replace_sequential_children(torch::nn::Module& root, const SequentialChildRe
       }
       ++index;
     }
+    const bool training = sequential->is_training();
     *sequential = std::move(rebuilt);  // in place: the model's own Sequential member sees the change
+    sequential->train(training);
   }
   return replaced;
 }

@@ -245,6 +245,17 @@ TEST_CASE("apply_activation_checkpointing marks matches anywhere, and lf::call a
   CHECK(lf::apply_activation_checkpointing(*holder, lf::ModulePolicy::of_type<BlockImpl>()) == 1);
   unit(x).sum().backward();
   CHECK(dynamic_cast<BlockImpl*>(unit->wrapped().get())->calls == 2);
+  // A Sequential inside a unit: its children are reached through the wrapper too.
+  torch::nn::Sequential inner(Block(8), torch::nn::ReLU());
+  lf::FSDPUnit outer(inner);
+  torch::nn::Sequential top(outer);
+  top->eval();
+  CHECK(lf::apply_activation_checkpointing(*top, lf::ModulePolicy::of_type<BlockImpl>()) == 1);
+  CHECK(inner[0]->as<lf::CheckpointedImpl>() != nullptr);
+  CHECK_FALSE(inner->is_training());  // rebuilding the Sequential keeps its mode
+  top->train();
+  top->forward(x).sum().backward();
+  CHECK(dynamic_cast<BlockImpl*>(inner[0]->as<lf::CheckpointedImpl>()->wrapped().get())->calls == 2);
 }
 
 TEST_CASE("lf::call runs the hooks set for a module around its forward, while their owner lives", "[checkpoint]") {

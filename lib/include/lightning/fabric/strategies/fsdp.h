@@ -72,7 +72,8 @@ struct LF_API FSDPOptions {
   /// submodule the policy matches, anywhere in the tree, becomes a unit. A child of a Sequential is
   /// wrapped in an FSDPUnit; any other match (blocks in a vector, a ModuleList, named members) must
   /// be called through lf::call(block, x) by its parent, which runs the unit's gather and release
-  /// (module_call.h; a forward that skips it fails with an error that says so). Empty: none.
+  /// (module_call.h). A parent that skips it is named: under FULL_SHARD the forward fails (its
+  /// shards are empty) and stderr says why; otherwise fabric.backward throws RuntimeError. Empty: none.
   ModulePolicy auto_wrap;
   /// Compute and communication dtypes (see FSDPMixedPrecision); the default follows the precision.
   FSDPMixedPrecision mixed_precision;

@@ -118,8 +118,8 @@ class LF_API Strategy {
   /// A set-up module's input after the precision plugin converted it (fsdp casts it to its
   /// param_dtype); identity by default.
   virtual at::Tensor convert_input(const at::Tensor& input) const { return input; }
-  /// A set-up module's forward threw `error`: a strategy that knows why may throw a RuntimeError
-  /// with error's message and its explanation; returning lets the original propagate.
+  /// A set-up module's forward threw `error`, which propagates unchanged after this returns: a
+  /// strategy that knows a likely cause writes it to stderr (fsdp: units skipped by the parent).
   virtual void annotate_forward_error(const torch::nn::Module& module, const std::exception& error) {
     (void)module, (void)error;
   }

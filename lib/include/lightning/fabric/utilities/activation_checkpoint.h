@@ -75,12 +75,25 @@ at::Tensor checkpoint(F&& fn, const at::Tensor& input, const std::vector<at::Ten
                                     {input}, parameters)[0];
 }
 
+namespace detail {
+/// Shared ownership of the module a holder refers to: a TORCH_MODULE holder or a std::shared_ptr.
+template <class Impl>
+std::shared_ptr<Impl> shared_module(const std::shared_ptr<Impl>& module) {
+  return module;
+}
+template <class Impl>
+std::shared_ptr<Impl> shared_module(const torch::nn::ModuleHolder<Impl>& module) {
+  return module.ptr();
+}
+}  // namespace detail
+
 /// A module's forward(input), with the module's parameters listed. ModuleHolder: a TORCH_MODULE
-/// holder (Block) or a std::shared_ptr to the Impl.
+/// holder (Block) or a std::shared_ptr to the Impl. The graph keeps the module alive until the
+/// backward has run it again.
 template <class ModuleHolder, std::enable_if_t<detail::is_module_holder<std::decay_t<ModuleHolder>>::value, int> = 0>
-at::Tensor checkpoint(ModuleHolder& module, const at::Tensor& input) {
-  auto* impl = &*module;
-  return checkpoint([impl](const at::Tensor& x) { return impl->forward(x); }, input, impl->parameters());
+at::Tensor checkpoint(ModuleHolder&& module, const at::Tensor& input) {
+  auto shared = detail::shared_module(module);
+  return checkpoint([shared](const at::Tensor& x) { return shared->forward(x); }, input, shared->parameters());
 }
 
 /// Marks every submodule of root that policy matches (root itself excluded) for checkpointing:

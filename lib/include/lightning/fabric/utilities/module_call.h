@@ -45,7 +45,7 @@ LF_API at::Tensor call_module(torch::nn::Module& module, const std::shared_ptr<F
 /// module's forward(input) with what setup arranged for it (see above). ModuleHolder: a
 /// TORCH_MODULE holder (Block) or a std::shared_ptr to the Impl; its forward takes one tensor.
 template <class ModuleHolder>
-at::Tensor call(ModuleHolder& module, const at::Tensor& input) {
+at::Tensor call(ModuleHolder&& module, const at::Tensor& input) {
   auto* impl = &*module;
   return detail::call_module(*impl, forward_hooks(*impl), [impl](const at::Tensor& x) { return impl->forward(x); }, input);
 }

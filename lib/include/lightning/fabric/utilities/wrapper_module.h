@@ -8,6 +8,7 @@
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/container/sequential.h>
 
 #include <functional>
 #include <memory>
@@ -32,7 +33,11 @@ class LF_API WrapperModule : public torch::nn::Module {
 /// of wrappers), else module itself.
 LF_API const torch::nn::Module& unwrapped(const torch::nn::Module& module);
 
-/// For every Sequential inside root (root included), replaces each child for which
+/// The Sequential a tree position holds, through any wrappers (an FSDPUnit of a Sequential);
+/// null when it holds none.
+LF_API torch::nn::SequentialImpl* sequential_at(torch::nn::Module& module);
+
+/// For every Sequential inside root (root included, and those inside wrappers), replaces each child for which
 /// replacement(child, name) returns a module by that module, in place and under the same name
 /// (the model's own Sequential member sees the change). name: the child's dotted path from root
 /// ("body.2"). Returns how many children it replaced.

@@ -63,9 +63,10 @@ class FSDPStrategy::Engine {
   /// Splits a module whose values every rank already shares into this rank's shards. called:
   /// modules (not FSDPUnits) that become units whose hooks run through lf::call.
   void shard(const std::shared_ptr<torch::nn::Module>& module, const std::vector<std::shared_ptr<torch::nn::Module>>& called);
-  /// A hint for a forward of module that threw: units made through lf::call whose forward did not
-  /// run (their parameters are still shards); empty when there are none.
-  std::string forward_error_hint(const torch::nn::Module& module);
+  /// Units made through lf::call that the parent called directly: after a failed forward, those
+  /// not reached whose parameters are still shards; after a backward, those not entered whose
+  /// parameters got gradients. The message naming them and the fix; empty when there are none.
+  std::string skipped_units_hint(const torch::nn::Module& module, bool after_backward);
   /// Points the optimizer at the shards of the parameters it holds.
   void adopt_optimizer(torch::optim::Optimizer& optimizer);
   /// Gathers unit 0 of a set-up module before its forward (collective).
@@ -91,6 +92,7 @@ class FSDPStrategy::Engine {
  private:
   class UnitHooks;
   bool frees_parameters() const;  // FULL_SHARD, HYBRID_SHARD
+  void hook_accumulators(ShardedModule& sharded, size_t unit);
   void build_units(ShardedModule& sharded, torch::nn::Module& module,
                    const std::vector<std::shared_ptr<torch::nn::Module>>& called);
   /// Collective over the shard group. full_precision: in the shards' dtype (summon), else in
