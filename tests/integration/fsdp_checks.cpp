@@ -243,6 +243,27 @@ double train_and_compare(lf::Fabric& fabric, Model& net, int steps, uint64_t red
   return worst;
 }
 
+// train_and_compare's 50 steps with the model's full-parameter bytes sampled (peak_parameter_bytes),
+// expecting fp32 rounding of the reference; what: the check's name in the message.
+template <class Model>
+double train_watched(lf::Fabric& fabric, Model& net, uint64_t reducing_units, const std::string& what) {
+  watched = net.ptr().get();
+  const double worst = train_and_compare(fabric, net, 50, reducing_units, /*max_norm=*/0.01);
+  watched = nullptr;
+  expect(worst < 1e-5, what + ": parameters after 50 steps within fp32 rounding of the reference (relative " +
+                           std::to_string(worst) + ")");
+  return worst;
+}
+
+// Each probe's forward count, in tree order.
+std::vector<int> probe_forwards(torch::nn::Module& net) {
+  std::vector<int> forwards;
+  for (const auto& module : net.modules()) {
+    if (auto* probe = dynamic_cast<ProbeImpl*>(module.get())) forwards.push_back(probe->forwards);
+  }
+  return forwards;
+}
+
 // fabric.backward refuses a loss from a model that was never set up: its gradients would not be
 // reduced over the shards' ranks (Strategy::averages_gradients).
 void expect_unset_model_refused(lf::Fabric& fabric, const std::string& sharding) {
@@ -274,11 +295,7 @@ int train(const std::string& sharding) {
 int units(const std::string& sharding) {
   auto fabric = make_fabric(sharding, 500);
   UnitNet net;
-  watched = net.ptr().get();
-  const double worst = train_and_compare(fabric, net, 50, /*reducing_units=*/4, /*max_norm=*/0.01);
-  watched = nullptr;
-  expect(worst < 1e-5, sharding + " with units: parameters after 50 steps within fp32 rounding of the reference " +
-                           "(relative " + std::to_string(worst) + ")");
+  const double worst = train_watched(fabric, net, /*reducing_units=*/4, sharding + " with units");
   int wrapped = 0;
   for (const auto& module : net->modules()) wrapped += dynamic_cast<lf::FSDPUnitImpl*>(module.get()) != nullptr;
   expect(wrapped == 3, "two Sequential children wrapped automatically next to the declared unit (found " +
@@ -318,15 +335,8 @@ int checkpointed(const std::string& sharding) {
                               return name == "body.0" || name == "body.2" || name == "body.4";
                             }));
   UnitNet net;
-  watched = net.ptr().get();
-  const double worst = train_and_compare(fabric, net, 50, /*reducing_units=*/4, /*max_norm=*/0.01);
-  watched = nullptr;
-  expect(worst < 1e-5, sharding + " with checkpointed units: parameters after 50 steps within fp32 rounding of the "
-                           "reference (relative " + std::to_string(worst) + ")");
-  std::vector<int> forwards;
-  for (const auto& module : net->modules()) {
-    if (auto* probe = dynamic_cast<ProbeImpl*>(module.get())) forwards.push_back(probe->forwards);
-  }
+  const double worst = train_watched(fabric, net, /*reducing_units=*/4, sharding + " with checkpointed units");
+  const std::vector<int> forwards = probe_forwards(*net);
   const int passes = 50 + 17;  // every step's forward and every third step's accumulated one
   expect(forwards == std::vector<int>{2 * passes, passes},
          "the probe in a checkpointed unit runs again in backward, the other one does not (" +
@@ -352,19 +362,13 @@ int by_type(const std::string& sharding) {
   const auto blocks = lf::ModulePolicy::of_type<TypedBlockImpl>();
   auto fabric = make_fabric(sharding, 0, blocks, blocks);
   TypedNet net;
-  watched = net.ptr().get();
-  const double worst = train_and_compare(fabric, net, 50, /*reducing_units=*/5, /*max_norm=*/0.01);
-  watched = nullptr;
-  expect(worst < 1e-5, sharding + " with units by type: parameters after 50 steps within fp32 rounding of the "
-                           "reference (relative " + std::to_string(worst) + ")");
-  int declared = 0, probes_twice = 0, probes = 0;
+  const double worst = train_watched(fabric, net, /*reducing_units=*/5, sharding + " with units by type");
+  int declared = 0;
   for (const auto& module : net->modules()) declared += dynamic_cast<lf::FSDPUnitImpl*>(module.get()) != nullptr;
-  for (const auto& module : net->modules()) {
-    if (auto* probe = dynamic_cast<ProbeImpl*>(module.get())) probes_twice += probe->forwards == 2 * (50 + 17), ++probes;
-  }
   expect(declared == 1, "the Sequential child is wrapped in an FSDPUnit, the others are not (" + std::to_string(declared) + ")");
-  expect(probes == 4 && probes_twice == 4, "every block is checkpointed: its probe runs twice per forward (" +
-                                               std::to_string(probes_twice) + " of " + std::to_string(probes) + ")");
+  const std::vector<int> forwards = probe_forwards(*net);
+  expect(forwards == std::vector<int>(4, 2 * (50 + 17)), "every block is checkpointed: its probe runs twice per forward (" +
+                                                            std::to_string(forwards.size()) + " probes)");
   expect(net->named_parameters().contains("seq.0.fc.weight") && net->named_parameters().contains("list.1.fc.weight"),
          "parameter names unchanged");
   const int64_t own = 85 * 4, block = 272 * 4, all = (4 * 272 + 85) * 4;

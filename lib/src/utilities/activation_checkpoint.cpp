@@ -11,10 +11,10 @@
 #include <mutex>
 #include <set>
 #include <sstream>
-#include <unordered_map>
 #include <unordered_set>
 
 #include "lightning/fabric/errors.h"
+#include "lightning/fabric/internal/module_table.h"
 #include "lightning/fabric/strategies/fsdp_unit.h"
 
 namespace lightning::fabric {
@@ -218,18 +218,10 @@ struct CheckpointNode : torch::autograd::Function<CheckpointNode> {
   }
 };
 
-// Modules apply_activation_checkpointing marked; the weak pointer tells a live module from a new
-// one that reuses a freed one's address.
-std::mutex marked_mutex;
-std::unordered_map<const torch::nn::Module*, std::weak_ptr<torch::nn::Module>>& marked() {
-  static std::unordered_map<const torch::nn::Module*, std::weak_ptr<torch::nn::Module>> modules;
-  return modules;
-}
-
-void mark(const std::shared_ptr<torch::nn::Module>& module) {
-  std::lock_guard<std::mutex> lock(marked_mutex);
-  for (auto it = marked().begin(); it != marked().end();) it = it->second.expired() ? marked().erase(it) : std::next(it);
-  marked()[module.get()] = module;
+// The modules apply_activation_checkpointing marked.
+internal::ModuleTable<bool>& marked() {
+  static internal::ModuleTable<bool> table;
+  return table;
 }
 
 }  // namespace
@@ -250,13 +242,7 @@ std::vector<at::Tensor> detail::checkpoint_tensors(const CheckpointFunction& fn,
   return CheckpointNode::apply(std::move(call), at::TensorList(tensors));
 }
 
-bool is_checkpointed(const torch::nn::Module& module) {
-  std::lock_guard<std::mutex> lock(marked_mutex);
-  const auto found = marked().find(&module);
-  if (found == marked().end()) return false;
-  const auto alive = found->second.lock();
-  return alive && alive.get() == &module;
-}
+bool is_checkpointed(const torch::nn::Module& module) { return marked().get(module).has_value(); }
 
 int apply_activation_checkpointing(torch::nn::Module& root, const ModulePolicy& policy) {
   if (policy.empty()) return 0;
@@ -268,7 +254,7 @@ int apply_activation_checkpointing(torch::nn::Module& root, const ModulePolicy& 
     auto* wrapper = dynamic_cast<WrapperModule*>(module.get());
     const std::shared_ptr<torch::nn::Module>& subject = wrapper != nullptr ? wrapper->wrapped() : module;
     if (is_checkpointed(*subject) || !policy.matches(unwrapped(*subject), item.key())) continue;
-    mark(subject);
+    marked().set(*subject, true);
     ++count;
   }
   // A Sequential calls its children itself: a marked child is wrapped so that the call checkpoints.
