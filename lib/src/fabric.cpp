@@ -16,6 +16,7 @@
 #include "lightning/fabric/connector.h"
 #include "lightning/fabric/internal/step_times.h"
 #include "lightning/fabric/utilities/empty_init.h"
+#include "lightning/fabric/utilities/meta_init.h"
 #include "lightning/fabric/utilities/error_file.h"
 #include "lightning/fabric/utilities/rank_zero.h"
 
@@ -119,6 +120,7 @@ void Fabric::validate_setup(const std::shared_ptr<torch::nn::Module>& module,
 
 void Fabric::prepare_module(const std::shared_ptr<torch::nn::Module>& module, const SetupOptions& options) {
   ensure_environment_ready();
+  if (has_meta_tensors(*module)) connector_->strategy->materialize_meta_tensors(*module);
   connector_->precision->convert_module(*module);
   if (options.move_to_device) connector_->strategy->module_to_device(*module);
   apply_activation_checkpointing(*module,
@@ -345,6 +347,9 @@ ScopeGuard Fabric::autocast() const { return connector_->precision->forward_cont
 ScopeGuard Fabric::init_tensor() const { return connector_->precision->tensor_init_context(); }
 
 ScopeGuard Fabric::init_module(bool empty_init) const {
+  if (empty_init && connector_->strategy->builds_on_meta_device()) {
+    return connector_->precision->module_init_context().then(meta_init_guard());
+  }
   return connector_->precision->module_init_context().then(empty_init_guard(empty_init));
 }
 

@@ -14,6 +14,10 @@
 //   fsdp_checks mixed SHARDING       FSDPOptions::mixed_precision in bfloat16: the dtypes seen in
 //                                    forward and in the collectives, the float32 master copy, and
 //                                    50 steps within a stated tolerance of the float32 reference
+//   fsdp_checks meta SHARDING DIR   fabric.init_module(true) builds on the meta device; setup gives
+//                                    each rank the shards of the model built normally under rank 0's
+//                                    seed (the other ranks seeded otherwise); it trains bitwise like
+//                                    that model; a sharded checkpoint (in DIR) loads into another one
 //   fsdp_checks scaler               a loss scaler over shards: when only rank 0's shard overflows,
 //                                    every rank skips the step and backs the scale off together
 //   fsdp_checks save SHARDING DIR    train, save a sharded checkpoint to DIR/ck and the full
@@ -464,6 +468,69 @@ int mixed(const std::string& sharding) {
   return 0;
 }
 
+// Every parameter of a equals b's bitwise (both set up; gathered in full for the comparison).
+void expect_same_parameters(lf::Fabric& fabric, torch::nn::Module& a, torch::nn::Module& b, const std::string& what) {
+  auto& fsdp = fabric.strategy_as<lf::FSDPStrategy>();
+  auto full_a = fsdp.summon_full_parameters(a);
+  auto full_b = fsdp.summon_full_parameters(b);
+  const auto theirs = b.named_parameters();
+  for (const auto& item : a.named_parameters()) {
+    expect(item.value().sizes() == theirs[item.key()].sizes() && torch::equal(item.value(), theirs[item.key()]),
+           what + ": " + item.key() + " equals the normally built model's bitwise");
+  }
+}
+
+int meta(const std::string& sharding, const std::string& folder) {
+  auto fabric = make_fabric(sharding, 500);
+  const int rank = fabric.global_rank(), world = fabric.world_size();
+  torch::manual_seed(11);
+  UnitNet normal;
+  torch::manual_seed(11 + 100 * rank);  // only rank 0's generator state counts
+  UnitNet meta = nullptr;
+  {
+    auto guard = fabric.init_module(/*empty_init=*/true);
+    meta = UnitNet();
+  }
+  int64_t held = 0;
+  for (const auto& parameter : meta->parameters()) held += parameter.is_meta() ? 0 : parameter.numel();
+  expect(lf::has_meta_tensors(*meta) && held == 0, sharding + ": init_module(true) builds on the meta device");
+  torch::optim::Adam normal_adam(normal->parameters(), torch::optim::AdamOptions(0.01));
+  torch::optim::Adam meta_adam(meta->parameters(), torch::optim::AdamOptions(0.01));
+  auto [normal_model, normal_optimizer] = fabric.setup(normal, normal_adam);
+  auto [meta_model, meta_optimizer] = fabric.setup(meta, meta_adam);
+  expect(!lf::has_meta_tensors(*meta), sharding + ": setup materialises");
+  if (sharding == "FULL_SHARD" || sharding == "HYBRID_SHARD") {
+    int64_t full = 0;
+    for (const auto& parameter : meta->parameters()) full += parameter.numel();
+    expect(full == 0, sharding + ": after setup the meta-built model holds shards only (" + std::to_string(full) +
+                          " full parameter elements)");
+  }
+  expect_same_parameters(fabric, *meta, *normal, sharding + " after setup");
+  torch::manual_seed(6);
+  for (int step = 0; step < 10; ++step) {
+    const auto inputs = torch::randn({3 * world, 16}).narrow(0, 3 * rank, 3);
+    normal_optimizer.zero_grad();
+    fabric.backward(normal_model(inputs).pow(2).mean());
+    normal_optimizer.step();
+    meta_optimizer.zero_grad();
+    fabric.backward(meta_model(inputs).pow(2).mean());
+    meta_optimizer.step();
+  }
+  expect_same_parameters(fabric, *meta, *normal, sharding + " after 10 steps side by side");
+  fabric.save(folder + "/ck", {{"model", normal}});
+  UnitNet loaded = nullptr;
+  {
+    auto guard = fabric.init_module(/*empty_init=*/true);
+    loaded = UnitNet();
+  }
+  torch::optim::Adam loaded_adam(loaded->parameters());
+  auto [loaded_model, loaded_optimizer] = fabric.setup(loaded, loaded_adam);
+  lf::State state{{"model", loaded}};
+  fabric.load(folder + "/ck", state);
+  expect_same_parameters(fabric, *loaded, *normal, sharding + " loaded from a sharded checkpoint into a meta-built model");
+  return 0;
+}
+
 int scaler() {
   auto loss_scaler = std::make_shared<lf::LossScaler>(lf::LossScalerOptions{1e36, 2.0, 0.5, 2000});
   auto precision = std::make_shared<lf::MixedPrecision>("bf16-mixed", torch::kBFloat16, loss_scaler);
@@ -547,11 +614,12 @@ int main(int argc, char** argv) {
     else if (mode == "by_type" && argc == 3) by_type(argv[2]);
     else if (mode == "mixed" && argc == 3) mixed(argv[2]);
     else if (mode == "scaler" && argc == 2) scaler();
+    else if (mode == "meta" && argc == 4) meta(argv[2], argv[3]);
     else if (mode == "save" && argc == 4) save(argv[2], argv[3]);
     else if (mode == "load" && argc == 3) load(argv[2]);
     else {
       std::cerr << "usage: fsdp_checks train SHARDING | units SHARDING | checkpointed SHARDING | by_type SHARDING | "
-                   "mixed SHARDING | scaler | save SHARDING DIR | load DIR" << std::endl;
+                   "mixed SHARDING | meta SHARDING DIR | scaler | save SHARDING DIR | load DIR" << std::endl;
       return 2;
     }
   } catch (const std::exception& error) {

@@ -35,6 +35,7 @@
 #include "lightning/fabric/utilities/data.h"
 #include "lightning/fabric/utilities/devices.h"
 #include "lightning/fabric/utilities/empty_init.h"
+#include "lightning/fabric/utilities/meta_init.h"
 #include "lightning/fabric/utilities/env_vars.h"
 #include "lightning/fabric/utilities/fused_step.h"
 #include "lightning/fabric/utilities/module_call.h"

@@ -13,6 +13,7 @@
 #include "lightning/fabric/internal/gradient_norm.h"
 #include "lightning/fabric/plugins/collectives/collective.h"
 #include "lightning/fabric/strategies/fsdp_engine.h"
+#include "lightning/fabric/utilities/meta_init.h"
 
 namespace lightning::fabric {
 
@@ -130,8 +131,35 @@ void FSDPStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module
       if (buffer.is_floating_point() && buffer.scalar_type() != *buffer_dtype) buffer.set_data(buffer.to(*buffer_dtype));
     }
   }
-  broadcast_module_from_rank_zero(*module);
+  broadcast_module_from_rank_zero(*module, engine_->materialized());
   engine_->shard(module, called);
+}
+
+void FSDPStrategy::materialize_meta_tensors(torch::nn::Module& module) {
+  setup_environment();
+  engine_->materialize(module);
+}
+
+void FSDPStrategy::Engine::materialize(torch::nn::Module& module) {
+  MaterializeOptions options;
+  options.agree_on_generator_state = [this](at::Tensor& state) {  // one build for every rank: rank 0's
+    at::Tensor on_device = state.to(strategy_.root_device());
+    strategy_.collective().broadcast_(on_device, 0);
+    state = on_device.cpu();
+  };
+  const int parts = strategy_.shard_group_size(), part = strategy_.shard_group_rank();
+  std::map<std::string, const c10::TensorImpl*> by_name;
+  for (const auto& item : module.named_parameters()) by_name.emplace(item.key(), item.value().unsafeGetTensorImpl());
+  for (const auto& item : module.named_buffers()) by_name.emplace(item.key(), item.value().unsafeGetTensorImpl());
+  options.install = [&](const std::string& name, bool is_parameter, const at::Tensor& full) -> at::Tensor {
+    const c10::TensorImpl* impl = by_name.at(name);
+    materialized_.insert(impl);
+    if (!is_parameter || !frees_parameters()) return full;
+    const ShardSlice slice = shard_slice(full.numel(), parts, part);
+    presets_[impl] = Preset{full.reshape(-1).narrow(0, slice.begin, slice.length).clone(), full.sizes().vec()};
+    return at::empty({0}, full.options());
+  };
+  materialize_module(module, options);
 }
 
 FSDPMixedPrecision FSDPStrategy::effective_mixed_precision() const {
@@ -207,15 +235,21 @@ void FSDPStrategy::Engine::shard(const std::shared_ptr<torch::nn::Module>& modul
     ShardedParameter p;
     p.name = item.key();
     p.parameter = item.value();
-    p.shape = item.value().sizes().vec();
-    p.numel = item.value().numel();
+    const auto preset = presets_.find(p.parameter.unsafeGetTensorImpl());
+    p.shape = preset != presets_.end() ? preset->second.shape : item.value().sizes().vec();
+    p.numel = c10::multiply_integers(p.shape);
     p.chunk = (p.numel + parts - 1) / parts;
     p.slice = shard_slice(p.numel, parts, part);
-    at::Tensor flat = p.parameter.detach().view(-1).narrow(0, p.slice.begin, p.slice.length);
-    // FULL_SHARD and HYBRID_SHARD keep the shard in its own memory (the full parameter is freed),
-    // and so does a cast to a param dtype (the full parameter is then another dtype); otherwise
-    // SHARD_GRAD_OP and NO_SHARD step a view of the full parameter in place.
-    p.shard = frees_parameters() || sharded->casts ? flat.clone() : flat;
+    if (preset != presets_.end()) {  // materialised from the meta device as this shard only
+      p.shard = preset->second.shard.to(p.parameter.options());  // the placeholder's dtype and device after setup's cast and move
+      presets_.erase(preset);
+    } else {
+      at::Tensor flat = p.parameter.detach().view(-1).narrow(0, p.slice.begin, p.slice.length);
+      // FULL_SHARD and HYBRID_SHARD keep the shard in its own memory (the full parameter is freed),
+      // and so does a cast to a param dtype (the full parameter is then another dtype); otherwise
+      // SHARD_GRAD_OP and NO_SHARD step a view of the full parameter in place.
+      p.shard = frees_parameters() || sharded->casts ? flat.clone() : flat;
+    }
     sharded->parameters.push_back(std::move(p));
   }
   build_units(*sharded, *module, called);
@@ -273,11 +307,13 @@ void FSDPStrategy::Engine::build_units(ShardedModule& sharded, torch::nn::Module
 
 // The unit reduces once its last gradient arrived: a post-hook on each parameter's AccumulateGrad.
 // Autograd makes a new AccumulateGrad when set_data changes a parameter's dtype (a gather in the
-// param dtype after one in the shards' dtype), so this runs again before every forward.
+// param dtype after one in the shards' dtype), so this runs again before every forward. An
+// AccumulateGrad keeps the shape its parameter had when it was made: only full parameters get one
+// (one materialised from the meta device is a placeholder until its first gather).
 void FSDPStrategy::Engine::hook_accumulators(ShardedModule& sharded, size_t u) {
   for (size_t i : sharded.units[u].parameters) {
     ShardedParameter& p = sharded.parameters[i];
-    if (!p.parameter.requires_grad()) continue;
+    if (!p.parameter.requires_grad() || p.parameter.numel() != p.numel) continue;
     auto accumulator = torch::autograd::impl::grad_accumulator(p.parameter);
     if (accumulator == p.accumulator) continue;
     p.accumulator = std::move(accumulator);

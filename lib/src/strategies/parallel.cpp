@@ -95,16 +95,20 @@ uint64_t ParallelStrategy::operation_count() const {
   return count;
 }
 
-void ParallelStrategy::broadcast_module_from_rank_zero(torch::nn::Module& module) {
+void ParallelStrategy::broadcast_module_from_rank_zero(torch::nn::Module& module,
+                                                       const std::set<const c10::TensorImpl*>& already_equal) {
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> state = module.parameters();
   for (auto& buffer : module.buffers()) state.push_back(buffer);
   collective().check_same_tensors(state, "The model passed to fabric.setup");
   for (auto& parameter : module.parameters()) {
+    if (already_equal.count(parameter.unsafeGetTensorImpl()) > 0) continue;
     at::Tensor data = parameter.data();
     collective().broadcast_(data, 0);
   }
-  for (auto& buffer : module.buffers()) collective().broadcast_(buffer, 0);
+  for (auto& buffer : module.buffers()) {
+    if (already_equal.count(buffer.unsafeGetTensorImpl()) == 0) collective().broadcast_(buffer, 0);
+  }
 }
 
 ScopeGuard ParallelStrategy::no_backward_sync(const torch::nn::Module& module, bool enabled) {

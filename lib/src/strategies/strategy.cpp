@@ -6,6 +6,7 @@
 #include "lightning/fabric/checkpoint/checkpoint_io.h"
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/internal/gradient_norm.h"
+#include "lightning/fabric/utilities/meta_init.h"
 #include "lightning/fabric/utilities/rank_zero.h"
 
 namespace lightning::fabric {
@@ -24,6 +25,8 @@ ScopeGuard Strategy::no_backward_sync(const torch::nn::Module& module, bool enab
 }
 
 void Strategy::module_to_device(torch::nn::Module& module) const { module.to(root_device()); }
+
+void Strategy::materialize_meta_tensors(torch::nn::Module& module) { materialize_module(module); }
 
 void Strategy::backward(at::Tensor& loss, torch::nn::Module* module) {
   (void)module;

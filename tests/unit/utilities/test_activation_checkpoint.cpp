@@ -11,6 +11,8 @@
 
 #include "lightning/fabric.h"
 // Catch2 last: glog (inside LibTorch) defines its own CHECK macro, Catch2 must win.
+#include "counting_allocator.h"
+
 #include <catch2/catch.hpp>
 
 namespace lf = lightning::fabric;
@@ -68,62 +70,6 @@ bool all_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Ten
   return true;
 }
 
-// Bytes of live CPU tensor memory, counted by an allocator put in front of LibTorch's while one
-// exists (a count of what tensors hold, independent of malloc and of sanitizers). Its memory is
-// LibTorch's own, released through the base allocator's raw deleter.
-class CountingAllocator final : public c10::Allocator {
- public:
-  CountingAllocator() : base_(c10::GetCPUAllocator()) {
-    base_deleter() = base_->raw_deleter();
-    c10::SetCPUAllocator(this, kPriority);
-  }
-  ~CountingAllocator() override { c10::SetCPUAllocator(base_, kPriority); }
-  c10::DataPtr allocate(size_t bytes) override {
-    c10::DataPtr inner = base_->allocate(bytes);
-    void* data = inner.get();
-    REQUIRE(inner.get_context() == data);  // LibTorch's CPU allocator: context is the pointer
-    inner.release_context();
-    {
-      std::lock_guard<std::mutex> lock(mutex());
-      sizes()[data] = bytes;
-    }
-    live() += static_cast<int64_t>(bytes);
-    return {data, data, &release, c10::Device(c10::kCPU)};
-  }
-  c10::DeleterFnPtr raw_deleter() const override { return &release; }
-  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
-  static std::atomic<int64_t>& live() {
-    static std::atomic<int64_t> bytes{0};
-    return bytes;
-  }
-
- private:
-  static void release(void* data) {
-    {
-      std::lock_guard<std::mutex> lock(mutex());
-      const auto found = sizes().find(data);
-      if (found != sizes().end()) {
-        live() -= static_cast<int64_t>(found->second);
-        sizes().erase(found);
-      }
-    }
-    base_deleter()(data);
-  }
-  static std::mutex& mutex() {
-    static std::mutex m;
-    return m;
-  }
-  static std::unordered_map<void*, size_t>& sizes() {
-    static std::unordered_map<void*, size_t> map;
-    return map;
-  }
-  static c10::DeleterFnPtr& base_deleter() {
-    static c10::DeleterFnPtr deleter = nullptr;
-    return deleter;
-  }
-  static constexpr uint8_t kPriority = 200;
-  c10::Allocator* base_;
-};
 }  // namespace
 
 TEST_CASE("checkpoint: gradients equal the plain forward's, bitwise, with and without dropout", "[checkpoint]") {

@@ -396,7 +396,9 @@ class LF_API Fabric {
   ScopeGuard init_tensor() const;
   /// Modules built while the guard lives get the precision's dtype. empty_init=true also skips
   /// their random initialisation (see utilities/empty_init.h): use it when a checkpoint will
-  /// overwrite the weights anyway.
+  /// overwrite the weights anyway. Under fsdp, empty_init=true builds on the meta device instead
+  /// (utilities/meta_init.h): no parameter memory until fabric.setup, which gives each rank only
+  /// its shards, with the values a normal build under the same seed has.
   ScopeGuard init_module(bool empty_init = false) const;
 
  private:

@@ -95,6 +95,12 @@ class LF_API FSDPStrategy : public ParallelStrategy {
   const FSDPOptions& fsdp_options() const { return fsdp_options_; }
   ModulePolicy activation_checkpointing() const override { return fsdp_options_.activation_checkpointing; }
 
+  /// init_module(true) builds on the meta device; setup then materialises each parameter's full
+  /// value one at a time (replaying the build) and keeps this rank's shard of it under FULL_SHARD
+  /// and HYBRID_SHARD (the whole value under SHARD_GRAD_OP and NO_SHARD, which keep full
+  /// parameters anyway). Collective: rank 0's generator state is broadcast first.
+  bool builds_on_meta_device() const override { return true; }
+  void materialize_meta_tensors(torch::nn::Module& module) override;
   void setup_module(const std::shared_ptr<torch::nn::Module>& module) override;
   void setup_optimizer(torch::optim::Optimizer& optimizer) override;
   void before_forward(const torch::nn::Module& module) override;

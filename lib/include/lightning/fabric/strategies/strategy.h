@@ -81,6 +81,12 @@ class LF_API Strategy {
   virtual bool requires_joint_setup() const { return false; }
   /// Moves the module to root_device() (called by Fabric::setup unless move_to_device=false).
   virtual void module_to_device(torch::nn::Module& module) const;
+  /// Whether Fabric::init_module(true) builds on the meta device for this strategy (meta_init.h)
+  /// instead of skipping random fills (empty_init.h). fsdp: true.
+  virtual bool builds_on_meta_device() const { return false; }
+  /// Gives a module built on the meta device its values, first thing in Fabric::setup (before the
+  /// precision's cast and the move to the device). Default: every full value (materialize_module).
+  virtual void materialize_meta_tensors(torch::nn::Module& module);
   /// Wraps/attaches to the module for this strategy (DDP: gradient reducer). Default: nothing.
   virtual void setup_module(const std::shared_ptr<torch::nn::Module>& module) { (void)module; }
   /// The submodules Fabric::setup checkpoints when SetupOptions names none (activation_checkpoint.h).

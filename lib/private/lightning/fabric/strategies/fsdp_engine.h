@@ -8,6 +8,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,12 @@ class FSDPStrategy::Engine {
   };
 
   explicit Engine(FSDPStrategy& strategy) : strategy_(strategy) {}
+
+  /// Materialises a module built on the meta device (collective): parameters whose parameters are
+  /// freed keep only this rank's shard, kept here until shard(); the rest get their full values.
+  void materialize(torch::nn::Module& module);
+  /// Parameters and buffers materialize() gave values that every rank computed alike.
+  const std::set<const c10::TensorImpl*>& materialized() const { return materialized_; }
 
   /// input cast to the param dtype when it is floating point and one is in effect.
   at::Tensor cast_input(const at::Tensor& input) const;
@@ -106,7 +113,16 @@ class FSDPStrategy::Engine {
   at::Tensor unit_after_forward(ShardedModule& sharded, Unit& unit, at::Tensor output);
   void finish_unit_backward(ShardedModule& sharded, Unit& unit);  // reduce, then free (once per backward)
 
+  // A parameter materialised from the meta device as its shard only (the parameter itself is an
+  // empty placeholder until shard() adopts it).
+  struct Preset {
+    at::Tensor shard;
+    std::vector<int64_t> shape;
+  };
+
   FSDPStrategy& strategy_;
+  std::map<const c10::TensorImpl*, Preset> presets_;
+  std::set<const c10::TensorImpl*> materialized_;
   FSDPMixedPrecision dtypes_;  // resolved at the first shard()
   std::vector<std::unique_ptr<ShardedModule>> modules_;
 };
