@@ -45,6 +45,7 @@ struct GptSettings {
   bool cuda_graph = false;
   bool activation_checkpointing = false;  // recompute each block's activations in backward
   bool fsdp_block_units = false;          // fsdp with one sharding unit per block
+  bool meta_init = false;                 // fsdp: build on the meta device, setup materialises shards
   examples::SharedFlags shared;  // --accelerator, --devices, --strategy, --precision (unset unless given), --no-progress
 };
 
@@ -130,7 +131,7 @@ std::string mfu_text(const lf::Fabric& fabric, int64_t step_flops, double median
   const auto* mixed = dynamic_cast<const lf::MixedPrecision*>(fabric.precision().get());
   const auto dtype = mixed ? mixed->autocast_dtype() : fabric.precision()->module_dtype().value_or(torch::kFloat32);
   const auto peak = lf::available_flops(fabric.device(), dtype);
-  if (!peak) return "null";
+  if (!peak || step_flops == 0) return "null";
   return std::to_string(static_cast<double>(step_flops) / (median_ms / 1e3) / *peak);
 }
 
@@ -206,6 +207,9 @@ int main(int argc, char** argv) {
                "Keep no activations inside the blocks: recompute each block in backward");
   app.add_flag("--fsdp-block-units", s.fsdp_block_units,
                "Run fsdp (FULL_SHARD) with one sharding unit per block (FSDPOptions::auto_wrap by type)");
+  app.add_flag("--meta-init", s.meta_init,
+               "Under fsdp, build the model on the meta device (fabric.init_module(true)): setup gives each rank "
+               "its shards only");
   bool list_forward_ops = false;
   app.add_flag("--list-forward-ops", list_forward_ops,
                "Print the ATen operators one CPU forward issues, with their counts (no training)");
@@ -226,16 +230,28 @@ int main(int argc, char** argv) {
     }
     lf::Fabric fabric(options);
     fabric.seed_everything(0);
-    Gpt net(s);
+    if (s.meta_init && !fabric.strategy()->builds_on_meta_device()) {
+      std::cerr << "gpt: --meta-init needs --strategy fsdp (or --fsdp-block-units); strategy \""
+                << fabric.strategy()->name() << "\" would build an uninitialised model." << std::endl;
+      return 2;
+    }
+    Gpt net = nullptr;
+    {
+      std::optional<lf::ScopeGuard> meta;  // the same values as a normal build, materialised at setup
+      if (s.meta_init) meta.emplace(fabric.init_module(/*empty_init=*/true));
+      net = Gpt(s);
+    }
     int64_t parameters = 0;
     for (const auto& p : net->parameters()) parameters += p.numel();
     torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(3e-4));
     // The FLOPs of one training step, counted from the products that run (lf::measure_flops), on
     // one sequence and scaled by the batch (every counted product is linear in it), before setup:
     // the raw module still holds every parameter (under fsdp a set-up one holds shards) and its
-    // backward is measure_flops's own. The token values do not change the count.
+    // backward is measure_flops's own. The token values do not change the count. A model built on
+    // the meta device is not counted (0, printed as null): it has no values before setup, and
+    // LibTorch's C++ build lacks meta kernels for some of its operators (index_select).
     const auto one_sequence = torch::zeros({1, s.seq + 1}, torch::kLong);
-    const int64_t step_flops = s.batch_size * lf::measure_flops(
+    const int64_t step_flops = s.meta_init ? 0 : s.batch_size * lf::measure_flops(
         *net, [&] { return net->forward(one_sequence.narrow(1, 0, s.seq)); },
         [&](const torch::Tensor& logits) {
           return torch::nn::functional::cross_entropy(logits.reshape({-1, s.vocab}), one_sequence.narrow(1, 1, s.seq).reshape(-1));
@@ -309,10 +325,11 @@ int main(int argc, char** argv) {
               << ",\"seq\":" << s.seq << ",\"median_step_ms\":" << median << ",\"tokens_per_s\":" << tokens / (median / 1e3)
               << ",\"model_tflops\":" << flops / (median / 1e3) / 1e12
               << ",\"fraction_of_peak\":" << flops / (median / 1e3) / (s.peak_tflops * 1e12)
-              << ",\"measured_flops_per_step\":" << step_flops << ",\"mfu\":" << mfu_text(fabric, step_flops, median)
+              << ",\"measured_flops_per_step\":" << (step_flops > 0 ? std::to_string(step_flops) : "null") << ",\"mfu\":" << mfu_text(fabric, step_flops, median)
               << ",\"optimizer_step\":\"" << (optimizer.fused() ? "fused" : "libtorch") << "\""
               << ",\"cuda_graph\":" << (captured && captured->captured() ? "true" : "false")
               << ",\"activation_checkpointing\":" << (s.activation_checkpointing ? "true" : "false")
+              << ",\"meta_init\":" << (s.meta_init ? "true" : "false")
               << ",\"activation_mb\":" << activations << ",\"peak_rss_mb\":" << peak_rss_mb()
               << ",\"weights_l2\":" << final_l2 << "}" << std::endl;
     if (s.profile_step) {

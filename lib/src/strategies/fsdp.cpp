@@ -123,8 +123,14 @@ void FSDPStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module
     scaler->set_found_inf_reducer([this](at::Tensor& found_inf) { collective().all_reduce_(found_inf, ReduceOp::Max); });
   }
   if (fsdp_options_.sharding_strategy == ShardingStrategy::HybridShard) use_node_groups("fsdp");
-  if (fsdp_options_.auto_wrap_min_params > 0) wrap_sequential_children(*module, fsdp_options_.auto_wrap_min_params);
-  const auto called = wrap_matching_modules(*module, fsdp_options_.auto_wrap);
+  std::vector<std::shared_ptr<torch::nn::Module>> called;
+  const auto wrapped = wrapped_before_materializing_.find(module.get());
+  if (wrapped != wrapped_before_materializing_.end()) {
+    called = std::move(wrapped->second);
+    wrapped_before_materializing_.erase(wrapped);
+  } else {
+    called = wrap_units(*module);
+  }
   if (const auto buffer_dtype = effective_mixed_precision().buffer_dtype) {
     torch::NoGradGuard no_grad;
     for (auto& buffer : module->buffers()) {
@@ -135,8 +141,16 @@ void FSDPStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module
   engine_->shard(module, called);
 }
 
+std::vector<std::shared_ptr<torch::nn::Module>> FSDPStrategy::wrap_units(torch::nn::Module& module) {
+  if (fsdp_options_.auto_wrap_min_params > 0) wrap_sequential_children(module, fsdp_options_.auto_wrap_min_params);
+  return wrap_matching_modules(module, fsdp_options_.auto_wrap);
+}
+
+// Units are made first, while the parameters still show their full shapes (the size rule and
+// policies read them); setup_module then takes them as made.
 void FSDPStrategy::materialize_meta_tensors(torch::nn::Module& module) {
   setup_environment();
+  wrapped_before_materializing_[&module] = wrap_units(module);
   engine_->materialize(module);
 }
 

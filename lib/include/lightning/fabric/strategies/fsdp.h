@@ -22,6 +22,7 @@
 #include "lightning/fabric/export.h"
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -136,9 +137,13 @@ class LF_API FSDPStrategy : public ParallelStrategy {
  private:
   class Engine;  // the sharding state and its operations (lib/private/lightning/fabric/strategies/fsdp_engine.h)
   StateDict read_checkpoint(const std::filesystem::path& path, State* state, bool strict);  // this rank's part
+  /// FSDPOptions' automatic units made in module; returns the ones called through lf::call.
+  std::vector<std::shared_ptr<torch::nn::Module>> wrap_units(torch::nn::Module& module);
 
   FSDPOptions fsdp_options_;
   std::unique_ptr<Engine> engine_;
+  // Units made by materialize_meta_tensors, for the setup_module that follows it.
+  std::map<const torch::nn::Module*, std::vector<std::shared_ptr<torch::nn::Module>>> wrapped_before_materializing_;
 };
 
 }  // namespace lightning::fabric

@@ -1,0 +1,99 @@
+// A model larger than one rank may hold, set up and trained under FULL_SHARD: built on the meta
+// device (--meta: fabric.init_module(true)) or normally. The model is a Sequential of LAYERS
+// Linear(WIDTH, WIDTH) + ReLU, one sharding unit per layer, trained with SGD (no optimizer state)
+// on a small batch. Each rank reports its memory from the kernel: the resident set before the
+// model is built, after one step of a small model ("base"), the peak resident set (VmHWM) during the build and setup, and the peak
+// during the training steps, both above base; large allocations are forced to mmap so freed
+// memory leaves the resident set. base_data_mb is the largest VmData at base (what a data limit,
+// prlimit --data, counts). The ZeRO-3 formula for this run is parameters + gradients over
+// the ranks, 8 * psi / world bytes. Run under lightning-run, with a memory limit if wanted:
+//   lightning-run model --accelerator cpu --devices 4 build/bin/bench_fsdp_meta_init --meta [--layers 48] [--width 1024]
+#include <lightning/fabric.h>
+#include <malloc.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <string>
+
+namespace lf = lightning::fabric;
+
+namespace {
+int64_t status_bytes(const std::string& field) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind(field + ":", 0) == 0) return std::stoll(line.substr(field.size() + 1)) * 1024;
+  }
+  return -1;
+}
+
+void reset_peak() { std::ofstream("/proc/self/clear_refs") << "5"; }  // VmHWM := VmRSS
+}  // namespace
+
+int main(int argc, char** argv) {
+  mallopt(M_MMAP_THRESHOLD, 64 * 1024);  // fixed: glibc's adaptive threshold would keep freed blocks
+  bool meta = false;
+  int64_t layers = 48, width = 1024, steps = 3;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--meta") meta = true;
+    if (arg == "--layers" && i + 1 < argc) layers = std::stoll(argv[++i]);
+    if (arg == "--width" && i + 1 < argc) width = std::stoll(argv[++i]);
+    if (arg == "--steps" && i + 1 < argc) steps = std::stoll(argv[++i]);
+  }
+  lf::FSDPOptions fsdp;
+  fsdp.auto_wrap_min_params = 1;  // every Linear is a unit
+  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").strategy(lf::fsdp_strategy(fsdp)));
+  fabric.seed_everything(0);
+  {  // one step of a small model first: the code and buffers every step touches are part of base
+    torch::nn::Sequential small(torch::nn::Linear(64, 64), torch::nn::ReLU(), torch::nn::Linear(64, 64));
+    torch::optim::SGD sgd(small->parameters(), torch::optim::SGDOptions(1e-3));
+    auto [model, optimizer] = fabric.setup(small, sgd);
+    fabric.backward(model(torch::randn({4, 64})).pow(2).mean());
+    optimizer.step();
+  }
+  const int64_t base = status_bytes("VmRSS"), base_data = status_bytes("VmData");
+  reset_peak();
+  const auto build_start = std::chrono::steady_clock::now();
+  torch::nn::Sequential net = nullptr;
+  {
+    auto guard = fabric.init_module(/*empty_init=*/meta);
+    net = torch::nn::Sequential();
+    for (int64_t l = 0; l < layers; ++l) {
+      net->push_back(torch::nn::Linear(width, width));
+      net->push_back(torch::nn::ReLU());
+    }
+  }
+  int64_t psi = 0;
+  for (const auto& parameter : net->parameters()) psi += parameter.numel();
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(1e-3));
+  auto setup = fabric.setup(net, sgd);
+  auto& model = std::get<0>(setup);
+  auto& optimizer = std::get<1>(setup);
+  const int64_t setup_peak = status_bytes("VmHWM") - base;
+  const double setup_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - build_start).count();
+  reset_peak();
+  for (int64_t i = 0; i < steps; ++i) {
+    optimizer.zero_grad();
+    fabric.backward(model(torch::randn({4, width})).pow(2).mean());
+    optimizer.step();
+  }
+  const int64_t train_peak = status_bytes("VmHWM") - base;
+  auto most = [&](int64_t bytes) {
+    return fabric.all_reduce(torch::tensor(static_cast<double>(bytes), torch::kFloat64), "max").item<double>();
+  };
+  const double setup_most = most(setup_peak), train_most = most(train_peak), base_data_most = most(base_data);
+  if (fabric.is_global_zero()) {
+    const double world = fabric.world_size(), full = 4.0 * static_cast<double>(psi), zero = 8.0 * psi / world;
+    std::cout << "{\"benchmark\":\"fsdp meta init\",\"meta\":" << (meta ? "true" : "false") << ",\"ranks\":" << world
+              << ",\"layers\":" << layers << ",\"width\":" << width << ",\"full_parameter_mb\":" << full / 1e6
+              << ",\"base_mb\":" << static_cast<double>(base) / 1e6
+              << ",\"base_data_mb\":" << base_data_most / 1e6 << ",\"setup_peak_mb\":" << setup_most / 1e6
+              << ",\"setup_peak_over_full_per_world\":" << setup_most / (full / world) << ",\"build_and_setup_s\":" << setup_s
+              << ",\"train_peak_mb\":" << train_most / 1e6 << ",\"zero3_mb\":" << zero / 1e6
+              << ",\"train_peak_over_zero3\":" << train_most / zero << "}" << std::endl;
+  }
+  return 0;
+}
