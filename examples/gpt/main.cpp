@@ -46,6 +46,7 @@ struct GptSettings {
   bool activation_checkpointing = false;  // recompute each block's activations in backward
   bool fsdp_block_units = false;          // fsdp with one sharding unit per block
   bool meta_init = false;                 // fsdp: build on the meta device, setup materialises shards
+  std::string fsdp_prefetch = "backward";  // with fsdp_block_units: off, forward, backward or both
   examples::SharedFlags shared;  // --accelerator, --devices, --strategy, --precision (unset unless given), --no-progress
 };
 
@@ -207,6 +208,9 @@ int main(int argc, char** argv) {
                "Keep no activations inside the blocks: recompute each block in backward");
   app.add_flag("--fsdp-block-units", s.fsdp_block_units,
                "Run fsdp (FULL_SHARD) with one sharding unit per block (FSDPOptions::auto_wrap by type)");
+  app.add_option("--fsdp-prefetch", s.fsdp_prefetch,
+                 "With --fsdp-block-units: which all-gathers run ahead of their block (off, forward, backward, both)")
+      ->check(CLI::IsMember({"off", "forward", "backward", "both"}));
   app.add_flag("--meta-init", s.meta_init,
                "Under fsdp, build the model on the meta device (fabric.init_module(true)): setup gives each rank "
                "its shards only");
@@ -226,6 +230,8 @@ int main(int argc, char** argv) {
     if (s.fsdp_block_units) {
       lf::FSDPOptions fsdp;
       fsdp.auto_wrap = lf::ModulePolicy::of_type<BlockImpl>();
+      fsdp.forward_prefetch = s.fsdp_prefetch == "forward" || s.fsdp_prefetch == "both";
+      fsdp.backward_prefetch = s.fsdp_prefetch == "backward" || s.fsdp_prefetch == "both";
       options.strategy(lf::fsdp_strategy(fsdp));
     }
     lf::Fabric fabric(options);
@@ -330,6 +336,7 @@ int main(int argc, char** argv) {
               << ",\"cuda_graph\":" << (captured && captured->captured() ? "true" : "false")
               << ",\"activation_checkpointing\":" << (s.activation_checkpointing ? "true" : "false")
               << ",\"meta_init\":" << (s.meta_init ? "true" : "false")
+              << ",\"fsdp_prefetch\":\"" << (s.fsdp_block_units ? s.fsdp_prefetch : "none") << "\""
               << ",\"activation_mb\":" << activations << ",\"peak_rss_mb\":" << peak_rss_mb()
               << ",\"weights_l2\":" << final_l2 << "}" << std::endl;
     if (s.profile_step) {

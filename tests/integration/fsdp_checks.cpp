@@ -18,6 +18,11 @@
 //                                    each rank the shards of the model built normally under rank 0's
 //                                    seed (the other ranks seeded otherwise); it trains bitwise like
 //                                    that model; a sharded checkpoint (in DIR) loads into another one
+//   fsdp_checks prefetch SHARDING off|forward|backward|both
+//                                    three steps of a net of three units with the given prefetching;
+//                                    prints the collectives issued when the middle unit computes,
+//                                    forward and backward, and the final weights (fsdp_prefetch.sh
+//                                    compares the runs)
 //   fsdp_checks scaler               a loss scaler over shards: when only rank 0's shard overflows,
 //                                    every rank skips the step and backs the scale off together
 //   fsdp_checks save SHARDING DIR    train, save a sharded checkpoint to DIR/ck and the full
@@ -531,6 +536,66 @@ int meta(const std::string& sharding, const std::string& folder) {
   return 0;
 }
 
+// The collectives the strategy had issued when this module's forward, and its backward, ran.
+const lf::ParallelStrategy* counted = nullptr;
+struct OpCountFunction : torch::autograd::Function<OpCountFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext*, const torch::Tensor& x, int64_t* seen) {
+    seen[0] = static_cast<int64_t>(counted->operation_count());
+    return x.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* context,
+                                                 torch::autograd::variable_list grads) {
+    (void)context;
+    seen_in_backward = static_cast<int64_t>(counted->operation_count());
+    return {grads[0], torch::Tensor()};
+  }
+  static int64_t seen_in_backward;
+};
+int64_t OpCountFunction::seen_in_backward = 0;
+
+struct OpCountImpl : torch::nn::Module {
+  torch::Tensor forward(const torch::Tensor& x) { return OpCountFunction::apply(x, &seen_in_forward); }
+  int64_t seen_in_forward = 0;
+};
+TORCH_MODULE(OpCount);
+
+int prefetch(const std::string& sharding, const std::string& which) {
+  lf::FSDPOptions options;
+  options.sharding_strategy = lf::parse_sharding_strategy(sharding);
+  options.forward_prefetch = which == "forward" || which == "both";
+  options.backward_prefetch = which == "backward" || which == "both";
+  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").strategy(lf::fsdp_strategy(options)));
+  torch::manual_seed(3);
+  OpCount probe;
+  torch::nn::Sequential net(lf::FSDPUnit(torch::nn::Sequential(torch::nn::Linear(16, 16), torch::nn::Tanh())),
+                            lf::FSDPUnit(torch::nn::Sequential(torch::nn::Linear(16, 16), torch::nn::Tanh(), probe)),
+                            lf::FSDPUnit(torch::nn::Sequential(torch::nn::Linear(16, 16), torch::nn::Tanh())),
+                            torch::nn::Linear(16, 4));
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(0.01));
+  auto [model, optimizer] = fabric.setup(net, adam);
+  counted = &fabric.strategy_as<lf::FSDPStrategy>();
+  const int rank = fabric.global_rank(), world = fabric.world_size();
+  torch::manual_seed(4);
+  int64_t forward_ops = 0, backward_ops = 0;
+  for (int step = 0; step < 3; ++step) {
+    const auto inputs = torch::randn({3 * world, 16}).narrow(0, 3 * rank, 3);
+    optimizer.zero_grad();
+    const int64_t start = static_cast<int64_t>(counted->operation_count());
+    fabric.backward(model(inputs).pow(2).mean());
+    forward_ops = probe->seen_in_forward - start, backward_ops = OpCountFunction::seen_in_backward - start;
+    optimizer.step();
+  }
+  counted = nullptr;
+  auto full = fabric.strategy_as<lf::FSDPStrategy>().summon_full_parameters(*net);
+  double l2 = 0;
+  for (const auto& parameter : net->parameters()) l2 += parameter.pow(2).sum().item<double>();
+  if (fabric.is_global_zero()) {
+    std::printf("prefetch %s %s: forward_ops=%lld backward_ops=%lld weights_l2=%.17g\n", sharding.c_str(), which.c_str(),
+                static_cast<long long>(forward_ops), static_cast<long long>(backward_ops), l2);
+  }
+  return 0;
+}
+
 int scaler() {
   auto loss_scaler = std::make_shared<lf::LossScaler>(lf::LossScalerOptions{1e36, 2.0, 0.5, 2000});
   auto precision = std::make_shared<lf::MixedPrecision>("bf16-mixed", torch::kBFloat16, loss_scaler);
@@ -615,11 +680,12 @@ int main(int argc, char** argv) {
     else if (mode == "mixed" && argc == 3) mixed(argv[2]);
     else if (mode == "scaler" && argc == 2) scaler();
     else if (mode == "meta" && argc == 4) meta(argv[2], argv[3]);
+    else if (mode == "prefetch" && argc == 4) prefetch(argv[2], argv[3]);
     else if (mode == "save" && argc == 4) save(argv[2], argv[3]);
     else if (mode == "load" && argc == 3) load(argv[2]);
     else {
       std::cerr << "usage: fsdp_checks train SHARDING | units SHARDING | checkpointed SHARDING | by_type SHARDING | "
-                   "mixed SHARDING | meta SHARDING DIR | scaler | save SHARDING DIR | load DIR" << std::endl;
+                   "mixed SHARDING | meta SHARDING DIR | prefetch SHARDING WHICH | scaler | save SHARDING DIR | load DIR" << std::endl;
       return 2;
     }
   } catch (const std::exception& error) {

@@ -397,14 +397,28 @@ void FSDPStrategy::Engine::release_full_parameters(ShardedModule& sharded, Unit&
   unit.released = true;
 }
 
+bool FSDPStrategy::Engine::needs_gather(const ShardedModule& sharded, const Unit& unit) const {
+  const bool shards_are_full = strategy_.fsdp_options_.sharding_strategy == ShardingStrategy::NoShard && !sharded.casts;
+  return !unit.parameters.empty() && !shards_are_full && (!unit.materialized || unit.stale || unit.released);
+}
+
 void FSDPStrategy::Engine::gather(ShardedModule& sharded, Unit& unit, bool full_precision) {
-  torch::NoGradGuard no_grad;
-  const int parts = strategy_.shard_group_size();
+  const bool prefetched = prefetch_ && prefetch_->sharded == &sharded && &sharded.units[prefetch_->unit] == &unit;
+  settle_prefetch();  // ops stay in issue order; a prefetch of this unit puts its values in place
+  if (prefetched && !full_precision) return;
   if ((strategy_.fsdp_options_.sharding_strategy == ShardingStrategy::NoShard && !sharded.casts) ||
       unit.parameters.empty()) {
     unit.stale = false;  // NO_SHARD without a cast: the shards are the full parameters
     return;
   }
+  const int parts = strategy_.shard_group_size();
+  const at::Tensor local = pack_shards(sharded, unit, full_precision);
+  const at::Tensor gathered = parts > 1 ? strategy_.shard_group().all_gather(local) : local.view({1, local.numel()});
+  place(sharded, unit, gathered, full_precision);
+}
+
+at::Tensor FSDPStrategy::Engine::pack_shards(const ShardedModule& sharded, const Unit& unit, bool full_precision) const {
+  torch::NoGradGuard no_grad;
   int64_t slots = 0;
   for (size_t i : unit.parameters) slots += sharded.parameters[i].chunk;
   const ShardedParameter& first = sharded.parameters[unit.parameters.front()];
@@ -418,9 +432,13 @@ void FSDPStrategy::Engine::gather(ShardedModule& sharded, Unit& unit, bool full_
     local.narrow(0, offset, p.slice.length).copy_(p.shard);  // cast to the param dtype, if any
     offset += p.chunk;
   }
-  const at::Tensor gathered =
-      parts > 1 ? strategy_.shard_group().all_gather(local) : local.view({1, slots});  // [parts, slots]
-  offset = 0;
+  return local;
+}
+
+void FSDPStrategy::Engine::place(ShardedModule& sharded, Unit& unit, const at::Tensor& gathered, bool full_precision) {
+  torch::NoGradGuard no_grad;
+  const int parts = strategy_.shard_group_size();
+  int64_t offset = 0;
   for (size_t i : unit.parameters) {
     ShardedParameter& p = sharded.parameters[i];
     const auto options = p.shard.options().dtype(full_dtype(p, full_precision));
@@ -445,20 +463,54 @@ void FSDPStrategy::Engine::gather(ShardedModule& sharded, Unit& unit, bool full_
   unit.stale = false;
 }
 
+void FSDPStrategy::Engine::prefetch(ShardedModule& sharded, size_t u) {
+  Unit& unit = sharded.units[u];
+  if (prefetch_ && prefetch_->sharded == &sharded && prefetch_->unit == u) return;
+  if (!needs_gather(sharded, unit) || strategy_.shard_group_size() < 2) return;
+  settle_prefetch();
+  prefetch_ = Prefetch{&sharded, u, strategy_.shard_group().all_gather_start(pack_shards(sharded, unit, false))};
+}
+
+void FSDPStrategy::Engine::settle_prefetch() {
+  if (!prefetch_) return;
+  Prefetch pending = std::move(*prefetch_);
+  prefetch_.reset();
+  const at::Tensor gathered = pending.finish();
+  Unit& unit = pending.sharded->units[pending.unit];
+  if (needs_gather(*pending.sharded, unit)) place(*pending.sharded, unit, gathered, /*full_precision=*/false);
+}
+
+std::optional<size_t> FSDPStrategy::Engine::neighbour(const ShardedModule& sharded, size_t unit, bool forward) const {
+  const std::vector<size_t>& order = forward ? sharded.last_order : sharded.order;
+  const auto at = std::find(order.begin(), order.end(), unit);
+  if (at == order.end()) return std::nullopt;
+  if (forward) return at + 1 == order.end() ? std::nullopt : std::optional<size_t>(*(at + 1));
+  return at == order.begin() ? std::nullopt : std::optional<size_t>(*(at - 1));
+}
+
 void FSDPStrategy::before_forward(const torch::nn::Module& module) { engine_->before_forward(module); }
 
 void FSDPStrategy::Engine::before_forward(const torch::nn::Module& module) {
   ShardedModule* sharded = find(module);
   if (sharded == nullptr) return;
   for (auto& unit : sharded->units) unit.reduced = false, unit.entered = false;
+  settle_prefetch();
+  sharded->last_order = std::move(sharded->order);
+  sharded->order.clear();
+  sharded->in_forward = true;
   Unit& own = sharded->units.front();
   if (!own.materialized || own.stale) gather(*sharded, own);
 }
 
 void FSDPStrategy::Engine::unit_before_forward(ShardedModule& sharded, Unit& unit) {
   unit.entered = true;
+  const auto u = static_cast<size_t>(&unit - sharded.units.data());
+  if (sharded.in_forward) sharded.order.push_back(u);
   if (!unit.materialized || unit.stale) gather(sharded, unit);
-  hook_accumulators(sharded, static_cast<size_t>(&unit - sharded.units.data()));
+  if (sharded.in_forward && strategy_.fsdp_options_.forward_prefetch) {
+    if (const auto next = neighbour(sharded, u, /*forward=*/true)) prefetch(sharded, *next);
+  }
+  hook_accumulators(sharded, u);
   unit.pending = 0;
   if (torch::GradMode::is_enabled()) {
     for (size_t i : unit.parameters) unit.pending += sharded.parameters[i].parameter.requires_grad() ? 1 : 0;
@@ -474,8 +526,12 @@ at::Tensor FSDPStrategy::Engine::unit_after_forward(ShardedModule& sharded, Unit
   release_full_parameters(sharded, unit);
   // When the backward reaches this output, the unit's parameters are gathered again into the
   // same storage, before any of its gradient functions runs.
+  // The unit the backward reaches next (the one before it in this forward) is prefetched then.
   output.register_hook([this, &sharded, &unit](const at::Tensor&) {
     if (unit.released) gather(sharded, unit);
+    if (!strategy_.fsdp_options_.backward_prefetch) return;
+    const auto previous = neighbour(sharded, static_cast<size_t>(&unit - sharded.units.data()), /*forward=*/false);
+    if (previous) prefetch(sharded, *previous);
   });
   return output;
 }
@@ -540,11 +596,17 @@ void FSDPStrategy::Engine::reduce_gradients(ShardedModule& sharded, Unit& unit) 
 }
 
 void FSDPStrategy::backward(at::Tensor& loss, torch::nn::Module* module) {
+  engine_->end_forwards();
   Strategy::backward(loss, module);
   engine_->finish_backward();
 }
 
+void FSDPStrategy::Engine::end_forwards() {
+  for (auto& sharded : modules_) sharded->in_forward = false;  // recomputes in backward are not the forward's order
+}
+
 void FSDPStrategy::Engine::finish_backward() {
+  settle_prefetch();
   for (auto& sharded : modules_) {  // units the backward did not finish (unit 0, unused parameters), in order
     if (sharded->module.expired()) continue;
     const std::string skipped = skipped_units_hint(*sharded->address, /*after_backward=*/true);
@@ -575,6 +637,7 @@ ScopeGuard FSDPStrategy::Engine::summon(const torch::nn::Module& module) {
              "has not: the full parameters autograd saved are in use. Call it before the forward or after "
              "fabric.backward.");
   }
+  settle_prefetch();
   // In the shards' own dtype: the master values, whatever the param dtype.
   for (auto& unit : sharded->units) {
     if (!unit.materialized || unit.stale || unit.released || sharded->casts) gather(*sharded, unit, /*full_precision=*/true);
@@ -592,6 +655,7 @@ ScopeGuard FSDPStrategy::Engine::summon(const torch::nn::Module& module) {
 }
 
 void FSDPStrategy::Engine::mark_stale() {
+  settle_prefetch();  // gathered from the shards before this step
   for (auto& sharded : modules_) {
     for (auto& unit : sharded->units) unit.stale = true;
   }

@@ -49,7 +49,7 @@ void require_equal(const torch::nn::Module& a, const torch::nn::Module& b) {
 }
 }  // namespace
 
-TEST_CASE("meta init: the build holds no parameter memory; materialising equals a normal build", "[meta_init]") {
+TEST_CASE("meta init: the build holds no parameter memory, and materialising equals a normal build", "[meta_init]") {
   torch::manual_seed(7);
   Tiny normal;
   const auto draw_after_normal = torch::rand({4});
@@ -142,7 +142,7 @@ TEST_CASE("meta init: one full value at a time, and install decides what stays",
   CHECK(torch::equal(halves.front(), reference->weight.reshape(-1).narrow(0, 0, 256 * 128)));
 }
 
-TEST_CASE("meta init: a nested guard adds to the outer record; a default dtype is replayed", "[meta_init]") {
+TEST_CASE("meta init: a nested guard adds to the outer record, and a default dtype is replayed", "[meta_init]") {
   torch::manual_seed(1);
   torch::nn::Sequential normal;
   {
@@ -190,7 +190,7 @@ TEST_CASE("meta init: tensors that cannot be materialised are named", "[meta_ini
   }
 }
 
-TEST_CASE("meta init: Fabric builds on the meta device under fsdp only; setup materialises", "[meta_init]") {
+TEST_CASE("meta init: Fabric builds on the meta device under fsdp only, and setup materialises", "[meta_init]") {
   torch::manual_seed(5);
   Tiny normal;
   lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").devices(1));

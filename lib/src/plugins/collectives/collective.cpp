@@ -1,4 +1,5 @@
 #include "lightning/fabric/plugins/collectives/collective.h"
+#include "lightning/fabric/plugins/collectives/shm_backend.h"
 
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
@@ -355,7 +356,7 @@ void Collective::wait_recorded(const c10::intrusive_ptr<c10d::Work>& work, uint6
   flight::Recorder* recorder = impl_->recorder;
   const ProfiledCall range([&] {
     const auto call = recorder ? recorder->call(seq) : std::nullopt;
-    return (call ? call->describe() : "all_reduce on " + impl_->name) + " (wait)";
+    return (call ? call->describe() : "collective on " + impl_->name) + " (wait)";
   });
   if (recorder == nullptr) {
     work->wait();
@@ -396,6 +397,43 @@ at::Tensor Collective::all_gather(const at::Tensor& tensor) {
     impl_->group->_allgather_base(output, input)->wait();
   }
   return output.view(shape).to(tensor.device());
+}
+
+std::function<at::Tensor()> Collective::all_gather_start(const at::Tensor& tensor) {
+  if (tensor.numel() == 0 || impl_->world_size == 1) {
+    at::Tensor result = all_gather(tensor);
+    return [result] { return result; };
+  }
+  std::vector<int64_t> shape{impl_->world_size};
+  shape.insert(shape.end(), tensor.sizes().begin(), tensor.sizes().end());
+  at::Tensor input = tensor.to(impl_->device).contiguous().view(-1);
+  at::Tensor output = at::empty({impl_->world_size * input.numel()}, input.options());
+  ++impl_->operations;
+  flight::Recorder* recorder = impl_->recorder;
+  const uint64_t seq = recorder ? recorder->begin("all_gather", impl_->name, dtype_name(tensor.scalar_type()),
+                                                  tensor.sizes().data(), tensor.sizes().size(),
+                                                  static_cast<uint64_t>(tensor.numel()))
+                                : 0;
+  if (impl_->options.settings.check_collectives) {
+    if (recorder) recorder->wait(seq);
+    try {
+      check_call(kAllGather, &tensor);
+    } catch (...) {
+      if (recorder) recorder->end(seq, true);
+      throw;
+    }
+  }
+  auto* shm = dynamic_cast<internal::ShmBackend*>(impl_->group.get());
+  auto work = issue_recorded(recorder, seq, /*runs_in_call=*/false, [&]() -> c10::intrusive_ptr<c10d::Work> {
+    if (shm == nullptr) return impl_->group->_allgather_base(output, input);
+    return shm->in_background(c10d::OpType::_ALLGATHER_BASE, [shm, output, input]() mutable {
+      shm->_allgather_base(output, input, c10d::AllgatherOptions());
+    });
+  });
+  return [this, work, seq, output, shape, device = tensor.device()] {
+    wait_recorded(work, seq);
+    return output.view(shape).to(device);
+  };
 }
 
 at::Tensor Collective::reduce_scatter_rows(const at::Tensor& rows) {

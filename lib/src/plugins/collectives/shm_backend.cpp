@@ -14,7 +14,11 @@
 #include <atomic>
 #include <cctype>
 #include <climits>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
 #include <sstream>
 
 #include "lightning/fabric/errors.h"
@@ -180,7 +184,104 @@ ShmBackend::ShmBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, i
   }
 }
 
+// The background thread: a queue of ops run in order; started at the first in_background call.
+class ShmBackend::Background {
+ public:
+  class Task : public c10d::Work {
+   public:
+    Task(c10d::OpType type, std::function<void()> op) : c10d::Work(-1, type), op_(std::move(op)) {}
+    void run() {
+      std::exception_ptr error;
+      try {
+        op_();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      std::lock_guard<std::mutex> lock(mutex_);
+      error_ = error;
+      done_ = true;
+      finished_.notify_all();
+    }
+    bool isCompleted() override {
+      std::lock_guard<std::mutex> lock(mutex_);
+      return done_;
+    }
+    bool isSuccess() const override {
+      std::lock_guard<std::mutex> lock(mutex_);
+      return done_ && !error_;
+    }
+    bool wait(std::chrono::milliseconds) override {  // the op's own barriers enforce the timeout
+      std::unique_lock<std::mutex> lock(mutex_);
+      finished_.wait(lock, [this] { return done_; });
+      if (error_) std::rethrow_exception(error_);
+      return true;
+    }
+
+   private:
+    std::function<void()> op_;
+    mutable std::mutex mutex_;
+    std::condition_variable finished_;
+    bool done_ = false;
+    std::exception_ptr error_;
+  };
+
+  ~Background() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    changed_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  c10::intrusive_ptr<c10d::Work> submit(c10d::OpType type, std::function<void()> op) {
+    auto task = c10::make_intrusive<Task>(type, std::move(op));
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+      queue_.push_back(task);
+    }
+    changed_.notify_all();
+    return task;
+  }
+  void drain() {
+    if (std::this_thread::get_id() == thread_.get_id()) return;
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [this] { return queue_.empty() && !busy_; });
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (true) {
+      changed_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, nothing left
+      auto task = queue_.front();
+      queue_.pop_front();
+      busy_ = true;
+      lock.unlock();
+      task->run();
+      lock.lock();
+      busy_ = false;
+      changed_.notify_all();
+    }
+  }
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<c10::intrusive_ptr<Task>> queue_;
+  bool busy_ = false, stopping_ = false;
+  std::thread thread_;
+};
+
 ShmBackend::~ShmBackend() = default;
+
+c10::intrusive_ptr<c10d::Work> ShmBackend::in_background(c10d::OpType type, std::function<void()> op) {
+  if (!background_) background_ = std::make_unique<Background>();
+  return background_->submit(type, std::move(op));
+}
+
+void ShmBackend::drain() {
+  if (background_) background_->drain();
+}
 
 char* ShmBackend::area(int rank) const {
   return segment_->base + control_bytes() + static_cast<size_t>(rank) * kChunkBytes;
@@ -311,6 +412,7 @@ void ShmBackend::reduce_share(const at::Tensor& like, int64_t count, c10d::Reduc
 }
 
 c10::intrusive_ptr<c10d::Work> ShmBackend::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  drain();
   LF_CHECK(tensors.size() == 1, ValueError, "shm backend allreduce: one tensor per call, got ", tensors.size(), ".");
   at::Tensor& tensor = tensors[0];
   check_tensor(tensor, "allreduce");
@@ -336,6 +438,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::allreduce(std::vector<at::Tensor>& te
 }
 
 c10::intrusive_ptr<c10d::Work> ShmBackend::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
+  drain();
   LF_CHECK(tensors.size() == 1, ValueError, "shm backend broadcast: one tensor per call, got ", tensors.size(), ".");
   at::Tensor& tensor = tensors[0];
   check_tensor(tensor, "broadcast");
@@ -357,6 +460,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::broadcast(std::vector<at::Tensor>& te
 
 c10::intrusive_ptr<c10d::Work> ShmBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                            const c10d::AllgatherOptions&) {
+  drain();
   check_tensor(input, "allgather");
   check_tensor(output, "allgather");
   const int size = segment_->size;
@@ -388,6 +492,7 @@ void ShmBackend::stage_pieces(const char* in, int64_t n, int64_t offset, int64_t
 
 c10::intrusive_ptr<c10d::Work> ShmBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                 const c10d::ReduceScatterOptions& opts) {
+  drain();
   check_tensor(input, "reduce_scatter");
   check_tensor(output, "reduce_scatter");
   const int size = segment_->size, rank = segment_->rank;
@@ -416,6 +521,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::alltoall_base(at::Tensor& output, at:
                                                          std::vector<int64_t>& output_splits,
                                                          std::vector<int64_t>& input_splits,
                                                          const c10d::AllToAllOptions&) {
+  drain();
   check_tensor(input, "alltoall");
   check_tensor(output, "alltoall");
   LF_CHECK(output_splits.empty() && input_splits.empty(), ValueError,
@@ -443,6 +549,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::alltoall_base(at::Tensor& output, at:
 }
 
 c10::intrusive_ptr<c10d::Work> ShmBackend::barrier(const c10d::BarrierOptions&) {
+  drain();
   begin(c10d::OpType::BARRIER, nullptr, 0);
   wait_all();
   return finished(c10d::OpType::BARRIER);

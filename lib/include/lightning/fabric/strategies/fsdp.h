@@ -78,6 +78,12 @@ struct LF_API FSDPOptions {
   ModulePolicy auto_wrap;
   /// Compute and communication dtypes (see FSDPMixedPrecision); the default follows the precision.
   FSDPMixedPrecision mixed_precision;
+  /// Prefetching (Python's forward_prefetch and backward_prefetch=BACKWARD_PRE): while a unit
+  /// computes, the all-gather of the unit that runs next (in the order of the previous forward)
+  /// is already in flight, on the process group's own thread. Costs one more unit's full
+  /// parameters at a time; changes no value. Forward: off by default, as in Python. Backward: on.
+  bool forward_prefetch = false;
+  bool backward_prefetch = true;
   /// Submodules whose activations are recomputed in backward (Python's
   /// activation_checkpointing_policy; activation_checkpoint.h), e.g.
   /// lf::ModulePolicy::of_type<BlockImpl>(); empty: none. Inside a unit, the gathered parameters

@@ -6,7 +6,9 @@
 
 #include <torch/csrc/autograd/function.h>
 
+#include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <set>
 #include <string>
@@ -54,6 +56,15 @@ class FSDPStrategy::Engine {
     std::vector<Unit> units;
     std::vector<std::shared_ptr<FSDPUnitImpl::Hooks>> hooks;  // one per FSDPUnit (weakly held there)
     bool casts = false;  // some full parameter is gathered in the param dtype, not its shard's
+    bool in_forward = false;            // from before_forward to the backward (not its recomputes)
+    std::vector<size_t> order, last_order;  // units as this forward and the previous one entered them
+  };
+
+  // A gather started ahead of its unit's forward or backward (prefetch); at most one at a time.
+  struct Prefetch {
+    ShardedModule* sharded = nullptr;
+    size_t unit = 0;
+    std::function<at::Tensor()> finish;  // waits, returns the gathered [parts, slots] buffer
   };
 
   explicit Engine(FSDPStrategy& strategy) : strategy_(strategy) {}
@@ -78,6 +89,8 @@ class FSDPStrategy::Engine {
   void adopt_optimizer(torch::optim::Optimizer& optimizer);
   /// Gathers unit 0 of a set-up module before its forward (collective).
   void before_forward(const torch::nn::Module& module);
+  /// A backward starts: unit forwards from now on are recomputes, not the forward's order.
+  void end_forwards();
   /// Reduces what the backward left unreduced, in unit order (collective).
   void finish_backward();
   void mark_stale();
@@ -105,6 +118,17 @@ class FSDPStrategy::Engine {
   /// Collective over the shard group. full_precision: in the shards' dtype (summon), else in
   /// the param dtype.
   void gather(ShardedModule& sharded, Unit& unit, bool full_precision = false);
+  bool needs_gather(const ShardedModule& sharded, const Unit& unit) const;
+  /// Starts the gather of unit in the param dtype (a prefetch), after settling any other.
+  void prefetch(ShardedModule& sharded, size_t unit);
+  /// Finishes the prefetch in flight, if any, and puts its values in place.
+  void settle_prefetch();
+  /// The unit after (forward) or before (backward) unit in the previous forward's order, if any.
+  std::optional<size_t> neighbour(const ShardedModule& sharded, size_t unit, bool forward) const;
+  /// This rank's part of a unit's parameters, packed for the all-gather ([slots], padded chunks).
+  at::Tensor pack_shards(const ShardedModule& sharded, const Unit& unit, bool full_precision) const;
+  /// Copies a gathered [parts, slots] buffer into the unit's full parameters.
+  void place(ShardedModule& sharded, Unit& unit, const at::Tensor& gathered, bool full_precision);
   c10::ScalarType full_dtype(const ShardedParameter& p, bool full_precision) const;
   void reduce_gradients(ShardedModule& sharded, Unit& unit);  // collective
   void free_full_parameters(ShardedModule& sharded, Unit& unit);
@@ -125,6 +149,7 @@ class FSDPStrategy::Engine {
   std::set<const c10::TensorImpl*> materialized_;
   FSDPMixedPrecision dtypes_;  // resolved at the first shard()
   std::vector<std::unique_ptr<ShardedModule>> modules_;
+  std::optional<Prefetch> prefetch_;
 };
 
 }  // namespace lightning::fabric

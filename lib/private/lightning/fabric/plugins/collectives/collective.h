@@ -85,6 +85,11 @@ class Collective {
   std::function<void()> all_reduce_start_(at::Tensor& tensor);
   /// A new tensor, on tensor's device, with a leading world-size dimension. Empty tensors work.
   at::Tensor all_gather(const at::Tensor& tensor);
+  /// all_gather started now and finished by the returned function, which waits and returns the
+  /// result (call it exactly once, before the group is gone). Other ops may be issued meanwhile;
+  /// every rank must issue the same ops in the same order. On shm the gather runs on the group's
+  /// background thread (shm_backend.h), on gloo and nccl in their own.
+  std::function<at::Tensor()> all_gather_start(const at::Tensor& tensor);
   /// Reduce-scatter (sum): rows is [world_size, n]; returns the sum over ranks of their row r, on
   /// rank r, on rows' device. Moves (N-1)/N of the data, half of an all-reduce.
   at::Tensor reduce_scatter_rows(const at::Tensor& rows);

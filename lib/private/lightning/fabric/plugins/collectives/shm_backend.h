@@ -16,12 +16,16 @@
 //
 // Before any data moves, every rank publishes what it is about to run (op, dtype, size, root or
 // reduce op) and compares after the first barrier: a mismatch is a ValueError on every rank, never
-// a wrong answer or a hang. Ops run to completion in the call: the returned Work is already finished. CPU tensors only,
-// contiguous (Collective stages others), every dtype ATen can add and compare. Not thread-safe: one
-// op at a time per group, as with every collective.
+// a wrong answer or a hang. Ops run to completion in the call: the returned Work is already
+// finished, except for those started through in_background (a prefetch), which run on the
+// group's one background thread. CPU tensors only, contiguous (Collective stages others), every
+// dtype ATen can add and compare. Not thread-safe: ops are issued from one thread per group, as
+// with every collective.
 #pragma once
 
 #include <chrono>
+#include <functional>
+#include <memory>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -48,8 +52,15 @@ class ShmBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
                                                std::vector<int64_t>& input_splits, const c10d::AllToAllOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  /// Runs op (one of the calls above) on the group's background thread, after every op issued
+  /// before it; the returned Work completes when it has run (wait() rethrows its error). An op
+  /// called directly first waits for the background ones, so ops run one at a time, in the order
+  /// they were issued, on every rank alike.
+  c10::intrusive_ptr<c10d::Work> in_background(c10d::OpType type, std::function<void()> op);
 
  private:
+  class Background;
+  void drain();  // waits until no background op is queued or running (no-op on the background thread)
   struct Segment;
   void begin(c10d::OpType op, const at::Tensor* input, int64_t detail);  // publishes this rank's OpCall
   void wait_all();        // the barrier; after begin() it also compares every rank's OpCall
@@ -63,6 +74,7 @@ class ShmBackend : public c10d::Backend {
   std::chrono::milliseconds timeout_;
   uint64_t calls_ = 0;          // ops begun in this group
   bool check_pending_ = false;  // begin() ran; the next wait_all compares
+  std::unique_ptr<Background> background_;  // last: stopped before the segment goes
 };
 
 }  // namespace lightning::fabric::internal
