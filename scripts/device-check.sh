@@ -16,6 +16,10 @@
 #      most 0.90 of Python Fabric's default, and no slower than plain PyTorch with fused AdamW).
 #   5. CUDA graph: the C++ GPT's fused step eager and captured as a CUDA graph (lf::CapturedStep,
 #      experimental), alternated twice: steps per second and the weights after training.
+#   6. fsdp + activation checkpointing on one GPU: the C++ GPT (--fsdp-block-units, with and
+#      without --activation-checkpointing) against Python Lightning Fabric's FSDPStrategy with
+#      auto_wrap_policy and activation_checkpointing_policy={Block}, bf16-mixed: the step-time
+#      cost of checkpointing on each side, and Python's peak CUDA memory with and without it.
 # It ends with a summary. Logs and results.md go to $OUT (when set), else build-device/out.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -82,6 +86,7 @@ done
 # with AdamW's default (foreach on CUDA) and with fused=True; and the same loop in plain PyTorch
 # with fused=True. Round 1 also profiles one step of each (kernel counts).
 median() { sed -n 's/.*"median_step_ms": *\([0-9.e+-]*\).*/\1/p' "$1" | head -n 1; }
+field() { sed -n "s/.*\"$2\": *\([0-9.e+-]*\).*/\1/p" "$1" | head -n 1; }
 declare -A p8_ms
 p8_variants=(cpp-libtorch cpp-fused python-default python-fused plain-fused)
 p8_command() {  # p8_command VARIANT: the command line of one P8 variant
@@ -112,6 +117,25 @@ for round in 1 2; do
   grep -h '"P8' "$out/graph-eager-$round.log" "$out/graph-captured-$round.log" | tee -a "$results"
 done
 
+fsdp_ac_command() {  # fsdp_ac_command cpp|python plain|checkpointed
+  local ac=(); [ "$2" = checkpointed ] && ac=(--activation-checkpointing)
+  case "$1" in
+    cpp) echo "$bin/lightning-run model --accelerator cuda --devices 1 --strategy fsdp --precision bf16-mixed" \
+      "$bin/gpt --no-progress --steps 20 --warmup 5 --fsdp-block-units ${ac[*]}" ;;
+    python) echo "$python $root/scripts/p8_python_fabric.py --accelerator cuda --precision bf16-mixed --steps 20" \
+      "--warmup 5 --fsdp ${ac[*]}" ;;
+  esac
+}
+declare -A ac_ms ac_mem
+for side in cpp python; do
+  for mode in plain checkpointed; do
+    run_step "fsdp-ac-$side-$mode" $(fsdp_ac_command "$side" "$mode")
+    grep -h '"P8 gpt' "$out/fsdp-ac-$side-$mode.log" | tee -a "$results"
+    ac_ms[$side-$mode]="$(median "$out/fsdp-ac-$side-$mode.log")"
+    ac_mem[$side-$mode]="$(field "$out/fsdp-ac-$side-$mode.log" cuda_peak_allocated_mb)"
+  done
+done
+
 say ""
 say "## summary"
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "") print "n/a"; else printf "%.3f", a / b }'; }
@@ -123,7 +147,6 @@ for round in $(seq "${P8_ROUNDS:-2}"); do
   say "  - C++ fused / Python Fabric default: $(ratio "$fused" "${p8_ms[python-default-$round]:-}") (goal <= 0.90);" \
     "C++ fused / plain PyTorch fused: $(ratio "$fused" "${p8_ms[plain-fused-$round]:-}") (goal <= 1.00)"
 done
-field() { sed -n "s/.*\"$2\": *\([0-9.e+-]*\).*/\1/p" "$1" | head -n 1; }
 say "- FLOPs per step: C++ lf::measure_flops $(field "$out/p8-cpp-fused-1.log" measured_flops_per_step)," \
   "Python measure_flops $(field "$out/p8-python-default-1.log" measured_flops_per_step); C++ MFU (fused step)" \
   "$(field "$out/p8-cpp-fused-1.log" mfu) against the dense bf16 peak (lf::available_flops)"
@@ -133,6 +156,11 @@ for round in 1 2; do
   agree="$(awk -v a="$we" -v b="$wc" 'BEGIN { if (a == "" || b == "") print "n/a"; else { d = (a - b) / a; if (d < 0) d = -d; printf "%s (relative difference %.2e)", (d <= 1e-3 ? "yes" : "NO"), d } }')"
   say "- CUDA graph round $round: eager ${e:-n/a} ms, captured ${c:-n/a} ms, steps/s captured over eager $(ratio "$e" "$c"); weights agree: $agree"
 done
+say "- fsdp + activation checkpointing (ms, plain -> checkpointed): C++ ${ac_ms[cpp-plain]:-n/a} ->" \
+  "${ac_ms[cpp-checkpointed]:-n/a} ($(ratio "${ac_ms[cpp-checkpointed]:-}" "${ac_ms[cpp-plain]:-}")x), Python Fabric" \
+  "${ac_ms[python-plain]:-n/a} -> ${ac_ms[python-checkpointed]:-n/a} ($(ratio "${ac_ms[python-checkpointed]:-}" "${ac_ms[python-plain]:-}")x);" \
+  "C++ checkpointed / Python checkpointed $(ratio "${ac_ms[cpp-checkpointed]:-}" "${ac_ms[python-checkpointed]:-}");" \
+  "Python peak CUDA memory ${ac_mem[python-plain]:-n/a} -> ${ac_mem[python-checkpointed]:-n/a} MB"
 if [ ${#failures[@]} -eq 0 ]; then
   say "- all steps passed in ${SECONDS} s"
 else

@@ -3,6 +3,8 @@ with Python Lightning Fabric (precision as given) on the same GPU; prints the sa
     python3 scripts/p8_python_fabric.py --accelerator cuda --precision bf16-mixed --steps 60
 --plain runs the loop in plain PyTorch without Lightning (autocast by hand for bf16-mixed, else float32).
 --fused builds torch.optim.AdamW(fused=True) (default: AdamW's own default, foreach on CUDA).
+--fsdp runs Lightning's FSDPStrategy with one unit per block (auto_wrap_policy={Block});
+--activation-checkpointing adds activation_checkpointing_policy={Block} (with --fsdp).
 --profile-step profiles one more step with torch.profiler and prints a second JSON line with its
 GPU kernels, kernel launches and ATen operators, counted as examples/gpt --profile-step counts them."""
 import argparse, json, time
@@ -51,6 +53,8 @@ def main():
     p.add_argument("--plain", action="store_true")
     p.add_argument("--fused", action="store_true")
     p.add_argument("--profile-step", action="store_true")
+    p.add_argument("--fsdp", action="store_true")
+    p.add_argument("--activation-checkpointing", action="store_true")
     a = p.parse_args()
     torch.manual_seed(0)
     model = Gpt(a)
@@ -69,17 +73,26 @@ def main():
         backward = lambda loss: loss.backward()
     else:
         import lightning as L
-        fabric = L.Fabric(accelerator=a.accelerator, devices=1, precision=a.precision)
+        strategy = "auto"
+        if a.fsdp:
+            from lightning.fabric.strategies import FSDPStrategy
+            strategy = FSDPStrategy(auto_wrap_policy={Block},
+                                    activation_checkpointing_policy={Block} if a.activation_checkpointing else None)
+        fabric = L.Fabric(accelerator=a.accelerator, devices=1, precision=a.precision, strategy=strategy)
         model, optimizer = fabric.setup(model, optimizer)
         device, backward, forward = fabric.device, fabric.backward, model
-    cuda = device.type == "cuda"
     times = []
     from lightning.fabric.utilities.throughput import measure_flops
     raw = getattr(model, "module", model)  # the unwrapped module: measure_flops runs its own backward
     sample = torch.randint(a.vocab, (a.batch_size, a.seq + 1), device=device)
-    step_flops = measure_flops(raw, lambda: raw(sample[:, :-1]), lambda logits: nn.functional.cross_entropy(
-        logits.reshape(-1, a.vocab).float(), sample[:, 1:].reshape(-1)))
+    step_flops = None
+    if not a.fsdp:  # FSDP's wrapped module runs its own hooks; not counted there
+        step_flops = measure_flops(raw, lambda: raw(sample[:, :-1]), lambda logits: nn.functional.cross_entropy(
+            logits.reshape(-1, a.vocab).float(), sample[:, 1:].reshape(-1)))
     raw.zero_grad(set_to_none=True)
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
 
     def train_step(batch):
         optimizer.zero_grad()
@@ -108,7 +121,9 @@ def main():
                       "parameters": parameters, "batch_size": a.batch_size, "seq": a.seq, "median_step_ms": median,
                       "measured_flops_per_step": step_flops,
                       "tokens_per_s": tokens / (median / 1e3), "model_tflops": flops / (median / 1e3) / 1e12,
-                      "fraction_of_peak": flops / (median / 1e3) / (a.peak_tflops * 1e12)}))
+                      "fraction_of_peak": flops / (median / 1e3) / (a.peak_tflops * 1e12),
+                      "strategy": "fsdp" if a.fsdp else "single", "activation_checkpointing": a.activation_checkpointing,
+                      "cuda_peak_allocated_mb": torch.cuda.max_memory_allocated(device) / 1e6 if cuda else None}))
     if a.profile_step:
         print_step_profile(train_step, torch.randint(a.vocab, (a.batch_size, a.seq + 1), device=device), cuda,
                            implementation, optimizer_step)
