@@ -17,20 +17,11 @@
 #include <iostream>
 #include <string>
 
+#include "fsdp_bench_common.h"
+
 namespace lf = lightning::fabric;
+using fsdp_bench::status_bytes;
 
-namespace {
-int64_t status_bytes(const std::string& field) {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind(field + ":", 0) == 0) return std::stoll(line.substr(field.size() + 1)) * 1024;
-  }
-  return -1;
-}
-
-void reset_peak() { std::ofstream("/proc/self/clear_refs") << "5"; }  // VmHWM := VmRSS
-}  // namespace
 
 int main(int argc, char** argv) {
   mallopt(M_MMAP_THRESHOLD, 64 * 1024);  // fixed: glibc's adaptive threshold would keep freed blocks
@@ -55,16 +46,12 @@ int main(int argc, char** argv) {
     optimizer.step();
   }
   const int64_t base = status_bytes("VmRSS"), base_data = status_bytes("VmData");
-  reset_peak();
+  fsdp_bench::reset_peak_rss();
   const auto build_start = std::chrono::steady_clock::now();
   torch::nn::Sequential net = nullptr;
   {
     auto guard = fabric.init_module(/*empty_init=*/meta);
-    net = torch::nn::Sequential();
-    for (int64_t l = 0; l < layers; ++l) {
-      net->push_back(torch::nn::Linear(width, width));
-      net->push_back(torch::nn::ReLU());
-    }
+    net = fsdp_bench::linear_stack(layers, width);
   }
   int64_t psi = 0;
   for (const auto& parameter : net->parameters()) psi += parameter.numel();
@@ -74,7 +61,7 @@ int main(int argc, char** argv) {
   auto& optimizer = std::get<1>(setup);
   const int64_t setup_peak = status_bytes("VmHWM") - base;
   const double setup_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - build_start).count();
-  reset_peak();
+  fsdp_bench::reset_peak_rss();
   for (int64_t i = 0; i < steps; ++i) {
     optimizer.zero_grad();
     fabric.backward(model(torch::randn({4, width})).pow(2).mean());

@@ -14,18 +14,11 @@
 #include <iostream>
 #include <string>
 
-namespace lf = lightning::fabric;
+#include "fsdp_bench_common.h"
 
-namespace {
-int64_t status_bytes(const std::string& field) {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind(field + ":", 0) == 0) return std::stoll(line.substr(field.size() + 1)) * 1024;
-  }
-  return -1;
-}
-}  // namespace
+namespace lf = lightning::fabric;
+using fsdp_bench::status_bytes;
+
 
 int main(int argc, char** argv) {
   mallopt(M_MMAP_THRESHOLD, 64 * 1024);  // fixed: glibc's adaptive threshold would keep freed blocks
@@ -41,11 +34,7 @@ int main(int argc, char** argv) {
   fsdp.auto_wrap_min_params = units ? 1 : 0;
   lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").strategy(lf::fsdp_strategy(fsdp)));
   fabric.seed_everything(0);
-  torch::nn::Sequential net;
-  for (int64_t l = 0; l < layers; ++l) {
-    net->push_back(torch::nn::Linear(width, width));
-    net->push_back(torch::nn::ReLU());
-  }
+  torch::nn::Sequential net = fsdp_bench::linear_stack(layers, width);
   int64_t psi = 0;
   for (const auto& parameter : net->parameters()) psi += parameter.numel();
   torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-3));
@@ -60,7 +49,7 @@ int main(int argc, char** argv) {
   step();
   step();
   const int64_t rest = status_bytes("VmRSS");
-  std::ofstream("/proc/self/clear_refs") << "5";  // VmHWM := VmRSS
+  fsdp_bench::reset_peak_rss();
   for (int i = 0; i < 3; ++i) step();
   const int64_t extra = status_bytes("VmHWM") - rest;
   const auto most = fabric.all_reduce(torch::tensor(static_cast<double>(extra), torch::kFloat64), "max").item<double>();

@@ -310,21 +310,28 @@ void Collective::barrier() {
   impl_->group->barrier(options)->wait();
 }
 
-c10::intrusive_ptr<c10d::Work> Collective::issue_all_reduce(at::Tensor& work, ReduceOp op, uint64_t& seq) {
+uint64_t Collective::begin_async(int op, const at::Tensor& tensor) {
   ++impl_->operations;
   flight::Recorder* recorder = impl_->recorder;
-  seq = recorder ? recorder->begin("all_reduce", impl_->name, dtype_name(work.scalar_type()), work.sizes().data(),
-                                   work.sizes().size(), static_cast<uint64_t>(work.numel()))
-                 : 0;
+  const uint64_t seq = recorder ? recorder->begin(op_name(op), impl_->name, dtype_name(tensor.scalar_type()),
+                                                  tensor.sizes().data(), tensor.sizes().size(),
+                                                  static_cast<uint64_t>(tensor.numel()))
+                                : 0;
   if (impl_->options.settings.check_collectives) {
     if (recorder) recorder->wait(seq);
     try {
-      check_call(kAllReduce, &work);
+      check_call(op, &tensor);
     } catch (...) {
       if (recorder) recorder->end(seq, true);
       throw;
     }
   }
+  return seq;
+}
+
+c10::intrusive_ptr<c10d::Work> Collective::issue_all_reduce(at::Tensor& work, ReduceOp op, uint64_t& seq) {
+  flight::Recorder* recorder = impl_->recorder;
+  seq = begin_async(kAllReduce, work);
   std::vector<at::Tensor> one{work};
   c10d::AllreduceOptions options;
   options.reduceOp = to_c10d(op);
@@ -408,21 +415,8 @@ std::function<at::Tensor()> Collective::all_gather_start(const at::Tensor& tenso
   shape.insert(shape.end(), tensor.sizes().begin(), tensor.sizes().end());
   at::Tensor input = tensor.to(impl_->device).contiguous().view(-1);
   at::Tensor output = at::empty({impl_->world_size * input.numel()}, input.options());
-  ++impl_->operations;
   flight::Recorder* recorder = impl_->recorder;
-  const uint64_t seq = recorder ? recorder->begin("all_gather", impl_->name, dtype_name(tensor.scalar_type()),
-                                                  tensor.sizes().data(), tensor.sizes().size(),
-                                                  static_cast<uint64_t>(tensor.numel()))
-                                : 0;
-  if (impl_->options.settings.check_collectives) {
-    if (recorder) recorder->wait(seq);
-    try {
-      check_call(kAllGather, &tensor);
-    } catch (...) {
-      if (recorder) recorder->end(seq, true);
-      throw;
-    }
-  }
+  const uint64_t seq = begin_async(kAllGather, tensor);
   auto* shm = dynamic_cast<internal::ShmBackend*>(impl_->group.get());
   auto work = issue_recorded(recorder, seq, /*runs_in_call=*/false, [&]() -> c10::intrusive_ptr<c10d::Work> {
     if (shm == nullptr) return impl_->group->_allgather_base(output, input);

@@ -108,6 +108,9 @@ class Collective {
  private:
   void create_group();
   void check_call(int op, const at::Tensor* tensor);
+  /// Counts, records and checks (check_collectives) an op about to be issued asynchronously;
+  /// returns its flight record (0 without a recorder), ended as failed when the check throws.
+  uint64_t begin_async(int op, const at::Tensor& tensor);
   /// Counts, records, checks (check_collectives) and issues one all-reduce of work, which is on
   /// device(); seq receives its flight record (0 without a recorder). A check or issue that fails
   /// ends the record as failed.

@@ -1,0 +1,37 @@
+// Shared by the fsdp memory benchmarks (bench_fsdp_peak, bench_fsdp_meta_init): the kernel's view of
+// this process's memory, and their model, a stack of Linear(width, width) + ReLU.
+#pragma once
+
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+
+#include <fstream>
+#include <string>
+
+namespace fsdp_bench {
+
+/// A field of /proc/self/status in bytes (VmRSS, VmHWM, VmData, ...); -1 when absent.
+inline int64_t status_bytes(const std::string& field) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind(field + ":", 0) == 0) return std::stoll(line.substr(field.size() + 1)) * 1024;
+  }
+  return -1;
+}
+
+/// Resets the peak resident set: VmHWM := VmRSS.
+inline void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
+/// layers x (Linear(width, width), ReLU), built where called (under a guard, if any).
+inline torch::nn::Sequential linear_stack(int64_t layers, int64_t width) {
+  torch::nn::Sequential net;
+  for (int64_t l = 0; l < layers; ++l) {
+    net->push_back(torch::nn::Linear(width, width));
+    net->push_back(torch::nn::ReLU());
+  }
+  return net;
+}
+
+}  // namespace fsdp_bench
