@@ -1,12 +1,13 @@
 // A model larger than one rank may hold, set up and trained under FULL_SHARD: built on the meta
 // device (--meta: fabric.init_module(true)) or normally. The model is a Sequential of LAYERS
-// Linear(WIDTH, WIDTH) + ReLU, one sharding unit per layer, trained with SGD (no optimizer state)
+// Linear(WIDTH, WIDTH) + ReLU, one sharding unit per layer, trained with SGD (no optimizer state;
+// --adam: Adam, two states; --no-prefetch: backward_prefetch off)
 // on a small batch. Each rank reports its memory from the kernel: the resident set before the
 // model is built, after one step of a small model ("base"), the peak resident set (VmHWM) during the build and setup, and the peak
 // during the training steps, both above base; large allocations are forced to mmap so freed
 // memory leaves the resident set. base_data_mb is the largest VmData at base (what a data limit,
 // prlimit --data, counts). The ZeRO-3 formula for this run is parameters + gradients over
-// the ranks, 8 * psi / world bytes. Run under lightning-run, with a memory limit if wanted:
+// the ranks, 8 * psi / world bytes (16 * psi / world with Adam's two states). Run under lightning-run, with a memory limit if wanted:
 //   lightning-run model --accelerator cpu --devices 4 build/bin/bench_fsdp_meta_init --meta [--layers 48] [--width 1024]
 #include <lightning/fabric.h>
 #include <malloc.h>
@@ -25,17 +26,20 @@ using fsdp_bench::status_bytes;
 
 int main(int argc, char** argv) {
   mallopt(M_MMAP_THRESHOLD, 64 * 1024);  // fixed: glibc's adaptive threshold would keep freed blocks
-  bool meta = false;
+  bool meta = false, adam = false, prefetch = true;
   int64_t layers = 48, width = 1024, steps = 3;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--meta") meta = true;
+    if (arg == "--adam") adam = true;
+    if (arg == "--no-prefetch") prefetch = false;
     if (arg == "--layers" && i + 1 < argc) layers = std::stoll(argv[++i]);
     if (arg == "--width" && i + 1 < argc) width = std::stoll(argv[++i]);
     if (arg == "--steps" && i + 1 < argc) steps = std::stoll(argv[++i]);
   }
   lf::FSDPOptions fsdp;
   fsdp.auto_wrap_min_params = 1;  // every Linear is a unit
+  fsdp.backward_prefetch = prefetch;
   lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").strategy(lf::fsdp_strategy(fsdp)));
   fabric.seed_everything(0);
   {  // one step of a small model first: the code and buffers every step touches are part of base
@@ -55,8 +59,13 @@ int main(int argc, char** argv) {
   }
   int64_t psi = 0;
   for (const auto& parameter : net->parameters()) psi += parameter.numel();
-  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(1e-3));
-  auto setup = fabric.setup(net, sgd);
+  std::unique_ptr<torch::optim::Optimizer> chosen;
+  if (adam) {
+    chosen = std::make_unique<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(1e-3));
+  } else {
+    chosen = std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(1e-3));
+  }
+  auto setup = fabric.setup(net, *chosen);
   auto& model = std::get<0>(setup);
   auto& optimizer = std::get<1>(setup);
   const int64_t setup_peak = status_bytes("VmHWM") - base;
@@ -73,8 +82,9 @@ int main(int argc, char** argv) {
   };
   const double setup_most = most(setup_peak), train_most = most(train_peak), base_data_most = most(base_data);
   if (fabric.is_global_zero()) {
-    const double world = fabric.world_size(), full = 4.0 * static_cast<double>(psi), zero = 8.0 * psi / world;
-    std::cout << "{\"benchmark\":\"fsdp meta init\",\"meta\":" << (meta ? "true" : "false") << ",\"ranks\":" << world
+    const double world = fabric.world_size(), full = 4.0 * static_cast<double>(psi), zero = (adam ? 16.0 : 8.0) * psi / world;
+    std::cout << "{\"benchmark\":\"fsdp meta init\",\"meta\":" << (meta ? "true" : "false")
+              << ",\"optimizer\":\"" << (adam ? "adam" : "sgd") << "\",\"backward_prefetch\":" << (prefetch ? "true" : "false") << ",\"ranks\":" << world
               << ",\"layers\":" << layers << ",\"width\":" << width << ",\"full_parameter_mb\":" << full / 1e6
               << ",\"base_mb\":" << static_cast<double>(base) / 1e6
               << ",\"base_data_mb\":" << base_data_most / 1e6 << ",\"setup_peak_mb\":" << setup_most / 1e6

@@ -21,8 +21,10 @@
 //   fsdp_checks prefetch SHARDING off|forward|backward|both
 //                                    three steps of a net of three units with the given prefetching;
 //                                    prints the collectives issued when the middle unit computes,
-//                                    forward and backward, and the final weights (fsdp_prefetch.sh
+//                                    forward and backward, and a hash of the final weights' bytes (fsdp_prefetch.sh
 //                                    compares the runs)
+//   fsdp_checks prefetch_load DIR    a forward prefetch left in flight by a forward that skipped its
+//                                    unit, then fabric.load: the loaded values win, not the prefetched
 //   fsdp_checks scaler               a loss scaler over shards: when only rank 0's shard overflows,
 //                                    every rank skips the step and backs the scale off together
 //   fsdp_checks save SHARDING DIR    train, save a sharded checkpoint to DIR/ck and the full
@@ -587,11 +589,73 @@ int prefetch(const std::string& sharding, const std::string& which) {
   }
   counted = nullptr;
   auto full = fabric.strategy_as<lf::FSDPStrategy>().summon_full_parameters(*net);
-  double l2 = 0;
-  for (const auto& parameter : net->parameters()) l2 += parameter.pow(2).sum().item<double>();
+  uint64_t hash = 1469598103934665603ULL;  // FNV-1a over every parameter's bytes: equal only when bitwise equal
+  for (const auto& parameter : net->parameters()) {
+    const auto bytes = parameter.contiguous();
+    const auto* data = static_cast<const unsigned char*>(bytes.data_ptr());
+    for (size_t i = 0; i < bytes.nbytes(); ++i) hash = (hash ^ data[i]) * 1099511628211ULL;
+  }
   if (fabric.is_global_zero()) {
-    std::printf("prefetch %s %s: forward_ops=%lld backward_ops=%lld weights_l2=%.17g\n", sharding.c_str(), which.c_str(),
-                static_cast<long long>(forward_ops), static_cast<long long>(backward_ops), l2);
+    std::printf("prefetch %s %s: forward_ops=%lld backward_ops=%lld weights_hash=%llx\n", sharding.c_str(),
+                which.c_str(), static_cast<long long>(forward_ops), static_cast<long long>(backward_ops),
+                static_cast<unsigned long long>(hash));
+  }
+  return 0;
+}
+
+// Two units, the second skipped when skip_b is set (a forward whose unit order differs).
+struct BranchNetImpl : torch::nn::Module {
+  BranchNetImpl()
+      : a(register_module("a", lf::FSDPUnit(torch::nn::Linear(16, 16)))),
+        b(register_module("b", lf::FSDPUnit(torch::nn::Linear(16, 16)))),
+        head(register_module("head", torch::nn::Linear(16, 4))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::tanh(a(x));
+    if (!skip_b) x = torch::tanh(b(x));
+    return head(x);
+  }
+  lf::FSDPUnit a, b;
+  torch::nn::Linear head;
+  bool skip_b = false;
+};
+TORCH_MODULE(BranchNet);
+
+int prefetch_load(const std::string& folder) {
+  lf::FSDPOptions options;
+  options.forward_prefetch = true;
+  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").strategy(lf::fsdp_strategy(options)));
+  torch::manual_seed(8);
+  BranchNet net;
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.5));
+  auto setup = fabric.setup(net, sgd);
+  auto& model = std::get<0>(setup);
+  auto& optimizer = std::get<1>(setup);
+  auto& fsdp = fabric.strategy_as<lf::FSDPStrategy>();
+  auto step = [&] {
+    optimizer.zero_grad();
+    fabric.backward(model(torch::randn({4, 16})).pow(2).mean());
+    optimizer.step();
+  };
+  step();
+  fabric.save(folder + "/ck", {{"model", net}});
+  std::map<std::string, torch::Tensor> saved;
+  {
+    auto full = fsdp.summon_full_parameters(*net);
+    for (const auto& item : net->named_parameters()) saved[item.key()] = item.value().clone();
+  }
+  step();  // the shards move on
+  {
+    torch::NoGradGuard no_grad;
+    net->skip_b = true;
+    model(torch::randn({4, 16}));  // a's forward prefetches b (the previous order), which never runs
+    net->skip_b = false;
+  }
+  lf::State state{{"model", net}};
+  fabric.load(folder + "/ck", state);
+  auto full = fsdp.summon_full_parameters(*net);
+  for (const auto& item : net->named_parameters()) {
+    expect(torch::equal(item.value(), saved.at(item.key())),
+           item.key() + " has the loaded value after a prefetch was left in flight before the load");
   }
   return 0;
 }
@@ -681,11 +745,12 @@ int main(int argc, char** argv) {
     else if (mode == "scaler" && argc == 2) scaler();
     else if (mode == "meta" && argc == 4) meta(argv[2], argv[3]);
     else if (mode == "prefetch" && argc == 4) prefetch(argv[2], argv[3]);
+    else if (mode == "prefetch_load" && argc == 3) prefetch_load(argv[2]);
     else if (mode == "save" && argc == 4) save(argv[2], argv[3]);
     else if (mode == "load" && argc == 3) load(argv[2]);
     else {
       std::cerr << "usage: fsdp_checks train SHARDING | units SHARDING | checkpointed SHARDING | by_type SHARDING | "
-                   "mixed SHARDING | meta SHARDING DIR | prefetch SHARDING WHICH | scaler | save SHARDING DIR | load DIR" << std::endl;
+                   "mixed SHARDING | meta SHARDING DIR | prefetch SHARDING WHICH | prefetch_load DIR | scaler | save SHARDING DIR | load DIR" << std::endl;
       return 2;
     }
   } catch (const std::exception& error) {

@@ -15,13 +15,14 @@ for which in off forward backward both; do
   echo "$line"
   forward[$which]="$(sed -n 's/.*forward_ops=\([0-9]*\).*/\1/p' <<<"$line")"
   backward[$which]="$(sed -n 's/.*backward_ops=\([0-9]*\).*/\1/p' <<<"$line")"
-  weights[$which]="$(sed -n 's/.*weights_l2=\([0-9.e+-]*\).*/\1/p' <<<"$line")"
+  weights[$which]="$(sed -n 's/.*weights_hash=\([0-9a-f]*\).*/\1/p' <<<"$line")"
 done
 [ "${forward[forward]}" = $((forward[off] + 1)) ] || fail "forward prefetch: ${forward[forward]} collectives at the middle unit, ${forward[off]} without"
 [ "${forward[backward]}" = "${forward[off]}" ] || fail "backward prefetch changed the forward: ${forward[backward]} vs ${forward[off]}"
 expected=$((backward[off] + 1)); [ "$sharding" = SHARD_GRAD_OP ] && expected="${backward[off]}"
 [ "${backward[backward]}" = "$expected" ] || fail "backward prefetch: ${backward[backward]} collectives at the middle unit's backward, ${backward[off]} without"
 for which in forward backward both; do
-  [ "${weights[$which]}" = "${weights[off]}" ] || fail "weights with $which prefetch ${weights[$which]}, without ${weights[off]}"
+  [ -n "${weights[$which]}" ] && [ "${weights[$which]}" = "${weights[off]}" ] ||
+    fail "weights' bytes hash to ${weights[$which]} with $which prefetch, ${weights[off]} without"
 done
 echo "prefetching issues the next gather early and changes no weight: all checks passed"

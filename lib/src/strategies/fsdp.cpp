@@ -139,6 +139,7 @@ void FSDPStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module
   }
   broadcast_module_from_rank_zero(*module, engine_->materialized());
   engine_->shard(module, called);
+  engine_->forget_materialized();
 }
 
 std::vector<std::shared_ptr<torch::nn::Module>> FSDPStrategy::wrap_units(torch::nn::Module& module) {
@@ -151,7 +152,18 @@ std::vector<std::shared_ptr<torch::nn::Module>> FSDPStrategy::wrap_units(torch::
 void FSDPStrategy::materialize_meta_tensors(torch::nn::Module& module) {
   setup_environment();
   wrapped_before_materializing_[&module] = wrap_units(module);
-  engine_->materialize(module);
+  try {
+    engine_->materialize(module);
+  } catch (...) {
+    wrapped_before_materializing_.erase(&module);
+    engine_->forget_materialized();
+    throw;
+  }
+}
+
+void FSDPStrategy::Engine::forget_materialized() {
+  presets_.clear();
+  materialized_.clear();
 }
 
 void FSDPStrategy::Engine::materialize(torch::nn::Module& module) {
@@ -161,6 +173,11 @@ void FSDPStrategy::Engine::materialize(torch::nn::Module& module) {
     strategy_.collective().broadcast_(on_device, 0);
     state = on_device.cpu();
   };
+  options.require_shared_generator = true;
+  // Shapes are compared before the replay: afterwards the sharded parameters are placeholders.
+  std::vector<at::Tensor> all = module.parameters();
+  for (const auto& buffer : module.buffers()) all.push_back(buffer);
+  strategy_.collective().check_same_tensors(all, "The model passed to fabric.setup");
   const int parts = strategy_.shard_group_size(), part = strategy_.shard_group_rank();
   std::map<std::string, const c10::TensorImpl*> by_name;
   for (const auto& item : module.named_parameters()) by_name.emplace(item.key(), item.value().unsafeGetTensorImpl());
@@ -256,7 +273,6 @@ void FSDPStrategy::Engine::shard(const std::shared_ptr<torch::nn::Module>& modul
     p.slice = shard_slice(p.numel, parts, part);
     if (preset != presets_.end()) {  // materialised from the meta device as this shard only
       p.shard = preset->second.shard.to(p.parameter.options());  // the placeholder's dtype and device after setup's cast and move
-      presets_.erase(preset);
     } else {
       at::Tensor flat = p.parameter.detach().view(-1).narrow(0, p.slice.begin, p.slice.length);
       // FULL_SHARD and HYBRID_SHARD keep the shard in its own memory (the full parameter is freed),
@@ -404,8 +420,8 @@ bool FSDPStrategy::Engine::needs_gather(const ShardedModule& sharded, const Unit
 
 void FSDPStrategy::Engine::gather(ShardedModule& sharded, Unit& unit, bool full_precision) {
   const bool prefetched = prefetch_ && prefetch_->sharded == &sharded && &sharded.units[prefetch_->unit] == &unit;
-  settle_prefetch();  // ops stay in issue order; a prefetch of this unit puts its values in place
-  if (prefetched && !full_precision) return;
+  // A prefetch of this unit puts its values in place; any other is dropped (ops stay in issue order).
+  if (settle_prefetch(/*use=*/prefetched && !full_precision)) return;
   if ((strategy_.fsdp_options_.sharding_strategy == ShardingStrategy::NoShard && !sharded.casts) ||
       unit.parameters.empty()) {
     unit.stale = false;  // NO_SHARD without a cast: the shards are the full parameters
@@ -467,17 +483,19 @@ void FSDPStrategy::Engine::prefetch(ShardedModule& sharded, size_t u) {
   Unit& unit = sharded.units[u];
   if (prefetch_ && prefetch_->sharded == &sharded && prefetch_->unit == u) return;
   if (!needs_gather(sharded, unit) || strategy_.shard_group_size() < 2) return;
-  settle_prefetch();
-  prefetch_ = Prefetch{&sharded, u, strategy_.shard_group().all_gather_start(pack_shards(sharded, unit, false))};
+  settle_prefetch(/*use=*/false);
+  prefetch_ = Prefetch{&sharded, u, shard_version_, strategy_.shard_group().all_gather_start(pack_shards(sharded, unit, false))};
 }
 
-void FSDPStrategy::Engine::settle_prefetch() {
-  if (!prefetch_) return;
+bool FSDPStrategy::Engine::settle_prefetch(bool use) {
+  if (!prefetch_) return false;
   Prefetch pending = std::move(*prefetch_);
   prefetch_.reset();
   const at::Tensor gathered = pending.finish();
   Unit& unit = pending.sharded->units[pending.unit];
-  if (needs_gather(*pending.sharded, unit)) place(*pending.sharded, unit, gathered, /*full_precision=*/false);
+  if (!use || pending.version != shard_version_ || !needs_gather(*pending.sharded, unit)) return false;
+  place(*pending.sharded, unit, gathered, /*full_precision=*/false);
+  return true;
 }
 
 std::optional<size_t> FSDPStrategy::Engine::neighbour(const ShardedModule& sharded, size_t unit, bool forward) const {
@@ -494,7 +512,7 @@ void FSDPStrategy::Engine::before_forward(const torch::nn::Module& module) {
   ShardedModule* sharded = find(module);
   if (sharded == nullptr) return;
   for (auto& unit : sharded->units) unit.reduced = false, unit.entered = false;
-  settle_prefetch();
+  settle_prefetch(/*use=*/false);
   sharded->last_order = std::move(sharded->order);
   sharded->order.clear();
   sharded->in_forward = true;
@@ -606,7 +624,7 @@ void FSDPStrategy::Engine::end_forwards() {
 }
 
 void FSDPStrategy::Engine::finish_backward() {
-  settle_prefetch();
+  settle_prefetch(/*use=*/false);
   for (auto& sharded : modules_) {  // units the backward did not finish (unit 0, unused parameters), in order
     if (sharded->module.expired()) continue;
     const std::string skipped = skipped_units_hint(*sharded->address, /*after_backward=*/true);
@@ -637,7 +655,7 @@ ScopeGuard FSDPStrategy::Engine::summon(const torch::nn::Module& module) {
              "has not: the full parameters autograd saved are in use. Call it before the forward or after "
              "fabric.backward.");
   }
-  settle_prefetch();
+  settle_prefetch(/*use=*/false);
   // In the shards' own dtype: the master values, whatever the param dtype.
   for (auto& unit : sharded->units) {
     if (!unit.materialized || unit.stale || unit.released || sharded->casts) gather(*sharded, unit, /*full_precision=*/true);
@@ -655,7 +673,8 @@ ScopeGuard FSDPStrategy::Engine::summon(const torch::nn::Module& module) {
 }
 
 void FSDPStrategy::Engine::mark_stale() {
-  settle_prefetch();  // gathered from the shards before this step
+  settle_prefetch(/*use=*/false);  // gathered from the shards before this step
+  ++shard_version_;
   for (auto& sharded : modules_) {
     for (auto& unit : sharded->units) unit.stale = true;
   }

@@ -170,6 +170,8 @@ StateDict FSDPStrategy::Engine::restore_local(State& state, const StateDict& che
         auto value = values.find(buffer.key());
         if (value != values.end()) buffer.value().copy_(value->value().toTensor());
       }
+      settle_prefetch(/*use=*/false);  // gathered before the load
+      ++shard_version_;
       for (auto& unit : sharded->units) unit.stale = true;  // the next forward gathers the restored shards
       return true;
     }

@@ -26,11 +26,22 @@ namespace lightning::fabric {
 
 namespace {
 
+// A meta tensor as a step saw it. In-place operators such as t_ or set_ change the live object
+// later; a tensor object no step returned is rebuilt from this on its storage's real counterpart.
+struct Geometry {
+  const c10::StorageImpl* storage = nullptr;
+  int64_t offset = 0;
+  std::vector<int64_t> sizes, strides;
+  c10::ScalarType dtype = c10::ScalarType::Float;
+};
+
 struct RecordedStep {
   c10::OperatorHandle op;
   std::vector<c10::IValue> inputs;   // as called (a factory with its own device), meta tensors by reference
   std::vector<c10::IValue> outputs;  // what it returned
   c10::ScalarType default_dtype;     // factories without a dtype take this one
+  std::vector<Geometry> input_geometry;                  // each meta input, in visiting order, before the step
+  std::vector<const c10::StorageImpl*> output_storages;  // each meta output's storage, after it
 };
 
 // One outermost meta_init_guard's build.
@@ -41,6 +52,11 @@ struct BuildRecord {
   // LibTorch's factories hand out a new tensor object over the storage an operator returned.
   // (The steps keep those storages alive, so their addresses stay unique while the record exists.)
   std::unordered_set<const c10::StorageImpl*> made;
+  // Storages meant for another device than the CPU (a factory's device argument), and the first
+  // operator that drew random numbers from a generator the ranks need not share (an explicit one,
+  // or such a device's): empty when every draw came from the CPU default generator.
+  std::unordered_set<const c10::StorageImpl*> off_cpu;
+  std::string unshared_draw;
 };
 
 std::mutex registry_mutex;
@@ -88,6 +104,11 @@ const c10::StorageImpl* storage_of(const at::Tensor& tensor) {
   return tensor.has_storage() ? tensor.storage().unsafeGetStorageImpl() : nullptr;
 }
 
+Geometry geometry_of(const at::Tensor& tensor) {
+  return Geometry{storage_of(tensor), tensor.storage_offset(), tensor.sizes().vec(), tensor.strides().vec(),
+                  tensor.scalar_type()};
+}
+
 bool is_random_fill(const c10::OperatorHandle& op) {
   static const std::set<std::string> fills{"aten::uniform_", "aten::normal_", "aten::random_", "aten::bernoulli_"};
   return fills.count(op.schema().name()) > 0;
@@ -124,22 +145,48 @@ void record_on_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     op.callBoxed(stack);
     return;
   }
-  RecordedStep step{op, std::vector<c10::IValue>(first, stack->end()), {}, c10::get_default_dtype_as_scalartype()};
+  BuildRecord& record = *thread_record;
+  RecordedStep step{op, std::vector<c10::IValue>(first, stack->end()), {}, c10::get_default_dtype_as_scalartype(), {}, {}};
+  bool on_another_device = false, explicit_generator = false, draws = false;
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    const c10::IValue& value = step.inputs[i];
+    if (arguments[i].name() == "generator") draws = true, explicit_generator |= !value.isNone();
+    if (factory && i == *device_argument && !value.isNone()) on_another_device |= !value.toDevice().is_cpu();
+  }
+  for (const auto& input : step.inputs) {
+    for_each_tensor(input, [&](const at::Tensor& tensor) {
+      if (!tensor.defined() || !tensor.is_meta()) return;
+      step.input_geometry.push_back(geometry_of(tensor));
+      on_another_device |= record.off_cpu.count(storage_of(tensor)) > 0;
+    });
+  }
+  if (draws && (explicit_generator || on_another_device) && record.unshared_draw.empty()) {
+    record.unshared_draw = op.schema().name() + (explicit_generator ? " with an explicit generator" : " on a device");
+  }
   if (factory) {
     first[static_cast<std::ptrdiff_t>(*device_argument)] = c10::IValue(c10::Device(c10::kMeta));
     for (size_t i = 0; i < arguments.size(); ++i) {
       if (arguments[i].name() == "pin_memory") first[static_cast<std::ptrdiff_t>(i)] = c10::IValue();
     }
   }
-  op.callBoxed(stack);
+  try {
+    op.callBoxed(stack);
+  } catch (const c10::NotImplementedError&) {
+    throw RuntimeError("meta_init_guard: " + op.schema().name() + " has no meta-device kernel in LibTorch's C++ "
+                       "build, so it cannot run while a model is built on the meta device. Compute its result before "
+                       "the guard (a constant table, say), or build this model normally.");
+  }
   const size_t returns = op.schema().returns().size();
   step.outputs.assign(stack->end() - static_cast<std::ptrdiff_t>(returns), stack->end());
   for (const auto& output : step.outputs) {
     for_each_tensor(output, [&](const at::Tensor& tensor) {
-      if (tensor.defined() && tensor.is_meta()) thread_record->made.insert(storage_of(tensor));
+      if (!tensor.defined() || !tensor.is_meta()) return;
+      record.made.insert(storage_of(tensor));
+      step.output_storages.push_back(storage_of(tensor));
+      if (on_another_device) record.off_cpu.insert(storage_of(tensor));
     });
   }
-  thread_record->steps.push_back(std::move(step));
+  record.steps.push_back(std::move(step));
 }
 
 void deferred_init_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
@@ -175,11 +222,8 @@ void replay(BuildRecord& record, std::vector<Target*>& targets, const Materializ
   // The last step that touches each storage: the values on it are final after that step.
   std::unordered_map<const c10::StorageImpl*, size_t> last_use;
   for (size_t i = 0; i < steps.size(); ++i) {
-    auto note = [&](const at::Tensor& t) {
-      if (t.defined() && t.is_meta()) last_use[storage_of(t)] = i;
-    };
-    for (const auto& value : steps[i].inputs) for_each_tensor(value, note);
-    for (const auto& value : steps[i].outputs) for_each_tensor(value, note);
+    for (const Geometry& geometry : steps[i].input_geometry) last_use[geometry.storage] = i;
+    for (const c10::StorageImpl* storage : steps[i].output_storages) last_use[storage] = i;
   }
   std::vector<std::vector<const c10::StorageImpl*>> ending(steps.size());
   for (const auto& [storage, step] : last_use) ending[step].push_back(storage);
@@ -191,13 +235,13 @@ void replay(BuildRecord& record, std::vector<Target*>& targets, const Materializ
   std::unordered_map<const c10::TensorImpl*, at::Tensor> real;
   std::unordered_map<const c10::StorageImpl*, c10::Storage> real_storage;
   std::unordered_map<const c10::StorageImpl*, std::vector<const c10::TensorImpl*>> made_on;
-  auto real_of = [&](const at::Tensor& meta) -> std::optional<at::Tensor> {
+  auto real_of = [&](const at::Tensor& meta, const Geometry& geometry) -> std::optional<at::Tensor> {
     const auto found = real.find(meta.unsafeGetTensorImpl());
     if (found != real.end()) return found->second;
-    const auto storage = real_storage.find(storage_of(meta));
+    const auto storage = real_storage.find(geometry.storage);
     if (storage == real_storage.end()) return std::nullopt;
-    return at::empty({0}, meta.options().device(storage->second.device()))
-        .set_(storage->second, meta.storage_offset(), meta.sizes(), meta.strides());
+    return at::empty({0}, at::TensorOptions().dtype(geometry.dtype).device(storage->second.device()))
+        .set_(storage->second, geometry.offset, geometry.sizes, geometry.strides);
   };
   at::Tensor before = generator_state();
   at::Tensor start = record.generator_state.clone();
@@ -215,9 +259,10 @@ void replay(BuildRecord& record, std::vector<Target*>& targets, const Materializ
     const RecordedStep& step = steps[i];
     const std::string name = step.op.schema().name();
     torch::jit::Stack stack;
+    size_t visited = 0;  // meta inputs so far, in the order the geometry was noted
     for (const auto& input : step.inputs) {
       stack.push_back(substitute(input, [&](const at::Tensor& meta) {
-        auto found = real_of(meta);
+        auto found = real_of(meta, step.input_geometry.at(visited++));
         LF_CHECK(found.has_value(), ValueError, "materialize_module: the recorded ", name, " reads a meta tensor that no "
                  "operation under the guard made (one made on the meta device by hand?). Make every tensor of the "
                  "module under lf::meta_init_guard / fabric.init_module(true), or on a real device.");
@@ -243,7 +288,7 @@ void replay(BuildRecord& record, std::vector<Target*>& targets, const Materializ
       auto [begin, end] = targets_on.equal_range(storage);
       for (auto it = begin; it != end; ++it) {
         Target& target = *it->second;
-        const at::Tensor full = real_of(target.tensor).value();
+        const at::Tensor full = real_of(target.tensor, geometry_of(target.tensor)).value();
         const at::Tensor value = options.install ? options.install(target.name, target.parameter, full) : full;
         target.tensor.unsafeGetTensorImpl()->shallow_copy_from(value.getIntrusivePtr());
         target.installed = true;
@@ -253,7 +298,8 @@ void replay(BuildRecord& record, std::vector<Target*>& targets, const Materializ
       real_storage.erase(storage);
     }
   }
-  keep_replayed_state = at::equal(before, record.generator_state);
+  // Nothing drew from the generator since the guard's start, and the replay started there.
+  keep_replayed_state = at::equal(before, record.generator_state) && at::equal(start, record.generator_state);
 }
 
 std::shared_ptr<BuildRecord> record_of(const at::Tensor& tensor, const std::string& name) {
@@ -324,9 +370,24 @@ void materialize_module(torch::nn::Module& module, const MaterializeOptions& opt
     group->second.push_back(&target);
   }
   for (auto& [record, members] : groups) {
-    replay(*record, members, options);
-    std::lock_guard<std::mutex> lock(registry_mutex);
-    registry.erase(std::remove(registry.begin(), registry.end(), record), registry.end());
+    LF_CHECK(!options.require_shared_generator || record->unshared_draw.empty(), ValueError, "materialize_module: '",
+             members.front()->name, "' was built with ", record->unshared_draw, ", whose random state the ranks do "
+             "not share, so their replays could disagree. Build the model with the CPU default generator (and move it "
+             "at setup), or build it normally.");
+    auto drop = [&record = record] {
+      std::lock_guard<std::mutex> lock(registry_mutex);
+      registry.erase(std::remove(registry.begin(), registry.end(), record), registry.end());
+    };
+    try {
+      replay(*record, members, options);
+    } catch (const ValueError& error) {
+      drop();
+      throw ValueError(std::string(error.what()) + " The module is left half materialised: build it again.");
+    } catch (const std::exception& error) {
+      drop();
+      throw RuntimeError(std::string(error.what()) + " The module is left half materialised: build it again.");
+    }
+    drop();
   }
   for (const Target& target : targets) {
     LF_CHECK(target.installed, ValueError, "materialize_module: '", target.name, "' was made under the guard but no "

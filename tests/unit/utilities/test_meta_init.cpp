@@ -1,6 +1,7 @@
 // Meta-device initialisation (utilities/meta_init.h): a build under the guard holds no parameter
 // memory, and its replay gives the values of a normal build under the same seed, bit for bit,
 // one full value at a time; the generator afterwards; the errors.
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include "lightning/fabric.h"
@@ -188,6 +189,55 @@ TEST_CASE("meta init: tensors that cannot be materialised are named", "[meta_ini
     auto guard = lf::meta_init_guard();
     CHECK_THROWS_WITH(torch::zeros({1}).item<float>(), Contains("meta"));  // values do not exist while building
   }
+}
+
+TEST_CASE("meta init: an in-place change of shape on a factory's tensor replays as it ran", "[meta_init]") {
+  struct Transposed : torch::nn::Module {
+    Transposed() {
+      auto w = torch::empty({3, 5});
+      w.t_();
+      torch::nn::init::normal_(w);
+      weight = register_parameter("weight", w);
+    }
+    torch::Tensor weight;
+  };
+  torch::manual_seed(2);
+  Transposed normal;
+  torch::manual_seed(2);
+  std::shared_ptr<Transposed> built;
+  {
+    auto guard = lf::meta_init_guard();
+    built = std::make_shared<Transposed>();
+  }
+  lf::materialize_module(*built);
+  REQUIRE(built->weight.sizes() == normal.weight.sizes());
+  CHECK(built->weight.strides() == normal.weight.strides());
+  CHECK(torch::equal(built->weight, normal.weight));
+}
+
+TEST_CASE("meta init: draws the ranks may not share are refused where asked, and missing meta kernels named",
+          "[meta_init]") {
+  struct OwnGenerator : torch::nn::Module {
+    OwnGenerator() { register_parameter("noise", torch::randn({4}, at::detail::createCPUGenerator(11))); }
+  };
+  std::shared_ptr<OwnGenerator> built, again;
+  {
+    auto guard = lf::meta_init_guard();
+    built = std::make_shared<OwnGenerator>();
+  }
+  {
+    auto guard = lf::meta_init_guard();
+    again = std::make_shared<OwnGenerator>();
+  }
+  lf::MaterializeOptions strict;
+  strict.require_shared_generator = true;
+  CHECK_THROWS_WITH(lf::materialize_module(*built, strict), Contains("'noise'") && Contains("explicit generator"));
+  lf::materialize_module(*again);  // one process: fine
+  CHECK(torch::equal(again->named_parameters()["noise"], torch::randn({4}, at::detail::createCPUGenerator(11))));
+
+  auto guard = lf::meta_init_guard();
+  CHECK_THROWS_WITH(torch::zeros({4, 2}).index_select(0, torch::zeros({1}, torch::kLong)),
+                    Contains("aten::index_select") && Contains("no meta-device kernel"));
 }
 
 TEST_CASE("meta init: Fabric builds on the meta device under fsdp only, and setup materialises", "[meta_init]") {

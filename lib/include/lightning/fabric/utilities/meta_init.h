@@ -11,7 +11,9 @@
 // order, with the CPU random generator's state at the guard's start. materialize_module replays
 // the record on the real devices, so the values equal those of the same build without the guard
 // under the same seed, bit for bit; fsdp keeps each parameter's shard as soon as its last
-// recorded operation ran, so a rank never holds more than one full parameter at a time.
+// recorded operation ran. A module whose constructor initialises each parameter before making
+// the next (LibTorch's layers do) thus holds one full parameter at a time; one that makes several
+// and initialises them afterwards (LibTorch's LSTM, say) holds those together.
 //
 // Limits (the build runs on meta tensors, which have no values):
 //   - reading values while building (item(), data_ptr(), torch::tensor({...}) from C++ data,
@@ -51,6 +53,9 @@ struct LF_API MaterializeOptions {
   /// (the same object stays in the module, in optimizers and in module members). fsdp returns an
   /// empty placeholder and keeps only its shard. Unset: the full value.
   std::function<at::Tensor(const std::string& name, bool is_parameter, const at::Tensor& full)> install;
+  /// Refuse (ValueError) a build that drew random numbers from an explicit generator or on a
+  /// device other than the CPU: ranks do not share those states. fsdp sets it.
+  bool require_shared_generator = false;
 };
 
 /// Gives every meta parameter and buffer of module its recorded value on its real device, by
@@ -60,7 +65,9 @@ struct LF_API MaterializeOptions {
 /// the guard's start, and from its state before the call otherwise. ValueError naming the tensor
 /// for a meta tensor that no guard recorded (made on the meta device by hand), or one whose record
 /// was already replayed for another module (build each model under a guard of its own); a
-/// RuntimeError naming the operation when a recorded operation fails on real tensors.
+/// RuntimeError naming the operation when a recorded operation fails on real tensors (the module
+/// is then half materialised and its record dropped: build it again). While building, an
+/// operator without a meta-device kernel in LibTorch's C++ build is a RuntimeError naming it.
 LF_API void materialize_module(torch::nn::Module& module, const MaterializeOptions& options = {});
 
 }  // namespace lightning::fabric

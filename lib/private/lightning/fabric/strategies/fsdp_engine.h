@@ -64,6 +64,7 @@ class FSDPStrategy::Engine {
   struct Prefetch {
     ShardedModule* sharded = nullptr;
     size_t unit = 0;
+    uint64_t version = 0;                // shard_version_ when it started
     std::function<at::Tensor()> finish;  // waits, returns the gathered [parts, slots] buffer
   };
 
@@ -74,6 +75,8 @@ class FSDPStrategy::Engine {
   void materialize(torch::nn::Module& module);
   /// Parameters and buffers materialize() gave values that every rank computed alike.
   const std::set<const c10::TensorImpl*>& materialized() const { return materialized_; }
+  /// Drops what materialize() kept for the setup that follows it (after that setup, or when it failed).
+  void forget_materialized();
 
   /// input cast to the param dtype when it is floating point and one is in effect.
   at::Tensor cast_input(const at::Tensor& input) const;
@@ -121,8 +124,10 @@ class FSDPStrategy::Engine {
   bool needs_gather(const ShardedModule& sharded, const Unit& unit) const;
   /// Starts the gather of unit in the param dtype (a prefetch), after settling any other.
   void prefetch(ShardedModule& sharded, size_t unit);
-  /// Finishes the prefetch in flight, if any, and puts its values in place.
-  void settle_prefetch();
+  /// Finishes the prefetch in flight, if any. use: put its values in place when they are still
+  /// current (no step or load since it started) and its unit still needs them; true if it did.
+  /// Otherwise the values are dropped, so no unit holds full parameters nobody asked for.
+  bool settle_prefetch(bool use);
   /// The unit after (forward) or before (backward) unit in the previous forward's order, if any.
   std::optional<size_t> neighbour(const ShardedModule& sharded, size_t unit, bool forward) const;
   /// This rank's part of a unit's parameters, packed for the all-gather ([slots], padded chunks).
@@ -150,6 +155,7 @@ class FSDPStrategy::Engine {
   FSDPMixedPrecision dtypes_;  // resolved at the first shard()
   std::vector<std::unique_ptr<ShardedModule>> modules_;
   std::optional<Prefetch> prefetch_;
+  uint64_t shard_version_ = 0;  // bumped whenever the shards change (a step, a load)
 };
 
 }  // namespace lightning::fabric
