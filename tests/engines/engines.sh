@@ -86,6 +86,29 @@ case "$case_name" in
     expect_exit -eq 0 $?
     expect_trained 2 "$out" "$log"
     ;;
+  srun_two_concurrent_steps)
+    # Two 2-task steps of one allocation at the same time (each long enough to overlap the other):
+    # each step has a rendezvous port of its own (the step id is part of the rule), so both train.
+    mkdir -p "$out/a" "$out/b"
+    {
+      echo '#!/bin/bash'
+      echo "srun -n 2 --exact \"$trainer\" --steps 300 --out \"$out/a\" >\"$log.a\" 2>&1 & a=\$!"
+      echo "srun -n 2 --exact \"$trainer\" --steps 300 --out \"$out/b\" >\"$log.b\" 2>&1 & b=\$!"
+      echo 'wait $a; first=$?; wait $b; second=$?; echo "steps exited $first $second"; exit $((first || second))'
+    } >"$work/job.sh"
+    run "$log.sbatch" sbatch -J "lf-$case_name" --wait -n 4 -o "$log" "$work/job.sh"
+    status=$?
+    cat "$log" "$log.a" "$log.b"
+    expect_exit -eq 0 "$status"
+    for step in a b; do
+      for rank in 0 1; do
+        [ -f "$out/$step/weights-rank$rank.txt" ] || fail "step $step, rank $rank wrote no weights"
+      done
+      cmp -s "$out/$step/weights-rank0.txt" "$out/$step/weights-rank1.txt" || fail "step $step: the ranks differ"
+    done
+    cmp -s "$out/a/weights-rank0.txt" "$out/b/weights-rank0.txt" || fail "the two steps trained differently"
+    echo "ok: two concurrent steps of one allocation trained, each with bitwise-equal ranks"
+    ;;
   salloc_srun_2_ranks)
     run "$log" salloc -J "lf-$case_name" -n 2 srun --quiet "$trainer" --out "$out"
     expect_exit -eq 0 $?

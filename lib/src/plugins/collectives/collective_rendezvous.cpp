@@ -63,7 +63,17 @@ c10::intrusive_ptr<c10d::Store> connect_store(const CollectiveOptions& options) 
            seconds_text(timeout), "): ",
            options.use_agent_store ? "the launcher is gone" : "rank 0 did not start or failed before joining",
            ", or the address is wrong. ", kTimeoutHint);
-  return c10::make_intrusive<c10d::TCPStore>(options.main_address, tcp);
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(options.main_address, tcp);
+  } catch (const c10::Error& error) {
+    const std::string what = error.what_without_backtrace();
+    if (!tcp.isServer || (what.find("EADDRINUSE") == std::string::npos && what.find("in use") == std::string::npos)) throw;
+    throw RuntimeError("Rank 0 could not host the store on port " + std::to_string(options.main_port) +
+                       ": the port is in use on this host, by another job or another step of this one. Give this "
+                       "job a free port with MASTER_PORT (lightning-run: --main-port). Under Slurm each step of a job "
+                       "gets 15000 + the job id's last four digits + 10000 x (step id mod 5), so steps whose ids "
+                       "differ by 5 collide; set e.g. MASTER_PORT=$((20000 + SLURM_STEP_ID)) in the step.");
+  }
 }
 
 void await_all_ranks(c10d::Store& store, const CollectiveOptions& options) {

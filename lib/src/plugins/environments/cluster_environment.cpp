@@ -187,11 +187,17 @@ std::string SLURMEnvironment::main_address() const {
   return hosts.front();
 }
 
+// Python Lightning's rule, 15000 + the job id's last four digits, for step 0 (so mixed C++ and
+// Python tasks of a step agree). Steps 1 to 4 of the job add 10000 each, so up to five steps of
+// one allocation can run at once; steps whose ids differ by a multiple of 5 share a port.
 int SLURMEnvironment::main_port() const {
   if (auto port = int_var(env_, env::kMasterPort)) return *port;
-  // As Lightning: 15000 + the job id's last four digits.
-  auto job = env::Reader(env_).integer("SLURM_JOB_ID");
-  return 15000 + static_cast<int>(job.value_or(0) % 10000);
+  const env::Reader reader(env_);
+  const long long job = reader.integer("SLURM_JOB_ID").value_or(0);
+  auto step = reader.integer("SLURM_STEP_ID");
+  if (!step) step = reader.integer("SLURM_STEPID");
+  const long long lane = step && *step > 0 ? *step % 5 : 0;
+  return 15000 + static_cast<int>(job % 10000 + 10000 * lane);
 }
 
 int SLURMEnvironment::world_size() const { return required_int(env_, "SLURM_NTASKS", "slurm"); }

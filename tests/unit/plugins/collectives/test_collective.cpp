@@ -100,6 +100,16 @@ TEST_CASE("collective rendezvous: without rank 0's store a rank says so after th
                         Contains("rank 0 did not start or failed before joining"));
 }
 
+TEST_CASE("collective rendezvous: rank 0 on a port already in use says so and names the fix", "[collective]") {
+  int port = 0;
+  auto taken = lf::host_store("127.0.0.1", 0, std::chrono::seconds(5), &port);  // another job's store
+  auto options = options_for(0, 2, port);
+  options.settings.rendezvous_timeout = std::chrono::milliseconds(300);
+  CHECK_THROWS_WITH(lf::Collective(options),
+                    Contains("Rank 0 could not host the store on port " + std::to_string(port)) &&
+                        Contains("in use") && Contains("MASTER_PORT") && Contains("SLURM_STEP_ID"));
+}
+
 TEST_CASE("collective: gloo's interface must exist, and the error lists the host's", "[collective]") {
   int port = 0;
   auto store = lf::host_store("127.0.0.1", 0, std::chrono::seconds(5), &port);

@@ -5,6 +5,7 @@
 #include "lightning/fabric/plugins/environments/cluster_environment.h"
 #include "lightning/fabric/utilities/env_vars.h"
 // Catch2 last: glog (inside LibTorch) defines its own CHECK macro, Catch2 must win.
+#include <set>
 #include <catch2/catch.hpp>
 
 #include <cstdio>
@@ -50,7 +51,7 @@ TEST_CASE("slurm: ranks, host list, port from the job id, counts per node", "[en
   CHECK(environment->local_rank() == 1);
   CHECK(environment->node_rank() == 2);
   CHECK(environment->main_address() == "gpu07");
-  CHECK(environment->main_port() == 15000 + 4567);
+  CHECK(environment->main_port() == 15000 + 4567);  // step 0: Python Lightning's port
   CHECK(environment->launched_processes_per_node() == 2);
   CHECK(environment->launched_num_nodes() == 4);
   CHECK_NOTHROW(environment->validate_settings(2, 4));
@@ -59,6 +60,16 @@ TEST_CASE("slurm: ranks, host list, port from the job id, counts per node", "[en
   CHECK_THROWS_WITH(environment->validate_settings(2, 1), Contains("num_nodes=1") && Contains("SLURM_STEP_NUM_NODES=4"));
   slurm["SLURM_STEP_TASKS_PER_NODE"] = "3(x2),1(x2)";  // uneven: this node (2) runs 1
   CHECK(detect(slurm)->launched_processes_per_node() == 1);
+  // Concurrent steps of one allocation get ports of their own, five apart in steps.
+  std::set<int> ports;
+  for (const char* step : {"0", "1", "2", "3", "4"}) {
+    slurm["SLURM_STEP_ID"] = step;
+    ports.insert(detect(slurm)->main_port());
+  }
+  CHECK(ports == std::set<int>{19567, 29567, 39567, 49567, 59567});
+  slurm["SLURM_STEP_ID"] = "5";
+  CHECK(detect(slurm)->main_port() == 19567);
+  slurm["SLURM_STEP_ID"] = "0";
   slurm["MASTER_ADDR"] = "10.0.0.9";
   slurm["MASTER_PORT"] = "4000";
   CHECK(detect(slurm)->main_address() == "10.0.0.9");
