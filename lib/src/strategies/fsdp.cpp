@@ -174,7 +174,7 @@ void FSDPStrategy::Engine::materialize(torch::nn::Module& module) {
     state = on_device.cpu();
   };
   options.require_shared_generator = true;
-  // Shapes are compared before the replay: afterwards the sharded parameters are placeholders.
+  // Shapes are compared before the replay: afterwards the sharded parameters hold 0 elements.
   std::vector<at::Tensor> all = module.parameters();
   for (const auto& buffer : module.buffers()) all.push_back(buffer);
   strategy_.collective().check_same_tensors(all, "The model passed to fabric.setup");
@@ -272,7 +272,7 @@ void FSDPStrategy::Engine::shard(const std::shared_ptr<torch::nn::Module>& modul
     p.chunk = (p.numel + parts - 1) / parts;
     p.slice = shard_slice(p.numel, parts, part);
     if (preset != presets_.end()) {  // materialised from the meta device as this shard only
-      p.shard = preset->second.shard.to(p.parameter.options());  // the placeholder's dtype and device after setup's cast and move
+      p.shard = preset->second.shard.to(p.parameter.options());  // the 0-element parameter's dtype and device after setup's cast and move
     } else {
       at::Tensor flat = p.parameter.detach().view(-1).narrow(0, p.slice.begin, p.slice.length);
       // FULL_SHARD and HYBRID_SHARD keep the shard in its own memory (the full parameter is freed),
@@ -339,7 +339,7 @@ void FSDPStrategy::Engine::build_units(ShardedModule& sharded, torch::nn::Module
 // Autograd makes a new AccumulateGrad when set_data changes a parameter's dtype (a gather in the
 // param dtype after one in the shards' dtype), so this runs again before every forward. An
 // AccumulateGrad keeps the shape its parameter had when it was made: only full parameters get one
-// (one materialised from the meta device is a placeholder until its first gather).
+// (one materialised from the meta device holds 0 elements until its first gather).
 void FSDPStrategy::Engine::hook_accumulators(ShardedModule& sharded, size_t u) {
   for (size_t i : sharded.units[u].parameters) {
     ShardedParameter& p = sharded.parameters[i];

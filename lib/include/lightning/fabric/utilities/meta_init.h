@@ -51,7 +51,7 @@ struct LF_API MaterializeOptions {
   /// Called once per meta parameter and buffer, in replay order, with its name, whether it is a
   /// parameter, and its full value once final; returns the tensor the module's own tensor becomes
   /// (the same object stays in the module, in optimizers and in module members). fsdp returns an
-  /// empty placeholder and keeps only its shard. Unset: the full value.
+  /// empty (0-element) tensor and keeps only its shard. Unset: the full value.
   std::function<at::Tensor(const std::string& name, bool is_parameter, const at::Tensor& full)> install;
   /// Refuse (ValueError) a build that drew random numbers from an explicit generator or on a
   /// device other than the CPU: ranks do not share those states. fsdp sets it.

@@ -143,7 +143,7 @@ class FSDPStrategy::Engine {
   void finish_unit_backward(ShardedModule& sharded, Unit& unit);  // reduce, then free (once per backward)
 
   // A parameter materialised from the meta device as its shard only (the parameter itself is an
-  // empty placeholder until shard() adopts it).
+  // 0-element tensor until shard() adopts it).
   struct Preset {
     at::Tensor shard;
     std::vector<int64_t> shape;
