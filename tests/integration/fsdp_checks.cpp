@@ -31,11 +31,18 @@
 //                                    parameters to DIR/reference.pt (rank 0)
 //   fsdp_checks load DIR             load DIR/ck into a fresh model on any number of ranks: the
 //                                    gathered parameters equal DIR/reference.pt bitwise
+//   fsdp_checks interop_save DIR     the interop MLP + Adam (python_dcp_peer.py mirrors them), 3 steps,
+//                                    a sharded save to DIR/ck (model, optimizer, step); the losses of
+//                                    2 more steps to DIR/cpp-next.txt (rank 0)
+//   fsdp_checks interop_continue CK NEXT   load CK (written by Python's torch.distributed.checkpoint
+//                                    or by interop_save) on any number of ranks, take 2 steps: the
+//                                    losses equal NEXT's within 1e-6
 // Each prints "FAIL: ..." per failed check and exits 1 if any failed.
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 
 #include "expect.h"
@@ -732,6 +739,63 @@ int load(const std::string& folder) {
   }
   return 0;
 }
+// The interop MLP, Adam and batch of python_dcp_peer.py: every rank steps on the whole batch, so
+// any number of ranks takes the same steps.
+struct Interop {
+  torch::nn::Sequential model;
+  torch::optim::Adam adam;
+  explicit Interop(uint64_t seed, double lr)
+      : model((torch::manual_seed(seed), torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::Tanh(), torch::nn::Linear(8, 2)))),
+        adam(model->parameters(), torch::optim::AdamOptions(lr)) {}
+};
+
+template <class Model, class Optimizer>
+double interop_step(lf::Fabric& fabric, Model& model, Optimizer& optimizer) {
+  const auto x = torch::linspace(-1, 1, 32).reshape({8, 4});
+  const auto y = x.index({torch::indexing::Slice(), torch::indexing::Slice(0, 2)}) * 0.5 + 0.1;
+  optimizer.zero_grad();
+  const auto loss = torch::mse_loss(model(x), y);
+  fabric.backward(loss);
+  optimizer.step();
+  return loss.template item<double>();
+}
+
+int interop_save(const std::string& folder) {
+  auto fabric = make_fabric("FULL_SHARD");
+  Interop interop(0, 0.01);
+  auto [model, optimizer] = fabric.setup(interop.model, interop.adam);
+  for (int step = 0; step < 3; ++step) interop_step(fabric, model, optimizer);
+  fabric.save(folder + "/ck", {{"model", interop.model}, {"optimizer", interop.adam}, {"step", 3}});
+  std::ostringstream next;
+  next.precision(17);
+  for (int step = 0; step < 2; ++step) next << interop_step(fabric, model, optimizer) << "\n";
+  if (fabric.is_global_zero()) std::ofstream(folder + "/cpp-next.txt") << next.str();
+  fabric.barrier();
+  return 0;
+}
+
+int interop_continue(const std::string& checkpoint, const std::string& next_file) {
+  auto fabric = make_fabric("FULL_SHARD");
+  Interop interop(7, 0.5);  // another seed and rate: the checkpoint must bring both
+  auto [model, optimizer] = fabric.setup(interop.model, interop.adam);
+  lf::State state{{"model", interop.model}, {"optimizer", interop.adam}, {"step", 0}};
+  fabric.load(checkpoint, state);
+  expect(state.at("step").to<int64_t>() == 3, "the step comes back from meta.pt");
+  expect(static_cast<torch::optim::AdamOptions&>(interop.adam.param_groups()[0].options()).lr() == 0.01,
+         "the learning rate comes back from the checkpoint");
+  std::ifstream in(next_file);
+  for (int step = 0; step < 2; ++step) {
+    double expected = 0;
+    in >> expected;
+    const double loss = interop_step(fabric, model, optimizer);
+    expect(in.good() && std::abs(loss - expected) <= 1e-6,
+           "step " + std::to_string(step + 1) + " after loading on " + std::to_string(fabric.world_size()) +
+               " ranks: loss " + std::to_string(loss) + ", the saving run's " + std::to_string(expected));
+  }
+  std::cout << "rank " << fabric.global_rank() << " continued " << checkpoint << " on " << fabric.world_size()
+            << " ranks" << std::endl;
+  return 0;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -748,9 +812,11 @@ int main(int argc, char** argv) {
     else if (mode == "prefetch_load" && argc == 3) prefetch_load(argv[2]);
     else if (mode == "save" && argc == 4) save(argv[2], argv[3]);
     else if (mode == "load" && argc == 3) load(argv[2]);
+    else if (mode == "interop_save" && argc == 3) interop_save(argv[2]);
+    else if (mode == "interop_continue" && argc == 4) interop_continue(argv[2], argv[3]);
     else {
       std::cerr << "usage: fsdp_checks train SHARDING | units SHARDING | checkpointed SHARDING | by_type SHARDING | "
-                   "mixed SHARDING | meta SHARDING DIR | prefetch SHARDING WHICH | prefetch_load DIR | scaler | save SHARDING DIR | load DIR" << std::endl;
+                   "mixed SHARDING | meta SHARDING DIR | prefetch SHARDING WHICH | prefetch_load DIR | scaler | save SHARDING DIR | load DIR | interop_save DIR | interop_continue CK NEXT" << std::endl;
       return 2;
     }
   } catch (const std::exception& error) {

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <memory>
 
 #include "lightning/fabric/checkpoint/atomic_file.h"
@@ -21,22 +22,21 @@ namespace lightning::fabric {
 namespace fs = std::filesystem;
 
 namespace {
-// A checkpoint file mapped into memory; the zip reader copies records straight from the mapping.
-class MappedCheckpoint : public caffe2::serialize::ReadAdapterInterface {
+// An archive held in memory (a mapped file, or a range of one); LibTorch's zip reader copies
+// records straight from it. The bytes must outlive the adapter.
+class ArchiveBytes : public caffe2::serialize::ReadAdapterInterface {
  public:
-  explicit MappedCheckpoint(const fs::path& path) : file_(path) {}
-  size_t size() const override { return file_.bytes().size(); }
+  explicit ArchiveBytes(std::string_view bytes) : bytes_(bytes) {}
+  size_t size() const override { return bytes_.size(); }
   size_t read(uint64_t pos, void* buf, size_t n, const char* = "") const override {
-    const std::string_view bytes = file_.bytes();
-    if (pos >= bytes.size()) return 0;
-    n = std::min<size_t>(n, bytes.size() - pos);
-    std::memcpy(buf, bytes.data() + pos, n);
+    if (pos >= bytes_.size()) return 0;
+    n = std::min<size_t>(n, bytes_.size() - pos);
+    std::memcpy(buf, bytes_.data() + pos, n);
     return n;
   }
-  std::string_view bytes() const { return file_.bytes(); }
 
  private:
-  zip::MappedFile file_;
+  std::string_view bytes_;
 };
 }  // namespace
 
@@ -59,10 +59,10 @@ c10::IValue plain(const c10::IValue& value) {
 
 // The archive's data.pkl through LibTorch's unpickler, after pickle::plain_dicts: files written by
 // Python (torch.save, Python Fabric) hold OrderedDicts, which LibTorch alone reads as None.
-c10::IValue unpickle_archive(caffe2::serialize::PyTorchStreamReader& reader, const fs::path& path) {
+c10::IValue unpickle_archive(caffe2::serialize::PyTorchStreamReader& reader, const std::string& what) {
   const auto [data, size] = reader.getRecord("data.pkl");
   const std::string_view original(static_cast<const char*>(data.get()), size);
-  const std::string pickled = pickle::write(*pickle::plain_dicts(pickle::parse(original, "Checkpoint " + path.string())));
+  const std::string pickled = pickle::write(*pickle::plain_dicts(pickle::parse(original, what)));
   size_t at = 0;
   torch::jit::Unpickler unpickler(
       [&](char* buffer, size_t wanted) {
@@ -77,25 +77,52 @@ c10::IValue unpickle_archive(caffe2::serialize::PyTorchStreamReader& reader, con
 }
 }  // namespace
 
-void save_state_dict_file(const fs::path& path, const StateDict& state) {
-  // torch::pickle_save's layout (what torch.load reads), streamed to the file instead of memory.
-  // Untagged aggregates: a type tag is a torch.jit global that torch.load's default
-  // weights_only=True refuses, so Python could not load the file without opting out.
+namespace {
+// torch::pickle_save's layout (what torch.load reads), streamed to `write` instead of memory.
+// Untagged aggregates: a type tag is a torch.jit global that torch.load's default
+// weights_only=True refuses, so Python could not load the file without opting out.
+void write_archive(const c10::IValue& value, const std::function<void(const void*, size_t)>& write) {
   std::vector<char> pickle;
   torch::jit::Pickler pickler([&](const char* data, size_t size) { pickle.insert(pickle.end(), data, data + size); },
                               nullptr, nullptr, nullptr, nullptr, /*tag_aggregates=*/false);
   pickler.protocol();
-  pickler.pushIValue(plain(c10::IValue(state)));
+  pickler.pushIValue(plain(value));
   pickler.stop();
-  write_file_atomically(path, [&](const ByteSink& sink) {
-    caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
-      sink(data, size);
-      return size;
-    });
-    torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
-    writer.writeEndOfFile();
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
+    write(data, size);
+    return size;
   });
+  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
+  writer.writeEndOfFile();
 }
+
+c10::IValue read_archive(std::string_view bytes, const std::string& what) {
+  // LibTorch's reader ignores the entries' CRC-32: check them, so that a flipped byte inside a
+  // tensor is an error rather than a wrong value.
+  zip::Reader(bytes, what).verify_all();
+  try {
+    caffe2::serialize::PyTorchStreamReader reader(std::make_shared<ArchiveBytes>(bytes));
+    return unpickle_archive(reader, what);
+  } catch (const c10::Error& error) {
+    const std::string detail = error.what_without_backtrace();
+    throw RuntimeError(what + " (" + std::to_string(bytes.size()) +
+                       " bytes) is not a readable checkpoint: it is truncated, corrupted or in another format (" +
+                       detail.substr(0, detail.find('\n')) + ").");
+  }
+}
+}  // namespace
+
+void save_state_dict_file(const fs::path& path, const StateDict& state) {
+  write_file_atomically(path, [&](const ByteSink& sink) { write_archive(c10::IValue(state), sink); });
+}
+
+std::string archive_bytes(const c10::IValue& value) {
+  std::string out;
+  write_archive(value, [&](const void* data, size_t size) { out.append(static_cast<const char*>(data), size); });
+  return out;
+}
+
+c10::IValue value_of_archive(std::string_view bytes, const std::string& what) { return read_archive(bytes, what); }
 
 StateDict load_state_dict_file(const fs::path& path) {
   LF_CHECK(fs::exists(path), RuntimeError, "Checkpoint ", path.string(), " does not exist. Check the path (the ",
@@ -103,20 +130,8 @@ StateDict load_state_dict_file(const fs::path& path) {
   LF_CHECK(!fs::is_directory(path), RuntimeError, "Checkpoint ", path.string(), " is a folder, not a checkpoint file",
            " (a sharded checkpoint? load it with the strategy that wrote it, or merge it with `lightning-run model ",
            "consolidate ", path.string(), "`).");
-  auto file = std::make_shared<MappedCheckpoint>(path);
-  // LibTorch's reader ignores the entries' CRC-32: check them, so that a flipped byte inside a
-  // tensor is an error rather than a wrong value.
-  zip::Reader(file->bytes(), "Checkpoint " + path.string()).verify_all();
-  c10::IValue value;
-  try {
-    caffe2::serialize::PyTorchStreamReader reader(file);
-    value = unpickle_archive(reader, path);
-  } catch (const c10::Error& error) {
-    const std::string detail = error.what_without_backtrace();
-    throw RuntimeError("Checkpoint " + path.string() + " (" + std::to_string(file->size()) +
-                       " bytes) is not a readable checkpoint: it is truncated, corrupted or in another format (" +
-                       detail.substr(0, detail.find('\n')) + ").");
-  }
+  const zip::MappedFile file(path);
+  const c10::IValue value = read_archive(file.bytes(), "Checkpoint " + path.string());
   LF_CHECK(value.isGenericDict(), RuntimeError, "Checkpoint ", path.string(), " holds a ", value.tagKind(),
            ", not a dictionary of state.");
   return value.toGenericDict();

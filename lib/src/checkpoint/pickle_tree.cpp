@@ -7,31 +7,42 @@
 
 namespace lightning::fabric::pickle {
 
-namespace {
 using Kind = Node::Kind;
 
-NodePtr make(Kind kind) {
+NodePtr make_node(Kind kind) {
   auto node = std::make_shared<Node>();
   node->kind = kind;
   return node;
 }
 
 NodePtr make_global(const std::string& module, const std::string& name) {
-  auto node = make(Kind::Global);
+  auto node = make_node(Kind::Global);
   node->text = module;
   node->name = name;
   return node;
 }
 
 NodePtr make_reduce(NodePtr callable, NodePtr args) {
-  auto node = make(Kind::Reduce);
+  auto node = make_node(Kind::Reduce);
   node->items = {std::move(callable), std::move(args)};
   return node;
+}
+
+NodePtr make_object(NodePtr cls, NodePtr args, NodePtr state) {
+  auto object = make_node(Kind::NewObj);
+  object->items = {std::move(cls), std::move(args)};
+  if (!state) return object;
+  auto build = make_node(Kind::Build);
+  build->items = {std::move(object), std::move(state)};
+  return build;
 }
 
 bool is_global(const NodePtr& node, std::string_view module, std::string_view name) {
   return node && node->kind == Kind::Global && node->text == module && node->name == name;
 }
+
+namespace {
+NodePtr make(Kind kind) { return make_node(kind); }
 
 // Reads one pickle stream; the opcodes are those of Python's pickle module.
 class Parser {
@@ -201,6 +212,13 @@ class Parser {
         stack_.push_back(make_reduce(std::move(callable), std::move(args)));
         break;
       }
+      case 0x81: {  // NEWOBJ
+        NodePtr args = pop(), cls = pop();
+        auto node = make(Kind::NewObj);
+        node->items = {std::move(cls), std::move(args)};
+        stack_.push_back(std::move(node));
+        break;
+      }
       case 'b': {
         NodePtr state = pop(), object = pop();
         auto node = make(Kind::Build);
@@ -281,10 +299,11 @@ void write_node(const Node& node, std::string& out) {
       break;
     case Kind::Global: out += "c" + node.text + "\n" + node.name + "\n"; break;
     case Kind::Reduce:
+    case Kind::NewObj:
     case Kind::PersistentId:
     case Kind::Build:
       for (const auto& item : node.items) write_node(*item, out);
-      out += node.kind == Kind::Reduce ? 'R' : node.kind == Kind::Build ? 'b' : 'Q';
+      out += node.kind == Kind::Reduce ? 'R' : node.kind == Kind::NewObj ? '\x81' : node.kind == Kind::Build ? 'b' : 'Q';
       break;
   }
 }
@@ -335,6 +354,18 @@ NodePtr make_string(std::string text) {
   return node;
 }
 
+NodePtr make_float(double value) {
+  auto node = make(Kind::Float);
+  node->real = value;
+  return node;
+}
+
+NodePtr make_bool(bool value) {
+  auto node = make(Kind::Bool);
+  node->boolean = value;
+  return node;
+}
+
 NodePtr make_int(int64_t value) {
   auto node = make(Kind::Int);
   node->integer = value;
@@ -359,7 +390,7 @@ NodePtr plain_dicts(const NodePtr& node) {
   if (node->kind == Kind::Build && node->items[0]->kind == Kind::Dict) return plain_dicts(node->items[0]);
   if (storage_tuple(*node) != nullptr) return node;  // a tensor: LibTorch reads its arguments itself
   const bool containers = node->kind == Kind::Dict || node->kind == Kind::List || node->kind == Kind::Tuple ||
-                          node->kind == Kind::Reduce || node->kind == Kind::Build;
+                          node->kind == Kind::Reduce || node->kind == Kind::NewObj || node->kind == Kind::Build;
   if (!containers) return node;
   auto copy = std::make_shared<Node>(*node);
   if (copy->kind == Kind::Dict) copy->name.clear();

@@ -1,13 +1,19 @@
 // fsdp checkpoints: fabric.save / fabric.load under the fsdp strategy (docs/checkpoints.md).
-// "sharded" writes a folder (layout: checkpoint/sharded_format.h), every shard-holding rank its
-// own file, and loads it back on any number of ranks; "full" gathers every tensor and rank 0 writes
-// one file. Both go through the strategies' one protocol (Strategy::run_on_rank_zero /
+// "sharded" writes a torch.distributed.checkpoint folder (layout: checkpoint/dcp_format.h), every
+// shard-holding rank its own file, and loads it back on any number of ranks (folders of the
+// project's earlier layout, checkpoint/sharded_format.h, still load); "full" gathers every tensor
+// and rank 0 writes one file. Both go through the strategies' one protocol (Strategy::run_on_rank_zero /
 // run_on_every_rank), so a failure anywhere is the same error on every rank.
 #include <c10/util/accumulate.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
 #include <torch/types.h>
 #include <unistd.h>
 
+#include "lightning/fabric/checkpoint/atomic_file.h"
 #include "lightning/fabric/checkpoint/checkpoint_io.h"
+#include "lightning/fabric/checkpoint/dcp.h"
 #include "lightning/fabric/checkpoint/sharded.h"
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/plugins/collectives/collective.h"
@@ -81,7 +87,7 @@ void FSDPStrategy::save_checkpoint(const fs::path& path, const State& state, con
   std::map<std::string, std::vector<int64_t>> global_shapes;
   StateDict local = make_state_dict();
   run_on_every_rank(call, [&] { local = engine_->local_checkpoint(state, filter, global_shapes); });
-  const int parts = shard_group_size(), part = shard_group_rank();
+  const int parts = shard_group_size();
   if (fsdp_options_.state_dict_type == "full") {
     for (const auto& [tensor_path, shape] : global_shapes) {  // the same order on every rank
       at::Tensor slot = torch::zeros({(c10::multiply_integers(shape) + parts - 1) / parts});
@@ -101,30 +107,154 @@ void FSDPStrategy::save_checkpoint(const fs::path& path, const State& state, con
     fs::create_directories(staging);
   });
   try {
-    run_on_every_rank(call, [&] {
-      if (global_rank() < parts) {  // one replica of every part (HYBRID_SHARD: node 0's ranks)
-        StateDict shard = make_state_dict();
-        for (const auto& [tensor_path, shape] : global_shapes) shard.insert(tensor_path, tensor_at_path(local, tensor_path));
-        save_state_dict_file(staging / shard_file_name(part, parts), shard);
-      }
-      if (is_global_zero()) {
-        ShardedLayout layout;
-        layout.world_size = world_size();
-        layout.parts = parts;
-        for (const auto& [tensor_path, shape] : global_shapes) {
-          layout.tensors[tensor_path] = {shape, c10::toString(tensor_at_path(local, tensor_path).scalar_type())};
-          remove_at_path(local, tensor_path);
-        }
-        save_state_dict_file(staging / "common.pt", local);
-        write_sharded_layout(staging, layout);
-      }
-    });
+    write_sharded_folder(call, staging, state, std::move(local), global_shapes);
   } catch (const RuntimeError&) {
     std::error_code ignored;
     if (is_global_zero()) fs::remove_all(staging, ignored);  // nothing half-written stays behind
     throw;
   }
   run_on_rank_zero(call, [&] { replace_folder(staging, path); });
+}
+
+namespace {
+std::string slash_path(const std::vector<dcp::PathElement>& path) {
+  std::string out;
+  for (const auto& element : path) {
+    if (!out.empty()) out += '/';
+    out += element.index >= 0 ? std::to_string(element.index) : element.key;
+  }
+  return out;
+}
+
+bool is_optimizer_field(const std::vector<dcp::PathElement>& path, const char* section) {
+  return path.size() >= 3 && path[1].index < 0 && path[1].key == section;
+}
+
+// An optimizer leaf under Python FSDP's names: state keyed by parameter name, "params" lists of
+// names, and "step" as Python's 0-d float32 tensor.
+void name_optimizer_leaf(dcp::Leaf& leaf, const std::vector<std::string>& names) {
+  auto name_of = [&](int64_t index) {
+    return index >= 0 && index < static_cast<int64_t>(names.size()) ? names[static_cast<size_t>(index)] : std::to_string(index);
+  };
+  if (is_optimizer_field(leaf.path, "state") && leaf.path.size() == 4) {
+    leaf.path[2].key = name_of(std::stoll(leaf.path[2].key));
+    if (leaf.path[3].key == "step" && (leaf.value.isInt() || leaf.value.isDouble())) {
+      leaf.value = torch::scalar_tensor(leaf.value.isInt() ? static_cast<double>(leaf.value.toInt()) : leaf.value.toDouble(),
+                                        torch::kFloat32);
+    }
+  } else if (is_optimizer_field(leaf.path, "param_groups") && leaf.path.size() == 4 && leaf.path[3].key == "params") {
+    c10::impl::GenericList named(c10::StringType::get());
+    for (const c10::IValue index : leaf.value.toList()) named.push_back(name_of(index.toInt()));
+    leaf.value = named;
+  }
+}
+
+// The param_groups keys Python's optimizers hold that LibTorch's lack, at Python's defaults, so
+// that Python's torch.distributed.checkpoint.load finds every key of its own optimizer.
+std::vector<std::pair<const char*, c10::IValue>> python_group_defaults(const torch::optim::Optimizer& optimizer) {
+  std::vector<std::pair<const char*, c10::IValue>> defaults = {
+      {"maximize", false}, {"foreach", c10::IValue()}, {"differentiable", false}};
+  const bool adam = dynamic_cast<const torch::optim::Adam*>(&optimizer) != nullptr;
+  const bool adamw = dynamic_cast<const torch::optim::AdamW*>(&optimizer) != nullptr;
+  const bool rmsprop = dynamic_cast<const torch::optim::RMSprop*>(&optimizer) != nullptr;
+  if (!rmsprop) defaults.emplace_back("fused", c10::IValue());
+  if (adam || adamw || rmsprop) defaults.emplace_back("capturable", false);
+  if (adam || adamw) defaults.emplace_back("decoupled_weight_decay", adamw);
+  return defaults;
+}
+
+void add_python_group_defaults(StateDict& optimizer_dict, const torch::optim::Optimizer& optimizer) {
+  if (!optimizer_dict.contains("param_groups")) return;
+  for (const c10::IValue group : optimizer_dict.at("param_groups").toList()) {
+    auto dict = group.toGenericDict();
+    for (const auto& [name, value] : python_group_defaults(optimizer)) {
+      if (!dict.contains(name)) dict.insert(name, value);
+    }
+  }
+}
+
+// The inverse on a loaded optimizer dict: names back to this optimizer's indices.
+StateDict index_optimizer_state(const StateDict& named, const std::vector<std::string>& names, const std::string& key) {
+  std::map<std::string, int64_t> index_of;
+  for (size_t i = 0; i < names.size(); ++i) index_of[names[i]] = static_cast<int64_t>(i);
+  auto index = [&](const std::string& name) {
+    auto found = index_of.find(name);
+    if (found != index_of.end()) return found->second;
+    LF_CHECK(!name.empty() && name.find_first_not_of("0123456789") == std::string::npos, RuntimeError, "load: the checkpoint's '",
+             key, "' holds state of parameter ", name, ", which no module in the loaded state has.");
+    return static_cast<int64_t>(std::stoll(name));
+  };
+  StateDict out = make_state_dict();
+  for (const auto& item : named) out.insert(item.key(), item.value());
+  if (named.contains("state")) {
+    c10::impl::GenericDict per_parameter(c10::IntType::get(), c10::AnyType::get());
+    for (const auto& item : named.at("state").toGenericDict()) per_parameter.insert(index(item.key().toStringRef()), item.value());
+    out.insert_or_assign("state", per_parameter);
+  }
+  if (named.contains("param_groups")) {
+    c10::impl::GenericList groups(c10::AnyType::get());
+    for (const c10::IValue group : named.at("param_groups").toList()) {
+      StateDict copy = make_state_dict();
+      for (const auto& item : group.toGenericDict()) copy.insert(item.key(), item.value());
+      if (copy.contains("params")) {
+        c10::List<int64_t> indices;
+        for (const c10::IValue name : copy.at("params").toList()) indices.push_back(name.isInt() ? name.toInt() : index(name.toStringRef()));
+        copy.insert_or_assign("params", indices);
+      }
+      groups.push_back(copy);
+    }
+    out.insert_or_assign("param_groups", groups);
+  }
+  return out;
+}
+}  // namespace
+
+void FSDPStrategy::write_sharded_folder(const std::string& call, const fs::path& staging, const State& state, StateDict local,
+                                        const std::map<std::string, std::vector<int64_t>>& global_shapes) {
+  const int parts = shard_group_size(), part = shard_group_rank();
+  const bool writes_shards = global_rank() < parts;  // one replica of every part (HYBRID_SHARD: node 0's ranks)
+  std::string written;
+  StateDict rest = make_state_dict();  // what Python Fabric keeps in meta.pt: neither module nor optimizer
+  run_on_every_rank(call, [&] {
+    std::vector<dcp::SaveItem> items;
+    for (const auto& [key, entry] : state) {
+      if (!local.contains(key)) continue;
+      if (entry.module() == nullptr && entry.optimizer() == nullptr) {
+        rest.insert(key, local.at(key));
+        continue;
+      }
+      StateDict one = make_state_dict();
+      one.insert(key, local.at(key));
+      if (entry.optimizer() != nullptr && local.at(key).isGenericDict()) {
+        StateDict optimizer_dict = local.at(key).toGenericDict();
+        add_python_group_defaults(optimizer_dict, *entry.optimizer());
+      }
+      const auto names = entry.optimizer() ? engine_->optimizer_parameter_names(state, *entry.optimizer())
+                                           : std::vector<std::string>{};
+      for (dcp::Leaf& leaf : dcp::flatten_state(one)) {
+        auto shape = global_shapes.find(slash_path(leaf.path));
+        const bool sharded = shape != global_shapes.end();
+        if (entry.optimizer()) name_optimizer_leaf(leaf, names);
+        if (sharded ? !writes_shards : !is_global_zero()) continue;
+        dcp::SaveItem item{leaf.path, leaf.value, sharded, {}, 0};
+        if (sharded) {
+          item.global_shape = shape->second;
+          item.begin = shard_slice(element_count(shape->second), parts, part).begin;
+        }
+        items.push_back(std::move(item));
+      }
+    }
+    written = dcp::write_metadata(dcp::write_rank_items(staging, global_rank(), items));
+  });
+  std::vector<dcp::Metadata> every_rank;
+  for (int rank = 0; rank < world_size(); ++rank) {
+    const std::string bytes = broadcast_bytes(rank == global_rank() ? written : std::string(), rank);
+    if (is_global_zero()) every_rank.push_back(dcp::parse_metadata(bytes, "rank " + std::to_string(rank) + "'s items"));
+  }
+  run_on_rank_zero(call, [&] {
+    save_state_dict_file(staging / dcp::kLightningMetaFile, rest);
+    write_file_atomically(staging / dcp::kMetadataFile, dcp::write_metadata(dcp::merge_metadata(every_rank)));
+  });
 }
 
 // Collective: a rank that cannot read its part fails every rank alike.
@@ -138,6 +268,8 @@ StateDict FSDPStrategy::read_checkpoint(const fs::path& path, State* state, bool
   if (!fs::is_directory(path)) {
     return state ? engine_->restore_local(*state, load_state_dict_file(path), strict, false) : load_state_dict_file(path);
   }
+  if (!is_sharded_checkpoint(path)) return read_sharded_folder(path, state, strict);
+  // The project's earlier layout (metadata.json, common.pt, shard-R-of-P.pt): read-only.
   if (state == nullptr) return consolidate_sharded_checkpoint(path);
   const ShardedLayout layout = read_sharded_layout(path);
   StateDict local = load_state_dict_file(path / "common.pt");
@@ -147,6 +279,69 @@ StateDict FSDPStrategy::read_checkpoint(const fs::path& path, State* state, bool
                    read_resharded(path, layout, tensor_path, shard_group_size(), shard_group_rank(), cache));
   }
   return engine_->restore_local(*state, local, strict, true);
+}
+
+StateDict FSDPStrategy::read_sharded_folder(const fs::path& path, State* state, bool strict) {
+  dcp::FolderReader reader(path);
+  std::map<std::string, std::vector<std::string>> names;  // per optimizer entry
+  std::vector<dcp::Leaf> leaves;
+  for (const std::string& key : reader.metadata().order) {
+    const dcp::Item& item = reader.metadata().items.at(key);
+    const std::vector<dcp::PathElement> at = item.path.empty() ? std::vector<dcp::PathElement>{{key, -1}} : item.path;
+    const Engine::ShardedParameter* p = nullptr;
+    auto entry = state ? state->find(at[0].key) : State::iterator();
+    if (state != nullptr && entry != state->end() && item.kind == dcp::Item::Kind::Tensor) {
+      if (entry->second.module() != nullptr && at.size() == 2) {
+        p = engine_->sharded_parameter(*state, entry->first, at[1].key);
+      } else if (entry->second.optimizer() != nullptr && is_optimizer_field(at, "state") && at.size() == 4) {
+        p = engine_->sharded_parameter(*state, "", at[2].key);
+      }
+      if (p != nullptr && item.size != p->shape) p = nullptr;  // a per-parameter scalar, or another shape
+    }
+    leaves.push_back({at, p ? c10::IValue(reader.flat_range(key, p->slice.begin, p->slice.length)) : reader.value(key)});
+  }
+  StateDict loaded = dcp::unflatten_state(leaves);
+  if (fs::is_regular_file(path / dcp::kLightningMetaFile)) {
+    for (const auto& item : load_state_dict_file(path / dcp::kLightningMetaFile)) loaded.insert_or_assign(item.key(), item.value());
+  }
+  if (state == nullptr) return loaded;
+  for (const auto& [key, entry] : *state) {
+    if (entry.optimizer() == nullptr || !loaded.contains(key) || !loaded.at(key).isGenericDict()) continue;
+    loaded.insert_or_assign(
+        key, index_optimizer_state(loaded.at(key).toGenericDict(), engine_->optimizer_parameter_names(*state, *entry.optimizer()), key));
+  }
+  return engine_->restore_local(*state, loaded, strict, true);
+}
+
+std::vector<std::string> FSDPStrategy::Engine::optimizer_parameter_names(const State& state,
+                                                                        torch::optim::Optimizer& optimizer) const {
+  std::map<const c10::TensorImpl*, std::string> by_tensor;
+  for (const auto& [key, entry] : state) {
+    if (entry.module() == nullptr) continue;
+    for (const auto& parameter : entry.module()->named_parameters(true)) by_tensor[parameter.value().unsafeGetTensorImpl()] = parameter.key();
+  }
+  std::vector<std::string> names;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& parameter : group.params()) {
+      const ShardedParameter* p = find_shard(parameter);
+      auto found = by_tensor.find(parameter.unsafeGetTensorImpl());
+      names.push_back(p ? p->name : found != by_tensor.end() ? found->second : std::to_string(names.size()));
+    }
+  }
+  return names;
+}
+
+const FSDPStrategy::Engine::ShardedParameter* FSDPStrategy::Engine::sharded_parameter(const State& state, const std::string& entry,
+                                                                                     const std::string& name) {
+  for (const auto& [key, candidate] : state) {
+    if (candidate.module() == nullptr || (!entry.empty() && key != entry)) continue;
+    if (ShardedModule* sharded = find(*candidate.module())) {
+      for (const auto& p : sharded->parameters) {
+        if (p.name == name) return &p;
+      }
+    }
+  }
+  return nullptr;
 }
 
 StateDict FSDPStrategy::Engine::restore_local(State& state, const StateDict& checkpoint, bool strict, bool tensors_are_local) {

@@ -6,6 +6,8 @@
 #include "lightning/fabric/export.h"
 
 #include <filesystem>
+#include <string>
+#include <string_view>
 
 #include "lightning/fabric/checkpoint/state_dict.h"
 
@@ -18,5 +20,10 @@ LF_API void save_state_dict_file(const std::filesystem::path& path, const StateD
 /// a plain dict of tensors and numbers). RuntimeError for a missing path, a folder, or a file
 /// that is not such a checkpoint (truncated, corrupted, another format), naming the path.
 LF_API StateDict load_state_dict_file(const std::filesystem::path& path);
+
+/// One value as the bytes of a torch.save archive (what torch.load reads), and back; `what` names
+/// the bytes in errors (RuntimeError for a truncated, corrupted or foreign archive).
+LF_API std::string archive_bytes(const c10::IValue& value);
+LF_API c10::IValue value_of_archive(std::string_view bytes, const std::string& what);
 
 }  // namespace lightning::fabric

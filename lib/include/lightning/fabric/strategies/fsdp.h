@@ -143,6 +143,11 @@ class LF_API FSDPStrategy : public ParallelStrategy {
  private:
   class Engine;  // the sharding state and its operations (lib/private/lightning/fabric/strategies/fsdp_engine.h)
   StateDict read_checkpoint(const std::filesystem::path& path, State* state, bool strict);  // this rank's part
+  /// Sharded saves: every shard-holding rank writes its items into `staging`, rank 0 the
+  /// metadata and meta.pt (torch.distributed.checkpoint's layout). Collective.
+  void write_sharded_folder(const std::string& call, const std::filesystem::path& staging, const State& state, StateDict local,
+                            const std::map<std::string, std::vector<int64_t>>& global_shapes);
+  StateDict read_sharded_folder(const std::filesystem::path& path, State* state, bool strict);
   /// FSDPOptions' automatic units made in module; returns the ones called through lf::call.
   std::vector<std::shared_ptr<torch::nn::Module>> wrap_units(torch::nn::Module& module);
 

@@ -19,7 +19,7 @@ struct Node;
 using NodePtr = std::shared_ptr<Node>;
 
 struct Node {
-  enum class Kind { None, Bool, Int, Float, String, Bytes, Tuple, List, Dict, Global, Reduce, PersistentId, Build };
+  enum class Kind { None, Bool, Int, Float, String, Bytes, Tuple, List, Dict, Global, Reduce, NewObj, PersistentId, Build };
   Kind kind = Kind::None;
   bool boolean = false;
   int64_t integer = 0;
@@ -27,10 +27,18 @@ struct Node {
   std::string text;            // String, Bytes; Global: "module" and name below
   std::string name;            // Global; Dict: "OrderedDict" for collections.OrderedDict()
   std::vector<NodePtr> items;  // Tuple, List; Dict: key, value, key, value...; Reduce: callable, args;
-                               // PersistentId: the id; Build: object, state
+                               // NewObj: class, args; PersistentId: the id; Build: object, state
 };
 
+NodePtr make_node(Node::Kind kind);
 NodePtr make_string(std::string text);
+NodePtr make_float(double value);
+NodePtr make_bool(bool value);
+NodePtr make_global(const std::string& module, const std::string& name);
+NodePtr make_reduce(NodePtr callable, NodePtr args);
+/// cls.__new__(cls, *args) (NEWOBJ), then, with state, BUILD (__setstate__ or __dict__ update).
+NodePtr make_object(NodePtr cls, NodePtr args, NodePtr state);
+bool is_global(const NodePtr& node, std::string_view module, std::string_view name);
 NodePtr make_int(int64_t value);
 NodePtr make_tuple(std::vector<NodePtr> items);
 /// An empty dict tagged like LibTorch's (restore_type_tag with "Dict[str, Any]"), which both

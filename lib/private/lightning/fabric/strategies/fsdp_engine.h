@@ -111,6 +111,12 @@ class FSDPStrategy::Engine {
   /// Restores from a checkpoint whose sharded tensors are whole (sliced here) or already this
   /// rank's slices.
   StateDict restore_local(State& state, const StateDict& whole_or_local, bool strict, bool tensors_are_local);
+  /// The name of every parameter an optimizer steps, in its state's index order: the parameter's
+  /// name in the module of `state` that holds it (Python FSDP keys optimizer state so), or the
+  /// index where no module entry holds it.
+  std::vector<std::string> optimizer_parameter_names(const State& state, torch::optim::Optimizer& optimizer) const;
+  /// The parameter of that name in a sharded module entry of `state` (nullptr for none).
+  const ShardedParameter* sharded_parameter(const State& state, const std::string& entry, const std::string& name);
 
  private:
   class UnitHooks;

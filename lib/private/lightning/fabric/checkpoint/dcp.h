@@ -1,0 +1,70 @@
+// torch.distributed.checkpoint folders (layout: dcp_format.h) with LibTorch values: flattening a
+// nested state the way Python's DCP flattens it, writing one rank's items, and reading any part of
+// a tensor back from whatever boxes were saved (resharding). Nothing here is collective: the fsdp
+// strategy decides who writes what and merges the ranks' metadata on rank 0.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lightning/fabric/checkpoint/dcp_format.h"
+#include "lightning/fabric/checkpoint/state_dict.h"
+
+namespace lightning::fabric::zip {
+class MappedFile;
+}
+
+namespace lightning::fabric::dcp {
+
+/// One leaf of a nested state and its path.
+struct Leaf {
+  std::vector<PathElement> path;
+  c10::IValue value;
+};
+/// The leaves as Python's DCP flattens a state: dicts by key; lists by index when they hold a
+/// tensor, a dict or such a list; every other value (numbers, strings, tuples, plain lists) is one
+/// leaf. Dict keys become their text ("0" for an optimizer's integer keys).
+std::vector<Leaf> flatten_state(const StateDict& state);
+/// The nested state again (lists rebuilt from their indices).
+StateDict unflatten_state(const std::vector<Leaf>& leaves);
+
+/// One item a rank saves: a whole value, or (sharded) elements [begin, begin + numel) of the
+/// flattened tensor of `global_shape`, given as the 1-D tensor `value`.
+struct SaveItem {
+  std::vector<PathElement> path;
+  c10::IValue value;
+  bool sharded = false;
+  std::vector<int64_t> global_shape;
+  int64_t begin = 0;
+};
+/// Writes rank's items, each box one torch.save archive, to folder/__<rank>_0.distcp (fsynced)
+/// and returns the metadata of what it wrote. Writes no file when items is empty.
+Metadata write_rank_items(const std::filesystem::path& folder, int rank, const std::vector<SaveItem>& items);
+/// The metadata of the whole folder from every rank's: a tensor's chunks in rank order; any
+/// other item from the first rank that has it.
+Metadata merge_metadata(const std::vector<Metadata>& parts);
+
+/// Reads values out of a folder; files are mapped once and kept while the reader lives.
+class FolderReader {
+ public:
+  explicit FolderReader(std::filesystem::path folder);
+  ~FolderReader();
+  const Metadata& metadata() const { return metadata_; }
+  /// A bytes item unpickled, or a whole tensor assembled from its chunks.
+  c10::IValue value(const std::string& key);
+  /// Elements [begin, begin + length) of the flattened tensor `key`, as a 1-D tensor. RuntimeError
+  /// naming the key when the saved chunks do not cover them.
+  at::Tensor flat_range(const std::string& key, int64_t begin, int64_t length);
+
+ private:
+  at::Tensor chunk(const std::string& key, const Item& item, size_t index);
+  std::string_view bytes_of(const Location& location, const std::string& key);
+  std::filesystem::path folder_;
+  Metadata metadata_;
+  std::map<std::string, std::unique_ptr<zip::MappedFile>> files_;
+};
+
+}  // namespace lightning::fabric::dcp

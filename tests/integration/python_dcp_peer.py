@@ -1,0 +1,80 @@
+"""Python's side of the sharded-checkpoint interop test (python_dcp_interop.sh), run under torchrun
+on gloo, on the CPU.
+
+  write DIR       3 Adam steps under FSDP2 (fully_shard), then torch.distributed.checkpoint.save of
+                  {"model", "optimizer"} to DIR/ck with {"step": 3} in DIR/ck/meta.pt, the layout
+                  Lightning Fabric's FSDP strategy writes; the losses of 2 more steps to
+                  DIR/python-next.txt
+  continue CK NEXT  build the same model under another seed, torch.distributed.checkpoint.load CK
+                  (written by C++), take 2 steps: the losses equal NEXT's within 1e-6
+
+Lightning Fabric's FSDPStrategy refuses the CPU ("FSDP is only available on GPU"), so the peer is
+PyTorch's own FSDP2 and DCP with Fabric's layout. The model, optimizer and batch mirror
+fsdp_checks.cpp's interop modes: every rank steps on the whole batch.
+"""
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.fsdp import fully_shard
+
+
+def interop(seed, lr):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    fully_shard(model)
+    return model, torch.optim.Adam(model.parameters(), lr=lr)
+
+
+def step(model, optimizer):
+    x = torch.linspace(-1, 1, 32).reshape(8, 4)
+    y = x[:, :2] * 0.5 + 0.1
+    optimizer.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def main():
+    mode = sys.argv[1]
+    dist.init_process_group("gloo")
+    if mode == "write":
+        folder = sys.argv[2]
+        model, optimizer = interop(0, 0.01)
+        for _ in range(3):
+            step(model, optimizer)
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=f"{folder}/ck")
+        if dist.get_rank() == 0:
+            torch.save({"step": 3}, f"{folder}/ck/meta.pt")
+        losses = [step(model, optimizer) for _ in range(2)]
+        if dist.get_rank() == 0:
+            with open(f"{folder}/python-next.txt", "w") as out:
+                out.write("".join(f"{loss!r}\n" for loss in losses))
+        print(f"rank {dist.get_rank()}: Python wrote {folder}/ck")
+    elif mode == "continue":
+        checkpoint, next_file = sys.argv[2:4]
+        model, optimizer = interop(7, 0.5)
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optimizer": optimizer_state}
+        dcp.load(state, checkpoint_id=checkpoint)  # every key of Python's own state must be there
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        meta = torch.load(os.path.join(checkpoint, "meta.pt"))
+        assert meta == {"step": 3}, meta
+        assert optimizer.param_groups[0]["lr"] == 0.01, optimizer.param_groups[0]
+        expected = [float(line) for line in open(next_file)]
+        losses = [step(model, optimizer) for _ in range(2)]
+        worst = max(abs(a - b) for a, b in zip(losses, expected))
+        print(f"rank {dist.get_rank()}: continued the C++ checkpoint in Python: losses {losses}, C++'s {expected}")
+        assert worst <= 1e-6, f"FAIL: Python's next steps differ from C++'s by {worst}"
+    else:
+        sys.exit("usage: python_dcp_peer.py write DIR | continue CK NEXT")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
