@@ -7,6 +7,7 @@
 #include <string>
 
 #include "lightning/fabric/checkpoint/consolidate.h"
+#include "lightning/fabric/checkpoint/dcp_format.h"
 #include "lightning/fabric/checkpoint/sharded_format.h"
 
 namespace lightning::launcher {
@@ -29,9 +30,9 @@ void check_arguments(const fs::path& folder, const fs::path& output) {
     throw ArgumentProblem(folder.string() + " is a file, not a sharded checkpoint folder. A single-file checkpoint "
                           "needs no consolidation: fabric.load and torch.load read it as it is.");
   }
-  if (!fabric::is_sharded_checkpoint(folder)) {
-    throw ArgumentProblem(folder.string() + " is not a sharded checkpoint: it has no metadata.json (strategy=\"fsdp\" "
-                          "writes one with every sharded save).");
+  if (!fabric::dcp::is_dcp_checkpoint(folder) && !fabric::is_sharded_checkpoint(folder)) {
+    throw ArgumentProblem(folder.string() + " is not a sharded checkpoint: it has no .metadata (strategy=\"fsdp\" and "
+                          "Python's torch.distributed.checkpoint write one with every sharded save).");
   }
   if (fs::exists(output)) {
     throw ArgumentProblem("the output " + output.string() + " already exists; consolidate never overwrites. Remove it "
@@ -44,7 +45,7 @@ int run_consolidate(int argc, const char* const* argv, std::ostream& out, std::o
   CLI::App app{"Merge a sharded checkpoint folder into one file that fabric.load and torch.load read"};
   app.name("lightning-run model consolidate");
   std::string folder_text, output_text;
-  app.add_option("checkpoint_folder", folder_text, "The sharded checkpoint folder (written by strategy=\"fsdp\")")->required();
+  app.add_option("checkpoint_folder", folder_text, "The sharded checkpoint folder (written by strategy=\"fsdp\" or torch.distributed.checkpoint)")->required();
   app.add_option("--output-file,--output_file", output_text, "Where to write the file (default: FOLDER.consolidated)");
   try {
     app.parse(argc - 2, argv + 2);

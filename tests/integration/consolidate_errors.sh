@@ -21,25 +21,27 @@ expect 2 "required" -- || failed=1
 expect 2 "does not exist" -- "$dir/missing" || failed=1
 expect 2 "is a file" -- "$dir/reference.pt" || failed=1
 mkdir "$dir/plain"
-expect 2 "no metadata.json" -- "$dir/plain" || failed=1
+expect 2 "no .metadata" -- "$dir/plain" || failed=1
 touch "$dir/taken.pt"
 expect 2 "already exists" -- "$dir/ck" --output-file "$dir/taken.pt" || failed=1
-cp -r "$dir/ck" "$dir/missing-shard" && rm "$dir/missing-shard/shard-1-of-2.pt"
-expect 1 "shard-1-of-2.pt is missing" -- "$dir/missing-shard" || failed=1
-cp -r "$dir/ck" "$dir/truncated" && truncate -s 100 "$dir/truncated/shard-0-of-2.pt"
+cp -r "$dir/ck" "$dir/missing-shard" && rm "$dir/missing-shard/__1_0.distcp"
+expect 1 "__1_0.distcp (holding model." -- "$dir/missing-shard" || failed=1
+cp -r "$dir/ck" "$dir/truncated" && truncate -s 100 "$dir/truncated/__1_0.distcp"
 expect 1 "truncated" -- "$dir/truncated" || failed=1
 cp -r "$dir/ck" "$dir/corrupted"
-# Four bytes inside the first tensor record (the zip's alignment padding is not checksummed).
-offset=$(python3 - "$dir/corrupted/shard-0-of-2.pt" <<'PY'
-import struct, sys, zipfile
-name = next(n for n in zipfile.ZipFile(sys.argv[1]).namelist() if "/data/" in n)
-info = zipfile.ZipFile(sys.argv[1]).getinfo(name)
-header = open(sys.argv[1], "rb").read()[info.header_offset:info.header_offset + 30]
-name_length, extra_length = struct.unpack("<HH", header[26:30])
+# Four bytes inside the tensor record of rank 1's first item, a torch.save archive at offset 0
+# of its file (the zip's alignment padding is not checksummed).
+offset=$(python3 - "$dir/corrupted/__1_0.distcp" <<'PY'
+import io, struct, sys, zipfile
+data = open(sys.argv[1], "rb").read()
+end = data.index(b"PK\x05\x06") + 22  # the first archive's end record
+archive = zipfile.ZipFile(io.BytesIO(data[:end]))
+info = archive.getinfo(next(n for n in archive.namelist() if "/data/" in n))
+name_length, extra_length = struct.unpack("<HH", data[info.header_offset + 26:info.header_offset + 30])
 print(info.header_offset + 30 + name_length + extra_length)
 PY
 )
-printf '\x5a\xa5\x5a\xa5' | dd of="$dir/corrupted/shard-0-of-2.pt" bs=1 seek="$offset" conv=notrunc status=none
+printf '\x5a\xa5\x5a\xa5' | dd of="$dir/corrupted/__1_0.distcp" bs=1 seek="$offset" conv=notrunc status=none
 expect 1 "is corrupted" -- "$dir/corrupted" || failed=1
 [ ! -e "$dir/missing-shard.consolidated" ] && [ ! -e "$dir/truncated.consolidated" ] &&
   [ ! -e "$dir/corrupted.consolidated" ] ||

@@ -31,6 +31,9 @@
 //                                    parameters to DIR/reference.pt (rank 0)
 //   fsdp_checks load DIR             load DIR/ck into a fresh model on any number of ranks: the
 //                                    gathered parameters equal DIR/reference.pt bitwise
+//   fsdp_checks legacy_load DIR      a folder of the project's earlier sharded layout (metadata.json,
+//                                    common.pt, shard-R-of-P.pt over 3 parts), built in DIR by rank 0,
+//                                    loads on any number of ranks: parameters equal bitwise
 //   fsdp_checks interop_save DIR     the interop MLP + Adam (python_dcp_peer.py mirrors them), 3 steps,
 //                                    a sharded save to DIR/ck (model, optimizer, step); the losses of
 //                                    2 more steps to DIR/cpp-next.txt (rank 0)
@@ -47,6 +50,7 @@
 
 #include "expect.h"
 #include "lightning/fabric.h"
+#include "lightning/fabric/checkpoint/sharded.h"
 #include "lightning/fabric/hang/flight_recorder.h"
 #include "lightning/fabric/utilities/process.h"
 
@@ -739,6 +743,47 @@ int load(const std::string& folder) {
   }
   return 0;
 }
+int legacy_load(const std::string& folder) {
+  auto fabric = make_fabric("FULL_SHARD");
+  torch::manual_seed(5);
+  Net saved;
+  const int parts = 3;
+  namespace fs = std::filesystem;
+  const fs::path old = fs::path(folder) / "old";
+  if (fabric.is_global_zero()) {  // the layout sharded_format.h describes, written as fsdp wrote it
+    fs::create_directories(old);
+    lf::ShardedLayout layout;
+    layout.world_size = layout.parts = parts;
+    for (int part = 0; part < parts; ++part) {
+      lf::StateDict shard = lf::make_state_dict();
+      for (const auto& item : saved->named_parameters()) {
+        shard.insert("model/" + item.key(), lf::slice_for_part(item.value().detach(), parts, part));
+        layout.tensors["model/" + item.key()] = {item.value().sizes().vec(), "Float"};
+      }
+      lf::save_state_dict_file(old / lf::shard_file_name(part, parts), shard);
+    }
+    lf::StateDict common = lf::make_state_dict();
+    common.insert("model", lf::make_state_dict());
+    common.insert("step", int64_t{5});
+    lf::save_state_dict_file(old / "common.pt", common);
+    lf::write_sharded_layout(old, layout);
+  }
+  fabric.barrier();
+  torch::manual_seed(123);
+  Net net;
+  torch::optim::Adam adam(net->parameters());
+  auto [model, optimizer] = fabric.setup(net, adam);
+  lf::State state{{"model", net}, {"step", int64_t{0}}};
+  fabric.load(old, state);
+  expect(state.at("step").to<int64_t>() == 5, "the earlier layout's plain values come back");
+  auto full = fabric.strategy_as<lf::FSDPStrategy>().summon_full_parameters(*net);
+  for (const auto& item : net->named_parameters()) {
+    expect(torch::equal(item.value(), saved->named_parameters()[item.key()]),
+           item.key() + " loads bitwise from the earlier layout on " + std::to_string(fabric.world_size()) + " ranks");
+  }
+  return 0;
+}
+
 // The interop MLP, Adam and batch of python_dcp_peer.py: every rank steps on the whole batch, so
 // any number of ranks takes the same steps.
 struct Interop {
@@ -812,11 +857,12 @@ int main(int argc, char** argv) {
     else if (mode == "prefetch_load" && argc == 3) prefetch_load(argv[2]);
     else if (mode == "save" && argc == 4) save(argv[2], argv[3]);
     else if (mode == "load" && argc == 3) load(argv[2]);
+    else if (mode == "legacy_load" && argc == 3) legacy_load(argv[2]);
     else if (mode == "interop_save" && argc == 3) interop_save(argv[2]);
     else if (mode == "interop_continue" && argc == 4) interop_continue(argv[2], argv[3]);
     else {
       std::cerr << "usage: fsdp_checks train SHARDING | units SHARDING | checkpointed SHARDING | by_type SHARDING | "
-                   "mixed SHARDING | meta SHARDING DIR | prefetch SHARDING WHICH | prefetch_load DIR | scaler | save SHARDING DIR | load DIR | interop_save DIR | interop_continue CK NEXT" << std::endl;
+                   "mixed SHARDING | meta SHARDING DIR | prefetch SHARDING WHICH | prefetch_load DIR | scaler | save SHARDING DIR | load DIR | legacy_load DIR | interop_save DIR | interop_continue CK NEXT" << std::endl;
       return 2;
     }
   } catch (const std::exception& error) {

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Sharded checkpoints cross between C++ fsdp and Python's torch.distributed.checkpoint (FSDP2 on
+# gloo, Lightning Fabric's layout: DCP folder + meta.pt), in both directions and across world
+# sizes: Python saves on 2 ranks, C++ continues on 1, 2 and 4; C++ saves on 2, Python continues on
+# 2. The next two steps' losses match the saving run's within 1e-6. `lightning-run model
+# consolidate` merges both folders into files equal to Python's dcp_to_torch_save (+ meta.pt).
+# Usage: python_dcp_interop.sh LIGHTNING_RUN FSDP_CHECKS BACKEND   (LF_PYTHON: a Python with torch)
+set -euo pipefail
+run="$1"; checks="$2"; backend="$3"
+python="${LF_PYTHON:-python3}"
+peer="$(dirname "${BASH_SOURCE[0]}")/python_dcp_peer.py"
+"$python" -c "import torch.distributed.checkpoint" 2>/dev/null || { echo "FAIL: $python has no torch (scripts/install-deps.sh)"; exit 1; }
+dir="$(mktemp -d)"
+trap 'rm -rf "$dir"' EXIT
+mkdir "$dir/python" "$dir/cpp"
+torchrun() { timeout 120 "$python" -m torch.distributed.run --standalone --nproc-per-node 2 "$@"; }
+cpp() { local ranks=$1; shift; "$run" model --accelerator cpu --devices "$ranks" --process-group-backend "$backend" "$checks" "$@"; }
+
+echo "== Python saves on 2 ranks, C++ continues on 1, 2 and 4"
+OMP_NUM_THREADS=1 torchrun "$peer" write "$dir/python" 2>&1 | grep -v "^W[0-9]"
+for ranks in 1 2 4; do cpp "$ranks" interop_continue "$dir/python/ck" "$dir/python/python-next.txt"; done
+echo "== C++ saves on 2 ranks, Python continues on 2"
+cpp 2 interop_save "$dir/cpp"
+ls -a "$dir/cpp/ck"
+[ -f "$dir/cpp/ck/.metadata" ] && [ -f "$dir/cpp/ck/__0_0.distcp" ] && [ -f "$dir/cpp/ck/__1_0.distcp" ] &&
+  [ -f "$dir/cpp/ck/meta.pt" ] || { echo "FAIL: the C++ folder lacks a file of DCP's layout"; exit 1; }
+OMP_NUM_THREADS=1 torchrun "$peer" continue "$dir/cpp/ck" "$dir/cpp/cpp-next.txt" 2>&1 | grep -v "^W[0-9]"
+echo "== consolidate both folders; Python reads them with weights_only=True"
+for side in python cpp; do
+  "$run" model consolidate "$dir/$side/ck"
+  "$python" - "$dir/$side/ck" <<'PY'
+import sys, torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+folder = sys.argv[1]
+dcp_to_torch_save(folder, folder + ".reference")
+expected = torch.load(folder + ".reference", weights_only=False)
+expected.update(torch.load(folder + "/meta.pt"))
+merged = torch.load(folder + ".consolidated", weights_only=True)
+def same(a, b, path):
+    if isinstance(a, dict):
+        assert set(a) == set(b), (path, set(a) ^ set(b))
+        for key in a:
+            same(a[key], b[key], f"{path}/{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            same(x, y, f"{path}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), path
+    else:
+        assert a == b, (path, a, b)
+same(merged, expected, "")
+print("consolidated", folder, "equals dcp_to_torch_save + meta.pt:", sorted(merged))
+PY
+done
+echo "dcp interop checks passed"
