@@ -1,9 +1,14 @@
 #include "lightning/fabric/checkpoint/state_dict.h"
 
+#include "lightning/fabric/checkpoint/optimizer_names.h"
+
 #include <torch/optim.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
+#include <functional>
+#include <map>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -438,6 +443,75 @@ c10::IValue with_list_type_of(const c10::IValue& current, const c10::IValue& loa
 }
 }  // namespace
 
+// ---- optimizer state by parameter name (optimizer_names.h) ------------------------------------
+
+std::vector<std::string> optimizer_parameter_names(
+    torch::optim::Optimizer& optimizer, const std::function<std::optional<std::string>(const at::Tensor&)>& name_of) {
+  std::vector<std::string> names;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& parameter : group.params()) {
+      const std::optional<std::string> name = name_of(parameter);
+      names.push_back(name ? *name : std::to_string(names.size()));
+    }
+  }
+  return names;
+}
+
+std::vector<std::string> optimizer_parameter_names(const State& state, torch::optim::Optimizer& optimizer) {
+  std::map<const c10::TensorImpl*, std::string> by_tensor;
+  for (const auto& [key, entry] : state) {
+    if (entry.module() == nullptr) continue;
+    for (const auto& parameter : entry.module()->named_parameters(true)) by_tensor[parameter.value().unsafeGetTensorImpl()] = parameter.key();
+  }
+  return optimizer_parameter_names(optimizer, [&](const at::Tensor& parameter) -> std::optional<std::string> {
+    auto found = by_tensor.find(parameter.unsafeGetTensorImpl());
+    if (found == by_tensor.end()) return std::nullopt;
+    return found->second;
+  });
+}
+
+bool keys_state_by_name(const StateDict& optimizer_dict) {
+  if (!optimizer_dict.contains("state") || !optimizer_dict.at("state").isGenericDict()) return false;
+  for (const auto& item : optimizer_dict.at("state").toGenericDict()) {
+    if (item.key().isString()) return true;
+  }
+  return false;
+}
+
+StateDict optimizer_state_by_index(const StateDict& named, const std::vector<std::string>& names, const std::string& key) {
+  std::map<std::string, int64_t> index_of;
+  for (size_t i = 0; i < names.size(); ++i) index_of[names[i]] = static_cast<int64_t>(i);
+  auto index = [&](const std::string& name) {
+    auto found = index_of.find(name);
+    if (found != index_of.end()) return found->second;
+    LF_CHECK(!name.empty() && name.find_first_not_of("0123456789") == std::string::npos, RuntimeError, "load: the checkpoint's '",
+             key, "' holds state of parameter ", name, ", which no module in the loaded state has.");
+    return static_cast<int64_t>(std::stoll(name));
+  };
+  StateDict out = make_state_dict();
+  for (const auto& item : named) out.insert(item.key(), item.value());
+  if (named.contains("state")) {
+    c10::impl::GenericDict per_parameter(c10::IntType::get(), c10::AnyType::get());
+    for (const auto& item : named.at("state").toGenericDict()) per_parameter.insert(index(item.key().toStringRef()), item.value());
+    out.insert_or_assign("state", per_parameter);
+  }
+  if (named.contains("param_groups")) {
+    c10::impl::GenericList groups(c10::AnyType::get());
+    for (const c10::IValue group : named.at("param_groups").toList()) {
+      StateDict copy = make_state_dict();
+      for (const auto& item : group.toGenericDict()) copy.insert(item.key(), item.value());
+      if (copy.contains("params")) {
+        c10::List<int64_t> indices;
+        for (const c10::IValue name : copy.at("params").toList()) indices.push_back(name.isInt() ? name.toInt() : index(name.toStringRef()));
+        copy.insert_or_assign("params", indices);
+      }
+      groups.push_back(copy);
+    }
+    out.insert_or_assign("param_groups", groups);
+  }
+  return out;
+}
+
 StateDict restore_from_checkpoint(State& state, const StateDict& checkpoint, bool strict, const EntryRestorer& custom) {
   std::string missing;
   for (const auto& [key, entry] : state) {
@@ -462,6 +536,11 @@ StateDict restore_from_checkpoint(State& state, const StateDict& checkpoint, boo
                item.value().tagKind(), ", but the state expects ", kind_name(entry.kind()), "'s state dict.");
       if (entry.kind() == StateEntry::Kind::Nested) {
         restore_from_checkpoint(entry.nested(), item.value().toGenericDict(), strict);
+      } else if (entry.optimizer() != nullptr && keys_state_by_name(item.value().toGenericDict())) {
+        // A consolidated sharded checkpoint, or one from Python FSDP: state by parameter name.
+        load_state_dict_into(entry, optimizer_state_by_index(item.value().toGenericDict(),
+                                                             optimizer_parameter_names(state, *entry.optimizer()), key),
+                             strict);
       } else {
         load_state_dict_into(entry, item.value().toGenericDict(), strict);
       }

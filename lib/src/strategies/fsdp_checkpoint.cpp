@@ -14,6 +14,7 @@
 #include "lightning/fabric/checkpoint/atomic_file.h"
 #include "lightning/fabric/checkpoint/checkpoint_io.h"
 #include "lightning/fabric/checkpoint/dcp.h"
+#include "lightning/fabric/checkpoint/optimizer_names.h"
 #include "lightning/fabric/checkpoint/sharded.h"
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/plugins/collectives/collective.h"
@@ -173,40 +174,6 @@ void add_python_group_defaults(StateDict& optimizer_dict, const torch::optim::Op
   }
 }
 
-// The inverse on a loaded optimizer dict: names back to this optimizer's indices.
-StateDict index_optimizer_state(const StateDict& named, const std::vector<std::string>& names, const std::string& key) {
-  std::map<std::string, int64_t> index_of;
-  for (size_t i = 0; i < names.size(); ++i) index_of[names[i]] = static_cast<int64_t>(i);
-  auto index = [&](const std::string& name) {
-    auto found = index_of.find(name);
-    if (found != index_of.end()) return found->second;
-    LF_CHECK(!name.empty() && name.find_first_not_of("0123456789") == std::string::npos, RuntimeError, "load: the checkpoint's '",
-             key, "' holds state of parameter ", name, ", which no module in the loaded state has.");
-    return static_cast<int64_t>(std::stoll(name));
-  };
-  StateDict out = make_state_dict();
-  for (const auto& item : named) out.insert(item.key(), item.value());
-  if (named.contains("state")) {
-    c10::impl::GenericDict per_parameter(c10::IntType::get(), c10::AnyType::get());
-    for (const auto& item : named.at("state").toGenericDict()) per_parameter.insert(index(item.key().toStringRef()), item.value());
-    out.insert_or_assign("state", per_parameter);
-  }
-  if (named.contains("param_groups")) {
-    c10::impl::GenericList groups(c10::AnyType::get());
-    for (const c10::IValue group : named.at("param_groups").toList()) {
-      StateDict copy = make_state_dict();
-      for (const auto& item : group.toGenericDict()) copy.insert(item.key(), item.value());
-      if (copy.contains("params")) {
-        c10::List<int64_t> indices;
-        for (const c10::IValue name : copy.at("params").toList()) indices.push_back(name.isInt() ? name.toInt() : index(name.toStringRef()));
-        copy.insert_or_assign("params", indices);
-      }
-      groups.push_back(copy);
-    }
-    out.insert_or_assign("param_groups", groups);
-  }
-  return out;
-}
 }  // namespace
 
 void FSDPStrategy::write_sharded_folder(const std::string& call, const fs::path& staging, const State& state, StateDict local,
@@ -308,27 +275,20 @@ StateDict FSDPStrategy::read_sharded_folder(const fs::path& path, State* state, 
   for (const auto& [key, entry] : *state) {
     if (entry.optimizer() == nullptr || !loaded.contains(key) || !loaded.at(key).isGenericDict()) continue;
     loaded.insert_or_assign(
-        key, index_optimizer_state(loaded.at(key).toGenericDict(), engine_->optimizer_parameter_names(*state, *entry.optimizer()), key));
+        key, optimizer_state_by_index(loaded.at(key).toGenericDict(), engine_->optimizer_parameter_names(*state, *entry.optimizer()), key));
   }
   return engine_->restore_local(*state, loaded, strict, true);
 }
 
 std::vector<std::string> FSDPStrategy::Engine::optimizer_parameter_names(const State& state,
                                                                         torch::optim::Optimizer& optimizer) const {
-  std::map<const c10::TensorImpl*, std::string> by_tensor;
-  for (const auto& [key, entry] : state) {
-    if (entry.module() == nullptr) continue;
-    for (const auto& parameter : entry.module()->named_parameters(true)) by_tensor[parameter.value().unsafeGetTensorImpl()] = parameter.key();
-  }
-  std::vector<std::string> names;
-  for (const auto& group : optimizer.param_groups()) {
-    for (const auto& parameter : group.params()) {
-      const ShardedParameter* p = find_shard(parameter);
-      auto found = by_tensor.find(parameter.unsafeGetTensorImpl());
-      names.push_back(p ? p->name : found != by_tensor.end() ? found->second : std::to_string(names.size()));
-    }
-  }
-  return names;
+  const std::vector<std::string> in_modules = lightning::fabric::optimizer_parameter_names(state, optimizer);
+  size_t index = 0;
+  return lightning::fabric::optimizer_parameter_names(optimizer, [&](const at::Tensor& parameter) -> std::optional<std::string> {
+    const ShardedParameter* p = find_shard(parameter);
+    const std::string& fallback = in_modules[index++];
+    return p ? p->name : fallback;
+  });
 }
 
 const FSDPStrategy::Engine::ShardedParameter* FSDPStrategy::Engine::sharded_parameter(const State& state, const std::string& entry,
@@ -373,6 +333,7 @@ StateDict FSDPStrategy::Engine::restore_local(State& state, const StateDict& che
     if (entry.optimizer() == nullptr || tensors_are_local) return false;
     // A whole checkpoint: slice each parameter's state to this rank's shard.
     StateDict values = saved.toGenericDict();
+    if (keys_state_by_name(values)) values = optimizer_state_by_index(values, optimizer_parameter_names(state, *entry.optimizer()), key);
     if (values.contains("state")) {
       auto per_parameter = values.at("state").toGenericDict();
       int64_t index = 0;
