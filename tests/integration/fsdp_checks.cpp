@@ -36,7 +36,7 @@
 //                                    loads on any number of ranks: parameters equal bitwise
 //   fsdp_checks interop_save DIR     the interop MLP + Adam (python_dcp_peer.py mirrors them), 3 steps,
 //                                    a sharded save to DIR/ck (model, optimizer, step); the losses of
-//                                    2 more steps to cpp-next.txt in DIR (rank 0)
+//                                    2 more steps, one per line, to a text file in DIR (rank 0)
 //   fsdp_checks interop_continue CK NEXT   load CK (written by Python's torch.distributed.checkpoint
 //                                    or by interop_save) on any number of ranks, take 2 steps: the
 //                                    losses equal NEXT's within 1e-6
