@@ -34,7 +34,7 @@
 //   fsdp_checks legacy_load DIR      a folder of the project's earlier sharded layout (metadata.json,
 //                                    common.pt, shard-R-of-P.pt over 3 parts), built in DIR by rank 0,
 //                                    loads on any number of ranks: parameters equal bitwise
-//   fsdp_checks interop_save DIR     the interop MLP + Adam (python_dcp_peer.py mirrors them), 3 steps,
+//   fsdp_checks interop_save DIR SHARDING   the interop MLP + Adam (python_dcp_peer.py mirrors them), 3 steps,
 //                                    a sharded save to DIR/ck (model, optimizer, step); the losses of
 //                                    2 more steps, one per line, to a text file in DIR (rank 0)
 //   fsdp_checks interop_continue CK NEXT   load CK (written by Python's torch.distributed.checkpoint
@@ -805,8 +805,8 @@ double interop_step(lf::Fabric& fabric, Model& model, Optimizer& optimizer) {
   return loss.template item<double>();
 }
 
-int interop_save(const std::string& folder) {
-  auto fabric = make_fabric("FULL_SHARD");
+int interop_save(const std::string& folder, const std::string& sharding) {
+  auto fabric = make_fabric(sharding);
   Interop interop(0, 0.01);
   auto [model, optimizer] = fabric.setup(interop.model, interop.adam);
   for (int step = 0; step < 3; ++step) interop_step(fabric, model, optimizer);
@@ -858,11 +858,11 @@ int main(int argc, char** argv) {
     else if (mode == "save" && argc == 4) save(argv[2], argv[3]);
     else if (mode == "load" && argc == 3) load(argv[2]);
     else if (mode == "legacy_load" && argc == 3) legacy_load(argv[2]);
-    else if (mode == "interop_save" && argc == 3) interop_save(argv[2]);
+    else if (mode == "interop_save" && argc == 4) interop_save(argv[2], argv[3]);
     else if (mode == "interop_continue" && argc == 4) interop_continue(argv[2], argv[3]);
     else {
       std::cerr << "usage: fsdp_checks train SHARDING | units SHARDING | checkpointed SHARDING | by_type SHARDING | "
-                   "mixed SHARDING | meta SHARDING DIR | prefetch SHARDING WHICH | prefetch_load DIR | scaler | save SHARDING DIR | load DIR | legacy_load DIR | interop_save DIR | interop_continue CK NEXT" << std::endl;
+                   "mixed SHARDING | meta SHARDING DIR | prefetch SHARDING WHICH | prefetch_load DIR | scaler | save SHARDING DIR | load DIR | legacy_load DIR | interop_save DIR SHARDING | interop_continue CK NEXT" << std::endl;
       return 2;
     }
   } catch (const std::exception& error) {

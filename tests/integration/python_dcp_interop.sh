@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Sharded checkpoints cross between C++ fsdp and Python's torch.distributed.checkpoint (FSDP2 on
 # gloo, Lightning Fabric's layout: DCP folder + meta.pt), in both directions and across world
-# sizes: Python saves on 2 ranks, C++ continues on 1, 2 and 4; C++ saves on 2, Python continues on
-# 2. The next two steps' losses match the saving run's within 1e-6. `lightning-run model
+# sizes: Python saves on 2 ranks, C++ continues on 1, 2 and 4; Python saves on 4 (its trailing
+# ranks hold empty chunks), C++ continues on 3; C++ saves on 2 (FULL_SHARD) and on 3
+# (SHARD_GRAD_OP: shards that split rows, empty trailing shards), Python continues on 2. The next
+# two steps' losses match the saving run's within 1e-6. `lightning-run model
 # consolidate` merges both folders into files equal to Python's dcp_to_torch_save (+ meta.pt).
 # Usage: python_dcp_interop.sh LIGHTNING_RUN FSDP_CHECKS BACKEND   (LF_PYTHON: a Python with torch)
 set -euo pipefail
@@ -12,21 +14,27 @@ peer="$(dirname "${BASH_SOURCE[0]}")/python_dcp_peer.py"
 "$python" -c "import torch.distributed.checkpoint" 2>/dev/null || { echo "FAIL: $python has no torch (scripts/install-deps.sh)"; exit 1; }
 dir="$(mktemp -d)"
 trap 'rm -rf "$dir"' EXIT
-mkdir "$dir/python" "$dir/cpp"
-torchrun() { timeout 120 "$python" -m torch.distributed.run --standalone --nproc-per-node 2 "$@"; }
+mkdir "$dir/python" "$dir/python4" "$dir/cpp" "$dir/cpp3"
+torchrun() { local ranks=$1; shift; OMP_NUM_THREADS=1 timeout 180 "$python" -m torch.distributed.run --standalone --nproc-per-node "$ranks" "$@" 2>&1 | grep -v "^W[0-9]"; }
 cpp() { local ranks=$1; shift; "$run" model --accelerator cpu --devices "$ranks" --process-group-backend "$backend" "$checks" "$@"; }
 
 echo "== Python saves on 2 ranks, C++ continues on 1, 2 and 4"
-OMP_NUM_THREADS=1 torchrun "$peer" write "$dir/python" 2>&1 | grep -v "^W[0-9]"
+torchrun 2 "$peer" write "$dir/python"
 for ranks in 1 2 4; do cpp "$ranks" interop_continue "$dir/python/ck" "$dir/python/python-next.txt"; done
+echo "== Python saves on 4 ranks, C++ continues on 3"
+torchrun 4 "$peer" write "$dir/python4"
+cpp 3 interop_continue "$dir/python4/ck" "$dir/python4/python-next.txt"
 echo "== C++ saves on 2 ranks, Python continues on 2"
-cpp 2 interop_save "$dir/cpp"
+cpp 2 interop_save "$dir/cpp" FULL_SHARD
 ls -a "$dir/cpp/ck"
 [ -f "$dir/cpp/ck/.metadata" ] && [ -f "$dir/cpp/ck/__0_0.distcp" ] && [ -f "$dir/cpp/ck/__1_0.distcp" ] &&
   [ -f "$dir/cpp/ck/meta.pt" ] || { echo "FAIL: the C++ folder lacks a file of DCP's layout"; exit 1; }
-OMP_NUM_THREADS=1 torchrun "$peer" continue "$dir/cpp/ck" "$dir/cpp/cpp-next.txt" 2>&1 | grep -v "^W[0-9]"
+torchrun 2 "$peer" continue "$dir/cpp/ck" "$dir/cpp/cpp-next.txt"
+echo "== C++ saves on 3 ranks under SHARD_GRAD_OP, Python continues on 2"
+cpp 3 interop_save "$dir/cpp3" SHARD_GRAD_OP
+torchrun 2 "$peer" continue "$dir/cpp3/ck" "$dir/cpp3/cpp-next.txt"
 echo "== consolidate both folders; Python reads them with weights_only=True"
-for side in python cpp; do
+for side in python python4 cpp cpp3; do
   "$run" model consolidate "$dir/$side/ck"
   "$python" - "$dir/$side/ck" <<'PY'
 import sys, torch

@@ -325,14 +325,15 @@ class DcpSplicer {
       const Archive& archive = item_archive(item.locations[piece.chunk], key);
       const auto tensor = pickle::as_tensor(*archive.root);
       LF_CHECK(tensor && tensor->sizes == box.sizes && tensor->storage_type == storage_type &&
-                   (box.sizes.empty() || tensor->strides == contiguous_strides(box.sizes)),
+                   is_contiguous(box.sizes, tensor->strides),
                RuntimeError, archive.what, " does not hold a contiguous ", storage_type, " of the chunk's shape.");
       const zip::Entry& entry = archive.record(tensor->key);
       const uint64_t begin = static_cast<uint64_t>(tensor->offset) * size, bytes = static_cast<uint64_t>(box.numel()) * size;
       LF_CHECK(begin + bytes <= entry.size, RuntimeError, archive.what, " is truncated.");
       const std::string_view data = archive.reader.content(entry).substr(begin, bytes);
       if (tiles) {
-        record.crc32 = zip::combine_crc32(record.crc32, zip::crc32(data), bytes);
+        const uint32_t crc = begin == 0 && bytes == entry.size ? entry.crc32 : zip::crc32(data);  // whole: verified later
+        record.crc32 = zip::combine_crc32(record.crc32, crc, bytes);
         record.pieces.push_back(archive.range(entry, begin, bytes));
       } else {
         place_box(record.content, item.size, box, data, size);
@@ -348,6 +349,17 @@ class DcpSplicer {
     whole.strides = contiguous_strides(item.size);
     whole.key = output_.add_record(std::move(record));
     return pickle::make_tensor(whole);
+  }
+
+  // Row-major, ignoring the strides of dimensions of extent 1 (which any value may have).
+  static bool is_contiguous(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
+    if (strides.size() != sizes.size()) return false;
+    int64_t expected = 1;
+    for (size_t d = sizes.size(); d-- > 0;) {
+      if (sizes[d] != 1 && strides[d] != expected) return false;
+      expected *= sizes[d];
+    }
+    return true;
   }
 
   static int64_t flat_index(const std::vector<int64_t>& shape, const std::vector<int64_t>& at) {

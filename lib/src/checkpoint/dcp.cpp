@@ -134,6 +134,8 @@ Metadata write_rank_items(const fs::path& folder, int rank, const std::vector<Sa
     };
     for (const SaveItem& save : items) {
       const std::string key = flat_key(save.path);
+      LF_CHECK(metadata.items.find(key) == metadata.items.end(), ValueError, "fabric.save: two entries flatten to the key ",
+               key, " (torch.distributed.checkpoint joins the path with \".\"); rename one of them.");
       Item item;
       item.path = save.path;
       if (!save.value.isTensor()) {

@@ -461,7 +461,8 @@ std::vector<std::string> optimizer_parameter_names(const State& state, torch::op
   std::map<const c10::TensorImpl*, std::string> by_tensor;
   for (const auto& [key, entry] : state) {
     if (entry.module() == nullptr) continue;
-    for (const auto& parameter : entry.module()->named_parameters(true)) by_tensor[parameter.value().unsafeGetTensorImpl()] = parameter.key();
+    // The first name of a shared parameter, as Python's named_parameters gives it.
+    for (const auto& parameter : entry.module()->named_parameters(true)) by_tensor.emplace(parameter.value().unsafeGetTensorImpl(), parameter.key());
   }
   return optimizer_parameter_names(optimizer, [&](const at::Tensor& parameter) -> std::optional<std::string> {
     auto found = by_tensor.find(parameter.unsafeGetTensorImpl());
@@ -478,21 +479,27 @@ bool keys_state_by_name(const StateDict& optimizer_dict) {
   return false;
 }
 
-StateDict optimizer_state_by_index(const StateDict& named, const std::vector<std::string>& names, const std::string& key) {
+StateDict optimizer_state_by_index(const StateDict& named, const std::vector<std::string>& names, const std::string& key,
+                                   bool strict) {
   std::map<std::string, int64_t> index_of;
   for (size_t i = 0; i < names.size(); ++i) index_of[names[i]] = static_cast<int64_t>(i);
-  auto index = [&](const std::string& name) {
+  // -1: a name no parameter has (refused when strict, dropped otherwise).
+  auto index = [&](const std::string& name) -> int64_t {
     auto found = index_of.find(name);
     if (found != index_of.end()) return found->second;
-    LF_CHECK(!name.empty() && name.find_first_not_of("0123456789") == std::string::npos, RuntimeError, "load: the checkpoint's '",
-             key, "' holds state of parameter ", name, ", which no module in the loaded state has.");
-    return static_cast<int64_t>(std::stoll(name));
+    if (!name.empty() && name.find_first_not_of("0123456789") == std::string::npos) return std::stoll(name);
+    LF_CHECK(!strict, RuntimeError, "load(strict=true): the checkpoint's '", key, "' holds state of parameter ", name,
+             ", which no module in the loaded state has. Load with strict=false to drop it.");
+    return -1;
   };
   StateDict out = make_state_dict();
   for (const auto& item : named) out.insert(item.key(), item.value());
   if (named.contains("state")) {
     c10::impl::GenericDict per_parameter(c10::IntType::get(), c10::AnyType::get());
-    for (const auto& item : named.at("state").toGenericDict()) per_parameter.insert(index(item.key().toStringRef()), item.value());
+    for (const auto& item : named.at("state").toGenericDict()) {
+      const int64_t i = item.key().isInt() ? item.key().toInt() : index(item.key().toStringRef());
+      if (i >= 0) per_parameter.insert(i, item.value());
+    }
     out.insert_or_assign("state", per_parameter);
   }
   if (named.contains("param_groups")) {
@@ -502,7 +509,10 @@ StateDict optimizer_state_by_index(const StateDict& named, const std::vector<std
       for (const auto& item : group.toGenericDict()) copy.insert(item.key(), item.value());
       if (copy.contains("params")) {
         c10::List<int64_t> indices;
-        for (const c10::IValue name : copy.at("params").toList()) indices.push_back(name.isInt() ? name.toInt() : index(name.toStringRef()));
+        for (const c10::IValue name : copy.at("params").toList()) {
+          const int64_t i = name.isInt() ? name.toInt() : index(name.toStringRef());
+          if (i >= 0) indices.push_back(i);
+        }
         copy.insert_or_assign("params", indices);
       }
       groups.push_back(copy);
@@ -539,7 +549,7 @@ StateDict restore_from_checkpoint(State& state, const StateDict& checkpoint, boo
       } else if (entry.optimizer() != nullptr && keys_state_by_name(item.value().toGenericDict())) {
         // A consolidated sharded checkpoint, or one from Python FSDP: state by parameter name.
         load_state_dict_into(entry, optimizer_state_by_index(item.value().toGenericDict(),
-                                                             optimizer_parameter_names(state, *entry.optimizer()), key),
+                                                             optimizer_parameter_names(state, *entry.optimizer()), key, strict),
                              strict);
       } else {
         load_state_dict_into(entry, item.value().toGenericDict(), strict);

@@ -213,14 +213,18 @@ void FSDPStrategy::write_sharded_folder(const std::string& call, const fs::path&
     }
     written = dcp::write_metadata(dcp::write_rank_items(staging, global_rank(), items));
   });
-  std::vector<dcp::Metadata> every_rank;
+  std::vector<std::string> every_rank;
   for (int rank = 0; rank < world_size(); ++rank) {
-    const std::string bytes = broadcast_bytes(rank == global_rank() ? written : std::string(), rank);
-    if (is_global_zero()) every_rank.push_back(dcp::parse_metadata(bytes, "rank " + std::to_string(rank) + "'s items"));
+    std::string bytes = broadcast_bytes(rank == global_rank() ? written : std::string(), rank);
+    if (is_global_zero()) every_rank.push_back(std::move(bytes));
   }
   run_on_rank_zero(call, [&] {
+    std::vector<dcp::Metadata> parts;
+    for (size_t rank = 0; rank < every_rank.size(); ++rank) {
+      parts.push_back(dcp::parse_metadata(every_rank[rank], "rank " + std::to_string(rank) + "'s items"));
+    }
     save_state_dict_file(staging / dcp::kLightningMetaFile, rest);
-    write_file_atomically(staging / dcp::kMetadataFile, dcp::write_metadata(dcp::merge_metadata(every_rank)));
+    write_file_atomically(staging / dcp::kMetadataFile, dcp::write_metadata(dcp::merge_metadata(parts)));
   });
 }
 
@@ -250,20 +254,36 @@ StateDict FSDPStrategy::read_checkpoint(const fs::path& path, State* state, bool
 
 StateDict FSDPStrategy::read_sharded_folder(const fs::path& path, State* state, bool strict) {
   dcp::FolderReader reader(path);
-  std::map<std::string, std::vector<std::string>> names;  // per optimizer entry
+  // Per optimizer entry: its state's parameter names and the shard behind each.
+  std::map<std::string, std::map<std::string, const Engine::ShardedParameter*>> optimizer_shards;
+  if (state != nullptr) {
+    for (const auto& [key, entry] : *state) {
+      if (entry.optimizer() == nullptr) continue;
+      const auto names = engine_->optimizer_parameter_names(*state, *entry.optimizer());
+      size_t index = 0;
+      for (const auto& group : entry.optimizer()->param_groups()) {
+        for (const auto& parameter : group.params()) optimizer_shards[key][names[index++]] = engine_->find_shard(parameter);
+      }
+    }
+  }
   std::vector<dcp::Leaf> leaves;
   for (const std::string& key : reader.metadata().order) {
     const dcp::Item& item = reader.metadata().items.at(key);
     const std::vector<dcp::PathElement> at = item.path.empty() ? std::vector<dcp::PathElement>{{key, -1}} : item.path;
     const Engine::ShardedParameter* p = nullptr;
-    auto entry = state ? state->find(at[0].key) : State::iterator();
-    if (state != nullptr && entry != state->end() && item.kind == dcp::Item::Kind::Tensor) {
-      if (entry->second.module() != nullptr && at.size() == 2) {
+    if (state != nullptr) {
+      auto entry = state->find(at[0].key);
+      // Only what the state asks for is read: entries it lacks stay on disk.
+      if (entry == state->end() || (entry->second.module() == nullptr && entry->second.optimizer() == nullptr)) continue;
+      if (item.kind == dcp::Item::Kind::Tensor && entry->second.module() != nullptr && at.size() == 2) {
         p = engine_->sharded_parameter(*state, entry->first, at[1].key);
-      } else if (entry->second.optimizer() != nullptr && is_optimizer_field(at, "state") && at.size() == 4) {
-        p = engine_->sharded_parameter(*state, "", at[2].key);
+      } else if (item.kind == dcp::Item::Kind::Tensor && is_optimizer_field(at, "state") && at.size() == 4 &&
+                 at[3].key != "step") {  // a per-parameter count, never sharded, whatever its shape
+        auto& shards = optimizer_shards[entry->first];
+        auto found = shards.find(at[2].key);
+        p = found == shards.end() ? nullptr : found->second;
       }
-      if (p != nullptr && item.size != p->shape) p = nullptr;  // a per-parameter scalar, or another shape
+      if (p != nullptr && item.size != p->shape) p = nullptr;  // state of another shape than its parameter
     }
     leaves.push_back({at, p ? c10::IValue(reader.flat_range(key, p->slice.begin, p->slice.length)) : reader.value(key)});
   }
@@ -274,8 +294,8 @@ StateDict FSDPStrategy::read_sharded_folder(const fs::path& path, State* state, 
   if (state == nullptr) return loaded;
   for (const auto& [key, entry] : *state) {
     if (entry.optimizer() == nullptr || !loaded.contains(key) || !loaded.at(key).isGenericDict()) continue;
-    loaded.insert_or_assign(
-        key, optimizer_state_by_index(loaded.at(key).toGenericDict(), engine_->optimizer_parameter_names(*state, *entry.optimizer()), key));
+    loaded.insert_or_assign(key, optimizer_state_by_index(loaded.at(key).toGenericDict(),
+                                                          engine_->optimizer_parameter_names(*state, *entry.optimizer()), key, strict));
   }
   return engine_->restore_local(*state, loaded, strict, true);
 }
@@ -333,7 +353,7 @@ StateDict FSDPStrategy::Engine::restore_local(State& state, const StateDict& che
     if (entry.optimizer() == nullptr || tensors_are_local) return false;
     // A whole checkpoint: slice each parameter's state to this rank's shard.
     StateDict values = saved.toGenericDict();
-    if (keys_state_by_name(values)) values = optimizer_state_by_index(values, optimizer_parameter_names(state, *entry.optimizer()), key);
+    if (keys_state_by_name(values)) values = optimizer_state_by_index(values, optimizer_parameter_names(state, *entry.optimizer()), key, strict);
     if (values.contains("state")) {
       auto per_parameter = values.at("state").toGenericDict();
       int64_t index = 0;

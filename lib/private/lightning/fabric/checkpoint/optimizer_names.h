@@ -22,7 +22,9 @@ std::vector<std::string> optimizer_parameter_names(const State& state, torch::op
 /// True when an optimizer state dict keys "state" by name rather than by index.
 bool keys_state_by_name(const StateDict& optimizer_dict);
 /// The same state keyed by index again ("state" and each group's "params"); `entry` names the
-/// checkpoint entry in errors (RuntimeError for a name that no parameter has).
-StateDict optimizer_state_by_index(const StateDict& named, const std::vector<std::string>& names, const std::string& entry);
+/// checkpoint entry in errors. A name that no parameter has is a RuntimeError when strict and
+/// dropped otherwise.
+StateDict optimizer_state_by_index(const StateDict& named, const std::vector<std::string>& names, const std::string& entry,
+                                   bool strict);
 
 }  // namespace lightning::fabric
