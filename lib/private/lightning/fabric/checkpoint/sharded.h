@@ -1,6 +1,6 @@
-// Sharded checkpoint folders (layout and metadata: sharded_format.h, the one description of the
-// format) read with LibTorch tensors: the fsdp strategy's loading and resharding, and
-// consolidation. Nothing here is collective.
+// Folders of the earlier sharded layout (sharded_format.h, the one description of it) read with
+// LibTorch tensors: the fsdp strategy's loading and resharding, and fabric.load(path) of such a
+// folder. Nothing here is collective.
 #pragma once
 
 #include <filesystem>

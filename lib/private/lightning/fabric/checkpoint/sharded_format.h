@@ -1,5 +1,6 @@
-// The layout of a sharded checkpoint folder (docs/checkpoints.md) without LibTorch, shared by the fsdp
-// strategy (which writes and reshards folders) and `lightning-run model consolidate`:
+// The project's earlier sharded checkpoint layout (docs/checkpoints.md, "Folders of the earlier
+// layout"), without LibTorch: read by the fsdp strategy (which reshards such folders on load) and
+// by `lightning-run model consolidate`; nothing writes it any more (fsdp writes dcp_format.h's):
 //   DIR/metadata.json      {"format": "lightning-fabric-sharded", "version": 1, "world_size",
 //                          "parts", "tensors": {path: {"shape": [...], "dtype": "Float"}}}
 //   DIR/common.pt          the checkpoint without the sharded tensors, written once
