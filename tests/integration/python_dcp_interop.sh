@@ -4,7 +4,8 @@
 # sizes: Python saves on 2 ranks, C++ continues on 1, 2 and 4; Python saves on 4 (its trailing
 # ranks hold empty chunks), C++ continues on 3; C++ saves on 2 (FULL_SHARD) and on 3
 # (SHARD_GRAD_OP: shards that split rows, empty trailing shards), Python continues on 2. The next
-# two steps' losses match the saving run's within 1e-6. `lightning-run model
+# two steps' losses match the saving run's within 1e-6. The same both ways through Python Lightning
+# Fabric's own FSDPStrategy.save_checkpoint / load_checkpoint (FSDP1). `lightning-run model
 # consolidate` merges both folders into files equal to Python's dcp_to_torch_save (+ meta.pt).
 # Usage: python_dcp_interop.sh LIGHTNING_RUN FSDP_CHECKS BACKEND   (LF_PYTHON: a Python with torch)
 set -euo pipefail
@@ -14,7 +15,7 @@ peer="$(dirname "${BASH_SOURCE[0]}")/python_dcp_peer.py"
 "$python" -c "import torch.distributed.checkpoint" 2>/dev/null || { echo "FAIL: $python has no torch (scripts/install-deps.sh)"; exit 1; }
 dir="$(mktemp -d)"
 trap 'rm -rf "$dir"' EXIT
-mkdir "$dir/python" "$dir/python4" "$dir/cpp" "$dir/cpp3"
+mkdir "$dir/python" "$dir/python4" "$dir/lightning" "$dir/cpp" "$dir/cpp3"
 torchrun() { local ranks=$1; shift; OMP_NUM_THREADS=1 timeout 180 "$python" -m torch.distributed.run --standalone --nproc-per-node "$ranks" "$@" 2>&1 | grep -v "^W[0-9]"; }
 cpp() { local ranks=$1; shift; "$run" model --accelerator cpu --devices "$ranks" --process-group-backend "$backend" "$checks" "$@"; }
 
@@ -33,8 +34,12 @@ torchrun 2 "$peer" continue "$dir/cpp/ck" "$dir/cpp/cpp-next.txt"
 echo "== C++ saves on 3 ranks under SHARD_GRAD_OP, Python continues on 2"
 cpp 3 interop_save "$dir/cpp3" SHARD_GRAD_OP
 torchrun 2 "$peer" continue "$dir/cpp3/ck" "$dir/cpp3/cpp-next.txt"
-echo "== consolidate both folders; Python reads them with weights_only=True"
-for side in python python4 cpp cpp3; do
+echo "== Lightning's FSDPStrategy saves on 2 ranks, C++ continues on 1 and 3; it continues C++'s on 2"
+torchrun 2 "$peer" lightning-write "$dir/lightning" | grep -v "Warning\|tensor_numel\|tensor = tensor"
+for ranks in 1 3; do cpp "$ranks" interop_continue "$dir/lightning/ck" "$dir/lightning/python-next.txt"; done
+torchrun 2 "$peer" lightning-continue "$dir/cpp/ck" "$dir/cpp/cpp-next.txt" | grep -v "Warning\|tensor_numel\|tensor = tensor"
+echo "== consolidate every folder; Python reads them with weights_only=True"
+for side in python python4 lightning cpp cpp3; do
   "$run" model consolidate "$dir/$side/ck"
   "$python" - "$dir/$side/ck" <<'PY'
 import sys, torch

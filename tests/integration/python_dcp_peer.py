@@ -8,9 +8,14 @@ on gloo, on the CPU.
   continue CK NEXT  build the same model under another seed, torch.distributed.checkpoint.load CK
                   (written by C++), take 2 steps: the losses equal NEXT's within 1e-6
 
-Lightning Fabric's FSDPStrategy refuses the CPU ("FSDP is only available on GPU"), so the peer is
-PyTorch's own FSDP2 and DCP with Fabric's layout. The model, optimizer and batch mirror
-fsdp_checks.cpp's interop modes: every rank steps on the whole batch.
+  lightning-write DIR, lightning-continue CK NEXT
+                  the same through Python Lightning Fabric's own FSDPStrategy.save_checkpoint and
+                  load_checkpoint over FSDP1 (use_orig_params)
+
+Lightning Fabric refuses FSDPStrategy on the CPU when it builds the strategy ("FSDP is only
+available on GPU"), but the strategy's checkpoint methods run on CPU with gloo, so the lightning-*
+modes call them directly with a LightningEnvironment giving the rank. The model, optimizer and
+batch mirror fsdp_checks.cpp's interop modes: every rank steps on the whole batch.
 """
 import os
 import sys
@@ -27,6 +32,22 @@ def interop(seed, lr):
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
     fully_shard(model)
     return model, torch.optim.Adam(model.parameters(), lr=lr)
+
+
+def lightning_interop(seed, lr):
+    from lightning.fabric.plugins.environments import LightningEnvironment
+    from lightning.fabric.strategies import FSDPStrategy
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    model = FullyShardedDataParallel(model, use_orig_params=True, device_id=torch.device("cpu"))
+    strategy = FSDPStrategy(state_dict_type="sharded")
+    environment = LightningEnvironment()
+    environment.set_global_rank(dist.get_rank())
+    environment.set_world_size(dist.get_world_size())
+    strategy.cluster_environment = environment
+    return model, torch.optim.Adam(model.parameters(), lr=lr), strategy
 
 
 def step(model, optimizer):
@@ -71,8 +92,31 @@ def main():
         worst = max(abs(a - b) for a, b in zip(losses, expected))
         print(f"rank {dist.get_rank()}: continued the C++ checkpoint in Python: losses {losses}, C++'s {expected}")
         assert worst <= 1e-6, f"FAIL: Python's next steps differ from C++'s by {worst}"
+    elif mode == "lightning-write":
+        folder = sys.argv[2]
+        model, optimizer, strategy = lightning_interop(0, 0.01)
+        for _ in range(3):
+            step(model, optimizer)
+        strategy.save_checkpoint(f"{folder}/ck", {"model": model, "optimizer": optimizer, "step": 3})
+        losses = [step(model, optimizer) for _ in range(2)]
+        if dist.get_rank() == 0:
+            with open(f"{folder}/python-next.txt", "w") as out:
+                out.write("".join(f"{loss!r}\n" for loss in losses))
+        print(f"rank {dist.get_rank()}: Lightning's FSDPStrategy wrote {folder}/ck")
+    elif mode == "lightning-continue":
+        checkpoint, next_file = sys.argv[2:4]
+        model, optimizer, strategy = lightning_interop(7, 0.5)
+        state = {"model": model, "optimizer": optimizer, "step": 0}
+        rest = strategy.load_checkpoint(checkpoint, state)
+        assert state["step"] == 3 and rest == {}, (state["step"], rest)
+        assert optimizer.param_groups[0]["lr"] == 0.01, optimizer.param_groups[0]
+        expected = [float(line) for line in open(next_file)]
+        losses = [step(model, optimizer) for _ in range(2)]
+        worst = max(abs(a - b) for a, b in zip(losses, expected))
+        print(f"rank {dist.get_rank()}: Lightning's FSDPStrategy continued the C++ checkpoint: losses {losses}, C++'s {expected}")
+        assert worst <= 1e-6, f"FAIL: Python's next steps differ from C++'s by {worst}"
     else:
-        sys.exit("usage: python_dcp_peer.py write DIR | continue CK NEXT")
+        sys.exit("usage: python_dcp_peer.py write DIR | continue CK NEXT | lightning-write DIR | lightning-continue CK NEXT")
     dist.destroy_process_group()
 
 
