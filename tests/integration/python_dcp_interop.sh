@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Sharded checkpoints cross between C++ fsdp and Python's torch.distributed.checkpoint (FSDP2 on
 # gloo, Lightning Fabric's layout: DCP folder + meta.pt), in both directions and across world
-# sizes: Python saves on 2 ranks, C++ continues on 1, 2 and 4; Python saves on 4 (its trailing
-# ranks hold empty chunks), C++ continues on 3; C++ saves on 2 (FULL_SHARD) and on 3
+# sizes: Python saves on 2 ranks, C++ continues on 1, 2 and 4; Python saves on 1, C++ continues on
+# 2; Python saves on 4 (its trailing ranks hold empty chunks), C++ continues on 3; C++ saves on 2 (FULL_SHARD) and on 3
 # (SHARD_GRAD_OP: shards that split rows, empty trailing shards), Python continues on 2. The next
 # two steps' losses match the saving run's within 1e-6. The same both ways through Python Lightning
 # Fabric's own FSDPStrategy.save_checkpoint / load_checkpoint (FSDP1). `lightning-run model
@@ -15,13 +15,16 @@ peer="$(dirname "${BASH_SOURCE[0]}")/python_dcp_peer.py"
 "$python" -c "import torch.distributed.checkpoint" 2>/dev/null || { echo "FAIL: $python has no torch (scripts/install-deps.sh)"; exit 1; }
 dir="$(mktemp -d)"
 trap 'rm -rf "$dir"' EXIT
-mkdir "$dir/python" "$dir/python4" "$dir/lightning" "$dir/cpp" "$dir/cpp3"
+mkdir "$dir/python" "$dir/python1" "$dir/python4" "$dir/lightning" "$dir/cpp" "$dir/cpp3"
 torchrun() { local ranks=$1; shift; OMP_NUM_THREADS=1 timeout 180 "$python" -m torch.distributed.run --standalone --nproc-per-node "$ranks" "$@" 2>&1 | grep -v "^W[0-9]"; }
 cpp() { local ranks=$1; shift; "$run" model --accelerator cpu --devices "$ranks" --process-group-backend "$backend" "$checks" "$@"; }
 
 echo "== Python saves on 2 ranks, C++ continues on 1, 2 and 4"
 torchrun 2 "$peer" write "$dir/python"
 for ranks in 1 2 4; do cpp "$ranks" interop_continue "$dir/python/ck" "$dir/python/python-next.txt"; done
+echo "== Python saves on 1 rank, C++ continues on 2"
+torchrun 1 "$peer" write "$dir/python1"
+cpp 2 interop_continue "$dir/python1/ck" "$dir/python1/python-next.txt"
 echo "== Python saves on 4 ranks, C++ continues on 3"
 torchrun 4 "$peer" write "$dir/python4"
 cpp 3 interop_continue "$dir/python4/ck" "$dir/python4/python-next.txt"
@@ -39,7 +42,7 @@ torchrun 2 "$peer" lightning-write "$dir/lightning" | grep -v "Warning\|tensor_n
 for ranks in 1 3; do cpp "$ranks" interop_continue "$dir/lightning/ck" "$dir/lightning/python-next.txt"; done
 torchrun 2 "$peer" lightning-continue "$dir/cpp/ck" "$dir/cpp/cpp-next.txt" | grep -v "Warning\|tensor_numel\|tensor = tensor"
 echo "== consolidate every folder; Python reads them with weights_only=True"
-for side in python python4 lightning cpp cpp3; do
+for side in python python1 python4 lightning cpp cpp3; do
   "$run" model consolidate "$dir/$side/ck"
   "$python" - "$dir/$side/ck" <<'PY'
 import sys, torch
