@@ -60,61 +60,67 @@ def step(model, optimizer):
     return loss.item()
 
 
+def save_dcp(model, optimizer, folder):
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder)
+    if dist.get_rank() == 0:
+        torch.save({"step": 3}, f"{folder}/meta.pt")
+
+
+def load_dcp(model, optimizer, folder):
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(state, checkpoint_id=folder)  # every key of Python's own state must be there
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    meta = torch.load(os.path.join(folder, "meta.pt"))
+    assert meta == {"step": 3}, meta
+
+
+def write(model, optimizer, save, folder):
+    """3 steps, save to folder/ck, then the losses of 2 more steps to folder/python-next.txt."""
+    for _ in range(3):
+        step(model, optimizer)
+    save(f"{folder}/ck")
+    losses = [step(model, optimizer) for _ in range(2)]
+    if dist.get_rank() == 0:
+        with open(f"{folder}/python-next.txt", "w") as out:
+            out.write("".join(f"{loss!r}\n" for loss in losses))
+    print(f"rank {dist.get_rank()}: Python wrote {folder}/ck")
+
+
+def continue_from(model, optimizer, load, checkpoint, next_file):
+    """Load checkpoint, take 2 steps: their losses equal next_file's within 1e-6."""
+    load(checkpoint)
+    assert optimizer.param_groups[0]["lr"] == 0.01, optimizer.param_groups[0]
+    expected = [float(line) for line in open(next_file)]
+    losses = [step(model, optimizer) for _ in range(2)]
+    worst = max(abs(a - b) for a, b in zip(losses, expected))
+    print(f"rank {dist.get_rank()}: continued the C++ checkpoint in Python: losses {losses}, C++'s {expected}")
+    assert worst <= 1e-6, f"FAIL: Python's next steps differ from C++'s by {worst}"
+
+
+def lightning_load(strategy, model, optimizer, folder):
+    state = {"model": model, "optimizer": optimizer, "step": 0}
+    rest = strategy.load_checkpoint(folder, state)
+    assert state["step"] == 3 and rest == {}, (state["step"], rest)
+
+
 def main():
     mode = sys.argv[1]
     dist.init_process_group("gloo")
     if mode == "write":
-        folder = sys.argv[2]
         model, optimizer = interop(0, 0.01)
-        for _ in range(3):
-            step(model, optimizer)
-        model_state, optimizer_state = get_state_dict(model, optimizer)
-        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=f"{folder}/ck")
-        if dist.get_rank() == 0:
-            torch.save({"step": 3}, f"{folder}/ck/meta.pt")
-        losses = [step(model, optimizer) for _ in range(2)]
-        if dist.get_rank() == 0:
-            with open(f"{folder}/python-next.txt", "w") as out:
-                out.write("".join(f"{loss!r}\n" for loss in losses))
-        print(f"rank {dist.get_rank()}: Python wrote {folder}/ck")
+        write(model, optimizer, lambda folder: save_dcp(model, optimizer, folder), sys.argv[2])
     elif mode == "continue":
-        checkpoint, next_file = sys.argv[2:4]
         model, optimizer = interop(7, 0.5)
-        model_state, optimizer_state = get_state_dict(model, optimizer)
-        state = {"model": model_state, "optimizer": optimizer_state}
-        dcp.load(state, checkpoint_id=checkpoint)  # every key of Python's own state must be there
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-        meta = torch.load(os.path.join(checkpoint, "meta.pt"))
-        assert meta == {"step": 3}, meta
-        assert optimizer.param_groups[0]["lr"] == 0.01, optimizer.param_groups[0]
-        expected = [float(line) for line in open(next_file)]
-        losses = [step(model, optimizer) for _ in range(2)]
-        worst = max(abs(a - b) for a, b in zip(losses, expected))
-        print(f"rank {dist.get_rank()}: continued the C++ checkpoint in Python: losses {losses}, C++'s {expected}")
-        assert worst <= 1e-6, f"FAIL: Python's next steps differ from C++'s by {worst}"
+        continue_from(model, optimizer, lambda folder: load_dcp(model, optimizer, folder), *sys.argv[2:4])
     elif mode == "lightning-write":
-        folder = sys.argv[2]
         model, optimizer, strategy = lightning_interop(0, 0.01)
-        for _ in range(3):
-            step(model, optimizer)
-        strategy.save_checkpoint(f"{folder}/ck", {"model": model, "optimizer": optimizer, "step": 3})
-        losses = [step(model, optimizer) for _ in range(2)]
-        if dist.get_rank() == 0:
-            with open(f"{folder}/python-next.txt", "w") as out:
-                out.write("".join(f"{loss!r}\n" for loss in losses))
-        print(f"rank {dist.get_rank()}: Lightning's FSDPStrategy wrote {folder}/ck")
+        save = lambda folder: strategy.save_checkpoint(folder, {"model": model, "optimizer": optimizer, "step": 3})
+        write(model, optimizer, save, sys.argv[2])
     elif mode == "lightning-continue":
-        checkpoint, next_file = sys.argv[2:4]
         model, optimizer, strategy = lightning_interop(7, 0.5)
-        state = {"model": model, "optimizer": optimizer, "step": 0}
-        rest = strategy.load_checkpoint(checkpoint, state)
-        assert state["step"] == 3 and rest == {}, (state["step"], rest)
-        assert optimizer.param_groups[0]["lr"] == 0.01, optimizer.param_groups[0]
-        expected = [float(line) for line in open(next_file)]
-        losses = [step(model, optimizer) for _ in range(2)]
-        worst = max(abs(a - b) for a, b in zip(losses, expected))
-        print(f"rank {dist.get_rank()}: Lightning's FSDPStrategy continued the C++ checkpoint: losses {losses}, C++'s {expected}")
-        assert worst <= 1e-6, f"FAIL: Python's next steps differ from C++'s by {worst}"
+        continue_from(model, optimizer, lambda folder: lightning_load(strategy, model, optimizer, folder), *sys.argv[2:4])
     else:
         sys.exit("usage: python_dcp_peer.py write DIR | continue CK NEXT | lightning-write DIR | lightning-continue CK NEXT")
     dist.destroy_process_group()

@@ -255,11 +255,12 @@ StateDict FSDPStrategy::read_checkpoint(const fs::path& path, State* state, bool
 StateDict FSDPStrategy::read_sharded_folder(const fs::path& path, State* state, bool strict) {
   dcp::FolderReader reader(path);
   // Per optimizer entry: its state's parameter names and the shard behind each.
+  std::map<std::string, std::vector<std::string>> optimizer_names;
   std::map<std::string, std::map<std::string, const Engine::ShardedParameter*>> optimizer_shards;
   if (state != nullptr) {
     for (const auto& [key, entry] : *state) {
       if (entry.optimizer() == nullptr) continue;
-      const auto names = engine_->optimizer_parameter_names(*state, *entry.optimizer());
+      const auto& names = optimizer_names[key] = engine_->optimizer_parameter_names(*state, *entry.optimizer());
       size_t index = 0;
       for (const auto& group : entry.optimizer()->param_groups()) {
         for (const auto& parameter : group.params()) optimizer_shards[key][names[index++]] = engine_->find_shard(parameter);
@@ -294,8 +295,7 @@ StateDict FSDPStrategy::read_sharded_folder(const fs::path& path, State* state, 
   if (state == nullptr) return loaded;
   for (const auto& [key, entry] : *state) {
     if (entry.optimizer() == nullptr || !loaded.contains(key) || !loaded.at(key).isGenericDict()) continue;
-    loaded.insert_or_assign(key, optimizer_state_by_index(loaded.at(key).toGenericDict(),
-                                                          engine_->optimizer_parameter_names(*state, *entry.optimizer()), key, strict));
+    loaded.insert_or_assign(key, optimizer_state_by_index(loaded.at(key).toGenericDict(), optimizer_names[key], key, strict));
   }
   return engine_->restore_local(*state, loaded, strict, true);
 }
