@@ -56,7 +56,19 @@ Fabric::Fabric(FabricOptions options, env::EnvLookup env)
   install_error_file_handler();
 }
 
-Fabric::~Fabric() = default;
+Fabric::~Fabric() {
+  if (!connector_ || !connector_->strategy) return;
+  const std::shared_ptr<Strategy>& strategy = connector_->strategy;
+  if (std::uncaught_exceptions() > 0) {  // the other ranks may not be here to commit with us
+    strategy->abandon_background_save();
+    return;
+  }
+  try {
+    strategy->settle_background_save(/*wait=*/true);
+  } catch (const std::exception& error) {
+    std::cerr << "lightning: " << error.what() << std::endl;
+  }
+}
 
 const std::shared_ptr<Strategy>& Fabric::strategy() const { return connector_->strategy; }
 const std::shared_ptr<Accelerator>& Fabric::accelerator() const { return connector_->accelerator; }
@@ -217,6 +229,7 @@ void Fabric::refuse_loss_from_unset_model(const at::Tensor& loss) const {
 void Fabric::backward(at::Tensor loss) {
   RECORD_USER_SCOPE("lf::backward");  // a profiler range (utilities/profiler.h); free when none runs
   refuse_loss_from_unset_model(loss);
+  connector_->strategy->settle_background_save(/*wait=*/false);
   detail::BackwardScope scope;
   connector_->strategy->backward(loss, nullptr);
 }
@@ -228,11 +241,13 @@ std::shared_ptr<torch::nn::Module> Fabric::to_device(const std::shared_ptr<torch
 
 void Fabric::barrier(const std::string& name) {
   ensure_environment_ready();
+  connector_->strategy->settle_background_save(/*wait=*/false);
   connector_->strategy->barrier(name);
 }
 
 at::Tensor Fabric::all_reduce(const at::Tensor& tensor, ReduceOp op) {
   ensure_environment_ready();
+  connector_->strategy->settle_background_save(/*wait=*/false);
   return connector_->strategy->all_reduce(tensor, op);
 }
 
@@ -242,6 +257,7 @@ double Fabric::all_reduce(double value, ReduceOp op) {
 
 std::string Fabric::broadcast(const std::string& value, int src) {
   ensure_environment_ready();
+  connector_->strategy->settle_background_save(/*wait=*/false);
   return connector_->strategy->broadcast_bytes(value, src);
 }
 
@@ -259,11 +275,13 @@ ScopeGuard Fabric::rank_zero_first(bool local) {
 
 at::Tensor Fabric::all_gather(const at::Tensor& tensor) {
   ensure_environment_ready();
+  connector_->strategy->settle_background_save(/*wait=*/false);
   return connector_->strategy->all_gather(tensor);
 }
 
 at::Tensor Fabric::broadcast(const at::Tensor& tensor, int src) {
   ensure_environment_ready();
+  connector_->strategy->settle_background_save(/*wait=*/false);
   return connector_->strategy->broadcast(tensor, src);
 }
 
@@ -313,14 +331,24 @@ void Fabric::log_dict(const std::map<std::string, double>& metrics, std::optiona
 }
 
 void Fabric::save(const std::filesystem::path& path, const State& state, const StateFilter& filter) {
-  connector_->strategy->save_checkpoint(path, state, filter);
+  connector_->strategy->save_checkpoint(path, state, filter, /*in_background=*/false);
 }
 
+void Fabric::save_in_background(const std::filesystem::path& path, const State& state, const StateFilter& filter) {
+  connector_->strategy->save_checkpoint(path, state, filter, /*in_background=*/true);
+}
+
+void Fabric::wait_for_background_save() { connector_->strategy->settle_background_save(/*wait=*/true); }
+
 StateDict Fabric::load(const std::filesystem::path& path, State& state, bool strict) {
+  connector_->strategy->settle_background_save(/*wait=*/true);
   return connector_->strategy->load_checkpoint(path, &state, strict);
 }
 
-StateDict Fabric::load(const std::filesystem::path& path) { return connector_->strategy->load_checkpoint(path, nullptr, true); }
+StateDict Fabric::load(const std::filesystem::path& path) {
+  connector_->strategy->settle_background_save(/*wait=*/true);
+  return connector_->strategy->load_checkpoint(path, nullptr, true);
+}
 
 void Fabric::load_raw(const std::filesystem::path& path, const StateEntry& target, bool strict) {
   std::optional<StateDict> state;

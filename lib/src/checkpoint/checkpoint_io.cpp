@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <memory>
 
@@ -88,12 +89,24 @@ void write_archive(const c10::IValue& value, const std::function<void(const void
   pickler.protocol();
   pickler.pushIValue(plain(value));
   pickler.stop();
-  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
-    write(data, size);
-    return size;
-  });
-  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
-  writer.writeEndOfFile();
+  // A failing `write` (a full disk) must not throw through LibTorch's writer, whose destructor
+  // would then finish the archive and throw again (std::terminate): the first failure is kept,
+  // the rest of the archive goes nowhere, and the failure is raised once the writer is done.
+  std::exception_ptr failure;
+  {
+    caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
+      if (failure) return size;
+      try {
+        write(data, size);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      return size;
+    });
+    torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
+    writer.writeEndOfFile();
+  }
+  if (failure) std::rethrow_exception(failure);
 }
 
 c10::IValue read_archive(std::string_view bytes, const std::string& what) {

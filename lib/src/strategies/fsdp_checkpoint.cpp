@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "lightning/fabric/checkpoint/atomic_file.h"
+#include "lightning/fabric/checkpoint/background_write.h"
 #include "lightning/fabric/checkpoint/checkpoint_io.h"
 #include "lightning/fabric/checkpoint/dcp.h"
 #include "lightning/fabric/checkpoint/optimizer_names.h"
@@ -83,40 +84,6 @@ StateDict FSDPStrategy::Engine::local_checkpoint(const State& state, const State
   return out;
 }
 
-void FSDPStrategy::save_checkpoint(const fs::path& path, const State& state, const StateFilter& filter) {
-  const std::string call = "fabric.save(" + path.string() + ")";
-  std::map<std::string, std::vector<int64_t>> global_shapes;
-  StateDict local = make_state_dict();
-  run_on_every_rank(call, [&] { local = engine_->local_checkpoint(state, filter, global_shapes); });
-  const int parts = shard_group_size();
-  if (fsdp_options_.state_dict_type == "full") {
-    for (const auto& [tensor_path, shape] : global_shapes) {  // the same order on every rank
-      at::Tensor slot = torch::zeros({(c10::multiply_integers(shape) + parts - 1) / parts});
-      const at::Tensor mine = tensor_at_path(local, tensor_path);
-      slot.narrow(0, 0, mine.numel()).copy_(mine);
-      const at::Tensor whole = parts > 1 ? shard_group().all_gather(slot).reshape(-1) : slot;
-      insert_at_path(local, tensor_path, whole.narrow(0, 0, c10::multiply_integers(shape)).view(shape).clone());
-    }
-    run_on_rank_zero(call, [&] { save_state_dict_file(path, local); });
-    return;
-  }
-  // Sharded: every part writes its file into a fresh folder that replaces `path` at the end.
-  const fs::path staging =
-      broadcast_bytes(is_global_zero() ? path.string() + ".tmp-" + std::to_string(::getpid()) : std::string(), 0);
-  run_on_rank_zero(call, [&] {
-    fs::remove_all(staging);
-    fs::create_directories(staging);
-  });
-  try {
-    write_sharded_folder(call, staging, state, std::move(local), global_shapes);
-  } catch (const RuntimeError&) {
-    std::error_code ignored;
-    if (is_global_zero()) fs::remove_all(staging, ignored);  // nothing half-written stays behind
-    throw;
-  }
-  run_on_rank_zero(call, [&] { replace_folder(staging, path); });
-}
-
 namespace {
 std::string slash_path(const std::vector<dcp::PathElement>& path) {
   std::string out;
@@ -176,56 +143,114 @@ void add_python_group_defaults(StateDict& optimizer_dict, const torch::optim::Op
 
 }  // namespace
 
-void FSDPStrategy::write_sharded_folder(const std::string& call, const fs::path& staging, const State& state, StateDict local,
-                                        const std::map<std::string, std::vector<int64_t>>& global_shapes) {
+CheckpointWrite FSDPStrategy::prepare_checkpoint(const std::string& call, const fs::path& path, const State& state,
+                                                 const StateFilter& filter, bool host_copy) {
+  std::map<std::string, std::vector<int64_t>> global_shapes;
+  StateDict local = make_state_dict();
+  run_on_every_rank(call, [&] { local = engine_->local_checkpoint(state, filter, global_shapes); });
+  if (fsdp_options_.state_dict_type != "full") return prepare_sharded_folder(call, path, state, local, global_shapes, host_copy);
+  const int parts = shard_group_size();
+  for (const auto& [tensor_path, shape] : global_shapes) {  // the same order on every rank
+    at::Tensor slot = torch::zeros({(c10::multiply_integers(shape) + parts - 1) / parts});
+    const at::Tensor mine = tensor_at_path(local, tensor_path);
+    slot.narrow(0, 0, mine.numel()).copy_(mine);
+    const at::Tensor whole = parts > 1 ? shard_group().all_gather(slot).reshape(-1) : slot;
+    insert_at_path(local, tensor_path, whole.narrow(0, 0, c10::multiply_integers(shape)).view(shape).clone());
+  }
+  if (host_copy) run_on_rank_zero(call, [&] { local = lightning::fabric::host_copy(local).toGenericDict(); });
+  if (!is_global_zero()) return {};
+  return {[path, local] { save_state_dict_file(path, local); }, nullptr, nullptr};
+}
+
+// Sharded: every shard-holding rank writes its items into a fresh staging folder, which the
+// commit completes (metadata, meta.pt) and moves to `path`.
+CheckpointWrite FSDPStrategy::prepare_sharded_folder(const std::string& call, const fs::path& path, const State& state,
+                                                     const StateDict& local,
+                                                     const std::map<std::string, std::vector<int64_t>>& global_shapes,
+                                                     bool host_copy) {
+  const fs::path staging =
+      broadcast_bytes(is_global_zero() ? path.string() + ".tmp-" + std::to_string(::getpid()) : std::string(), 0);
+  const bool zero = is_global_zero();
+  auto discard = [zero, staging] {
+    std::error_code ignored;
+    if (zero) fs::remove_all(staging, ignored);  // nothing half-written stays behind
+  };
+  run_on_rank_zero(call, [&] {
+    fs::remove_all(staging);
+    fs::create_directories(staging);
+  });
+  auto items = std::make_shared<std::vector<dcp::SaveItem>>();
+  auto rest = std::make_shared<StateDict>(make_state_dict());  // what Python Fabric keeps in meta.pt
+  try {
+    run_on_every_rank(call, [&] {
+      *items = sharded_save_items(state, local, global_shapes, *rest);
+      if (!host_copy) return;
+      for (dcp::SaveItem& item : *items) item.value = lightning::fabric::host_copy(item.value);
+      *rest = lightning::fabric::host_copy(*rest).toGenericDict();
+    });
+  } catch (const RuntimeError&) {
+    discard();
+    throw;
+  }
+  auto written = std::make_shared<std::string>();  // this rank's metadata, pickled
+  CheckpointWrite steps;
+  steps.write = [staging, rank = global_rank(), items, written] {
+    *written = dcp::write_metadata(dcp::write_rank_items(staging, rank, *items));
+  };
+  steps.commit = [this, call, staging, path, rest, written] {
+    std::vector<std::string> every_rank;
+    for (int rank = 0; rank < world_size(); ++rank) {
+      std::string bytes = broadcast_bytes(rank == global_rank() ? *written : std::string(), rank);
+      if (is_global_zero()) every_rank.push_back(std::move(bytes));
+    }
+    run_on_rank_zero(call, [&] {
+      std::vector<dcp::Metadata> parts;
+      for (size_t rank = 0; rank < every_rank.size(); ++rank) {
+        parts.push_back(dcp::parse_metadata(every_rank[rank], "rank " + std::to_string(rank) + "'s items"));
+      }
+      save_state_dict_file(staging / dcp::kLightningMetaFile, *rest);
+      write_file_atomically(staging / dcp::kMetadataFile, dcp::write_metadata(dcp::merge_metadata(parts)));
+      replace_folder(staging, path);
+    });
+  };
+  steps.discard = discard;
+  return steps;
+}
+
+std::vector<dcp::SaveItem> FSDPStrategy::sharded_save_items(
+    const State& state, const StateDict& local, const std::map<std::string, std::vector<int64_t>>& global_shapes,
+    StateDict& rest) {
   const int parts = shard_group_size(), part = shard_group_rank();
   const bool writes_shards = global_rank() < parts;  // one replica of every part (HYBRID_SHARD: node 0's ranks)
-  std::string written;
-  StateDict rest = make_state_dict();  // what Python Fabric keeps in meta.pt: neither module nor optimizer
-  run_on_every_rank(call, [&] {
-    std::vector<dcp::SaveItem> items;
-    for (const auto& [key, entry] : state) {
-      if (!local.contains(key)) continue;
-      if (entry.module() == nullptr && entry.optimizer() == nullptr) {
-        rest.insert(key, local.at(key));
-        continue;
-      }
-      StateDict one = make_state_dict();
-      one.insert(key, local.at(key));
-      if (entry.optimizer() != nullptr && local.at(key).isGenericDict()) {
-        StateDict optimizer_dict = local.at(key).toGenericDict();
-        add_python_group_defaults(optimizer_dict, *entry.optimizer());
-      }
-      const auto names = entry.optimizer() ? engine_->optimizer_parameter_names(state, *entry.optimizer())
-                                           : std::vector<std::string>{};
-      for (dcp::Leaf& leaf : dcp::flatten_state(one)) {
-        auto shape = global_shapes.find(slash_path(leaf.path));
-        const bool sharded = shape != global_shapes.end();
-        if (entry.optimizer()) name_optimizer_leaf(leaf, names);
-        if (sharded ? !writes_shards : !is_global_zero()) continue;
-        dcp::SaveItem item{leaf.path, leaf.value, sharded, {}, 0};
-        if (sharded) {
-          item.global_shape = shape->second;
-          item.begin = shard_slice(element_count(shape->second), parts, part).begin;
-        }
-        items.push_back(std::move(item));
-      }
+  std::vector<dcp::SaveItem> items;
+  for (const auto& [key, entry] : state) {
+    if (!local.contains(key)) continue;
+    if (entry.module() == nullptr && entry.optimizer() == nullptr) {
+      rest.insert(key, local.at(key));
+      continue;
     }
-    written = dcp::write_metadata(dcp::write_rank_items(staging, global_rank(), items));
-  });
-  std::vector<std::string> every_rank;
-  for (int rank = 0; rank < world_size(); ++rank) {
-    std::string bytes = broadcast_bytes(rank == global_rank() ? written : std::string(), rank);
-    if (is_global_zero()) every_rank.push_back(std::move(bytes));
+    StateDict one = make_state_dict();
+    one.insert(key, local.at(key));
+    if (entry.optimizer() != nullptr && local.at(key).isGenericDict()) {
+      StateDict optimizer_dict = local.at(key).toGenericDict();
+      add_python_group_defaults(optimizer_dict, *entry.optimizer());
+    }
+    const auto names = entry.optimizer() ? engine_->optimizer_parameter_names(state, *entry.optimizer())
+                                         : std::vector<std::string>{};
+    for (dcp::Leaf& leaf : dcp::flatten_state(one)) {
+      auto shape = global_shapes.find(slash_path(leaf.path));
+      const bool sharded = shape != global_shapes.end();
+      if (entry.optimizer()) name_optimizer_leaf(leaf, names);
+      if (sharded ? !writes_shards : !is_global_zero()) continue;
+      dcp::SaveItem item{leaf.path, leaf.value, sharded, {}, 0};
+      if (sharded) {
+        item.global_shape = shape->second;
+        item.begin = shard_slice(element_count(shape->second), parts, part).begin;
+      }
+      items.push_back(std::move(item));
+    }
   }
-  run_on_rank_zero(call, [&] {
-    std::vector<dcp::Metadata> parts;
-    for (size_t rank = 0; rank < every_rank.size(); ++rank) {
-      parts.push_back(dcp::parse_metadata(every_rank[rank], "rank " + std::to_string(rank) + "'s items"));
-    }
-    save_state_dict_file(staging / dcp::kLightningMetaFile, rest);
-    write_file_atomically(staging / dcp::kMetadataFile, dcp::write_metadata(dcp::merge_metadata(parts)));
-  });
+  return items;
 }
 
 // Collective: a rank that cannot read its part fails every rank alike.

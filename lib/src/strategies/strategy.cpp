@@ -3,6 +3,7 @@
 
 #include <torch/types.h>
 
+#include "lightning/fabric/checkpoint/background_write.h"
 #include "lightning/fabric/checkpoint/checkpoint_io.h"
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/internal/gradient_norm.h"
@@ -10,6 +11,12 @@
 #include "lightning/fabric/utilities/rank_zero.h"
 
 namespace lightning::fabric {
+
+Strategy::Strategy(StrategyContext context) : context_(std::move(context)) {}
+
+Strategy::~Strategy() {
+  if (background_write_) abandon_background_save();
+}
 
 void Strategy::setup_environment() { context_.accelerator->setup_device(root_device()); }
 
@@ -81,11 +88,74 @@ void Strategy::run_on_every_rank(const std::string& call, const std::function<vo
   throw RuntimeError(call + " failed on rank " + std::to_string(first) + ": " + failure);
 }
 
-void Strategy::save_checkpoint(const std::filesystem::path& path, const State& state, const StateFilter& filter) {
-  run_on_rank_zero("fabric.save(" + path.string() + ")", [&] {
-    save_state_dict_file(path, to_checkpoint(state, filter));
-    LF_CHECK(std::filesystem::exists(path), RuntimeError, "the file is missing after writing it");
+void Strategy::save_checkpoint(const std::filesystem::path& path, const State& state, const StateFilter& filter,
+                               bool in_background) {
+  settle_background_save(/*wait=*/true);
+  const std::string call = std::string(in_background ? "fabric.save_in_background(" : "fabric.save(") + path.string() + ")";
+  CheckpointWrite steps = prepare_checkpoint(call, path, state, filter, in_background);
+  if (!in_background) {
+    std::exception_ptr error;
+    try {
+      if (steps.write) steps.write();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    finish_checkpoint(call, steps, error);
+    return;
+  }
+  background_steps_ = CheckpointWrite{nullptr, std::move(steps.commit), std::move(steps.discard)};
+  background_write_ = std::make_unique<BackgroundWrite>(call, steps.write ? std::move(steps.write) : [] {});
+}
+
+void Strategy::settle_background_save(bool wait) {
+  if (!background_write_) return;
+  if (!wait) {
+    const double mine = background_write_->finished() ? 1.0 : 0.0;
+    const double everyone =
+        world_size() > 1 ? all_reduce(torch::full({1}, mine, torch::dtype(torch::kFloat64)), ReduceOp::Min).item<double>()
+                         : mine;
+    if (everyone < 1.0) return;
+  }
+  const std::unique_ptr<BackgroundWrite> finished = std::move(background_write_);
+  CheckpointWrite steps = std::move(background_steps_);
+  background_steps_ = {};
+  finish_checkpoint(finished->call(), steps, finished->wait());
+}
+
+void Strategy::abandon_background_save() {
+  if (!background_write_) return;
+  const std::unique_ptr<BackgroundWrite> abandoned = std::move(background_write_);
+  abandoned->wait();
+  if (background_steps_.discard) background_steps_.discard();
+  background_steps_ = {};
+}
+
+void Strategy::finish_checkpoint(const std::string& call, CheckpointWrite& steps, std::exception_ptr write_error) {
+  try {
+    run_on_every_rank(call, [&] {
+      if (write_error) std::rethrow_exception(write_error);
+    });
+    if (steps.commit) steps.commit();
+  } catch (...) {
+    if (steps.discard) steps.discard();
+    throw;
+  }
+}
+
+CheckpointWrite Strategy::prepare_checkpoint(const std::string& call, const std::filesystem::path& path,
+                                             const State& state, const StateFilter& filter, bool host_copy) {
+  StateDict checkpoint = make_state_dict();
+  run_on_every_rank(call, [&] {
+    if (!is_global_zero()) return;
+    checkpoint = to_checkpoint(state, filter);
+    if (host_copy) checkpoint = lightning::fabric::host_copy(checkpoint).toGenericDict();
   });
+  if (!is_global_zero()) return {};
+  return {[path, checkpoint] {
+            save_state_dict_file(path, checkpoint);
+            LF_CHECK(std::filesystem::exists(path), RuntimeError, "the file is missing after writing it");
+          },
+          nullptr, nullptr};
 }
 
 StateDict Strategy::load_checkpoint(const std::filesystem::path& path, State* state, bool strict) {

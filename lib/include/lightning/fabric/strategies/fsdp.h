@@ -34,6 +34,10 @@
 
 namespace lightning::fabric {
 
+namespace dcp {
+struct SaveItem;  // checkpoint/dcp.h
+}
+
 enum class ShardingStrategy { FullShard, ShardGradOp, NoShard, HybridShard };
 /// "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD" (ValueError for others).
 LF_API ShardingStrategy parse_sharding_strategy(const std::string& name);
@@ -123,9 +127,9 @@ class LF_API FSDPStrategy : public ParallelStrategy {
   double clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type,
                                 bool error_if_nonfinite) override;
 
-  /// "sharded": a folder written by every shard-holding rank; "full": one file written by rank 0
+  /// Saves (prepare_checkpoint) and loads "sharded" checkpoints, a folder written by every
+  /// shard-holding rank, and "full" ones, one file written by rank 0
   /// (lib/src/strategies/fsdp_checkpoint.cpp).
-  void save_checkpoint(const std::filesystem::path& path, const State& state, const StateFilter& filter) override;
   StateDict load_checkpoint(const std::filesystem::path& path, State* state, bool strict) override;
 
   /// Ranks that share the shards of a parameter (all, or one node's under HYBRID_SHARD), and this
@@ -141,12 +145,20 @@ class LF_API FSDPStrategy : public ParallelStrategy {
   int64_t resident_bytes() const;
 
  private:
+  CheckpointWrite prepare_checkpoint(const std::string& call, const std::filesystem::path& path, const State& state,
+                                     const StateFilter& filter, bool host_copy) override;
   class Engine;  // the sharding state and its operations (lib/private/lightning/fabric/strategies/fsdp_engine.h)
   StateDict read_checkpoint(const std::filesystem::path& path, State* state, bool strict);  // this rank's part
-  /// Sharded saves: every shard-holding rank writes its items into `staging`, rank 0 the
-  /// metadata and meta.pt (torch.distributed.checkpoint's layout). Collective.
-  void write_sharded_folder(const std::string& call, const std::filesystem::path& staging, const State& state, StateDict local,
-                            const std::map<std::string, std::vector<int64_t>>& global_shapes);
+  /// Sharded saves: stages a folder (rank 0), collects this rank's items and returns the write
+  /// (its items into the staging folder) and the commit (metadata, meta.pt, rename). Collective.
+  CheckpointWrite prepare_sharded_folder(const std::string& call, const std::filesystem::path& path, const State& state,
+                                         const StateDict& local,
+                                         const std::map<std::string, std::vector<int64_t>>& global_shapes, bool host_copy);
+  /// The DCP items this rank saves (shards on shard-holding ranks, whole values on rank 0), and
+  /// in rest the entries that are neither module nor optimizer (meta.pt). Not collective.
+  std::vector<dcp::SaveItem> sharded_save_items(const State& state, const StateDict& local,
+                                                const std::map<std::string, std::vector<int64_t>>& global_shapes,
+                                                StateDict& rest);
   StateDict read_sharded_folder(const std::filesystem::path& path, State* state, bool strict);
   /// FSDPOptions' automatic units made in module; returns the ones called through lf::call.
   std::vector<std::shared_ptr<torch::nn::Module>> wrap_units(torch::nn::Module& module);

@@ -39,10 +39,25 @@ struct LF_API StrategyContext {
   env::EnvLookup env = env::process_env();      // the environment the Connector resolved with
 };
 
+class BackgroundWrite;  // checkpoint/background_write.h
+
+/// One fabric.save as a strategy carries it out, in three steps after the collective preparation
+/// (Strategy::prepare_checkpoint). Any of them may be empty.
+struct LF_API CheckpointWrite {
+  /// Writes this rank's files. Not collective: it may run on a background thread, so it touches
+  /// only what the preparation handed it (a host copy of the state when saving in the background).
+  std::function<void()> write;
+  /// Collective, on the calling thread, once every rank's write succeeded: makes the checkpoint
+  /// visible at its path (e.g. the metadata and the folder's rename).
+  std::function<void()> commit;
+  /// Not collective: after a failed write or commit, removes what they left (a staging folder).
+  std::function<void()> discard;
+};
+
 class LF_API Strategy {
  public:
-  explicit Strategy(StrategyContext context) : context_(std::move(context)) {}
-  virtual ~Strategy() = default;
+  explicit Strategy(StrategyContext context);
+  virtual ~Strategy();
 
   virtual std::string name() const = 0;
   /// The device this process computes on.
@@ -112,8 +127,21 @@ class LF_API Strategy {
   /// Broadcasts raw bytes (serialised objects) from src to every rank.
   virtual std::string broadcast_bytes(const std::string& bytes, int src) { (void)src; return bytes; }
 
-  // Checkpoints (collective). Default: rank 0 writes one file (run_on_rank_zero), every rank reads it.
-  virtual void save_checkpoint(const std::filesystem::path& path, const State& state, const StateFilter& filter);
+  // Checkpoints (collective). Default: rank 0 writes one file, every rank reads it.
+  /// fabric.save and fabric.save_in_background: waits for a background save in flight
+  /// (settle_background_save), prepares (prepare_checkpoint), then runs the write here, or on a
+  /// background thread when in_background (after which it returns), and the commit. A failure on
+  /// any rank is raised on every rank as "<call> failed on rank R: <why>".
+  void save_checkpoint(const std::filesystem::path& path, const State& state, const StateFilter& filter,
+                       bool in_background = false);
+  /// Collective; Fabric calls it first thing in each of its collective calls. With a background
+  /// save in flight: wait=true waits for this rank's write; wait=false returns at once unless every
+  /// rank's write has finished. Once they have, every rank learns the outcome, the commit runs, and
+  /// a failure is raised on every rank alike. Without one: nothing, no communication.
+  void settle_background_save(bool wait);
+  /// Not collective. Waits for this rank's background write and discards it uncommitted; for
+  /// destructors and unwinding, where the other ranks may not take part in a commit.
+  void abandon_background_save();
   /// With state: restores it in place and returns the unrequested entries; without: the whole
   /// checkpoint as stored.
   virtual StateDict load_checkpoint(const std::filesystem::path& path, State* state, bool strict);
@@ -142,8 +170,22 @@ class LF_API Strategy {
   void run_on_rank_zero(const std::string& call, const std::function<void()>& action);
   /// Runs action on every rank; the lowest failing rank's reason reaches all.
   void run_on_every_rank(const std::string& call, const std::function<void()>& action);
+  /// The collective first part of a save: gathers or shards what it needs, and returns the steps
+  /// that finish it. call names the Fabric call for messages. host_copy: the write will run on a
+  /// background thread, so it must hold its own copy of every tensor (host_copy in
+  /// checkpoint/background_write.h); otherwise it may read the live state. Default: rank 0 writes
+  /// one file atomically (checkpoint/checkpoint_io.h).
+  virtual CheckpointWrite prepare_checkpoint(const std::string& call, const std::filesystem::path& path,
+                                             const State& state, const StateFilter& filter, bool host_copy);
 
   StrategyContext context_;
+
+ private:
+  /// Every rank's write is done (or failed): agree on the outcome, then commit or discard.
+  void finish_checkpoint(const std::string& call, CheckpointWrite& steps, std::exception_ptr write_error);
+
+  std::unique_ptr<BackgroundWrite> background_write_;  // the save in flight, if any
+  CheckpointWrite background_steps_;                   // its commit and discard
 };
 
 /// One process, one device: "single_device".

@@ -1,0 +1,92 @@
+#include "lightning/fabric/checkpoint/background_write.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <unordered_map>
+
+namespace lightning::fabric {
+
+namespace {
+class HostCopier {
+ public:
+  c10::IValue copy(const c10::IValue& value) {
+    if (value.isTensor()) return tensor(value.toTensor());
+    if (value.isGenericDict()) {
+      const auto dict = value.toGenericDict();
+      c10::impl::GenericDict out(dict.keyType(), dict.valueType());
+      for (const auto& item : dict) out.insert(item.key(), copy(item.value()));
+      return out;
+    }
+    if (value.isList()) {
+      const auto list = value.toList();
+      c10::impl::GenericList out(list.elementType());
+      out.reserve(list.size());
+      for (const c10::IValue item : list) out.push_back(copy(item));
+      return out;
+    }
+    if (value.isTuple()) {
+      std::vector<c10::IValue> items;
+      for (const c10::IValue& item : value.toTupleRef().elements()) items.push_back(copy(item));
+      return c10::ivalue::Tuple::create(std::move(items));
+    }
+    return value;  // numbers, strings, None: immutable
+  }
+
+ private:
+  at::Tensor tensor(const at::Tensor& source) {
+    if (!source.defined() || !source.has_storage() || source.is_sparse()) return source;
+    // The same tensor twice stays one tensor (the pickle refers back to it).
+    auto same = tensors_.find(source.unsafeGetTensorImpl());
+    if (same != tensors_.end()) return same->second;
+    at::Tensor copy = view_of_copy(source);
+    tensors_.emplace(source.unsafeGetTensorImpl(), copy);
+    return copy;
+  }
+
+  at::Tensor view_of_copy(const at::Tensor& source) {
+    const c10::Storage& storage = source.storage();
+    auto found = copies_.find(storage.unsafeGetStorageImpl());
+    if (found == copies_.end()) {
+      const auto bytes = static_cast<int64_t>(storage.nbytes());
+      const auto byte_options = at::TensorOptions().dtype(at::kByte).device(source.device());
+      const at::Tensor original = at::empty({0}, byte_options).set_(storage, 0, {bytes}, {1});
+      at::Tensor copied = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(source.is_cuda()));
+      copied.copy_(original);
+      found = copies_.emplace(storage.unsafeGetStorageImpl(), copied).first;
+    }
+    return at::empty({0}, source.options().device(at::kCPU).requires_grad(false))
+        .set_(found->second.storage(), source.storage_offset(), source.sizes(), source.strides());
+  }
+
+  std::unordered_map<const c10::StorageImpl*, at::Tensor> copies_;  // whole storages, as bytes
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> tensors_;
+};
+}  // namespace
+
+c10::IValue host_copy(const c10::IValue& value) {
+  at::NoGradGuard no_grad;
+  return HostCopier().copy(value);
+}
+
+BackgroundWrite::BackgroundWrite(std::string call, std::function<void()> write)
+    : call_(std::move(call)), thread_([this, write = std::move(write)] {
+        try {
+          at::NoGradGuard no_grad;
+          write();
+        } catch (...) {
+          error_ = std::current_exception();
+        }
+        finished_.store(true, std::memory_order_release);
+      }) {}
+
+BackgroundWrite::~BackgroundWrite() {
+  if (thread_.joinable()) thread_.join();
+}
+
+std::exception_ptr BackgroundWrite::wait() {
+  if (thread_.joinable()) thread_.join();
+  return error_;
+}
+
+}  // namespace lightning::fabric
