@@ -42,21 +42,29 @@ lf::Fabric make_fabric(const std::string& strategy) {
   return lf::Fabric(lf::FabricOptions().accelerator("cpu").strategy(lf::fsdp_strategy(options)));
 }
 
-torch::nn::Sequential stack(int64_t width, int layers, uint64_t seed) {
+// A buffer of `bytes` that the forward passes by: a large checkpoint with a cheap step.
+struct BallastImpl : torch::nn::Module {
+  explicit BallastImpl(int64_t bytes) { register_buffer("ballast", torch::rand({bytes / 4})); }
+  at::Tensor forward(const at::Tensor& x) { return x; }
+};
+TORCH_MODULE(Ballast);
+
+torch::nn::Sequential stack(int64_t width, int layers, uint64_t seed, int64_t ballast_bytes) {
   torch::manual_seed(seed);
   torch::nn::Sequential net;
   for (int i = 0; i < layers; ++i) {
     net->push_back(torch::nn::Linear(width, width));
     net->push_back(torch::nn::Tanh());
   }
+  if (ballast_bytes > 0) net->push_back(Ballast(ballast_bytes));
   return net;
 }
 
 // A set-up model and optimizer, stepped on one fixed batch.
 class Job {
  public:
-  Job(lf::Fabric& fabric, int64_t width, int layers, uint64_t seed)
-      : fabric_(fabric), width_(width), net_(stack(width, layers, seed)), adam_(net_->parameters(), 1e-3) {
+  Job(lf::Fabric& fabric, int64_t width, int layers, uint64_t seed, int64_t ballast_bytes = 0)
+      : fabric_(fabric), width_(width), net_(stack(width, layers, seed, ballast_bytes)), adam_(net_->parameters(), 1e-3) {
     auto [model, optimizer] = fabric.setup(net_, adam_);
     model_.emplace(std::move(model));
     optimizer_.emplace(std::move(optimizer));
@@ -104,7 +112,7 @@ int same(const std::string& strategy, const fs::path& dir) {
 
 int continues(const std::string& strategy, const fs::path& dir) {
   auto fabric = make_fabric(strategy);
-  Job job(fabric, 2048, 6, 1);  // a checkpoint of ~300 MB: its write takes many steps
+  Job job(fabric, 256, 3, 1, int64_t{256} << 20);  // a cheap step, a checkpoint of 256 MB
   job.step();
   const double saved_loss = job.loss();
   fabric.save_in_background(dir / "ck", job.state(1));
@@ -124,7 +132,7 @@ int continues(const std::string& strategy, const fs::path& dir) {
   fabric.save(dir / "third", job.state(3));
   expect(fs::exists(dir / "second"), "fabric.save completes the background save in flight first");
   fabric.save_in_background(dir / "fourth", job.state(4));
-  Job fresh(fabric, 2048, 6, 99);
+  Job fresh(fabric, 256, 3, 99, int64_t{256} << 20);
   lf::State state = fresh.state(0);
   fabric.load(dir / "ck", state);
   expect(state.at("step").to<int64_t>() == 1, "the plain values of the save call come back");
