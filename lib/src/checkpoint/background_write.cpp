@@ -8,6 +8,8 @@
 namespace lightning::fabric {
 
 namespace {
+thread_local HostBufferPool* copy_pool = nullptr;  // set by a HostCopyScope
+
 class HostCopier {
  public:
   c10::IValue copy(const c10::IValue& value) {
@@ -51,7 +53,8 @@ class HostCopier {
       const auto bytes = static_cast<int64_t>(storage.nbytes());
       const auto byte_options = at::TensorOptions().dtype(at::kByte).device(source.device());
       const at::Tensor original = at::empty({0}, byte_options).set_(storage, 0, {bytes}, {1});
-      at::Tensor copied = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(source.is_cuda()));
+      at::Tensor copied = copy_pool ? copy_pool->take(bytes, source.is_cuda())
+                                    : at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(source.is_cuda()));
       copied.copy_(original);
       found = copies_.emplace(storage.unsafeGetStorageImpl(), copied).first;
     }
@@ -63,6 +66,31 @@ class HostCopier {
   std::unordered_map<const c10::TensorImpl*, at::Tensor> tensors_;
 };
 }  // namespace
+
+at::Tensor HostBufferPool::take(int64_t bytes, bool pinned) {
+  at::Tensor buffer;
+  auto found = free_.find({bytes, pinned});
+  if (found != free_.end()) {
+    buffer = found->second;
+    free_.erase(found);
+  } else {
+    buffer = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(pinned));
+  }
+  taken_.emplace(std::make_pair(bytes, pinned), buffer);
+  return buffer;
+}
+
+void HostBufferPool::start_copy() {
+  free_.merge(taken_);
+  taken_.clear();
+}
+
+void HostBufferPool::finish_copy() { free_.clear(); }
+
+HostCopyScope::HostCopyScope(HostBufferPool& pool) : previous_(copy_pool) { copy_pool = &pool; }
+HostCopyScope::~HostCopyScope() { copy_pool = previous_; }
+
+at::Tensor saved_tensor(const at::Tensor& tensor) { return copy_pool ? tensor.detach() : tensor.detach().cpu(); }
 
 c10::IValue host_copy(const c10::IValue& value) {
   at::NoGradGuard no_grad;

@@ -1,5 +1,6 @@
 #include "lightning/fabric/checkpoint/state_dict.h"
 
+#include "lightning/fabric/checkpoint/background_write.h"
 #include "lightning/fabric/checkpoint/optimizer_names.h"
 
 #include <torch/optim.h>
@@ -80,8 +81,8 @@ void StateEntry::set_value(c10::IValue value) { expect_kind(kind_, Kind::Value);
 
 StateDict module_state_dict(const torch::nn::Module& module) {
   StateDict state = make_state_dict();
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) state.insert(item.key(), item.value().detach().cpu());
-  for (const auto& item : module.named_buffers(/*recurse=*/true)) state.insert(item.key(), item.value().detach().cpu());
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) state.insert(item.key(), saved_tensor(item.value()));
+  for (const auto& item : module.named_buffers(/*recurse=*/true)) state.insert(item.key(), saved_tensor(item.value()));
   return state;
 }
 
@@ -116,7 +117,7 @@ void load_module_state_dict(torch::nn::Module& module, const StateDict& state, b
 namespace {
 double as_double(const c10::IValue& value) { return value.isDouble() ? value.toDouble() : static_cast<double>(value.toInt()); }
 
-c10::IValue cpu_or_none(const at::Tensor& tensor) { return tensor.defined() ? c10::IValue(tensor.detach().cpu()) : c10::IValue(); }
+c10::IValue cpu_or_none(const at::Tensor& tensor) { return tensor.defined() ? c10::IValue(saved_tensor(tensor)) : c10::IValue(); }
 
 // One typed optimizer: how its options and per-parameter state map to named values.
 struct OptimizerCodec {
@@ -419,7 +420,7 @@ StateDict to_checkpoint(const State& state, const StateFilter& filter) {
         if (value.isGenericDict() && filter.count(key)) {
           out.insert(key, filtered(value.toGenericDict(), key, filter));
         } else {
-          out.insert(key, value.isTensor() ? c10::IValue(value.toTensor().detach().cpu()) : value);
+          out.insert(key, value.isTensor() ? c10::IValue(saved_tensor(value.toTensor())) : value);
         }
         break;
       }

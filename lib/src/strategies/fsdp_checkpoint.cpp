@@ -56,7 +56,7 @@ StateDict FSDPStrategy::Engine::local_checkpoint(const State& state, const State
         if (!module_dict.contains(p.name)) continue;  // filtered out
         // A shard that views its full parameter (SHARD_GRAD_OP, NO_SHARD) would save the whole storage.
         const bool owns_storage = p.shard.storage().nbytes() == static_cast<size_t>(p.shard.nbytes());
-        module_dict.insert_or_assign(p.name, owns_storage ? p.shard.detach().cpu() : p.shard.detach().cpu().clone());
+        module_dict.insert_or_assign(p.name, owns_storage ? saved_tensor(p.shard) : p.shard.detach().cpu().clone());
         global_shapes[key + "/" + p.name] = p.shape;
       }
     } else if (entry.optimizer() != nullptr) {

@@ -40,6 +40,7 @@ struct LF_API StrategyContext {
 };
 
 class BackgroundWrite;  // checkpoint/background_write.h
+class HostBufferPool;
 
 /// One fabric.save as a strategy carries it out, in three steps after the collective preparation
 /// (Strategy::prepare_checkpoint). Any of them may be empty.
@@ -186,6 +187,7 @@ class LF_API Strategy {
 
   std::unique_ptr<BackgroundWrite> background_write_;  // the save in flight, if any
   CheckpointWrite background_steps_;                   // its commit and discard
+  std::unique_ptr<HostBufferPool> host_buffers_;       // the last background save's host copy, for the next
 };
 
 /// One process, one device: "single_device".

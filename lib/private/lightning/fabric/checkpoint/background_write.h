@@ -8,10 +8,45 @@
 #include <atomic>
 #include <exception>
 #include <functional>
+#include <map>
 #include <string>
 #include <thread>
 
 namespace lightning::fabric {
+
+/// Host memory kept from one background save's copy for the next: copying into pages already
+/// mapped is about three times as fast as into fresh ones (measured: 1.6 GB in 0.35 s against 1.0 s).
+/// It holds what the last copy took, and nothing more. Used by one thread at a time.
+class HostBufferPool {
+ public:
+  /// A byte tensor of `bytes` (pinned when asked): one the previous copy used, or a new one.
+  at::Tensor take(int64_t bytes, bool pinned);
+  /// Before a copy: every buffer is free again. The caller guarantees no write still reads them.
+  void start_copy();
+  /// After a copy: frees the buffers it did not take.
+  void finish_copy();
+
+ private:
+  std::multimap<std::pair<int64_t, bool>, at::Tensor> free_, taken_;
+};
+
+/// While one is alive on this thread, the tensors a save collects (saved_tensor) stay on their
+/// device, so that host_copy copies them from there straight into pinned memory, once, and
+/// host_copy takes its memory from `pool`. The collecting steps of a background save run under
+/// one (Strategy::save_checkpoint).
+class HostCopyScope {
+ public:
+  explicit HostCopyScope(HostBufferPool& pool);
+  ~HostCopyScope();
+  HostCopyScope(const HostCopyScope&) = delete;
+  HostCopyScope& operator=(const HostCopyScope&) = delete;
+
+ private:
+  HostBufferPool* previous_;
+};
+/// A tensor as a state dict holds it for a save: detached, and copied to the CPU unless a
+/// HostCopyScope is alive on this thread.
+at::Tensor saved_tensor(const at::Tensor& tensor);
 
 /// A copy of value that shares nothing the caller can change: every tensor's storage copied to
 /// host memory (pinned when it lives on a GPU, so the copy is one DMA), containers rebuilt.
