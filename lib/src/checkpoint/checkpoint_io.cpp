@@ -135,6 +135,10 @@ std::string archive_bytes(const c10::IValue& value) {
   return out;
 }
 
+void stream_archive(const c10::IValue& value, const std::function<void(const void* data, size_t size)>& sink) {
+  write_archive(value, sink);
+}
+
 c10::IValue value_of_archive(std::string_view bytes, const std::string& what) { return read_archive(bytes, what); }
 
 StateDict load_state_dict_file(const fs::path& path) {

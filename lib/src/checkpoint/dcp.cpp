@@ -95,6 +95,12 @@ c10::ScalarType scalar_type_of(const std::string& name) {
   throw RuntimeError("torch.distributed.checkpoint: dtype " + name + " is not supported here.");
 }
 
+// Whether a torch.save of tensor writes only its own elements: contiguous, over all of its storage.
+bool covers_its_storage(const at::Tensor& tensor) {
+  return tensor.is_contiguous() && tensor.storage_offset() == 0 &&
+         tensor.storage().nbytes() == static_cast<size_t>(tensor.numel()) * tensor.element_size();
+}
+
 // The part of `tensor` (shaped like box `outer`) that box `inner` covers.
 at::Tensor sub_box(at::Tensor tensor, const Box& inner, const Box& outer) {
   const std::vector<int64_t> at = relative_offsets(inner, outer);
@@ -125,12 +131,13 @@ Metadata write_rank_items(const fs::path& folder, int rank, const std::vector<Sa
   const std::string file = data_file_name(rank);
   write_file_atomically(folder / file, [&](const ByteSink& sink) {
     uint64_t written = 0;
-    auto put = [&](const c10::IValue& value) {
-      const std::string bytes = archive_bytes(value);
-      sink(bytes.data(), bytes.size());
-      const Location location{file, written, bytes.size()};
-      written += bytes.size();
-      return location;
+    auto put = [&](const c10::IValue& value) {  // streamed: no archive is held in memory whole
+      const uint64_t start = written;
+      stream_archive(value, [&](const void* data, size_t size) {
+        sink(data, size);
+        written += size;
+      });
+      return Location{file, start, written - start};
     };
     for (const SaveItem& save : items) {
       const std::string key = flat_key(save.path);
@@ -151,8 +158,10 @@ Metadata write_rank_items(const fs::path& folder, int rank, const std::vector<Sa
       item.chunks = flat_range_boxes(item.size, save.begin, save.sharded ? tensor.numel() : flat.numel());
       int64_t at = 0;
       for (const Box& box : item.chunks) {
-        // A box of its own storage: torch.save writes a view's whole storage.
-        item.locations.push_back(put(flat.narrow(0, at, box.numel()).reshape(box.sizes).clone()));
+        // torch.save writes a view's whole storage: a box that is less than its storage is cloned.
+        at::Tensor part = flat.narrow(0, at, box.numel()).reshape(box.sizes);
+        if (!covers_its_storage(part)) part = part.clone();
+        item.locations.push_back(put(part));
         at += box.numel();
       }
       metadata.add(key, std::move(item));

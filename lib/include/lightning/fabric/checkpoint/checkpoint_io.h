@@ -6,6 +6,7 @@
 #include "lightning/fabric/export.h"
 
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -24,6 +25,8 @@ LF_API StateDict load_state_dict_file(const std::filesystem::path& path);
 /// One value as the bytes of a torch.save archive (what torch.load reads), and back; `what` names
 /// the bytes in errors (RuntimeError for a truncated, corrupted or foreign archive).
 LF_API std::string archive_bytes(const c10::IValue& value);
+/// The same bytes handed to `sink` piece by piece as they are made, without holding them all.
+LF_API void stream_archive(const c10::IValue& value, const std::function<void(const void* data, size_t size)>& sink);
 LF_API c10::IValue value_of_archive(std::string_view bytes, const std::string& what);
 
 }  // namespace lightning::fabric
