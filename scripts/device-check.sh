@@ -5,7 +5,8 @@
 #   (device)      run(command="bash scripts/device-check.sh", carry=["third_party"], timeout_s=540)
 # It configures the project against that python3's LibTorch, builds what the checks need, and runs:
 #   1. the gpu tests: the cuda accelerator, 16-mixed and bf16-mixed, the loss scaler's kernels on
-#      CUDA against the same scaler on CPU, training on an NCCL group;
+#      CUDA against the same scaler on CPU, training on an NCCL group, a background save's pinned
+#      host copy and its bytes against fabric.save's;
 #   2. every Fabric collective and a save/load round trip on an NCCL group, under ddp and fsdp
 #      (fsdp with a float16 loss scaler whose overflow flag crosses the group);
 #   3. the step-time benchmark per precision;

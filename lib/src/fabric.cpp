@@ -263,13 +263,16 @@ std::string Fabric::broadcast(const std::string& value, int src) {
 
 ScopeGuard Fabric::rank_zero_first(bool local) {
   ensure_environment_ready();
+  // A background save completes here, on every rank together, not in the closing guard (a
+  // destructor, which must not throw its failure).
+  connector_->strategy->settle_background_save(/*wait=*/false);
   const bool first = (local ? local_rank() : global_rank()) == 0;
   // Only ranks that must wait block at entry; rank 0 releases them when its block ends.
-  if (!first) barrier();
+  if (!first) connector_->strategy->barrier();
   // A block that throws skips rank 0's barrier: the error goes on instead of a barrier (which
   // could itself fail during unwinding and terminate the program).
   return ScopeGuard([this, first, unwinding = std::uncaught_exceptions()] {
-    if (first && std::uncaught_exceptions() == unwinding) barrier();
+    if (first && std::uncaught_exceptions() == unwinding) connector_->strategy->barrier();
   });
 }
 

@@ -3,9 +3,14 @@
 #define CATCH_CONFIG_RUNNER
 #include <torch/torch.h>
 
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 
 #include "lightning/fabric.h"
+#include "lightning/fabric/checkpoint/background_write.h"
+#include "lightning/fabric/utilities/process.h"
 #include "lightning/fabric/plugins/collectives/collective.h"
 // Catch2 last: glog (inside LibTorch) defines its own CHECK macro, Catch2 must win.
 #include <catch2/catch.hpp>
@@ -53,6 +58,43 @@ TEST_CASE("cuda: the Fabric loop matches the raw loop on the same GPU", "[gpu]")
     optimizer.step();
   }
   CHECK(torch::allclose(raw->weight, net->weight));
+}
+
+TEST_CASE("cuda: save_in_background copies the GPU state once, into pinned memory, and writes fabric.save's bytes",
+          "[gpu][background]") {
+  const at::Tensor on_gpu = torch::arange(1024, torch::TensorOptions().device(torch::kCUDA));
+  lf::StateDict state = lf::make_state_dict();
+  state.insert("weight", on_gpu);
+  {
+    lf::HostBufferPool pool;
+    lf::HostCopyScope scope(pool);
+    CHECK(lf::saved_tensor(on_gpu).is_cuda());  // left on the device for host_copy
+    const at::Tensor copied = lf::host_copy(state).toGenericDict().at("weight").toTensor();
+    CHECK(copied.device().is_cpu());
+    CHECK(copied.is_pinned());
+    CHECK(torch::equal(copied, on_gpu.cpu()));
+  }
+  CHECK(lf::saved_tensor(on_gpu).device().is_cpu());  // outside a background save: on the CPU at once
+
+  lf::Fabric fabric(lf::FabricOptions().accelerator("cuda").devices(1), lf::env::map_env({}));
+  torch::manual_seed(4);
+  torch::nn::Linear net(64, 8);
+  torch::optim::Adam adam(net->parameters(), 0.1);
+  auto [model, optimizer] = fabric.setup(net, adam);
+  fabric.backward(model(torch::randn({4, 64})).sum());
+  optimizer.step();
+  const std::filesystem::path folder = lf::make_temporary_directory("lf-gpu-background");
+  fabric.save(folder / "sync.ckpt", {{"model", net}, {"optimizer", adam}});
+  fabric.save_in_background(folder / "background.ckpt", {{"model", net}, {"optimizer", adam}});
+  fabric.backward(model(torch::randn({4, 64})).sum());  // training goes on, on the GPU
+  optimizer.step();
+  fabric.wait_for_background_save();
+  auto bytes = [](const std::filesystem::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  CHECK(bytes(folder / "background.ckpt") == bytes(folder / "sync.ckpt"));
+  std::filesystem::remove_all(folder);
 }
 
 // Hidden ([.]): run under lightning-run, which provides the rendezvous:

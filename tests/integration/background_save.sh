@@ -26,6 +26,8 @@ echo "save_in_background wrote the same bytes as fabric.save: $(cd "$dir/same" &
 
 mkdir "$dir/continues"
 job continues "$strategy" "$dir/continues"
+[ -e "$dir/continues/at-exit" ] || { echo "FAIL: the save left in flight at exit was not completed"; exit 1; }
+[ "$strategy" != fsdp ] || [ -f "$dir/continues/at-exit/.metadata" ] || { echo "FAIL: the folder completed at exit has no .metadata"; exit 1; }
 
 mkdir "$dir/kill"
 job hang "$strategy" "$dir/kill" >"$dir/kill.log" 2>&1 &
@@ -33,12 +35,14 @@ launcher=$!
 for _ in $(seq 2400); do grep -q "background save started" "$dir/kill.log" && break; sleep 0.05; done
 grep -q "background save started" "$dir/kill.log" || { cat "$dir/kill.log"; echo "FAIL: the background save did not start"; exit 1; }
 # Kill while the write is in progress: its temporary files are there.
+writing=""
 for _ in $(seq 1000); do
-  compgen -G "$dir/kill/.ck.tmp-*" >/dev/null && break
-  compgen -G "$dir/kill/ck.tmp-*/.__*" >/dev/null && break
+  compgen -G "$dir/kill/.ck.tmp-*" >/dev/null && { writing=yes; break; }
+  compgen -G "$dir/kill/ck.tmp-*/.__*" >/dev/null && { writing=yes; break; }
   sleep 0.002
 done
 pkill -9 -f "$checks hang $strategy $dir/kill"
+[ -n "$writing" ] || { echo "FAIL: no temporary file of the background write was seen before the kill"; exit 1; }
 wait "$launcher" 2>/dev/null || true
 echo "killed during the background write; left in the folder: $(ls -A "$dir/kill" | tr '\n' ' ')"
 stray="$(find "$dir/kill" -name .metadata ! -path "$dir/kill/ck/.metadata")"
@@ -51,12 +55,12 @@ mkdir "$dir/read-only" "$dir/full"
 if [ "$(id -u)" = 0 ] && unshare -m true 2>/dev/null; then
   unshare -m --propagation private bash -c "mount --bind '$dir/read-only' '$dir/read-only' &&
     mount -o remount,bind,ro '$dir/read-only' &&
-    '$run' model --accelerator cpu --devices 2 '$checks' refused '$strategy' '$dir/read-only' 'Read-only file system'"
+    '$run' model --accelerator cpu --devices 2 '$checks' refused '$strategy' '$dir/read-only' 'Read-only file system' any"
   unshare -m --propagation private bash -c "mount -t tmpfs -o size=1m tmpfs '$dir/full' &&
-    '$run' model --accelerator cpu --devices 2 '$checks' refused '$strategy' '$dir/full' 'No space left on device'"
+    '$run' model --accelerator cpu --devices 2 '$checks' refused '$strategy' '$dir/full' 'No space left on device' later"
 else
   chmod a-w "$dir/read-only"
-  job refused "$strategy" "$dir/read-only" "Permission denied"
+  job refused "$strategy" "$dir/read-only" "Permission denied" any
   echo "note: not root, so the full-disk case (a tmpfs mount) was not run"
 fi
 echo "background saves hold under $strategy"

@@ -6,14 +6,17 @@
 //                                                  script compares the files byte for byte)
 //   background_save_checks continues STRATEGY DIR   training steps run while the save is written;
 //                                                  the checkpoint holds the state of the save call;
-//                                                  the next save and fabric.load wait for it
+//                                                  the next save and fabric.load wait for it; one
+//                                                  left in flight (DIR/at-exit) completes at exit
 //   background_save_checks hang STRATEGY DIR        saves DIR/ck (step 1), then again in the
 //                                                  background (step 2), prints "background save
 //                                                  started" and trains until killed
 //   background_save_checks check STRATEGY DIR       loads DIR/ck: it is step 1 or step 2, whole
-//   background_save_checks refused STRATEGY DIR CAUSE   a background save to DIR/ck that cannot be
-//                                                  written: every rank raises the same error, naming
-//                                                  the path and CAUSE; nothing is left in DIR
+//   background_save_checks refused STRATEGY DIR CAUSE WHEN   a background save to DIR/ck that cannot
+//                                                  be written: every rank raises the same error at
+//                                                  the same call, naming the path and CAUSE; nothing
+//                                                  is left in DIR. WHEN "later": not raised by the
+//                                                  save_in_background call itself (a write failure)
 //   background_save_checks bench STRATEGY DIR MB REPEATS   the time the training loop is blocked per
 //                                                  save, fabric.save against save_in_background, on
 //                                                  a model of MB megabytes (benchmark P9)
@@ -80,6 +83,23 @@ class Job {
     return torch::mse_loss((*model_)(batch()), torch::zeros({4, width_})).item<double>();
   }
   lf::State state(int64_t step) { return {{"model", net_}, {"optimizer", adam_}, {"step", step}}; }
+  // Adam's state on this rank (its shards under fsdp), summed: equal for equal state.
+  double optimizer_fingerprint() const {
+    double sum = 0;
+    int64_t found_states = 0;
+    for (const auto& group : adam_.param_groups()) {  // the optimizer's own parameters (shards under fsdp)
+      for (const auto& parameter : group.params()) {
+        auto found = adam_.state().find(parameter.unsafeGetTensorImpl());
+        if (found == adam_.state().end()) continue;
+        const auto& adam_state = static_cast<const torch::optim::AdamParamState&>(*found->second);
+        sum += adam_state.exp_avg().sum().item<double>() + adam_state.exp_avg_sq().sum().item<double>() +
+               static_cast<double>(adam_state.step());
+        ++found_states;
+      }
+    }
+    expect(found_states > 0, "Adam has state to compare");
+    return sum;
+  }
 
  private:
   at::Tensor batch() const { return torch::linspace(-1, 1, 4 * width_).reshape({4, width_}); }
@@ -114,7 +134,7 @@ int continues(const std::string& strategy, const fs::path& dir) {
   auto fabric = make_fabric(strategy);
   Job job(fabric, 256, 3, 1, int64_t{256} << 20);  // a cheap step, a checkpoint of 256 MB
   job.step();
-  const double saved_loss = job.loss();
+  const double saved_loss = job.loss(), saved_optimizer = job.optimizer_fingerprint();
   fabric.save_in_background(dir / "ck", job.state(1));
   int steps_while_writing = 0;
   for (int step = 0; step < 500 && !fs::exists(dir / "ck"); ++step) {
@@ -126,6 +146,7 @@ int continues(const std::string& strategy, const fs::path& dir) {
             << " training steps ran while the checkpoint was written" << std::endl;
   expect(steps_while_writing >= 1, "training steps run while the background save writes");
   expect(job.loss() != saved_loss, "training changed the weights after the save call");
+  expect(job.optimizer_fingerprint() != saved_optimizer, "training changed Adam's state after the save call");
 
   // The next save waits for the one in flight; so does fabric.load.
   fabric.save_in_background(dir / "second", job.state(2));
@@ -138,9 +159,12 @@ int continues(const std::string& strategy, const fs::path& dir) {
   expect(state.at("step").to<int64_t>() == 1, "the plain values of the save call come back");
   expect(fresh.loss() == saved_loss, "the checkpoint holds the weights of the save call, not later ones (loss " +
                                          exact(fresh.loss()) + " against " + exact(saved_loss) + ")");
+  expect(fresh.optimizer_fingerprint() == saved_optimizer, "the checkpoint holds Adam's state of the save call");
   lf::State fourth = fresh.state(0);
   fabric.load(dir / "fourth", fourth);
   expect(fourth.at("step").to<int64_t>() == 4, "fabric.load of a folder still being written waits for it");
+  // Left in flight at the end: the Fabric's destructor completes it (background_save.sh checks).
+  fabric.save_in_background(dir / "at-exit", job.state(5));
   return 0;
 }
 
@@ -180,7 +204,7 @@ int check(const std::string& strategy, const fs::path& dir) {
   return 0;
 }
 
-int refused(const std::string& strategy, const fs::path& dir, const std::string& cause) {
+int refused(const std::string& strategy, const fs::path& dir, const std::string& cause, const std::string& when) {
   auto fabric = make_fabric(strategy);
   Job job(fabric, 1024, 8, 1);
   job.step();
@@ -200,6 +224,8 @@ int refused(const std::string& strategy, const fs::path& dir, const std::string&
   const std::string call = "fabric.save_in_background(" + (dir / "ck").string() + ") failed on rank ";
   expect(error.find(call) != std::string::npos, "the error names the call and the path: " + error);
   expect(error.find(cause) != std::string::npos, "the error gives the cause (" + cause + "): " + error);
+  expect(when == "any" || where != "the save_in_background call",
+         "the failure happened in the background write and was raised by a later call");
   // Every rank raised it at the same call, so the job goes on in step.
   const double agreed = fabric.all_reduce(static_cast<double>(where.size()), "max");
   expect(agreed == static_cast<double>(where.size()), "every rank raised the error at the same call");
@@ -251,10 +277,10 @@ int main(int argc, char** argv) {
     else if (mode == "continues" && argc == 4) continues(argv[2], argv[3]);
     else if (mode == "hang" && argc == 4) hang(argv[2], argv[3]);
     else if (mode == "check" && argc == 4) check(argv[2], argv[3]);
-    else if (mode == "refused" && argc == 5) refused(argv[2], argv[3], argv[4]);
+    else if (mode == "refused" && argc == 6) refused(argv[2], argv[3], argv[4], argv[5]);
     else if (mode == "bench" && argc == 6) bench(argv[2], argv[3], std::stoi(argv[4]), std::stoi(argv[5]));
     else {
-      std::cerr << "usage: background_save_checks same|continues|hang|check STRATEGY DIR | refused STRATEGY DIR CAUSE | "
+      std::cerr << "usage: background_save_checks same|continues|hang|check STRATEGY DIR | refused STRATEGY DIR CAUSE any|later | "
                    "bench STRATEGY DIR MB REPEATS" << std::endl;
       return 2;
     }

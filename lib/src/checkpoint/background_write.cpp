@@ -5,6 +5,8 @@
 
 #include <unordered_map>
 
+#include "lightning/fabric/errors.h"
+
 namespace lightning::fabric {
 
 namespace {
@@ -32,12 +34,23 @@ class HostCopier {
       for (const c10::IValue& item : value.toTupleRef().elements()) items.push_back(copy(item));
       return c10::ivalue::Tuple::create(std::move(items));
     }
+    LF_CHECK(value.isNone() || value.isInt() || value.isDouble() || value.isBool() || value.isString() ||
+                 value.isComplexDouble() || value.isDevice(),
+             ValueError, "fabric.save_in_background: a value of type ", value.tagKind(),
+             " in the state cannot be copied for the background write; save it with fabric.save, or store it as ",
+             "a tensor, number, string, list or dict.");
     return value;  // numbers, strings, None: immutable
   }
 
  private:
-  at::Tensor tensor(const at::Tensor& source) {
-    if (!source.defined() || !source.has_storage() || source.is_sparse()) return source;
+  at::Tensor tensor(const at::Tensor& original) {
+    if (!original.defined()) return original;
+    // Layouts without one plain storage (sparse, mkldnn) and lazily conjugated or negated views
+    // are copied as values.
+    if (!original.has_storage() || original.layout() != at::kStrided || original.is_conj() || original.is_neg()) {
+      return original.detach().resolve_conj().resolve_neg().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+    }
+    const at::Tensor& source = original;
     // The same tensor twice stays one tensor (the pickle refers back to it).
     auto same = tensors_.find(source.unsafeGetTensorImpl());
     if (same != tensors_.end()) return same->second;

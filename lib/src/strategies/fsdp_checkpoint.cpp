@@ -9,6 +9,8 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/rmsprop.h>
 #include <torch/types.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <unistd.h>
 
 #include "lightning/fabric/checkpoint/atomic_file.h"
@@ -27,9 +29,16 @@ namespace lightning::fabric {
 namespace fs = std::filesystem;
 
 namespace {
-// Moves a finished folder to `path`, replacing what was there; the old content is deleted only
-// once the new folder is in place.
+// Moves a finished folder to `path`, replacing what was there. Where the file system can swap two
+// names atomically (Linux's RENAME_EXCHANGE), there is no moment without a checkpoint at `path`;
+// otherwise the old folder is moved aside first and back if the second rename fails. The old
+// content is deleted only once the new folder is in place.
 void replace_folder(const fs::path& staging, const fs::path& path) {
+  if (fs::exists(path) && ::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, path.c_str(), RENAME_EXCHANGE) == 0) {
+    std::error_code ignored;
+    fs::remove_all(staging, ignored);  // now the previous checkpoint
+    return;
+  }
   const fs::path previous = path.string() + ".old-" + std::to_string(::getpid());
   const bool had_previous = fs::exists(path);
   if (had_previous) fs::rename(path, previous);
@@ -56,7 +65,7 @@ StateDict FSDPStrategy::Engine::local_checkpoint(const State& state, const State
         if (!module_dict.contains(p.name)) continue;  // filtered out
         // A shard that views its full parameter (SHARD_GRAD_OP, NO_SHARD) would save the whole storage.
         const bool owns_storage = p.shard.storage().nbytes() == static_cast<size_t>(p.shard.nbytes());
-        module_dict.insert_or_assign(p.name, owns_storage ? saved_tensor(p.shard) : p.shard.detach().cpu().clone());
+        module_dict.insert_or_assign(p.name, owns_storage ? saved_tensor(p.shard) : saved_tensor(p.shard).clone());
         global_shapes[key + "/" + p.name] = p.shape;
       }
     } else if (entry.optimizer() != nullptr) {

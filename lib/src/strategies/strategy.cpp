@@ -95,13 +95,15 @@ void Strategy::save_checkpoint(const std::filesystem::path& path, const State& s
   settle_background_save(/*wait=*/true);
   const std::string call = std::string(in_background ? "fabric.save_in_background(" : "fabric.save(") + path.string() + ")";
   std::optional<HostCopyScope> host_copies;  // device tensors copied once, into pinned memory kept for the next
+  ScopeGuard copy_finished;
   if (in_background) {
     if (!host_buffers_) host_buffers_ = std::make_unique<HostBufferPool>();
     host_buffers_->start_copy();
     host_copies.emplace(*host_buffers_);
+    copy_finished = ScopeGuard([this] { host_buffers_->finish_copy(); });
   }
   CheckpointWrite steps = prepare_checkpoint(call, path, state, filter, in_background);
-  if (in_background) host_buffers_->finish_copy();
+  copy_finished = ScopeGuard();
   host_copies.reset();
   if (!in_background) {
     std::exception_ptr error;
