@@ -10,6 +10,7 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <exception>
 #include <filesystem>
 #include <functional>
 #include <memory>
