@@ -136,8 +136,11 @@ int continues(const std::string& strategy, const fs::path& dir) {
   job.step();
   const double saved_loss = job.loss(), saved_optimizer = job.optimizer_fingerprint();
   fabric.save_in_background(dir / "ck", job.state(1));
+  // Every rank leaves the loop at the same step (rank 0's view decides): a single file appears
+  // when rank 0's thread renames it, at any moment.
+  auto saved = [&] { return fabric.broadcast(std::string(fs::exists(dir / "ck") ? "1" : "0"), 0) == "1"; };
   int steps_while_writing = 0;
-  for (int step = 0; step < 500 && !fs::exists(dir / "ck"); ++step) {
+  for (int step = 0; step < 500 && !saved(); ++step) {
     job.step();
     if (!fs::exists(dir / "ck")) ++steps_while_writing;
   }

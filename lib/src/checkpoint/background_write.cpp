@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <system_error>
 #include <unordered_map>
 
 #include "lightning/fabric/errors.h"
@@ -50,13 +51,31 @@ class HostCopier {
     if (!original.has_storage() || original.layout() != at::kStrided || original.is_conj() || original.is_neg()) {
       return original.detach().resolve_conj().resolve_neg().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
     }
-    const at::Tensor& source = original;
+    if (!original.device().is_cpu()) return device_copy(original);
     // The same tensor twice stays one tensor (the pickle refers back to it).
-    auto same = tensors_.find(source.unsafeGetTensorImpl());
+    auto same = tensors_.find(original.unsafeGetTensorImpl());
     if (same != tensors_.end()) return same->second;
-    at::Tensor copy = view_of_copy(source);
-    tensors_.emplace(source.unsafeGetTensorImpl(), copy);
+    at::Tensor copy = view_of_copy(original);
+    tensors_.emplace(original.unsafeGetTensorImpl(), copy);
     return copy;
+  }
+
+  // A device tensor as fabric.save's .cpu() copies it: its own elements into storage of its own,
+  // strides kept when they are dense, here pinned (one DMA per tensor).
+  at::Tensor device_copy(const at::Tensor& source) {
+    const bool dense = source.is_non_overlapping_and_dense();
+    const at::Tensor layout = dense ? source : source.contiguous();
+    const int64_t bytes = layout.numel() * static_cast<int64_t>(layout.element_size());
+    const at::Tensor buffer = take(bytes, /*pinned=*/true);
+    at::Tensor copy = at::empty({0}, source.options().device(at::kCPU).requires_grad(false))
+                          .set_(buffer.storage(), 0, layout.sizes(), layout.strides());
+    copy.copy_(source);
+    return copy;
+  }
+
+  static at::Tensor take(int64_t bytes, bool pinned) {
+    return copy_pool ? copy_pool->take(bytes, pinned)
+                     : at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(pinned));
   }
 
   at::Tensor view_of_copy(const at::Tensor& source) {
@@ -66,8 +85,7 @@ class HostCopier {
       const auto bytes = static_cast<int64_t>(storage.nbytes());
       const auto byte_options = at::TensorOptions().dtype(at::kByte).device(source.device());
       const at::Tensor original = at::empty({0}, byte_options).set_(storage, 0, {bytes}, {1});
-      at::Tensor copied = copy_pool ? copy_pool->take(bytes, source.is_cuda())
-                                    : at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(source.is_cuda()));
+      at::Tensor copied = take(bytes, /*pinned=*/false);
       copied.copy_(original);
       found = copies_.emplace(storage.unsafeGetStorageImpl(), copied).first;
     }
@@ -110,16 +128,22 @@ c10::IValue host_copy(const c10::IValue& value) {
   return HostCopier().copy(value);
 }
 
-BackgroundWrite::BackgroundWrite(std::string call, std::function<void()> write)
-    : call_(std::move(call)), thread_([this, write = std::move(write)] {
-        try {
-          at::NoGradGuard no_grad;
-          write();
-        } catch (...) {
-          error_ = std::current_exception();
-        }
-        finished_.store(true, std::memory_order_release);
-      }) {}
+BackgroundWrite::BackgroundWrite(std::string call, std::function<void()> write) : call_(std::move(call)) {
+  auto run = [this, write = std::move(write)] {
+    try {
+      at::NoGradGuard no_grad;
+      write();
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+    finished_.store(true, std::memory_order_release);
+  };
+  try {
+    thread_ = std::thread(run);
+  } catch (const std::system_error&) {
+    run();  // no thread to be had: write here, so every rank still has this save to settle
+  }
+}
 
 BackgroundWrite::~BackgroundWrite() {
   if (thread_.joinable()) thread_.join();

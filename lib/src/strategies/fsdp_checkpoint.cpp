@@ -35,8 +35,11 @@ namespace {
 // content is deleted only once the new folder is in place.
 void replace_folder(const fs::path& staging, const fs::path& path) {
   if (fs::exists(path) && ::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, path.c_str(), RENAME_EXCHANGE) == 0) {
+    // staging now holds the previous checkpoint: its .metadata goes first, so that a kill during
+    // the removal leaves nothing that looks complete.
     std::error_code ignored;
-    fs::remove_all(staging, ignored);  // now the previous checkpoint
+    fs::remove(staging / dcp::kMetadataFile, ignored);
+    fs::remove_all(staging, ignored);
     return;
   }
   const fs::path previous = path.string() + ".old-" + std::to_string(::getpid());

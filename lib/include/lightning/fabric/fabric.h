@@ -341,14 +341,15 @@ class LF_API Fabric {
   /// to host memory (pinned when it lives on a GPU); a background thread then writes the same
   /// files with the same atomicity (path holds its previous checkpoint until the new one is
   /// whole). Collective. The save completes (and a failure is raised, on every rank alike, naming
-  /// the path and the cause) at the first collective Fabric call after every rank's write
-  /// finished: barrier, all_reduce, all_gather, broadcast, backward, rank_zero_first, or at the
-  /// latest the next save, load or wait_for_background_save. One save is in flight at a time. The
-  /// host copy's memory is kept for the next background save (docs/checkpoints.md).
+  /// the path and the cause) at the first of barrier, all_reduce, all_gather, broadcast, backward
+  /// and rank_zero_first after every rank's write finished, or at the latest at the next save,
+  /// load or wait_for_background_save. One save is in flight at a time. The host copy's memory is
+  /// kept for the next background save (docs/checkpoints.md).
   void save_in_background(const std::filesystem::path& path, const State& state, const StateFilter& filter = {});
   /// Blocks until the background save in flight (if any) is complete on disk, and raises its
   /// failure. Collective. With a save in flight, the destructor does the same (so it is then
-  /// collective too) and reports a failure on stderr.
+  /// collective too) and reports a failure on stderr; while an exception unwinds it only waits
+  /// for this rank's write and discards the save.
   void wait_for_background_save();
   /// Restores state in place from path (modules, optimizers, ... loaded; plain values replaced)
   /// and returns the checkpoint's entries that state did not ask for. strict: an entry of state

@@ -136,7 +136,9 @@ class LF_API Strategy {
   /// any rank is raised on every rank as "<call> failed on rank R: <why>".
   void save_checkpoint(const std::filesystem::path& path, const State& state, const StateFilter& filter,
                        bool in_background = false);
-  /// Collective; Fabric calls it first thing in each of its collective calls. With a background
+  /// Collective. Fabric calls it with wait=false first thing in barrier, all_reduce, all_gather,
+  /// broadcast, backward and rank_zero_first, and with wait=true in save, load,
+  /// wait_for_background_save and its destructor. With a background
   /// save in flight: wait=true waits for this rank's write; wait=false returns at once unless every
   /// rank's write has finished. Once they have, every rank learns the outcome, the commit runs, and
   /// a failure is raised on every rank alike. Without one: nothing, no communication.
