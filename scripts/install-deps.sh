@@ -34,7 +34,7 @@ if [ "$profile" = all ]; then
   python_packages+=(lightning==2.6.6 tensorboard==2.21.0)
   packages+=(
     catch2
-    iproute2
+    iproute2 ethtool util-linux  # tests/hosts: namespaces, veth, offloads off for the link emulator
     protobuf-compiler  # tests: protoc --decode_raw reads our TensorBoard event files
     gnuplot-nox        # scripts/plot_metrics.sh
     slurm-wlm munge openmpi-bin  # the engines tests: a one-node Slurm (tests/engines) and mpirun

@@ -1,12 +1,18 @@
 #include "lightning/launcher/rendezvous.h"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <netdb.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
+#include <future>
+#include <iterator>
 #include <random>
 #include <sstream>
 #include <thread>
+#include <type_traits>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 namespace lightning::launcher {
@@ -41,6 +47,43 @@ std::chrono::milliseconds seconds(double value) {
 }
 
 constexpr auto kPollInterval = std::chrono::milliseconds(50);
+constexpr auto kHeartbeatPeriod = std::chrono::seconds(1);
+
+// This machine's IPv4 and IPv6 addresses, loopback left out, separated by spaces.
+std::string own_addresses() {
+  std::string list;
+  ifaddrs* all = nullptr;
+  if (getifaddrs(&all) != 0) return list;
+  for (const ifaddrs* entry = all; entry != nullptr; entry = entry->ifa_next) {
+    if (entry->ifa_addr == nullptr) continue;
+    const int family = entry->ifa_addr->sa_family;
+    if (family != AF_INET && family != AF_INET6) continue;
+    char text[INET6_ADDRSTRLEN] = {};
+    const void* raw = family == AF_INET ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(entry->ifa_addr)->sin_addr)
+                                        : static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(entry->ifa_addr)->sin6_addr);
+    if (inet_ntop(family, raw, text, sizeof(text)) == nullptr || is_loopback(text)) continue;
+    list += (list.empty() ? "" : " ") + std::string(text);
+  }
+  freeifaddrs(all);
+  return list;
+}
+
+// Of the nodes with their silence so far: none while no node has been silent for timeout_s; once
+// one has, also those silent for all but two heartbeats of it, which went at the same moment (a
+// partition) and are named together.
+std::vector<LostNode> lost_together(std::vector<LostNode> silent, double timeout_s) {
+  const bool any = std::any_of(silent.begin(), silent.end(), [&](const LostNode& node) { return node.silent_s >= timeout_s; });
+  const double threshold = timeout_s - 2.0 * std::chrono::duration<double>(kHeartbeatPeriod).count();
+  silent.erase(std::remove_if(silent.begin(), silent.end(), [&](const LostNode& node) { return !any || node.silent_s < threshold; }),
+               silent.end());
+  return silent;
+}
+
+std::string host_name() {
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  return name;
+}
 
 }  // namespace
 
@@ -63,6 +106,7 @@ Rendezvous Rendezvous::establish(const LaunchArgs& args, int local_world_size) {
   layout.main_address = args.main_address;
   layout.max_restarts = args.max_restarts;
   rendezvous.timeout_ = seconds(args.rdzv_timeout_s);
+  rendezvous.node_timeout_ = seconds(args.node_timeout_s);
 
   c10d::TCPStoreOptions options;
   options.isServer = args.node_rank == 0;
@@ -120,6 +164,8 @@ void Rendezvous::register_node(const LaunchArgs& args, int local_world_size) {
                               ". Start every node with the same --num-nodes.",
                           2);
   }
+  store.set(key("node/" + std::to_string(rank) + "/host"), bytes(host_name()));
+  store.set(key("node/" + std::to_string(rank) + "/addresses"), bytes(own_addresses()));
   store.set(key("node/" + std::to_string(rank) + "/local_world_size"), bytes(std::to_string(local_world_size)));
 
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
@@ -145,20 +191,50 @@ void Rendezvous::register_node(const LaunchArgs& args, int local_world_size) {
   std::vector<int> counts;
   for (int node = 0; node < args.num_nodes; ++node) {
     counts.push_back(std::stoi(text(store.get(key("node/" + std::to_string(node) + "/local_world_size")))));
+    hosts_.push_back(text(store.get(key("node/" + std::to_string(node) + "/host"))));
+    std::istringstream addresses(text(store.get(key("node/" + std::to_string(node) + "/addresses"))));
+    addresses_.emplace_back(std::istream_iterator<std::string>(addresses), std::istream_iterator<std::string>());
   }
   fabric::place_node(layout_, rank, counts);
   layout_.run_id = text(store.get(key("run_id")));
 }
 
-void Rendezvous::announce_failure(int attempt, const RemoteFailure& failure) {
-  const std::string base = "attempt/" + std::to_string(attempt) + "/failure";
-  try {
-    if (store_->add(key(base + "/count"), 1) == 1) {
-      std::ostringstream record;
-      record << failure.node_rank << ' ' << failure.global_rank << ' ' << failure.exit_code << ' ' << failure.summary;
-      store_->set(key(base), bytes(record.str()));
+template <typename Op>
+auto Rendezvous::bounded(Op op) -> decltype(op(std::declval<c10d::TCPStore&>())) {
+  using Result = decltype(op(std::declval<c10d::TCPStore&>()));
+  if (unreachable_) throw std::runtime_error("an earlier call got no answer");
+  auto promise = std::make_shared<std::promise<Result>>();
+  std::future<Result> answer = promise->get_future();
+  // The thread owns everything it touches (op holds copies), so it may outlive this call.
+  std::thread([store = store_, promise, op]() mutable {
+    try {
+      if constexpr (std::is_void_v<Result>) {
+        op(*store);
+        promise->set_value();
+      } else {
+        promise->set_value(op(*store));
+      }
+    } catch (...) {
+      promise->set_exception(std::current_exception());
     }
-    store_->add(key(base + "/seen"), 1);
+  }).detach();
+  if (answer.wait_for(node_timeout_) != std::future_status::ready) {
+    unreachable_ = true;
+    throw std::runtime_error("no answer for " + format_seconds(node_timeout_.count() / 1000.0) +
+                             "s (--node-timeout): node 0's machine is down or the network to it is");
+  }
+  return answer.get();
+}
+
+void Rendezvous::announce_failure(int attempt, const RemoteFailure& failure) {
+  const std::string base = key("attempt/" + std::to_string(attempt) + "/failure");
+  std::ostringstream record;
+  record << failure.node_rank << ' ' << failure.global_rank << ' ' << failure.exit_code << ' ' << failure.summary;
+  try {
+    bounded([base, line = record.str()](c10d::TCPStore& store) {
+      if (store.add(base + "/count", 1) == 1) store.set(base, bytes(line));
+      store.add(base + "/seen", 1);
+    });
   } catch (const std::exception& error) {
     lost_contact(error);
   }
@@ -168,7 +244,8 @@ void Rendezvous::wait_until_failure_seen(int attempt, std::chrono::milliseconds 
   const std::string seen = key("attempt/" + std::to_string(attempt) + "/failure/seen");
   const auto deadline = std::chrono::steady_clock::now() + limit;
   try {
-    while (store_->add(seen, 0) < layout_.num_nodes && std::chrono::steady_clock::now() < deadline) {
+    while (bounded([seen](c10d::TCPStore& store) { return store.add(seen, 0); }) < layout_.num_nodes &&
+           std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(kPollInterval);
     }
   } catch (const std::exception&) {
@@ -179,15 +256,19 @@ void Rendezvous::wait_until_failure_seen(int attempt, std::chrono::milliseconds 
 std::optional<RemoteFailure> Rendezvous::failure(int attempt) {
   const std::string base = key("attempt/" + std::to_string(attempt) + "/failure");
   try {
-    if (!store_->check({base})) return std::nullopt;
-    std::istringstream record(text(store_->get(base)));
+    const bool first_look = !failure_seen_.count(attempt);
+    const auto line = bounded([base, first_look](c10d::TCPStore& store) -> std::optional<std::string> {
+      if (!store.check({base})) return std::nullopt;
+      std::string found = text(store.get(base));
+      if (first_look) store.add(base + "/seen", 1);
+      return found;
+    });
+    if (!line) return std::nullopt;
+    failure_seen_.insert(attempt);
+    std::istringstream record(*line);
     RemoteFailure failure;
     record >> failure.node_rank >> failure.global_rank >> failure.exit_code;
     std::getline(record >> std::ws, failure.summary);
-    if (!failure_seen_.count(attempt)) {
-      failure_seen_.insert(attempt);
-      store_->add(key("attempt/" + std::to_string(attempt) + "/failure/seen"), 1);
-    }
     return failure;
   } catch (const std::exception& error) {
     lost_contact(error);
@@ -197,9 +278,9 @@ std::optional<RemoteFailure> Rendezvous::failure(int attempt) {
 void Rendezvous::wait_for_attempt(int attempt) {
   const std::string name = key("attempt/" + std::to_string(attempt) + "/ready");
   try {
-    store_->add(name, 1);
+    bounded([name](c10d::TCPStore& store) { store.add(name, 1); });
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
-    while (store_->add(name, 0) < layout_.num_nodes) {
+    while (bounded([name](c10d::TCPStore& store) { return store.add(name, 0); }) < layout_.num_nodes) {
       if (std::chrono::steady_clock::now() > deadline) {
         throw RendezvousError("timed out waiting for every node to restart attempt " + std::to_string(attempt), 1);
       }
@@ -213,8 +294,13 @@ void Rendezvous::wait_for_attempt(int attempt) {
 }
 
 void Rendezvous::announce_done(int attempt) {
+  const std::string done = key("attempt/" + std::to_string(attempt) + "/done");
+  const std::string mine = done + "/" + std::to_string(layout_.node_rank);
   try {
-    store_->add(key("attempt/" + std::to_string(attempt) + "/done"), 1);
+    bounded([done, mine](c10d::TCPStore& store) {
+      store.set(mine, bytes("1"));
+      store.add(done, 1);
+    });
   } catch (const std::exception& error) {
     lost_contact(error);
   }
@@ -222,10 +308,63 @@ void Rendezvous::announce_done(int attempt) {
 
 bool Rendezvous::all_done(int attempt) {
   try {
-    return store_->add(key("attempt/" + std::to_string(attempt) + "/done"), 0) >= layout_.num_nodes;
+    const std::string done = key("attempt/" + std::to_string(attempt) + "/done");
+    return bounded([done](c10d::TCPStore& store) { return store.add(done, 0); }) >= layout_.num_nodes;
   } catch (const std::exception& error) {
     lost_contact(error);
   }
+}
+
+std::string Rendezvous::nodes_named_in(const std::string& text) const {
+  std::string named;
+  for (size_t node = 0; node < addresses_.size(); ++node) {
+    if (static_cast<int>(node) == layout_.node_rank) continue;
+    for (const std::string& address : addresses_[node]) {
+      const size_t at = text.find(address);
+      // Whole addresses only: 10.0.0.1 must not match inside 10.0.0.12.
+      const bool whole = at != std::string::npos &&
+                         (at + address.size() == text.size() || !std::isdigit(static_cast<unsigned char>(text[at + address.size()])));
+      if (!whole) continue;
+      named += (named.empty() ? "" : ", ") + address + " (node " + std::to_string(node) + ", " + hosts_[node] + ")";
+      break;
+    }
+  }
+  return named;
+}
+
+std::vector<LostNode> Rendezvous::watch_nodes(int attempt) {
+  const auto now = std::chrono::steady_clock::now();
+  if (watched_attempt_ != attempt) {
+    watched_attempt_ = attempt;
+    heartbeats_.assign(static_cast<size_t>(layout_.num_nodes), Heartbeat{-1, now});
+  }
+  std::vector<LostNode> lost;
+  if (now - last_beat_ < kHeartbeatPeriod) return lost;
+  last_beat_ = now;
+  try {
+    if (layout_.node_rank != 0) {
+      const std::string beat = key("node/" + std::to_string(layout_.node_rank) + "/heartbeat");
+      bounded([beat](c10d::TCPStore& store) { store.add(beat, 1); });
+      return lost;
+    }
+    for (int node = 1; node < layout_.num_nodes; ++node) {
+      const std::string beat = key("node/" + std::to_string(node) + "/heartbeat");
+      const std::string done = key("attempt/" + std::to_string(attempt) + "/done/" + std::to_string(node));
+      const auto [count, finished] = bounded([beat, done](c10d::TCPStore& store) {
+        return std::make_pair(store.add(beat, 0), store.check({done}));
+      });
+      Heartbeat& seen = heartbeats_[static_cast<size_t>(node)];
+      if (finished) continue;
+      if (count != seen.count) {
+        seen = {count, now};
+        continue;
+      }
+      lost.push_back({node, hosts_[static_cast<size_t>(node)], std::chrono::duration<double>(now - seen.changed).count()});
+    }
+  } catch (const std::exception& error) {
+    lost_contact(error);
+  }
+  return lost_together(std::move(lost), static_cast<double>(node_timeout_.count()) / 1000.0);
 }
 
 }  // namespace lightning::launcher

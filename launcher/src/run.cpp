@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
@@ -51,6 +52,25 @@ std::string shell_quote(const std::string& word) {
   return quoted + "'";
 }
 
+// "node 1 (host1) stopped answering: ..." for the nodes node 0 found silent.
+std::string lost_nodes_summary(const std::vector<LostNode>& lost, int num_nodes, double node_timeout_s) {
+  const bool several = lost.size() > 1;
+  std::string nodes;
+  double silent_s = 0;
+  for (const LostNode& node : lost) {
+    silent_s = std::max(silent_s, node.silent_s);
+    nodes += (nodes.empty() ? "" : ", ") + std::string("node ") + std::to_string(node.node_rank) + " (" + node.host + ")";
+  }
+  std::string summary = nodes + " stopped answering: no heartbeat from " + (several ? "their lightning-runs" : "its lightning-run") +
+                        " for " + format_seconds(std::round(silent_s * 10) / 10) + "s (--node-timeout=" +
+                        format_seconds(node_timeout_s) + "s); " +
+                        (several ? "their machines died or the network to them is down" : "its machine died or its network is down");
+  if (several && static_cast<int>(lost.size()) == num_nodes - 1) {
+    summary += " (every other node went silent at once: this node's own network may be the one that is down)";
+  }
+  return summary;
+}
+
 // The first failure of an attempt: a local worker, another node, or the finish timeout.
 struct Failure {
   int node_rank = 0;
@@ -81,6 +101,10 @@ class Job {
   void report_straggler();
   void report_step_times(int attempt) const;
   int wait_for_other_nodes(int attempt);
+  /// Multi-node, at each poll: a failure another node announced, or (node 0) a node that stopped
+  /// answering, which it announces to the others. Stops this node's workers before a lost contact
+  /// with node 0 (RendezvousError) leaves the job.
+  std::optional<Failure> watch_other_nodes(int attempt);
   void report(const Failure& failure);
   std::optional<int> read_signal();
   std::vector<pollfd> poll_set() const;
@@ -227,6 +251,11 @@ void Job::report_straggler() {
 Outcome Job::fail(int attempt, Failure failure) {
   failure_ = std::move(failure);
   if (layout_.num_nodes > 1 && failure_.local_rank >= 0) {
+    // A worker that lost a peer says so by address (gloo): name the node, here and on every node.
+    std::string text = fabric::read_error_file(failure_.error_file);
+    for (const auto& line : output_->tail(failure_.global_rank)) text += "\n" + line;
+    const std::string named = rendezvous_->nodes_named_in(text);
+    if (!named.empty()) failure_.summary += "; its error names " + named + ", whose machine or network may be down";
     rendezvous_->announce_failure(attempt, {layout_.node_rank, failure_.global_rank, failure_.exit_code, failure_.summary});
   }
   stop_workers(SIGTERM);
@@ -299,14 +328,35 @@ Outcome Job::run_attempt(int attempt) {
                             error_files_[static_cast<size_t>(i)]});
     }
     if (layout_.num_nodes > 1) {
-      if (auto remote = rendezvous_->failure(attempt)) {
-        return fail(attempt, {remote->node_rank, remote->global_rank, -1, remote->exit_code, remote->summary, {}});
-      }
+      if (auto remote = watch_other_nodes(attempt)) return fail(attempt, *remote);
     }
   }
 }
 
+std::optional<Failure> Job::watch_other_nodes(int attempt) {
+  try {
+    if (auto remote = rendezvous_->failure(attempt)) {
+      return Failure{remote->node_rank, remote->global_rank, -1, remote->exit_code, remote->summary, {}};
+    }
+    const std::vector<LostNode> lost = rendezvous_->watch_nodes(attempt);
+    if (!lost.empty()) {
+      // global rank -1: a node, not one of its ranks, failed.
+      Failure failure{lost.front().node_rank, -1, -1, 1, lost_nodes_summary(lost, layout_.num_nodes, args_.node_timeout_s), {}};
+      rendezvous_->announce_failure(attempt, {failure.node_rank, failure.global_rank, failure.exit_code, failure.summary});
+      return failure;
+    }
+  } catch (const RendezvousError&) {
+    stop_workers(SIGTERM);
+    throw;
+  }
+  return std::nullopt;
+}
+
 void Job::report(const Failure& failure) {
+  if (failure.global_rank < 0) {
+    say(failure.summary + "; stopped this node's workers");
+    return;
+  }
   if (failure.local_rank < 0) {
     say("rank " + std::to_string(failure.global_rank) + " on node " + std::to_string(failure.node_rank) +
         " failed first: " + failure.summary + " (node " + std::to_string(failure.node_rank) +
@@ -324,6 +374,7 @@ void Job::report(const Failure& failure) {
   const std::string error = fabric::read_error_file(failure.error_file);
   if (!error.empty()) say("its error file says: " + error);
   const auto tail = output_->tail(failure.global_rank);
+
   if (!tail.empty()) {
     std::ostringstream lines;
     lines << "last " << tail.size() << " line(s) of rank " << failure.global_rank << ":";
@@ -338,8 +389,8 @@ int Job::wait_for_other_nodes(int attempt) {
   if (layout_.node_rank != 0) return 0;
   // Node 0 hosts the store the other nodes' workers use: keep it until every node is done.
   while (!rendezvous_->all_done(attempt)) {
-    if (auto remote = rendezvous_->failure(attempt)) {
-      failure_ = {remote->node_rank, remote->global_rank, -1, remote->exit_code, remote->summary, {}};
+    if (auto remote = watch_other_nodes(attempt)) {
+      failure_ = *remote;
       report(failure_);
       return failure_.exit_code;
     }

@@ -40,7 +40,6 @@ int int_env(const char* name) {
 
 // Joins the launcher's store as torchrun workers do and passes one gloo barrier.
 void barrier(std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
-  if (const char* iface = std::getenv("LF_TEST_GLOO_IFACE")) setenv("GLOO_SOCKET_IFNAME", iface, 1);  // two-host test
   lightning::fabric::CollectiveOptions options;
   options.settings = lightning::fabric::with_environment_overrides({}, lightning::fabric::env::process_env());  // GLOO_SOCKET_IFNAME, LT_*
   options.main_address = std::getenv(env::kMasterAddr);

@@ -9,6 +9,7 @@
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -16,6 +17,7 @@
 #include "lightning/fabric/hang/stack_trace.h"
 #include "lightning/fabric/hang/flight_recorder.h"
 #include "lightning/fabric/hang/hang_report.h"
+#include "lightning/fabric/hang/store_watch.h"
 #include "lightning/fabric/hang/straggler.h"
 #include "lightning/fabric/utilities/error_file.h"
 
@@ -24,8 +26,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::vector<uint8_t> bytes_of(const std::string& text) { return {text.begin(), text.end()}; }
-std::string text_of(const std::vector<uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
 
 bool write_file(const std::filesystem::path& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -61,7 +61,7 @@ class Watchdog {
  private:
   std::chrono::milliseconds period() const {
     if (!settings_.group.flight_dir.empty()) return std::chrono::milliseconds(200);
-    return std::clamp(settings_.group.hang_timeout / 4, std::chrono::milliseconds(100), std::chrono::milliseconds(1000));
+    return store_watch_period(settings_.world_size, settings_.group.hang_timeout);
   }
 
   void connect_store() {
@@ -71,7 +71,8 @@ class Watchdog {
     options.waitWorkers = false;
     options.timeout = std::chrono::seconds(30);
     auto base = c10::make_intrusive<c10d::TCPStore>(settings_.store_host, options);
-    store_ = c10::make_intrusive<c10d::PrefixStore>(settings_.store_prefix + "/lightning_fabric/watch", base);
+    watch_.emplace(c10::make_intrusive<c10d::PrefixStore>(settings_.store_prefix + "/lightning_fabric/watch", base),
+                   settings_.rank, settings_.world_size);
   }
 
   void loop() {
@@ -108,15 +109,13 @@ class Watchdog {
 
   void store_step() {
     flight::Recorder* recorder = flight::Recorder::process();
-    store_->set(key("progress", settings_.rank), bytes_of(recorder->progress().serialize()));
+    std::string entries;
     if (watches_stragglers()) {
-      const auto entries = recorder->entries(StragglerSettings().window * 2, flight::EntryTimes::kFromLeave);
-      store_->set(key("entries", settings_.rank), bytes_of(serialize_entries(entries)));
+      entries = serialize_entries(recorder->entries(StragglerSettings().window * 2, flight::EntryTimes::kFromLeave));
     }
-    if (store_->check({"dump"})) {
-      std::string dir = settings_.group.hang_dump_dir.empty() ? text_of(store_->get("dump")) : settings_.group.hang_dump_dir;
-      write_rank_dump(dir);
-      store_->set(key("dumped", settings_.rank), bytes_of("1"));
+    if (auto requested = watch_->publish(recorder->progress().serialize(), entries, watches_stragglers())) {
+      write_rank_dump(settings_.group.hang_dump_dir.empty() ? *requested : settings_.group.hang_dump_dir);
+      watch_->mark_dumped();
       // Rank 0 reports and exits; its launcher then stops this rank. If none does, leave anyway.
       std::this_thread::sleep_for(std::chrono::seconds(10));
       std::_Exit(kHangExitCode);
@@ -127,10 +126,11 @@ class Watchdog {
   // Rank 0: reads every rank's progress; on a hang, has every rank dump, reports and exits.
   void judge() {
     const auto now = Clock::now();
+    const auto published = watch_->read_all(watches_stragglers());
     std::vector<flight::Progress> ranks;
     for (int rank = 0; rank < settings_.world_size; ++rank) {
-      if (!store_->check({key("progress", rank)})) continue;
-      const std::string text = text_of(store_->get(key("progress", rank)));
+      if (!published[rank]) continue;
+      const std::string& text = published[rank]->progress;
       auto& seen = last_seen_[rank];
       if (seen.first != text) seen = {text, now};
       flight::Progress progress = flight::Progress::parse(text);
@@ -140,20 +140,18 @@ class Watchdog {
     const double timeout_s = std::chrono::duration<double>(settings_.group.hang_timeout).count();
     const HangVerdict verdict = analyze_hang(ranks, settings_.world_size, timeout_s);
     if (!verdict.hung) {
-      report_straggler(ranks);
+      report_straggler(ranks, published);
       return;
     }
 
     const std::string dir = settings_.group.hang_dump_dir.empty() ? default_dump_dir() : settings_.group.hang_dump_dir;
-    store_->set("dump", bytes_of(dir));
+    watch_->request_dump(dir);
     write_rank_dump(dir);
     const auto deadline = Clock::now() + std::chrono::seconds(5);
     std::vector<int> silent;
     for (int rank = 1; rank < settings_.world_size; ++rank) {
-      while (!store_->check({key("dumped", rank)}) && Clock::now() < deadline) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
-      if (!store_->check({key("dumped", rank)})) silent.push_back(rank);
+      while (!watch_->dumped(rank) && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (!watch_->dumped(rank)) silent.push_back(rank);
     }
     std::string report = verdict.report + "dumps: " + dir + "/rank_<R>.flight.txt and rank_<R>.stack.txt";
     report += settings_.world_size > 1 ? " (each rank writes on its own node)\n" : "\n";
@@ -169,14 +167,11 @@ class Watchdog {
 
   // Rank 0: names the rank that holds the job back (find_straggler over the entries every rank
   // published), once, and again only when another rank becomes the straggler.
-  void report_straggler(const std::vector<flight::Progress>& ranks) {
+  void report_straggler(const std::vector<flight::Progress>& ranks,
+                        const std::vector<std::optional<PublishedProgress>>& published) {
     if (!watches_stragglers() || static_cast<int>(ranks.size()) != settings_.world_size) return;
     std::vector<RankEntries> entries;
-    std::vector<std::string> keys;
-    for (int rank = 0; rank < settings_.world_size; ++rank) keys.push_back(key("entries", rank));
-    if (!store_->check(keys)) return;
-    const auto texts = store_->multiGet(keys);
-    for (int rank = 0; rank < settings_.world_size; ++rank) entries.push_back({rank, parse_entries(text_of(texts[rank]))});
+    for (int rank = 0; rank < settings_.world_size; ++rank) entries.push_back({rank, parse_entries(published[rank]->entries)});
     StragglerSettings judged;
     judged.threshold_s = settings_.group.straggler_threshold_s;
     const auto verdict = find_straggler(entries, judged);
@@ -191,7 +186,7 @@ class Watchdog {
 
   WatchdogSettings settings_;
   int named_straggler_ = -1;
-  c10::intrusive_ptr<c10d::Store> store_;
+  std::optional<StoreWatch> watch_;
   std::map<int, std::pair<std::string, Clock::time_point>> last_seen_;
   bool dumped_ = false;
   std::mutex mutex_;

@@ -45,6 +45,7 @@ TEST_CASE("args: Fabric's defaults", "[args]") {
   CHECK_FALSE(args.strategy);
   CHECK_FALSE(args.precision);
   CHECK(args.max_restarts == 0);
+  CHECK(args.node_timeout_s == 30);
   CHECK(args.binary == "./train");
   CHECK(args.binary_args.empty());
 }
@@ -52,7 +53,7 @@ TEST_CASE("args: Fabric's defaults", "[args]") {
 TEST_CASE("args: every flag, with underscore spellings, and pass-through after the binary", "[args]") {
   auto parsed = parse({"model", "--accelerator", "cpu", "--strategy", "ddp", "--devices", "3", "--num_nodes", "2",
                        "--node_rank", "1", "--main_address", "10.0.0.1", "--main-port", "1234", "--precision", "bf16",
-                       "--max-restarts", "2", "--shutdown-grace", "1.5", "--rdzv-timeout", "9", "--log-dir", "/tmp/x",
+                       "--max-restarts", "2", "--shutdown-grace", "1.5", "--rdzv-timeout", "9", "--node_timeout", "4.5", "--log-dir", "/tmp/x",
                        "--timestamp-output", "--local-ranks-filter", "0,2", "--tag-output", "--", "./train", "--devices",
                        "9", "--help"});
   REQUIRE_FALSE(parsed.result.exit_now);
@@ -68,6 +69,7 @@ TEST_CASE("args: every flag, with underscore spellings, and pass-through after t
   CHECK(args.max_restarts == 2);
   CHECK(args.shutdown_grace_s == 1.5);
   CHECK(args.rdzv_timeout_s == 9);
+  CHECK(args.node_timeout_s == 4.5);
   CHECK(*args.log_dir == "/tmp/x");
   CHECK(args.timestamp_output);
   CHECK(*args.local_ranks_filter == std::set<int>{0, 2});
@@ -116,6 +118,9 @@ TEST_CASE("args: bad values exit 2 and name the flag, the value and the choices"
   auto backend = parse({"model", "--process-group-backend", "mpi", "./train"});
   CHECK(backend.result.exit_now == 2);
   CHECK_THAT(backend.err, Contains("--process-group-backend=mpi") && Contains("gloo, nccl, shm"));
+  auto node_timeout = parse({"model", "--node-timeout", "0", "./train"});
+  CHECK(node_timeout.result.exit_now == 2);
+  CHECK_THAT(node_timeout.err, Contains("--node-timeout"));
   CHECK(parse({"launch", "./train"}).result.exit_now == 2);
 }
 

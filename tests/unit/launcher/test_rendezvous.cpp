@@ -1,9 +1,15 @@
 // lightning-run's node rendezvous over a real TCPStore on 127.0.0.1: two nodes with unequal worker
 // counts (each on its own thread) get consistent layouts; failures and completion travel between
-// them; a node that never comes is a timeout with exit code 1.
+// them; a node that never comes is a timeout with exit code 1; a node whose heartbeat stops is
+// lost; a peer's address in a worker's error is named as that node.
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 
 #include <future>
+#include <thread>
 
 #include "lightning/launcher/args.h"
 #include "lightning/launcher/rendezvous.h"
@@ -12,13 +18,35 @@ namespace launcher = lightning::launcher;
 using Catch::Matchers::Contains;
 
 namespace {
-launcher::LaunchArgs node_args(int node_rank, int num_nodes, int port, double timeout_s = 20) {
+launcher::LaunchArgs node_args(int node_rank, int num_nodes, int port, double timeout_s = 20, double node_timeout_s = 30) {
   launcher::LaunchArgs args;
+  args.node_timeout_s = node_timeout_s;
   args.node_rank = node_rank;
   args.num_nodes = num_nodes;
   args.main_port = port;
   args.rdzv_timeout_s = timeout_s;
   return args;
+}
+
+// An IPv4 address of this machine other than loopback ("" when it has none).
+std::string some_own_address() {
+  std::string found;
+  ifaddrs* all = nullptr;
+  if (getifaddrs(&all) != 0) return found;
+  for (const ifaddrs* entry = all; entry != nullptr && found.empty(); entry = entry->ifa_next) {
+    if (entry->ifa_addr == nullptr || entry->ifa_addr->sa_family != AF_INET) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(entry->ifa_addr)->sin_addr, text, sizeof(text));
+    if (std::string(text).rfind("127.", 0) != 0) found = text;
+  }
+  freeifaddrs(all);
+  return found;
+}
+
+std::string own_host_name() {
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  return name;
 }
 
 int free_port() {
@@ -63,4 +91,52 @@ TEST_CASE("rendezvous: a node that never arrives ends the wait with exit code 1"
     CHECK(error.exit_code() == 1);
     CHECK_THAT(error.what(), Contains("timed out after 0.5") && Contains("1"));
   }
+}
+
+TEST_CASE("rendezvous: node 0 names a node whose heartbeat stopped, and not one that finished", "[rendezvous]") {
+  const int port = free_port();
+  auto node1 = std::async(std::launch::async, [port] { return launcher::Rendezvous::establish(node_args(1, 2, port, 20, 1.5), 1); });
+  auto node0 = launcher::Rendezvous::establish(node_args(0, 2, port, 20, 1.5), 1);
+  auto other = node1.get();
+  // Both beat for 3 s: nobody is lost.
+  for (int i = 0; i < 30; ++i) {
+    CHECK(other.watch_nodes(0).empty());
+    CHECK(node0.watch_nodes(0).empty());
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  // Node 1 goes silent: lost within the timeout plus a heartbeat.
+  std::vector<launcher::LostNode> lost;
+  const auto silent_since = std::chrono::steady_clock::now();
+  while (lost.empty() && std::chrono::steady_clock::now() - silent_since < std::chrono::seconds(5)) {
+    lost = node0.watch_nodes(0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  REQUIRE(lost.size() == 1);
+  CHECK(lost[0].node_rank == 1);
+  CHECK(lost[0].host == own_host_name());
+  CHECK(lost[0].silent_s >= 1.5);
+  // In the next attempt node 1 finishes and then stays silent: finished is not lost.
+  other.announce_done(1);
+  for (int i = 0; i < 25; ++i) {
+    CHECK(node0.watch_nodes(1).empty());
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+TEST_CASE("rendezvous: a peer's address in a worker's error is named as its node", "[rendezvous]") {
+  const std::string address = some_own_address();
+  if (address.empty()) {
+    WARN("this machine has no address but loopback: nothing to name");
+    return;
+  }
+  const int port = free_port();
+  auto node1 = std::async(std::launch::async, [port] { return launcher::Rendezvous::establish(node_args(1, 2, port), 1); });
+  auto node0 = launcher::Rendezvous::establish(node_args(0, 2, port), 1);
+  auto other = node1.get();
+  const std::string expected = address + " (node 1, " + own_host_name() + ")";
+  CHECK(node0.nodes_named_in("gloo::IoException: Read error [" + address + "]:41234: Connection reset by peer") == expected);
+  CHECK(node0.nodes_named_in("connect to " + address) == expected);
+  CHECK(node0.nodes_named_in("Read error [" + address + "7]:1: reset").empty());  // a longer address is another
+  CHECK(node0.nodes_named_in("nothing about peers").empty());
+  CHECK(other.nodes_named_in("Read error [" + address + "]:1").find("node 0") != std::string::npos);
 }

@@ -27,6 +27,7 @@ struct LaunchArgs {
   int max_restarts = 0;
   double shutdown_grace_s = 10.0;    // between the polite signal and SIGKILL
   double rdzv_timeout_s = 120.0;     // how long nodes wait for each other
+  double node_timeout_s = 30.0;      // a node not heard from this long is lost (multi-node)
   double finish_timeout_s = 0.0;     // >0: after one worker succeeds, the rest must end within this
   std::optional<double> hang_timeout_s;  // LT_HANG_TIMEOUT for the workers (0 = off); default: the program's (300 s)
   bool check_collectives = false;    // LT_CHECK_COLLECTIVES=1

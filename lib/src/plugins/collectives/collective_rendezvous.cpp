@@ -96,10 +96,13 @@ bool all_ranks_on_one_host(c10d::Store& store, int rank, int world_size) {
   const std::string host(name);
   store.set("cpu-auto/host/" + std::to_string(rank), std::vector<uint8_t>(host.begin(), host.end()));
   if (rank == 0) {
+    // Two requests however many ranks: wait for every name, then read them all at once.
+    std::vector<std::string> keys;
+    for (int peer = 1; peer < world_size; ++peer) keys.push_back("cpu-auto/host/" + std::to_string(peer));
     bool same = true;
-    for (int peer = 1; peer < world_size; ++peer) {
-      const std::vector<uint8_t> other = store.get("cpu-auto/host/" + std::to_string(peer));
-      same = same && std::string(other.begin(), other.end()) == host;
+    if (!keys.empty()) {
+      store.wait(keys);
+      for (const auto& other : store.multiGet(keys)) same = same && std::string(other.begin(), other.end()) == host;
     }
     store.set("cpu-auto/verdict", std::vector<uint8_t>{static_cast<uint8_t>(same ? 1 : 0)});
   }

@@ -1,0 +1,59 @@
+// The store side of hang detection in store mode (hang_watchdog.h): what every rank publishes
+// once a period and what rank 0 reads back. Requests are batched so that the store's load stays
+// flat per rank: a rank's period costs two requests (one multiSet, one check), and rank 0 reads
+// every rank with two more (one check, one multiGet), however many ranks there are. Used by the
+// watchdog thread and by the store-scale benchmark, which runs thousands of simulated ranks on it.
+// Not thread-safe: one StoreWatch per thread. Keys live under the store it is given (the
+// watchdog's is <attempt prefix>/lightning_fabric/watch).
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <c10/util/intrusive_ptr.h>
+
+namespace c10d {
+class Store;
+}
+
+namespace lightning::fabric::internal {
+
+/// How often each rank publishes (and rank 0 reads): a quarter of the hang timeout, at least
+/// 100 ms, at most 1 s up to 41 ranks and 24 ms x world_size beyond, so that the store serves at
+/// most about 85 hang-watch requests a second however large the job (24.6 s at 1024 ranks; 75 s,
+/// a quarter of the default 300 s timeout, from 3125 ranks on).
+std::chrono::milliseconds store_watch_period(int world_size, std::chrono::milliseconds hang_timeout);
+
+struct PublishedProgress {
+  std::string progress;  // flight::Progress::serialize()
+  std::string entries;   // serialize_entries(), empty when stragglers are not watched
+};
+
+class StoreWatch {
+ public:
+  StoreWatch(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size);
+
+  /// This rank's period: publishes its progress (and its entries when watch_entries), then says
+  /// whether rank 0 asked every rank to dump (the folder it named; nullopt: no request).
+  std::optional<std::string> publish(const std::string& progress, const std::string& entries, bool watch_entries);
+  /// Rank 0: what every rank published, in rank order; nullopt for a rank that has not yet.
+  std::vector<std::optional<PublishedProgress>> read_all(bool watch_entries);
+  /// Rank 0: asks every rank to dump into dir.
+  void request_dump(const std::string& dir);
+  /// A rank: it has written its dump.
+  void mark_dumped();
+  /// Rank 0: whether rank has written its dump.
+  bool dumped(int rank);
+
+ private:
+  std::string key(const std::string& what, int rank) const;
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  int rank_ = 0;
+  int world_size_ = 1;
+  std::vector<std::string> all_keys_;  // progress/0..N-1, then entries/0..N-1
+};
+
+}  // namespace lightning::fabric::internal

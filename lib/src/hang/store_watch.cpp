@@ -1,0 +1,61 @@
+#include "lightning/fabric/hang/store_watch.h"
+
+#include <algorithm>
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+namespace lightning::fabric::internal {
+namespace {
+std::vector<uint8_t> bytes_of(const std::string& text) { return {text.begin(), text.end()}; }
+std::string text_of(const std::vector<uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
+}  // namespace
+
+std::chrono::milliseconds store_watch_period(int world_size, std::chrono::milliseconds hang_timeout) {
+  const auto longest = std::max(std::chrono::milliseconds(1000), std::chrono::milliseconds(24) * world_size);
+  return std::clamp(hang_timeout / 4, std::chrono::milliseconds(100), longest);
+}
+
+StoreWatch::StoreWatch(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size)
+    : store_(std::move(store)), rank_(rank), world_size_(world_size) {
+  for (const char* what : {"progress", "entries"}) {
+    for (int peer = 0; peer < world_size_; ++peer) all_keys_.push_back(key(what, peer));
+  }
+}
+
+std::string StoreWatch::key(const std::string& what, int rank) const { return what + "/" + std::to_string(rank); }
+
+std::optional<std::string> StoreWatch::publish(const std::string& progress, const std::string& entries,
+                                               bool watch_entries) {
+  if (watch_entries) {
+    store_->multiSet({key("progress", rank_), key("entries", rank_)}, {bytes_of(progress), bytes_of(entries)});
+  } else {
+    store_->set(key("progress", rank_), bytes_of(progress));
+  }
+  if (!store_->check({"dump"})) return std::nullopt;
+  return text_of(store_->get("dump"));
+}
+
+std::vector<std::optional<PublishedProgress>> StoreWatch::read_all(bool watch_entries) {
+  std::vector<std::optional<PublishedProgress>> all(static_cast<size_t>(world_size_));
+  const size_t count = static_cast<size_t>(world_size_) * (watch_entries ? 2 : 1);
+  const std::vector<std::string> keys(all_keys_.begin(), all_keys_.begin() + static_cast<std::ptrdiff_t>(count));
+  if (store_->check(keys)) {  // the steady state: everyone has published, one multiGet reads it all
+    const auto values = store_->multiGet(keys);
+    for (size_t rank = 0; rank < all.size(); ++rank) {
+      all[rank] = PublishedProgress{text_of(values[rank]), watch_entries ? text_of(values[all.size() + rank]) : ""};
+    }
+    return all;
+  }
+  for (int rank = 0; rank < world_size_; ++rank) {  // starting up: rank by rank, entries left out
+    if (store_->check({key("progress", rank)})) all[rank] = PublishedProgress{text_of(store_->get(key("progress", rank))), ""};
+  }
+  return all;
+}
+
+void StoreWatch::request_dump(const std::string& dir) { store_->set("dump", bytes_of(dir)); }
+
+void StoreWatch::mark_dumped() { store_->set(key("dumped", rank_), bytes_of("1")); }
+
+bool StoreWatch::dumped(int rank) { return store_->check({key("dumped", rank)}); }
+
+}  // namespace lightning::fabric::internal

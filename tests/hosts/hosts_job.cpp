@@ -1,0 +1,128 @@
+// The training job of the hosts tests (tests/hosts): a small classifier trained with DDP on
+// synthetic data, every rank on its slice of one global batch, then checked from inside the job.
+//   hosts_job STEPS [--sleep-ms MS]
+// Each rank prints "rank R of W on HOST: backend B, step S" every 10 steps and at the end
+//   "rank R of W on HOST: backend B, STEPS steps, bitwise equal to rank 0: yes|no, reference error E,
+//    shm segment: yes|no"
+// where E is the largest relative difference from one process trained on the whole global batch,
+// and the last answer says whether the process maps the shm backend's memory segment.
+// It prints "FAIL: ..." and exits 1 when the ranks differ or E > 1e-6. --sleep-ms makes each step
+// take at least that long (the fault tests need a job that is still training when they strike).
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <thread>
+
+#include "lightning/fabric.h"
+#include "lightning/fabric/plugins/collectives/collective.h"
+#include "lightning/fabric/strategies/parallel.h"
+
+namespace lf = lightning::fabric;
+
+namespace {
+constexpr int64_t kGlobalBatch = 24;  // divisible by 1, 2, 3, 4, 6, 8 and 12 ranks
+constexpr int64_t kFeatures = 20, kClasses = 5;
+
+torch::nn::Sequential classifier() {
+  return torch::nn::Sequential(torch::nn::Linear(kFeatures, 64), torch::nn::Tanh(), torch::nn::Linear(64, kClasses));
+}
+
+torch::Tensor flat_parameters(torch::nn::Module& module) {
+  std::vector<torch::Tensor> parts;
+  for (const auto& p : module.parameters()) parts.push_back(p.detach().flatten());
+  return torch::cat(parts);
+}
+
+// Step s's global batch: rows generated from seed 1000 + s, labels from a fixed linear rule.
+std::pair<torch::Tensor, torch::Tensor> global_batch(int64_t step) {
+  torch::manual_seed(1000 + step);
+  torch::Tensor inputs = torch::randn({kGlobalBatch, kFeatures});
+  torch::manual_seed(7);
+  torch::Tensor rule = torch::randn({kFeatures, kClasses});
+  return {inputs, inputs.matmul(rule).argmax(1)};
+}
+
+std::string host_name() {
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+// Whether this process maps the shm backend's segment (a memfd of that name): evidence, from the
+// kernel's side, of which backend carries the job's data.
+bool maps_shm_segment() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    if (line.find("memfd:lightning-fabric-shm") != std::string::npos) return true;
+  }
+  return false;
+}
+
+torch::optim::SGD sgd_for(torch::nn::Module& module) {
+  return torch::optim::SGD(module.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::cerr << "usage: hosts_job STEPS [--sleep-ms MS]" << std::endl;
+    return 2;
+  }
+  const int64_t steps = std::atoll(argv[1]);
+  int64_t sleep_ms = 0;
+  for (int i = 2; i + 1 < argc; ++i) {
+    if (std::string(argv[i]) == "--sleep-ms") sleep_ms = std::atoll(argv[i + 1]);
+  }
+  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").strategy("ddp"));
+  lf::Fabric::seed_everything(3);
+  auto net = classifier();
+  auto reference = classifier();
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < net->parameters().size(); ++i) reference->parameters()[i].copy_(net->parameters()[i]);
+  }
+  auto optimizer = sgd_for(*net);
+  auto [model, fabric_optimizer] = fabric.setup(net, optimizer);
+  const int rank = fabric.global_rank(), world = fabric.world_size();
+  const std::string backend =
+      world > 1 ? lf::to_string(dynamic_cast<lf::ParallelStrategy&>(*fabric.strategy()).collective().backend()) : "none";
+  const std::string who = "rank " + std::to_string(rank) + " of " + std::to_string(world) + " on " + host_name() +
+                          ": backend " + backend;
+  const int64_t slice = kGlobalBatch / world;
+  for (int64_t step = 0; step < steps; ++step) {
+    const auto started = std::chrono::steady_clock::now();
+    auto [inputs, targets] = global_batch(step);
+    fabric_optimizer.zero_grad();
+    auto logits = model(inputs.narrow(0, rank * slice, slice));
+    fabric.backward(torch::nn::functional::cross_entropy(logits, targets.narrow(0, rank * slice, slice)));
+    fabric_optimizer.step();
+    if (step % 10 == 0) std::cout << who << ", step " << step << std::endl;
+    std::this_thread::sleep_until(started + std::chrono::milliseconds(sleep_ms));
+  }
+  auto reference_optimizer = sgd_for(*reference);
+  for (int64_t step = 0; step < steps; ++step) {
+    auto [inputs, targets] = global_batch(step);
+    reference_optimizer.zero_grad();
+    torch::nn::functional::cross_entropy(reference->forward(inputs), targets).backward();
+    reference_optimizer.step();
+  }
+  const torch::Tensor mine = flat_parameters(*net), expected = flat_parameters(*reference);
+  const torch::Tensor everyone = fabric.all_gather(mine);
+  bool equal = true;
+  for (int r = 0; r < world; ++r) equal = equal && torch::equal(everyone[r], everyone[0]);
+  const double error = ((mine - expected).abs().max() / expected.abs().max()).item<double>();
+  std::cout << who << ", " << steps << " steps, bitwise equal to rank 0: " << (equal ? "yes" : "no")
+            << ", reference error " << error << ", shm segment: " << (maps_shm_segment() ? "yes" : "no") << std::endl;
+  int failures = 0;
+  if (!equal) ++failures, std::cout << "FAIL: rank " << rank << "'s weights differ from another rank's" << std::endl;
+  if (!(error <= 1e-6)) ++failures, std::cout << "FAIL: rank " << rank << " is " << error << " from the reference" << std::endl;
+  fabric.barrier();
+  return failures == 0 ? 0 : 1;
+}

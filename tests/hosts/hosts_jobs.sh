@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Multi-node jobs across real hosts (hosts.sh): one lightning-run node per host, 2 workers each.
+#   hosts_jobs.sh LIGHTNING_RUN HOSTS_JOB CASE
+# CASE:
+#   train-2 / train-3  2 or 3 hosts train the classifier; every rank is bitwise equal to the others
+#                      and within 1e-6 of one process on the whole batch; --main-address is the
+#                      host name host0, resolved through each host's own /etc/hosts; gloo carries
+#                      the job (no rank holds an shm segment); nothing is left on any host.
+#   unequal            2 hosts with 1 and 3 workers: ranks 0 and 1-3, trained as above
+#   vote               the same-host vote: ranks on two hosts with different names use gloo; on
+#                      two namespaces with one name (one kernel, so one machine) they use shm, on
+#                      purpose; one lightning-run node with 2 workers uses shm.
+#   interface          GLOO_SOCKET_IFNAME=eth0 picks the interface; a name that no host has stops
+#                      every node with an error naming it and the host's interfaces.
+set -u
+launcher=$1 job=$2 case=$3
+source "$(dirname "${BASH_SOURCE[0]}")/hosts.sh"
+dir=$(mktemp -d)
+cleanup() { hosts_down; rm -rf "$dir"; }
+trap cleanup EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+export OMP_NUM_THREADS=1
+
+# run_nodes N STEPS [ENV=VALUE...]: one lightning-run node per host, devices[K] workers on host K
+# (default 2); exit codes in code[K], output in $dir/node<K>.log.
+devices=()
+run_nodes() {
+  local count=$1 steps=$2 k
+  shift 2
+  local pids=()
+  for ((k = 0; k < count; ++k)); do
+    host_run "$k" env "$@" "$launcher" model --accelerator cpu --num-nodes "$count" --node-rank "$k" \
+      --main-address host0 --main-port 29400 --devices "${devices[$k]:-2}" --rdzv-timeout 60 --shutdown-grace 2 \
+      "$job" "$steps" >"$dir/node$k.log" 2>&1 &
+    pids[$k]=$!
+  done
+  for ((k = 0; k < count; ++k)); do wait "${pids[$k]}"; code[$k]=$?; done
+}
+
+show_logs() {
+  local k
+  for ((k = 0; k < $1; ++k)); do echo "--- node $k (exit ${code[$k]})"; grep -v "step [0-9]*$" "$dir/node$k.log"; done
+}
+
+# Nothing of the job may outlive it, on any host.
+expect_nothing_left() {
+  local k
+  for ((k = 0; k < HOSTS_COUNT; ++k)); do
+    [ -z "$(host_pids "$k")" ] || fail "processes left on host$k: $(host_pids "$k" | tr '\n' ' ')"
+  done
+}
+
+train() {
+  local count=$1 world=0 first=0 k
+  for ((k = 0; k < count; ++k)); do world=$((world + ${devices[$k]:-2})); done
+  hosts_up "$count"
+  run_nodes "$count" 30
+  show_logs "$count"
+  for ((k = 0; k < count; ++k)); do
+    [ "${code[$k]}" = 0 ] || fail "node $k exited ${code[$k]}"
+    grep -q "rendezvous at host0:29400" "$dir/node$k.log" || fail "node $k did not rendezvous at host0:29400"
+    for ((local = 0; local < ${devices[$k]:-2}; ++local)); do
+      rank=$((first + local))
+      grep -Eq "rank $rank of $world on host$k: backend gloo, 30 steps, bitwise equal to rank 0: yes, reference error [0-9.e-]+, shm segment: no" \
+        "$dir/node$k.log" || fail "rank $rank on host$k did not report gloo, bitwise equality and no shm segment"
+    done
+    first=$((first + ${devices[$k]:-2}))
+  done
+  expect_nothing_left
+}
+
+# vote_pair NAME0 NAME1 BACKEND SEGMENT: one rank on each of hosts 0 and 1, started by hand as a
+# launcher that does not say how many nodes there are would start them, so the ranks vote.
+vote_pair() {
+  local k name
+  for k in 0 1; do
+    name=$1; [ "$k" = 1 ] && name=$2
+    ip netns exec "$(host_ns "$k")" unshare --uts -- sh -c 'hostname "$0" && exec "$@"' "$name" \
+      env TORCHELASTIC_RUN_ID=vote RANK=$k GROUP_RANK=0 LOCAL_RANK=$k LOCAL_WORLD_SIZE=2 WORLD_SIZE=2 \
+      MASTER_ADDR=host0 MASTER_PORT=29411 "$job" 20 >"$dir/vote$k.log" 2>&1 &
+    pids[$k]=$!
+  done
+  for k in 0 1; do
+    wait "${pids[$k]}" || fail "rank $k on a host named $name exited non-zero"
+    name=$1; [ "$k" = 1 ] && name=$2
+    cat "$dir/vote$k.log"
+    grep -q "rank $k of 2 on $name: backend $3, 20 steps, bitwise equal to rank 0: yes, .*shm segment: $4" "$dir/vote$k.log" ||
+      fail "rank $k on $name did not use $3 (shm segment: $4)"
+  done
+}
+
+vote() {
+  hosts_up 2
+  echo "== two hosts with different names"
+  vote_pair host0 host1 gloo no
+  echo "== two network namespaces with one host name"
+  vote_pair twin twin shm yes
+  echo "== one lightning-run node with 2 workers"
+  host_run 0 "$launcher" model --accelerator cpu --devices 2 "$job" 20 >"$dir/one.log" 2>&1 || fail "the one-node job failed"
+  cat "$dir/one.log"
+  [ "$(grep -c "backend shm, 20 steps, bitwise equal to rank 0: yes, .*shm segment: yes" "$dir/one.log")" = 2 ] ||
+    fail "the one-node job's 2 ranks did not both use shm"
+  expect_nothing_left
+}
+
+interface() {
+  hosts_up 2
+  echo "== GLOO_SOCKET_IFNAME=eth0"
+  run_nodes 2 10 GLOO_SOCKET_IFNAME=eth0
+  show_logs 2
+  [ "${code[0]}" = 0 ] && [ "${code[1]}" = 0 ] || fail "the job with GLOO_SOCKET_IFNAME=eth0 failed"
+  echo "== GLOO_SOCKET_IFNAME=eth7 (no host has it)"
+  run_nodes 2 10 GLOO_SOCKET_IFNAME=eth7
+  show_logs 2
+  for k in 0 1; do
+    [ "${code[$k]}" != 0 ] || fail "node $k exited 0 with a missing interface"
+    grep -q 'GLOO_SOCKET_IFNAME (process_group.socket_interface)="eth7" names no network interface of this host. Its interfaces: lo, eth0' \
+      "$dir/node$k.log" || fail "node $k did not name the missing interface and the host's interfaces"
+  done
+  expect_nothing_left
+}
+
+case "$case" in
+  train-2) train 2 ;;
+  train-3) train 3 ;;
+  unequal) devices=(1 3); train 2 ;;
+  vote) vote ;;
+  interface) interface ;;
+  *) echo "FAIL: unknown case $case"; exit 2 ;;
+esac
+[ "$failures" = 0 ] || exit 1
+echo "hosts $case: passed"
