@@ -12,7 +12,7 @@ if [ "$(id -u)" = 0 ] && [ -z "${LF_BENCH_ISOLATED:-}" ]; then
   exec unshare -n env LF_BENCH_ISOLATED=1 bash -c 'ip link set lo up && exec "$0" "$@"' "$0" "$@"
 fi
 for ranks in 64 256 1024 4096; do
-  case $ranks in 64 | 256) steady=10 ;; 1024) steady=40 ;; 4096) steady=140 ;; esac
+  case $ranks in 64) steady=10 ;; 256) steady=20 ;; 1024) steady=60 ;; 4096) steady=160 ;; esac  # two periods or more
   "$build/bin/bench_store_scale" "$ranks" "$steady" 2>/dev/null
 done
 for ranks in 64 256 1024 4096; do

@@ -96,7 +96,7 @@ void add_model_options(CLI::App& model, LaunchArgs& args, RawOptions& raw) {
       ->check(CLI::PositiveNumber.description(""));
   model.add_option("--node-timeout,--node_timeout", args.node_timeout_s,
                    "Seconds without word from another node (its heartbeat, or node 0's store) before it counts as lost")
-      ->capture_default_str()->check(CLI::PositiveNumber.description(""));
+      ->capture_default_str()->check(CLI::Range(3.0, 1e9).description(""));
   model.add_option("--finish-timeout,--finish_timeout", args.finish_timeout_s,
                    "After one worker succeeds, stop the others if they run longer than this (0: wait)")->capture_default_str()
       ->check(CLI::NonNegativeNumber.description(""));

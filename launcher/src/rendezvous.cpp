@@ -9,6 +9,7 @@
 #include <cctype>
 #include <future>
 #include <iterator>
+#include <map>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -73,7 +74,7 @@ std::string own_addresses() {
 // partition) and are named together.
 std::vector<LostNode> lost_together(std::vector<LostNode> silent, double timeout_s) {
   const bool any = std::any_of(silent.begin(), silent.end(), [&](const LostNode& node) { return node.silent_s >= timeout_s; });
-  const double threshold = timeout_s - 2.0 * std::chrono::duration<double>(kHeartbeatPeriod).count();
+  const double threshold = std::max(timeout_s / 2, timeout_s - 2.0 * std::chrono::duration<double>(kHeartbeatPeriod).count());
   silent.erase(std::remove_if(silent.begin(), silent.end(), [&](const LostNode& node) { return !any || node.silent_s < threshold; }),
                silent.end());
   return silent;
@@ -315,16 +316,31 @@ bool Rendezvous::all_done(int attempt) {
   }
 }
 
+namespace {
+// Whether text holds address as a whole word: not inside a longer address (10.0.0.1 is not in
+// 110.0.0.12; hex digits and ':' count as part of an address, for IPv6).
+bool mentions_address(const std::string& text, const std::string& address) {
+  const auto part_of_address = [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == '.' || c == ':'; };
+  for (size_t at = text.find(address); at != std::string::npos; at = text.find(address, at + 1)) {
+    const size_t end = at + address.size();
+    const bool starts = at == 0 || !part_of_address(text[at - 1]) || (text[at - 1] == ':' && address.find(':') == std::string::npos);
+    const bool ends = end == text.size() || !part_of_address(text[end]) || (text[end] == ':' && address.find(':') == std::string::npos);
+    if (starts && ends) return true;
+  }
+  return false;
+}
+}  // namespace
+
 std::string Rendezvous::nodes_named_in(const std::string& text) const {
+  std::map<std::string, int> owners;  // an address several nodes have (docker0, ...) names none
+  for (const auto& addresses : addresses_) {
+    for (const auto& address : addresses) ++owners[address];
+  }
   std::string named;
   for (size_t node = 0; node < addresses_.size(); ++node) {
     if (static_cast<int>(node) == layout_.node_rank) continue;
     for (const std::string& address : addresses_[node]) {
-      const size_t at = text.find(address);
-      // Whole addresses only: 10.0.0.1 must not match inside 10.0.0.12.
-      const bool whole = at != std::string::npos &&
-                         (at + address.size() == text.size() || !std::isdigit(static_cast<unsigned char>(text[at + address.size()])));
-      if (!whole) continue;
+      if (owners[address] > 1 || !mentions_address(text, address)) continue;
       named += (named.empty() ? "" : ", ") + address + " (node " + std::to_string(node) + ", " + hosts_[node] + ")";
       break;
     }

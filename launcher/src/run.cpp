@@ -105,6 +105,9 @@ class Job {
   /// answering, which it announces to the others. Stops this node's workers before a lost contact
   /// with node 0 (RendezvousError) leaves the job.
   std::optional<Failure> watch_other_nodes(int attempt);
+  /// Tells the other nodes about a failure here; stops this node's workers before a lost contact
+  /// with node 0 leaves the job.
+  void announce_or_stop(int attempt, const RemoteFailure& failure);
   void report(const Failure& failure);
   std::optional<int> read_signal();
   std::vector<pollfd> poll_set() const;
@@ -256,7 +259,7 @@ Outcome Job::fail(int attempt, Failure failure) {
     for (const auto& line : output_->tail(failure_.global_rank)) text += "\n" + line;
     const std::string named = rendezvous_->nodes_named_in(text);
     if (!named.empty()) failure_.summary += "; its error names " + named + ", whose machine or network may be down";
-    rendezvous_->announce_failure(attempt, {layout_.node_rank, failure_.global_rank, failure_.exit_code, failure_.summary});
+    announce_or_stop(attempt, {layout_.node_rank, failure_.global_rank, failure_.exit_code, failure_.summary});
   }
   stop_workers(SIGTERM);
   return Outcome::Failed;
@@ -290,9 +293,9 @@ Outcome Job::run_attempt(int attempt) {
           say("received " + fabric::signal_name(*sig) + ": forwarding it to the workers and stopping them (grace " +
               format_seconds(args_.shutdown_grace_s) + "s)");
           if (rendezvous_ && layout_.num_nodes > 1) {
-            rendezvous_->announce_failure(attempt, {layout_.node_rank, layout_.rank_offset, 128 + *sig,
-                                                    "lightning-run on node " + std::to_string(layout_.node_rank) +
-                                                        " received " + fabric::signal_name(*sig)});
+            announce_or_stop(attempt, {layout_.node_rank, layout_.rank_offset, 128 + *sig,
+                                       "lightning-run on node " + std::to_string(layout_.node_rank) + " received " +
+                                           fabric::signal_name(*sig)});
           }
           stop_workers(*sig);
           return Outcome::Signalled;
@@ -330,6 +333,15 @@ Outcome Job::run_attempt(int attempt) {
     if (layout_.num_nodes > 1) {
       if (auto remote = watch_other_nodes(attempt)) return fail(attempt, *remote);
     }
+  }
+}
+
+void Job::announce_or_stop(int attempt, const RemoteFailure& failure) {
+  try {
+    rendezvous_->announce_failure(attempt, failure);
+  } catch (const RendezvousError&) {
+    stop_workers(SIGTERM);  // node 0 is out of reach: no worker may outlive this launcher
+    throw;
   }
 }
 
@@ -451,8 +463,13 @@ int Job::run() {
       remove_run_dir_ = false;
       say("kept " + run_dir_ + " for the hang dumps (--log-dir chooses the folder)");
     }
-    if (attempt >= args_.max_restarts) {
-      if (args_.max_restarts > 0) say("no restarts left (--max-restarts=" + std::to_string(args_.max_restarts) + ")");
+    const bool node_lost = failure_.global_rank < 0;  // a fixed-size job cannot restart without it
+    if (attempt >= args_.max_restarts || node_lost) {
+      if (node_lost && attempt < args_.max_restarts) {
+        say("not restarting: a lost node cannot rejoin a job of fixed --num-nodes");
+      } else if (args_.max_restarts > 0) {
+        say("no restarts left (--max-restarts=" + std::to_string(args_.max_restarts) + ")");
+      }
       // Node 0 hosts the store: keep it until the other nodes have read the failure.
       if (layout_.num_nodes > 1 && layout_.node_rank == 0) rendezvous_->wait_until_failure_seen(attempt, std::chrono::seconds(5));
       say("exiting with " + std::to_string(failure_.exit_code));

@@ -51,17 +51,16 @@ hosts_up() {
   ip netns add "$sw" 2>/dev/null || hosts_skip "ip netns add failed: network namespaces are not permitted here"
   ip netns exec "$sw" true 2>/dev/null || { ip netns del "$sw"; hosts_skip "cannot enter network namespaces here"; }
   HOSTS_COUNT=$count
-  ip -n "$sw" link add br0 type bridge
-  ip -n "$sw" link set br0 up
+  ip -n "$sw" link add br0 type bridge && ip -n "$sw" link set br0 up || hosts_skip "cannot create a bridge here"
   for ((k = 0; k < count; ++k)); do
     ns=$(host_ns "$k")
-    ip netns add "$ns"
-    ip link add eth0 netns "$ns" type veth peer name "h$k" netns "$sw"
-    ip -n "$sw" link set "h$k" master br0
-    ip -n "$sw" link set "h$k" up
-    ip -n "$ns" addr add "$(host_addr "$k")/24" dev eth0
-    ip -n "$ns" link set eth0 up
-    ip -n "$ns" link set lo up
+    ip netns add "$ns" &&
+      ip link add eth0 netns "$ns" type veth peer name "h$k" netns "$sw" &&
+      ip -n "$sw" link set "h$k" master br0 &&
+      ip -n "$sw" link set "h$k" up &&
+      ip -n "$ns" addr add "$(host_addr "$k")/24" dev eth0 &&
+      ip -n "$ns" link set eth0 up &&
+      ip -n "$ns" link set lo up || { echo "FAIL: could not build host $k"; exit 1; }
     mkdir -p "/etc/netns/$ns"
     {
       echo "127.0.0.1 localhost"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Network faults across real hosts (hosts.sh), one lightning-run node per host, 2 workers each,
-# with --hang-timeout 20 and --node-timeout 10. Every case checks every node's exit code and
+# with --hang-timeout 20 and --node-timeout 10 (60 and 30 on the degraded links). Every case checks every node's exit code and
 # message, that nothing of the job is left on any host, and prints how long after the fault each
 # surviving node exited ("fault CASE: node K exited C after S s").
 #   hosts_faults.sh LIGHTNING_RUN HOSTS_JOB CASE
@@ -28,11 +28,12 @@ limit=$((hang_timeout + 10))
 limit_note=" (limit $limit s)"
 
 # start_nodes N STEPS SLEEP_MS: one node per host in the background; pids in pid[K].
+node_timeout=10
 start_nodes() {
   local count=$1 k
   for ((k = 0; k < count; ++k)); do
     host_run "$k" "$launcher" model --accelerator cpu --num-nodes "$count" --node-rank "$k" --main-address host0 \
-      --main-port 29400 --devices 2 --rdzv-timeout 60 --hang-timeout "$hang_timeout" --node-timeout 10 \
+      --main-port 29400 --devices 2 --rdzv-timeout 60 --hang-timeout "$hang_timeout" --node-timeout "$node_timeout" \
       --shutdown-grace 2 "$job" "$2" --sleep-ms "$3" >"$dir/node$k.log" 2>&1 &
     pid[$k]=$!
   done
@@ -87,7 +88,7 @@ strike() {
   shift
   hosts_up "$count"
   start_nodes "$count" 100000 20
-  wait_for_training "$count" || return
+  wait_for_training "$count" || exit 1
   local start
   start=$(hosts_now)
   "$@"
@@ -106,7 +107,7 @@ case "$case" in
   kill-host)
     hosts_up 3
     start_nodes 3 100000 20
-    wait_for_training 3
+    wait_for_training 3 || exit 1
     start=$(hosts_now)
     host_kill_all 2
     wait "${pid[2]}" 2>/dev/null
@@ -124,6 +125,8 @@ case "$case" in
     expect_exit 2 1 "$lost_contact"
     ;;
   delay | loss)
+    # A lossy link stalls TCP for seconds (13 s once): the default node timeout, not the short one.
+    node_timeout=30 hang_timeout=60
     hosts_up 2
     limit_note=" on a clean link"
     start=$(hosts_now)

@@ -82,8 +82,8 @@ vote_pair() {
     pids[$k]=$!
   done
   for k in 0 1; do
-    wait "${pids[$k]}" || fail "rank $k on a host named $name exited non-zero"
     name=$1; [ "$k" = 1 ] && name=$2
+    wait "${pids[$k]}" || fail "rank $k on a host named $name exited non-zero"
     cat "$dir/vote$k.log"
     grep -q "rank $k of 2 on $name: backend $3, 20 steps, bitwise equal to rank 0: yes, .*shm segment: $4" "$dir/vote$k.log" ||
       fail "rank $k on $name did not use $3 (shm segment: $4)"

@@ -30,6 +30,14 @@ def open_raw(interface):
     return sock
 
 
+def send(sock, frame):
+    """Passes a frame on; a full transmit queue drops it, as a real link would."""
+    try:
+        sock.send(frame)
+    except (BlockingIOError, OSError):
+        pass
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("host_side")
@@ -60,13 +68,13 @@ def main():
                 if address[2] == socket.PACKET_OUTGOING:
                     continue  # a frame this emulator sent
                 if sock is switch:
-                    host.send(frame)
+                    send(host, frame)
                 elif chance.random() >= loss:
                     heapq.heappush(pending, (time.monotonic() + delay, order, frame))
                     order += 1
         now = time.monotonic()
         while pending and pending[0][0] <= now:
-            switch.send(heapq.heappop(pending)[2])
+            send(switch, heapq.heappop(pending)[2])
 
 
 if __name__ == "__main__":

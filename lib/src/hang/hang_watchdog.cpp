@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <ctime>
 #include <filesystem>
@@ -134,7 +135,11 @@ class Watchdog {
       auto& seen = last_seen_[rank];
       if (seen.first != text) seen = {text, now};
       flight::Progress progress = flight::Progress::parse(text);
-      progress.silent_s = std::chrono::duration<double>(now - seen.second).count();
+      // A rank's progress changes once a period: beyond the 1 s period of small jobs, up to two
+      // periods without a change is normal, not silence.
+      const double period_s = std::chrono::duration<double>(period()).count();
+      const double silent_s = std::chrono::duration<double>(now - seen.second).count();
+      progress.silent_s = std::max(0.0, silent_s - 2.0 * std::max(0.0, period_s - 1.0));
       ranks.push_back(progress);
     }
     const double timeout_s = std::chrono::duration<double>(settings_.group.hang_timeout).count();
@@ -147,7 +152,8 @@ class Watchdog {
     const std::string dir = settings_.group.hang_dump_dir.empty() ? default_dump_dir() : settings_.group.hang_dump_dir;
     watch_->request_dump(dir);
     write_rank_dump(dir);
-    const auto deadline = Clock::now() + std::chrono::seconds(5);
+    // The ranks see the request when they next publish, within a period.
+    const auto deadline = Clock::now() + std::chrono::seconds(5) + period();
     std::vector<int> silent;
     for (int rank = 1; rank < settings_.world_size; ++rank) {
       while (!watch_->dumped(rank) && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -155,7 +161,8 @@ class Watchdog {
     }
     std::string report = verdict.report + "dumps: " + dir + "/rank_<R>.flight.txt and rank_<R>.stack.txt";
     report += settings_.world_size > 1 ? " (each rank writes on its own node)\n" : "\n";
-    for (int rank : silent) report += "  rank " + std::to_string(rank) + " did not write its dump within 5 s\n";
+    const int waited_s = static_cast<int>(std::chrono::duration_cast<std::chrono::seconds>(std::chrono::seconds(5) + period()).count());
+    for (int rank : silent) report += "  rank " + std::to_string(rank) + " did not write its dump within " + std::to_string(waited_s) + " s\n";
     std::error_code ignored;
     std::filesystem::create_directories(dir, ignored);
     write_file(std::filesystem::path(dir) / "report.txt", report);

@@ -123,7 +123,8 @@ TEST_CASE("rendezvous: node 0 names a node whose heartbeat stopped, and not one 
   }
 }
 
-TEST_CASE("rendezvous: a peer's address in a worker's error is named as its node", "[rendezvous]") {
+TEST_CASE("rendezvous: an address every node has (here: both nodes on this machine) names no node", "[rendezvous]") {
+  // Naming a node by a unique address is covered across real hosts (hosts.fault_kill-host).
   const std::string address = some_own_address();
   if (address.empty()) {
     WARN("this machine has no address but loopback: nothing to name");
@@ -133,10 +134,7 @@ TEST_CASE("rendezvous: a peer's address in a worker's error is named as its node
   auto node1 = std::async(std::launch::async, [port] { return launcher::Rendezvous::establish(node_args(1, 2, port), 1); });
   auto node0 = launcher::Rendezvous::establish(node_args(0, 2, port), 1);
   auto other = node1.get();
-  const std::string expected = address + " (node 1, " + own_host_name() + ")";
-  CHECK(node0.nodes_named_in("gloo::IoException: Read error [" + address + "]:41234: Connection reset by peer") == expected);
-  CHECK(node0.nodes_named_in("connect to " + address) == expected);
-  CHECK(node0.nodes_named_in("Read error [" + address + "7]:1: reset").empty());  // a longer address is another
+  CHECK(node0.nodes_named_in("gloo::IoException: Read error [" + address + "]:41234: Connection reset by peer").empty());
+  CHECK(other.nodes_named_in("Read error [" + address + "]:1").empty());
   CHECK(node0.nodes_named_in("nothing about peers").empty());
-  CHECK(other.nodes_named_in("Read error [" + address + "]:1").find("node 0") != std::string::npos);
 }

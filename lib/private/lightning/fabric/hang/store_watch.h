@@ -21,9 +21,9 @@ class Store;
 namespace lightning::fabric::internal {
 
 /// How often each rank publishes (and rank 0 reads): a quarter of the hang timeout, at least
-/// 100 ms, at most 1 s up to 41 ranks and 24 ms x world_size beyond, so that the store serves at
-/// most about 85 hang-watch requests a second however large the job (24.6 s at 1024 ranks; 75 s,
-/// a quarter of the default 300 s timeout, from 3125 ranks on).
+/// 100 ms, at most 1 s up to 41 ranks and 24 ms x world_size beyond. With the default 300 s
+/// timeout the store then serves about 85 hang-watch requests a second up to 3125 ranks (24.6 s
+/// at 1024); beyond, the period stays at 75 s and the load grows (109 a second at 4096 ranks).
 std::chrono::milliseconds store_watch_period(int world_size, std::chrono::milliseconds hang_timeout);
 
 struct PublishedProgress {
