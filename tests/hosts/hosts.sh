@@ -13,8 +13,11 @@
 #   host_impair K DELAY_MS LOSS_PERCENT   what host K sends is delayed and partly lost, as
 #                         `tc netem delay D loss P%` on its eth0 does (link_emulator.py; this
 #                         kernel has no netem)
-#   hosts_down            removes everything hosts_up made, by name (call it from the test's EXIT
-#                         trap; hosts_up also sweeps what a killed earlier run left behind)
+#   hosts_down            removes everything hosts_up made, by name (hosts_test_setup's EXIT trap
+#                         calls it; hosts_up also sweeps what a killed earlier run left behind)
+# For test scripts: hosts_test_setup (a scratch folder $HOSTS_TEST_DIR, an EXIT trap removing it
+# and every host, OMP_NUM_THREADS=1), fail MESSAGE (prints "FAIL: ..." and counts it in
+# $HOSTS_FAILURES), hosts_expect_nothing_left (no process of the job left on any host).
 # Names: namespaces lfh<pid>-<K> and lfh<pid>-sw (the bridge), /etc/netns/lfh<pid>-<K>/hosts.
 HOSTS_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 HOSTS_PREFIX="lfh$$-"
@@ -119,6 +122,23 @@ hosts_down() {
   ip netns del "$(hosts_switch)" 2>/dev/null
   HOSTS_COUNT=0
   return 0
+}
+
+hosts_test_setup() {
+  HOSTS_TEST_DIR=$(mktemp -d)
+  HOSTS_FAILURES=0
+  trap 'hosts_down; rm -rf "$HOSTS_TEST_DIR"' EXIT
+  export OMP_NUM_THREADS=1
+}
+
+fail() { echo "FAIL: $*"; HOSTS_FAILURES=$((HOSTS_FAILURES + 1)); }
+
+# Nothing of the job may outlive it, on any host.
+hosts_expect_nothing_left() {
+  local k
+  for ((k = 0; k < HOSTS_COUNT; ++k)); do
+    [ -z "$(host_pids "$k")" ] || fail "processes left on host$k: $(host_pids "$k" | tr '\n' ' ')"
+  done
 }
 
 # Seconds since the epoch, with nanoseconds (for the fault timings).

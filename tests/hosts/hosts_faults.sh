@@ -17,12 +17,8 @@
 set -u
 launcher=$1 job=$2 case=$3
 source "$(dirname "${BASH_SOURCE[0]}")/hosts.sh"
-dir=$(mktemp -d)
-cleanup() { hosts_down; rm -rf "$dir"; }
-trap cleanup EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-export OMP_NUM_THREADS=1
+hosts_test_setup
+dir=$HOSTS_TEST_DIR
 hang_timeout=20
 limit=$((hang_timeout + 10))
 limit_note=" (limit $limit s)"
@@ -75,12 +71,6 @@ expect_exit() {  # NODE CODE MESSAGE-REGEX
   grep -Eq "$3" "$dir/node$1.log" || fail "node $1 did not say: $3"
 }
 
-expect_nothing_left() {
-  local k
-  for ((k = 0; k < HOSTS_COUNT; ++k)); do
-    [ -z "$(host_pids "$k")" ] || fail "processes left on host$k: $(host_pids "$k" | tr '\n' ' ')"
-  done
-}
 
 # strike N FAULT...: N hosts training, then the fault; every node waited for.
 strike() {
@@ -147,6 +137,6 @@ case "$case" in
     ;;
   *) echo "FAIL: unknown case $case"; exit 2 ;;
 esac
-expect_nothing_left
-[ "$failures" = 0 ] || exit 1
+hosts_expect_nothing_left
+[ "$HOSTS_FAILURES" = 0 ] || exit 1
 echo "hosts fault $case: passed"

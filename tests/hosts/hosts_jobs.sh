@@ -15,12 +15,8 @@
 set -u
 launcher=$1 job=$2 case=$3
 source "$(dirname "${BASH_SOURCE[0]}")/hosts.sh"
-dir=$(mktemp -d)
-cleanup() { hosts_down; rm -rf "$dir"; }
-trap cleanup EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-export OMP_NUM_THREADS=1
+hosts_test_setup
+dir=$HOSTS_TEST_DIR
 
 # run_nodes N STEPS [ENV=VALUE...]: one lightning-run node per host, devices[K] workers on host K
 # (default 2); exit codes in code[K], output in $dir/node<K>.log.
@@ -43,13 +39,6 @@ show_logs() {
   for ((k = 0; k < $1; ++k)); do echo "--- node $k (exit ${code[$k]})"; grep -v "step [0-9]*$" "$dir/node$k.log"; done
 }
 
-# Nothing of the job may outlive it, on any host.
-expect_nothing_left() {
-  local k
-  for ((k = 0; k < HOSTS_COUNT; ++k)); do
-    [ -z "$(host_pids "$k")" ] || fail "processes left on host$k: $(host_pids "$k" | tr '\n' ' ')"
-  done
-}
 
 train() {
   local count=$1 world=0 first=0 k
@@ -67,7 +56,7 @@ train() {
     done
     first=$((first + ${devices[$k]:-2}))
   done
-  expect_nothing_left
+  hosts_expect_nothing_left
 }
 
 # vote_pair NAME0 NAME1 BACKEND SEGMENT: one rank on each of hosts 0 and 1, started by hand as a
@@ -101,7 +90,7 @@ vote() {
   cat "$dir/one.log"
   [ "$(grep -c "backend shm, 20 steps, bitwise equal to rank 0: yes, .*shm segment: yes" "$dir/one.log")" = 2 ] ||
     fail "the one-node job's 2 ranks did not both use shm"
-  expect_nothing_left
+  hosts_expect_nothing_left
 }
 
 interface() {
@@ -118,7 +107,7 @@ interface() {
     grep -q 'GLOO_SOCKET_IFNAME (process_group.socket_interface)="eth7" names no network interface of this host. Its interfaces: lo, eth0' \
       "$dir/node$k.log" || fail "node $k did not name the missing interface and the host's interfaces"
   done
-  expect_nothing_left
+  hosts_expect_nothing_left
 }
 
 case "$case" in
@@ -129,5 +118,5 @@ case "$case" in
   interface) interface ;;
   *) echo "FAIL: unknown case $case"; exit 2 ;;
 esac
-[ "$failures" = 0 ] || exit 1
+[ "$HOSTS_FAILURES" = 0 ] || exit 1
 echo "hosts $case: passed"
