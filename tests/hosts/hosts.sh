@@ -67,7 +67,8 @@ hosts_up() {
     mkdir -p "/etc/netns/$ns"
     {
       echo "127.0.0.1 localhost"
-      for ((j = 0; j < count; ++j)); do echo "$(host_addr "$j") $(host_name "$j")"; done
+      # The IPv4-mapped IPv6 form too: c10d looks up the name of every store connection by it.
+      for ((j = 0; j < count; ++j)); do echo "$(host_addr "$j") $(host_name "$j")"; echo "::ffff:$(host_addr "$j") $(host_name "$j")"; done
     } >"/etc/netns/$ns/hosts"
   done
 }
