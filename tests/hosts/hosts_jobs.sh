@@ -11,7 +11,8 @@
 #                      two namespaces with one name (one kernel, so one machine) they use shm, on
 #                      purpose; one lightning-run node with 2 workers uses shm.
 #   interface          GLOO_SOCKET_IFNAME=eth0 picks the interface; a name that no host has stops
-#                      every node with an error naming it and the host's interfaces.
+#                      every node, with an error naming it and the host's interfaces (on a node
+#                      that node 0's announcement stops first: node 0's failure).
 set -u
 launcher=$1 job=$2 case=$3
 source "$(dirname "${BASH_SOURCE[0]}")/hosts.sh"
@@ -102,11 +103,15 @@ interface() {
   echo "== GLOO_SOCKET_IFNAME=eth7 (no host has it)"
   run_nodes 2 10 GLOO_SOCKET_IFNAME=eth7
   show_logs 2
+  # Node 0's workers name the interface. Node 1's do too, unless node 0's announcement stops them
+  # first; node 1 then reports node 0's failure.
+  local named='GLOO_SOCKET_IFNAME (process_group.socket_interface)="eth7" names no network interface of this host. Its interfaces: lo, eth0'
   for k in 0 1; do
     [ "${code[$k]}" != 0 ] || fail "node $k exited 0 with a missing interface"
-    grep -q 'GLOO_SOCKET_IFNAME (process_group.socket_interface)="eth7" names no network interface of this host. Its interfaces: lo, eth0' \
-      "$dir/node$k.log" || fail "node $k did not name the missing interface and the host's interfaces"
   done
+  grep -q "$named" "$dir/node0.log" || fail "node 0 did not name the missing interface and the host's interfaces"
+  grep -q "$named" "$dir/node1.log" || grep -q "on node 0 failed first" "$dir/node1.log" ||
+    fail "node 1 neither named the missing interface nor reported node 0's failure"
   hosts_expect_nothing_left
 }
 
