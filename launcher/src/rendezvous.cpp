@@ -1,4 +1,5 @@
 #include "lightning/launcher/rendezvous.h"
+#include "lightning/fabric/utilities/process.h"
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
@@ -80,12 +81,6 @@ std::vector<LostNode> lost_together(std::vector<LostNode> silent, double timeout
   return silent;
 }
 
-std::string host_name() {
-  char name[256] = {};
-  ::gethostname(name, sizeof(name) - 1);
-  return name;
-}
-
 }  // namespace
 
 std::string Rendezvous::key(const std::string& suffix) const { return "lightning-run/" + suffix; }
@@ -165,7 +160,7 @@ void Rendezvous::register_node(const LaunchArgs& args, int local_world_size) {
                               ". Start every node with the same --num-nodes.",
                           2);
   }
-  store.set(key("node/" + std::to_string(rank) + "/host"), bytes(host_name()));
+  store.set(key("node/" + std::to_string(rank) + "/host"), bytes(fabric::host_name()));
   store.set(key("node/" + std::to_string(rank) + "/addresses"), bytes(own_addresses()));
   store.set(key("node/" + std::to_string(rank) + "/local_world_size"), bytes(std::to_string(local_world_size)));
 
@@ -203,6 +198,7 @@ void Rendezvous::register_node(const LaunchArgs& args, int local_world_size) {
 template <typename Op>
 auto Rendezvous::bounded(Op op) -> decltype(op(std::declval<c10d::TCPStore&>())) {
   using Result = decltype(op(std::declval<c10d::TCPStore&>()));
+  if (layout_.node_rank == 0) return op(*store_);  // node 0's own store, served in this process
   if (unreachable_) throw std::runtime_error("an earlier call got no answer");
   auto promise = std::make_shared<std::promise<Result>>();
   std::future<Result> answer = promise->get_future();

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "lightning/fabric/errors.h"
+#include "lightning/fabric/utilities/process.h"
 
 namespace lightning::fabric::flight {
 namespace {
@@ -99,12 +100,6 @@ std::string seconds_text(double seconds) {
   char text[32];
   std::snprintf(text, sizeof(text), "%.1f s", seconds);
   return text;
-}
-
-std::string hostname() {
-  char name[256] = {};
-  ::gethostname(name, sizeof(name) - 1);
-  return name;
 }
 
 Recorder* installed = nullptr;
@@ -332,7 +327,7 @@ Progress Recorder::progress() const {
   Progress progress;
   progress.rank = header.rank;
   progress.pid = header.pid;
-  progress.host = hostname();
+  progress.host = host_name();
   const uint64_t entered = header.entered.load(std::memory_order_acquire);
   const uint64_t completed = header.completed.load(std::memory_order_acquire);
   const uint64_t waiting = header.waiting_seq.load(std::memory_order_acquire);

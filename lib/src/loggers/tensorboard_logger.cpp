@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "lightning/fabric/errors.h"
+#include "lightning/fabric/utilities/process.h"
 
 namespace lightning::fabric {
 
@@ -70,11 +71,6 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-std::string host_name() {
-  char name[256] = {};
-  ::gethostname(name, sizeof(name) - 1);
-  return name;
-}
 }  // namespace
 
 TensorBoardLogger::TensorBoardLogger(fs::path root_dir, std::string name, std::optional<int> version)

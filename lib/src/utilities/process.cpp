@@ -160,6 +160,12 @@ std::string ExitStatus::describe() const {
   return "exit code " + std::to_string(code);
 }
 
+std::string host_name() {
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
 std::string signal_name(int signal) {
   const char* abbrev = sigabbrev_np(signal);
   return abbrev != nullptr ? std::string("SIG") + abbrev : "signal " + std::to_string(signal);

@@ -86,9 +86,10 @@ class Rendezvous {
   void register_node(const LaunchArgs& args, int local_world_size);
   std::string key(const std::string& suffix) const;
   [[noreturn]] void lost_contact(const std::exception& error) const;
-  /// Runs op on the store, on a thread of its own, and gives up after --node-timeout: a TCPStore
-  /// call to a host whose network is down blocks for many minutes. After one gives up, every
-  /// later call throws at once (the connection is left to the blocked thread).
+  /// Runs op on the store. On nodes other than 0 it runs on a thread of its own and is given up
+  /// after --node-timeout: a TCPStore call to a host whose network is down blocks for many
+  /// minutes. After one gives up, every later call throws at once (the connection is left to the
+  /// blocked thread). Node 0 hosts the store in this process and calls it directly.
   template <typename Op>
   auto bounded(Op op) -> decltype(op(std::declval<c10d::TCPStore&>()));
 

@@ -9,6 +9,7 @@
 
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/internal/wait_for_listener.h"
+#include "lightning/fabric/utilities/process.h"
 
 namespace lightning::fabric {
 
@@ -91,9 +92,7 @@ void await_all_ranks(c10d::Store& store, const CollectiveOptions& options) {
 }
 
 bool all_ranks_on_one_host(c10d::Store& store, int rank, int world_size) {
-  char name[256] = {};
-  ::gethostname(name, sizeof(name) - 1);
-  const std::string host(name);
+  const std::string host = host_name();
   store.set("cpu-auto/host/" + std::to_string(rank), std::vector<uint8_t>(host.begin(), host.end()));
   if (rank == 0) {
     // A few requests however many ranks: one check of every name until all are there (c10d's

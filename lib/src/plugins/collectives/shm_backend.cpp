@@ -22,6 +22,7 @@
 #include <sstream>
 
 #include "lightning/fabric/errors.h"
+#include "lightning/fabric/utilities/process.h"
 
 namespace lightning::fabric::internal {
 namespace {
@@ -55,12 +56,6 @@ size_t control_bytes() { return (sizeof(Control) + kPage - 1) / kPage * kPage; }
 long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
   // Not FUTEX_PRIVATE: the word is shared between processes.
   return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
-}
-
-std::string host_name() {
-  char name[256] = {};
-  ::gethostname(name, sizeof(name) - 1);
-  return name;
 }
 
 class FinishedWork : public c10d::Work {

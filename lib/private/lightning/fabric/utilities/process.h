@@ -29,6 +29,9 @@ struct ExitStatus {
 /// "SIGSEGV" for 11, "signal 64" for an unnamed one.
 std::string signal_name(int signal);
 
+/// This machine's host name (gethostname; empty if it fails).
+std::string host_name();
+
 /// What to start.
 struct ProcessSpec {
   std::string executable;                       // absolute or relative path (see resolve_executable)
