@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
   options.main_port = env_int("MASTER_PORT", 29400);
   options.use_agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE") != nullptr &&
                             std::string(std::getenv("TORCHELASTIC_USE_AGENT_STORE")) == "True";
-  options.restart_count = env_int("TORCHELASTIC_RESTART_COUNT", 0);
+  options.store_attempt = env_int("TORCHELASTIC_RESTART_COUNT", 0);
   options.settings.flight_records = 0;  // the transports alone
   lf::Collective gloo(options);
   std::vector<int> everyone;

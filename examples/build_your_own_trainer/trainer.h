@@ -19,6 +19,8 @@
 #include <regex>
 #include <string>
 
+#include "checkpoint_files.h"
+
 namespace trainer {
 
 namespace lf = lightning::fabric;
@@ -36,23 +38,6 @@ struct TrainerOptions {
   int checkpoint_frequency = 1;                // save every N epochs
   bool progress = true;                        // bars on rank 0 (stderr) while training and validating
 };
-
-/// The newest checkpoint in folder (highest step in "epoch=E-step=S.ckpt"), or "".
-inline std::string newest_checkpoint(const std::string& folder) {
-  if (folder.empty() || !std::filesystem::is_directory(folder)) return "";
-  static const std::regex pattern(R"(epoch=(\d+)-step=(\d+)\.ckpt)");
-  std::string best;
-  int64_t best_step = -1;
-  for (const auto& entry : std::filesystem::directory_iterator(folder)) {
-    std::smatch match;
-    const std::string name = entry.path().filename().string();
-    if (std::regex_match(name, match, pattern) && std::stoll(match[2]) > best_step) {
-      best_step = std::stoll(match[2]);
-      best = entry.path().string();
-    }
-  }
-  return best;
-}
 
 template <class ModuleHolder>
 class Trainer {

@@ -19,6 +19,7 @@
 #include <optional>
 #include <iostream>
 
+#include "checkpoint_files.h"
 #include "shared_flags.h"
 #include "fashion_cnn.h"
 #include "fashion_mnist.h"
@@ -36,7 +37,7 @@ struct Settings {
   uint64_t seed = 42;
   examples::SharedFlags shared;  // Fabric options unset unless given (lightning-run or the launcher decides); --no-progress
   std::string checkpoint_dir;  // save at the end of every epoch and at --max-steps
-  std::string resume;          // a checkpoint written by --checkpoint-dir
+  std::string resume;          // a checkpoint written by --checkpoint-dir, or "last": the newest there
 };
 
 // One checkpoint entry per save: DIR/epoch=E-step=S.ckpt (Lightning's naming).
@@ -86,12 +87,16 @@ int run(const Settings& settings) {
   int64_t steps = 0, epoch = 1, batches_done = 0;  // batches_done: of `epoch`, when saved mid-epoch
   lf::State state{{"model", model}, {"optimizer", optimizer}, {"epoch", epoch}, {"step", steps},
                   {"batches_done", batches_done}};
-  if (!settings.resume.empty()) {
-    fabric.load(settings.resume, state);
+  // "last": the newest checkpoint of --checkpoint-dir, if any, so that a job the launcher restarts
+  // (after a failure, or with other nodes) goes on from where it was.
+  const std::string resume = settings.resume == "last" ? newest_checkpoint(settings.checkpoint_dir) : settings.resume;
+  if (fabric.restart_count() > 0) fabric.print("restart", fabric.restart_count(), "of the job, world size", fabric.world_size());
+  if (!resume.empty()) {
+    fabric.load(resume, state);
     epoch = state.at("epoch").to<int64_t>();
     steps = state.at("step").to<int64_t>();
     batches_done = state.at("batches_done").to<int64_t>();
-    fabric.print("resumed from", settings.resume, "at epoch", epoch, "step", steps);
+    fabric.print("resumed from", resume, "at epoch", epoch, "step", steps);
   }
   auto save = [&](bool epoch_finished) {
     if (settings.checkpoint_dir.empty()) return;
@@ -160,8 +165,9 @@ int main(int argc, char** argv) {
   settings.shared.add_to(app);
   app.add_option("--checkpoint-dir", settings.checkpoint_dir,
                  "Save a checkpoint here at the end of every epoch and at --max-steps (epoch=E-step=S.ckpt)");
-  app.add_option("--resume", settings.resume, "Continue from a checkpoint written by --checkpoint-dir")
-      ->check(CLI::ExistingPath);
+  app.add_option("--resume", settings.resume,
+                 "Continue from a checkpoint written by --checkpoint-dir; \"last\": from the newest one there, if any")
+      ->check(CLI::ExistingPath | CLI::IsMember({"last"}));
   CLI11_PARSE(app, argc, argv);
   try {
     return run(settings);

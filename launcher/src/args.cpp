@@ -69,8 +69,41 @@ std::set<int> parse_rank_list(const std::string& text) {
   return ranks;
 }
 
+int parse_node_count(const std::string& text, const std::string& whole) {
+  size_t used = 0;
+  int count = 0;
+  try {
+    count = std::stoi(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (text.empty() || used != text.size() || count < 1 || count > (1 << 20)) {
+    throw CLI::ValidationError("--num-nodes=" + whole + " is not valid: give a node count such as 2, or MIN:MAX such as 2:4 "
+                               "for an elastic job (1 <= MIN <= MAX).");
+  }
+  return count;
+}
+
+// --num-nodes N (fixed) or MIN:MAX (elastic; torchrun's spelling).
+void parse_num_nodes(const std::string& text, LaunchArgs& args) {
+  const size_t colon = text.find(':');
+  if (colon == std::string::npos) {
+    args.num_nodes = parse_node_count(text, text);
+    return;
+  }
+  const int min = parse_node_count(text.substr(0, colon), text), max = parse_node_count(text.substr(colon + 1), text);
+  if (min > max) {
+    throw CLI::ValidationError("--num-nodes=" + text + " is not valid: MIN (" + std::to_string(min) + ") exceeds MAX (" +
+                               std::to_string(max) + "). Write MIN:MAX, e.g. " + std::to_string(max) + ":" +
+                               std::to_string(min) + ".");
+  }
+  args.elastic = LaunchArgs::NodeRange{min, max};
+  args.num_nodes = max;
+}
+
 // Raw values of the options whose absence matters (they are optional in LaunchArgs).
 struct RawOptions {
+  std::string num_nodes = "1";
   std::string accelerator, strategy, precision, log_dir, ranks_filter, profile, profile_ranks;
   int main_port = kDefaultMainPort;
   bool tag = false, no_tag = false;
@@ -80,8 +113,8 @@ void add_model_options(CLI::App& model, LaunchArgs& args, RawOptions& raw) {
   model.add_option("--accelerator", raw.accelerator, "Hardware the workers use (default: auto)")->check(one_of("--accelerator", fabric::accelerator_choices()));
   model.add_option("--strategy", raw.strategy, "Strategy the workers use (default: the program's)")->check(one_of("--strategy", fabric::strategy_choices(), kOwnRegistrationHint));
   model.add_option("--devices", args.devices, "Devices (workers) per node: a count, or GPU indices such as 0,2")->capture_default_str();
-  model.add_option("--num-nodes,--num_nodes", args.num_nodes, "Number of nodes (machines)")->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20).description(""));
+  model.add_option("--num-nodes,--num_nodes,--nnodes", raw.num_nodes,
+                   "Number of nodes (machines), or MIN:MAX for an elastic job")->capture_default_str();
   model.add_option("--node-rank,--node_rank", args.node_rank, "This node's rank, 0 .. num-nodes - 1")->capture_default_str()
       ->check(CLI::NonNegativeNumber.description(""));
   model.add_option("--main-address,--main_address", args.main_address, "Address of node 0 (hosts the rendezvous)")->capture_default_str();
@@ -94,6 +127,9 @@ void add_model_options(CLI::App& model, LaunchArgs& args, RawOptions& raw) {
       ->check(CLI::NonNegativeNumber.description(""));
   model.add_option("--rdzv-timeout,--rdzv_timeout", args.rdzv_timeout_s, "Seconds nodes wait for each other")->capture_default_str()
       ->check(CLI::PositiveNumber.description(""));
+  model.add_option("--rdzv-last-call,--rdzv_last_call", args.rdzv_last_call_s,
+                   "Elastic jobs: once MIN nodes are in, seconds a rendezvous round waits for more")->capture_default_str()
+      ->check(CLI::NonNegativeNumber.description(""));
   model.add_option("--node-timeout,--node_timeout", args.node_timeout_s,
                    "Seconds without word from another node (its heartbeat, or node 0's store) before it counts as lost")
       ->capture_default_str()->check(CLI::Range(3.0, 1e9).description(""));
@@ -212,6 +248,15 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv, std::ost
     if (raw.tag && raw.no_tag) throw CLI::ValidationError("--tag-output and --no-tag-output contradict each other: give one.");
     if (raw.tag) args.tag_output = true;
     if (raw.no_tag) args.tag_output = false;
+    parse_num_nodes(raw.num_nodes, args);
+    if (args.elastic && given("--node-rank")) {
+      throw CLI::ValidationError("--node-rank=" + std::to_string(args.node_rank) + " cannot be given with --num-nodes=" +
+                                 raw.num_nodes + ": an elastic job's rendezvous assigns node ranks at every round. "
+                                 "Leave --node-rank out; the node whose --main-address is its own hosts the rendezvous.");
+    }
+    if (!args.elastic && given("--rdzv-last-call")) {
+      throw CLI::ValidationError("--rdzv-last-call applies to elastic jobs only: give --num-nodes MIN:MAX, or leave it out.");
+    }
     if (args.node_rank >= args.num_nodes) {
       throw CLI::ValidationError("--node-rank=" + std::to_string(args.node_rank) + " is out of range for --num-nodes=" +
                                  std::to_string(args.num_nodes) + ": node ranks are 0 .. " +

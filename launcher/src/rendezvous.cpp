@@ -1,5 +1,7 @@
 #include "lightning/launcher/rendezvous.h"
+
 #include "lightning/fabric/utilities/process.h"
+#include "store_calls.h"
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
@@ -8,20 +10,17 @@
 
 #include <algorithm>
 #include <cctype>
-#include <future>
 #include <iterator>
 #include <map>
 #include <random>
+#include <set>
 #include <sstream>
 #include <thread>
-#include <type_traits>
+#include <tuple>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 namespace lightning::launcher {
 namespace {
-
-std::vector<uint8_t> bytes(const std::string& text) { return {text.begin(), text.end()}; }
-std::string text(const std::vector<uint8_t>& data) { return {data.begin(), data.end()}; }
 
 bool is_loopback(const std::string& host) {
   if (host == "localhost") return true;
@@ -48,7 +47,6 @@ std::chrono::milliseconds seconds(double value) {
   return std::chrono::milliseconds(static_cast<int64_t>(value * 1000.0));
 }
 
-constexpr auto kPollInterval = std::chrono::milliseconds(50);
 constexpr auto kHeartbeatPeriod = std::chrono::seconds(1);
 
 // This machine's IPv4 and IPv6 addresses, loopback left out, separated by spaces.
@@ -93,77 +91,133 @@ void Rendezvous::lost_contact(const std::exception& error) const {
                         1);
 }
 
-Rendezvous Rendezvous::establish(const LaunchArgs& args, int local_world_size) {
-  Rendezvous rendezvous;
-  NodeLayout& layout = rendezvous.layout_;
-  layout.node_rank = args.node_rank;
-  layout.num_nodes = args.num_nodes;
-  layout.local_world_size = local_world_size;
-  layout.main_address = args.main_address;
-  layout.max_restarts = args.max_restarts;
-  rendezvous.timeout_ = seconds(args.rdzv_timeout_s);
-  rendezvous.node_timeout_ = seconds(args.node_timeout_s);
+namespace {
 
+// Whether address names this machine: loopback, its host name, or a name or address that resolves
+// to one of its own addresses. An elastic job's node 0 is the node whose --main-address it is.
+bool names_this_machine(const std::string& address) {
+  if (is_loopback(address) || address == fabric::host_name()) return true;
+  std::istringstream own(own_addresses());
+  const std::set<std::string> mine{std::istream_iterator<std::string>(own), std::istream_iterator<std::string>()};
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(address.c_str(), nullptr, &hints, &found) != 0) return false;
+  bool match = false;
+  for (const addrinfo* entry = found; entry != nullptr && !match; entry = entry->ai_next) {
+    char text[INET6_ADDRSTRLEN] = {};
+    const void* raw = entry->ai_family == AF_INET
+                          ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(entry->ai_addr)->sin_addr)
+                          : static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(entry->ai_addr)->sin6_addr);
+    match = inet_ntop(entry->ai_family, raw, text, sizeof(text)) != nullptr && (mine.count(text) > 0 || is_loopback(text));
+  }
+  freeaddrinfo(found);
+  return match;
+}
+
+// --num-nodes as the user wrote it: "2", or "2:4" for an elastic job.
+std::string num_nodes_spelling(const LaunchArgs& args) {
+  if (!args.elastic) return std::to_string(args.num_nodes);
+  return std::to_string(args.elastic->min) + ":" + std::to_string(args.elastic->max);
+}
+
+}  // namespace
+
+std::shared_ptr<c10d::TCPStore> Rendezvous::connect(const LaunchArgs& args, bool host) {
   c10d::TCPStoreOptions options;
-  options.isServer = args.node_rank == 0;
+  options.isServer = host;
   options.waitWorkers = false;
-  options.timeout = rendezvous.timeout_;
+  options.timeout = timeout_;
   // A single-node job without --main-port takes a free port from the OS (no race: we bind it).
-  options.port = static_cast<uint16_t>(args.main_port.value_or(args.num_nodes == 1 ? 0 : kDefaultMainPort));
-  const bool local_only = args.num_nodes == 1 || is_loopback(args.main_address);
+  const bool single = args.num_nodes == 1 && !args.elastic;
+  options.port = static_cast<uint16_t>(args.main_port.value_or(single ? 0 : kDefaultMainPort));
+  const bool local_only = single || is_loopback(args.main_address);
+  const std::string where = args.main_address + ":" + std::to_string(options.port);
   try {
-    if (options.isServer && local_only) set_loopback_only_binding(address_family(args.main_address));
-    rendezvous.store_ = std::make_shared<c10d::TCPStore>(args.main_address, options);
+    if (host && local_only) set_loopback_only_binding(address_family(args.main_address));
+    auto store = std::make_shared<c10d::TCPStore>(args.main_address, options);
     set_loopback_only_binding(AF_UNSPEC);
+    return store;
   } catch (const std::exception& error) {
     set_loopback_only_binding(AF_UNSPEC);
-    const std::string where = args.main_address + ":" + std::to_string(options.port);
     const std::string what = error.what();
-    if (options.isServer && what.find("ddress already in use") != std::string::npos) {
+    const bool in_use = what.find("ddress already in use") != std::string::npos;
+    // Elastic nodes on one machine all name it: the first to bind hosts, the others join.
+    if (host && in_use && args.elastic && is_loopback(args.main_address)) return nullptr;
+    if (host && in_use) {
       throw RendezvousError("--main-port " + std::to_string(options.port) + " is already in use on this machine, so node 0 " +
                                 "cannot host the rendezvous at " + where +
                                 ". Another job or a leftover process holds it: choose another --main-port (the same "
                                 "on every node) or stop that process.",
                             2);
     }
-    if (options.isServer) {
-      throw RendezvousError("node 0 cannot host the rendezvous at " + where + ": " + what, 2);
-    }
-    throw RendezvousError("node " + std::to_string(args.node_rank) + " could not reach the rendezvous at " + where +
-                              " within --rdzv-timeout=" + format_seconds(args.rdzv_timeout_s) +
+    if (host) throw RendezvousError("node 0 cannot host the rendezvous at " + where + ": " + what, 2);
+    const std::string who = args.elastic ? std::string("this node") : "node " + std::to_string(args.node_rank);
+    throw RendezvousError(who + " could not reach the rendezvous at " + where + " within --rdzv-timeout=" +
+                              format_seconds(args.rdzv_timeout_s) +
                               "s. Check that node 0's lightning-run is running, that --main-address/--main-port "
                               "name it, and that the port is reachable from here. (" + what + ")",
                           1);
   }
+}
+
+Rendezvous Rendezvous::establish(const LaunchArgs& args, int local_world_size) {
+  Rendezvous rendezvous;
+  NodeLayout& layout = rendezvous.layout_;
+  layout.node_rank = args.elastic ? -1 : args.node_rank;  // elastic: known once a round forms
+  layout.num_nodes = args.num_nodes;
+  layout.local_world_size = local_world_size;
+  layout.main_address = args.main_address;
+  layout.max_restarts = args.max_restarts;
+  rendezvous.timeout_ = seconds(args.rdzv_timeout_s);
+  rendezvous.node_timeout_ = seconds(args.node_timeout_s);
+  rendezvous.range_ = args.elastic;
+  rendezvous.last_call_ = seconds(args.rdzv_last_call_s);
+
+  const bool host = args.elastic ? names_this_machine(args.main_address) : args.node_rank == 0;
+  rendezvous.store_ = rendezvous.connect(args, host);
+  rendezvous.hosts_store_ = rendezvous.store_ != nullptr;
+  if (!rendezvous.store_) rendezvous.store_ = rendezvous.connect(args, false);
   layout.main_port = rendezvous.store_->getPort();
-  rendezvous.register_node(args, local_world_size);
+  rendezvous.publish_node(args, local_world_size);
+  if (!args.elastic) rendezvous.register_node(args, local_world_size);
   return rendezvous;
 }
 
-void Rendezvous::register_node(const LaunchArgs& args, int local_world_size) {
+void Rendezvous::publish_node(const LaunchArgs& args, int local_world_size) {
   auto& store = *store_;
-  const int rank = args.node_rank;
-  if (rank == 0) {
-    store.set(key("num_nodes"), bytes(std::to_string(args.num_nodes)));
+  if (hosts_store_) {
+    store.set(key("num_nodes"), bytes(num_nodes_spelling(args)));
     store.set(key("run_id"), bytes(random_run_id()));
   }
-  if (store.add(key("node/" + std::to_string(rank) + "/claims"), 1) > 1) {
-    throw RendezvousError("another lightning-run already joined this rendezvous as --node-rank=" + std::to_string(rank) +
-                              ". Give every node a different --node-rank in 0 .. " +
-                              std::to_string(args.num_nodes - 1) + ".",
+  if (!args.elastic) {
+    node_id_ = args.node_rank;
+    if (store.add(key("node/" + std::to_string(node_id_) + "/claims"), 1) > 1) {
+      throw RendezvousError("another lightning-run already joined this rendezvous as --node-rank=" + std::to_string(node_id_) +
+                                ". Give every node a different --node-rank in 0 .. " +
+                                std::to_string(args.num_nodes - 1) + ".",
+                            2);
+    }
+  } else {
+    node_id_ = hosts_store_ ? 0 : static_cast<int>(store.add(key("node_ids"), 1));
+  }
+  const std::string agreed = text(store.get(key("num_nodes")));
+  if (agreed != num_nodes_spelling(args)) {
+    throw RendezvousError("this node was started with --num-nodes=" + num_nodes_spelling(args) +
+                              " but node 0 with --num-nodes=" + agreed + ". Start every node with the same --num-nodes.",
                           2);
   }
-  const int agreed = std::stoi(text(store.get(key("num_nodes"))));
-  if (agreed != args.num_nodes) {
-    throw RendezvousError("this node was started with --num-nodes=" + std::to_string(args.num_nodes) +
-                              " but node 0 with --num-nodes=" + std::to_string(agreed) +
-                              ". Start every node with the same --num-nodes.",
-                          2);
-  }
-  store.set(key("node/" + std::to_string(rank) + "/host"), bytes(fabric::host_name()));
-  store.set(key("node/" + std::to_string(rank) + "/addresses"), bytes(own_addresses()));
-  store.set(key("node/" + std::to_string(rank) + "/local_world_size"), bytes(std::to_string(local_world_size)));
+  const std::string node = "node/" + std::to_string(node_id_);
+  store.set(key(node + "/host"), bytes(fabric::host_name()));
+  store.set(key(node + "/addresses"), bytes(own_addresses()));
+  store.set(key(node + "/local_world_size"), bytes(std::to_string(local_world_size)));
+  layout_.run_id = text(store.get(key("run_id")));
+}
 
+void Rendezvous::register_node(const LaunchArgs& args, int local_world_size) {
+  (void)local_world_size;
+  auto& store = *store_;
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
   std::vector<int> missing;
   while (true) {
@@ -184,49 +238,34 @@ void Rendezvous::register_node(const LaunchArgs& args, int local_world_size) {
     }
     std::this_thread::sleep_for(kPollInterval);
   }
-  std::vector<int> counts;
-  for (int node = 0; node < args.num_nodes; ++node) {
-    counts.push_back(std::stoi(text(store.get(key("node/" + std::to_string(node) + "/local_world_size")))));
-    hosts_.push_back(text(store.get(key("node/" + std::to_string(node) + "/host"))));
-    std::istringstream addresses(text(store.get(key("node/" + std::to_string(node) + "/addresses"))));
-    addresses_.emplace_back(std::istream_iterator<std::string>(addresses), std::istream_iterator<std::string>());
-  }
-  fabric::place_node(layout_, rank, counts);
-  layout_.run_id = text(store.get(key("run_id")));
+  members_.clear();
+  for (int node = 0; node < args.num_nodes; ++node) members_.push_back(node);
+  load_members(args.node_rank);
 }
 
-template <typename Op>
-auto Rendezvous::bounded(Op op) -> decltype(op(std::declval<c10d::TCPStore&>())) {
-  using Result = decltype(op(std::declval<c10d::TCPStore&>()));
-  if (layout_.node_rank == 0) return op(*store_);  // node 0's own store, served in this process
-  if (unreachable_) throw std::runtime_error("an earlier call got no answer");
-  auto promise = std::make_shared<std::promise<Result>>();
-  std::future<Result> answer = promise->get_future();
-  // The thread owns everything it touches (op holds copies), so it may outlive this call.
-  std::thread([store = store_, promise, op]() mutable {
-    try {
-      if constexpr (std::is_void_v<Result>) {
-        op(*store);
-        promise->set_value();
-      } else {
-        promise->set_value(op(*store));
-      }
-    } catch (...) {
-      promise->set_exception(std::current_exception());
-    }
-  }).detach();
-  if (answer.wait_for(node_timeout_) != std::future_status::ready) {
-    unreachable_ = true;
-    throw std::runtime_error("no answer for " + format_seconds(node_timeout_.count() / 1000.0) +
-                             "s (--node-timeout): node 0's machine is down or the network to it is");
+void Rendezvous::load_members(int node_rank) {
+  std::vector<int> counts;
+  hosts_.clear();
+  addresses_.clear();
+  for (int id : members_) {
+    const std::string node = key("node/" + std::to_string(id));
+    const auto [count, host, addresses] = bounded([node](c10d::TCPStore& store) {
+      return std::make_tuple(text(store.get(node + "/local_world_size")), text(store.get(node + "/host")),
+                             text(store.get(node + "/addresses")));
+    });
+    counts.push_back(std::stoi(count));
+    hosts_.push_back(host);
+    std::istringstream words(addresses);
+    addresses_.emplace_back(std::istream_iterator<std::string>(words), std::istream_iterator<std::string>());
   }
-  return answer.get();
+  fabric::place_node(layout_, node_rank, counts);
 }
 
 void Rendezvous::announce_failure(int attempt, const RemoteFailure& failure) {
   const std::string base = key("attempt/" + std::to_string(attempt) + "/failure");
   std::ostringstream record;
-  record << failure.node_rank << ' ' << failure.global_rank << ' ' << failure.exit_code << ' ' << failure.summary;
+  record << failure.node_rank << ' ' << failure.global_rank << ' ' << failure.exit_code << ' ' << failure.regroup << ' '
+         << failure.summary;
   try {
     bounded([base, line = record.str()](c10d::TCPStore& store) {
       if (store.add(base + "/count", 1) == 1) store.set(base, bytes(line));
@@ -264,7 +303,7 @@ std::optional<RemoteFailure> Rendezvous::failure(int attempt) {
     failure_seen_.insert(attempt);
     std::istringstream record(*line);
     RemoteFailure failure;
-    record >> failure.node_rank >> failure.global_rank >> failure.exit_code;
+    record >> failure.node_rank >> failure.global_rank >> failure.exit_code >> failure.regroup;
     std::getline(record >> std::ws, failure.summary);
     return failure;
   } catch (const std::exception& error) {
@@ -344,23 +383,35 @@ std::string Rendezvous::nodes_named_in(const std::string& text) const {
   return named;
 }
 
+void Rendezvous::beat() {
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_beat_ < kHeartbeatPeriod) return;
+  last_beat_ = now;
+  const std::string name = key("node/" + std::to_string(node_id_) + "/heartbeat");
+  try {
+    bounded([name](c10d::TCPStore& store) { store.add(name, 1); });
+  } catch (const std::exception& error) {
+    lost_contact(error);
+  }
+}
+
 std::vector<LostNode> Rendezvous::watch_nodes(int attempt) {
   const auto now = std::chrono::steady_clock::now();
   if (watched_attempt_ != attempt) {
     watched_attempt_ = attempt;
     heartbeats_.assign(static_cast<size_t>(layout_.num_nodes), Heartbeat{-1, now});
+    lost_ids_.clear();
   }
   std::vector<LostNode> lost;
+  if (!hosts_store_) {
+    beat();
+    return lost;
+  }
   if (now - last_beat_ < kHeartbeatPeriod) return lost;
   last_beat_ = now;
   try {
-    if (layout_.node_rank != 0) {
-      const std::string beat = key("node/" + std::to_string(layout_.node_rank) + "/heartbeat");
-      bounded([beat](c10d::TCPStore& store) { store.add(beat, 1); });
-      return lost;
-    }
     for (int node = 1; node < layout_.num_nodes; ++node) {
-      const std::string beat = key("node/" + std::to_string(node) + "/heartbeat");
+      const std::string beat = key("node/" + std::to_string(members_[static_cast<size_t>(node)]) + "/heartbeat");
       const std::string done = key("attempt/" + std::to_string(attempt) + "/done/" + std::to_string(node));
       const auto [count, finished] = bounded([beat, done](c10d::TCPStore& store) {
         return std::make_pair(store.add(beat, 0), store.check({done}));
@@ -376,7 +427,9 @@ std::vector<LostNode> Rendezvous::watch_nodes(int attempt) {
   } catch (const std::exception& error) {
     lost_contact(error);
   }
-  return lost_together(std::move(lost), static_cast<double>(node_timeout_.count()) / 1000.0);
+  lost = lost_together(std::move(lost), static_cast<double>(node_timeout_.count()) / 1000.0);
+  for (const LostNode& node : lost) lost_ids_.insert(members_[static_cast<size_t>(node.node_rank)]);
+  return lost;
 }
 
 }  // namespace lightning::launcher

@@ -79,6 +79,7 @@ struct Failure {
   int exit_code = 1;
   std::string summary;
   std::string error_file;
+  bool regroup = false;  // elastic: nodes wait to join; the group re-forms (not a failure)
 };
 
 enum class Outcome { Success, Failed, Signalled };
@@ -102,9 +103,17 @@ class Job {
   void report_step_times(int attempt) const;
   int wait_for_other_nodes(int attempt);
   /// Multi-node, at each poll: a failure another node announced, or (node 0) a node that stopped
-  /// answering, which it announces to the others. Stops this node's workers before a lost contact
-  /// with node 0 (RendezvousError) leaves the job.
-  std::optional<Failure> watch_other_nodes(int attempt);
+  /// answering, or (node 0 of an elastic job, while may_regroup) nodes waiting to join, which it
+  /// announces to the others. Stops this node's workers before a lost contact with node 0
+  /// (RendezvousError) leaves the job.
+  std::optional<Failure> watch_other_nodes(int attempt, bool may_regroup);
+  /// Whether the job spans nodes that must hear of each other (an elastic job always does: nodes
+  /// may join).
+  bool multi_node() const { return layout_.num_nodes > 1 || rendezvous_->elastic(); }
+  /// After a failed attempt of an elastic job: forms the next group and returns true, or returns
+  /// false when the failure ends the job (no restarts left).
+  bool regroup_after(int attempt);
+  void say_layout() const;
   /// Tells the other nodes about a failure here; stops this node's workers before a lost contact
   /// with node 0 leaves the job.
   void announce_or_stop(int attempt, const RemoteFailure& failure);
@@ -159,7 +168,8 @@ void Job::spawn_all(int attempt) {
   const auto attempt_dir = std::filesystem::path(run_dir_) / ("attempt_" + std::to_string(attempt));
   std::filesystem::create_directories(attempt_dir);
   NodeLayout layout = layout_;
-  layout.restart_count = attempt;
+  layout.attempt = attempt;
+  if (!rendezvous_->elastic()) layout.restart_count = attempt;  // elastic: counted by the rounds
   const auto parent = fabric::current_environment();
   hang_watch_.reset();
   if (layout.num_nodes == 1) {
@@ -253,13 +263,13 @@ void Job::report_straggler() {
 
 Outcome Job::fail(int attempt, Failure failure) {
   failure_ = std::move(failure);
-  if (layout_.num_nodes > 1 && failure_.local_rank >= 0) {
+  if (multi_node() && failure_.local_rank >= 0) {
     // A worker that lost a peer says so by address (gloo): name the node, here and on every node.
     std::string text = fabric::read_error_file(failure_.error_file);
     for (const auto& line : output_->tail(failure_.global_rank)) text += "\n" + line;
     const std::string named = rendezvous_->nodes_named_in(text);
     if (!named.empty()) failure_.summary += "; its error names " + named + ", whose machine or network may be down";
-    announce_or_stop(attempt, {layout_.node_rank, failure_.global_rank, failure_.exit_code, failure_.summary});
+    announce_or_stop(attempt, {layout_.node_rank, failure_.global_rank, failure_.exit_code, failure_.summary, false});
   }
   stop_workers(SIGTERM);
   return Outcome::Failed;
@@ -272,7 +282,7 @@ Outcome Job::run_attempt(int attempt) {
   while (true) {
     auto fds = poll_set();
     int timeout_ms = -1;
-    if (layout_.num_nodes > 1) timeout_ms = 100;
+    if (multi_node()) timeout_ms = 100;
     if (hang_watch_) timeout_ms = hang_watch_->period_ms();
     if (finish_deadline) {
       const auto left = std::chrono::duration_cast<Millis>(*finish_deadline - Clock::now()).count();
@@ -292,10 +302,10 @@ Outcome Job::run_attempt(int attempt) {
           received_signal_ = *sig;
           say("received " + fabric::signal_name(*sig) + ": forwarding it to the workers and stopping them (grace " +
               format_seconds(args_.shutdown_grace_s) + "s)");
-          if (rendezvous_ && layout_.num_nodes > 1) {
+          if (rendezvous_ && multi_node()) {
             announce_or_stop(attempt, {layout_.node_rank, layout_.rank_offset, 128 + *sig,
                                        "lightning-run on node " + std::to_string(layout_.node_rank) + " received " +
-                                           fabric::signal_name(*sig)});
+                                           fabric::signal_name(*sig), false});
           }
           stop_workers(*sig);
           return Outcome::Signalled;
@@ -330,8 +340,8 @@ Outcome Job::run_attempt(int attempt) {
                                 "s after another worker finished (--finish-timeout)",
                             error_files_[static_cast<size_t>(i)]});
     }
-    if (layout_.num_nodes > 1) {
-      if (auto remote = watch_other_nodes(attempt)) return fail(attempt, *remote);
+    if (multi_node()) {
+      if (auto remote = watch_other_nodes(attempt, true)) return fail(attempt, *remote);
     }
   }
 }
@@ -345,16 +355,28 @@ void Job::announce_or_stop(int attempt, const RemoteFailure& failure) {
   }
 }
 
-std::optional<Failure> Job::watch_other_nodes(int attempt) {
+std::optional<Failure> Job::watch_other_nodes(int attempt, bool may_regroup) {
   try {
     if (auto remote = rendezvous_->failure(attempt)) {
-      return Failure{remote->node_rank, remote->global_rank, -1, remote->exit_code, remote->summary, {}};
+      return Failure{remote->node_rank, remote->global_rank, -1, remote->exit_code, remote->summary, {}, remote->regroup};
     }
+    std::optional<Failure> failure;
     const std::vector<LostNode> lost = rendezvous_->watch_nodes(attempt);
     if (!lost.empty()) {
       // global rank -1: a node, not one of its ranks, failed.
-      Failure failure{lost.front().node_rank, -1, -1, 1, lost_nodes_summary(lost, layout_.num_nodes, args_.node_timeout_s), {}};
-      rendezvous_->announce_failure(attempt, {failure.node_rank, failure.global_rank, failure.exit_code, failure.summary});
+      failure = Failure{lost.front().node_rank, -1, -1, 1, lost_nodes_summary(lost, layout_.num_nodes, args_.node_timeout_s), {}};
+    } else if (may_regroup && rendezvous_->elastic()) {
+      const std::vector<std::string> waiting = rendezvous_->nodes_waiting();
+      if (!waiting.empty()) {
+        std::string hosts;
+        for (const auto& host : waiting) hosts += (hosts.empty() ? "" : ", ") + host;
+        failure = Failure{0, -1, -1, 1, std::to_string(waiting.size()) + " node(s) waiting to join (" + hosts +
+                                            "): re-forming the group with them", {}, true};
+      }
+    }
+    if (failure) {
+      rendezvous_->announce_failure(attempt, {failure->node_rank, failure->global_rank, failure->exit_code, failure->summary,
+                                              failure->regroup});
       return failure;
     }
   } catch (const RendezvousError&) {
@@ -401,7 +423,7 @@ int Job::wait_for_other_nodes(int attempt) {
   if (layout_.node_rank != 0) return 0;
   // Node 0 hosts the store the other nodes' workers use: keep it until every node is done.
   while (!rendezvous_->all_done(attempt)) {
-    if (auto remote = watch_other_nodes(attempt)) {
+    if (auto remote = watch_other_nodes(attempt, false)) {
       failure_ = *remote;
       report(failure_);
       return failure_.exit_code;
@@ -426,6 +448,7 @@ int Job::run() {
   if (signal_fd_ < 0) throw std::runtime_error(std::string("signalfd: ") + std::strerror(errno));
 
   rendezvous_.emplace(Rendezvous::establish(args_, local_count));
+  if (rendezvous_->elastic()) rendezvous_->form_group(std::nullopt);
   layout_ = rendezvous_->layout();
   OutputOptions output;
   output.tag = args_.tag_output.value_or(layout_.world_size > 1);
@@ -444,16 +467,13 @@ int Job::run() {
     say("OMP_NUM_THREADS=" + std::to_string(default_omp_threads(local_count)) + " for each of " +
         std::to_string(local_count) + " worker(s) (cores / workers); set OMP_NUM_THREADS to choose");
   }
-  say("node " + std::to_string(layout_.node_rank) + " of " + std::to_string(layout_.num_nodes) + ": ranks " +
-      std::to_string(layout_.rank_offset) + "-" + std::to_string(layout_.rank_offset + local_count - 1) + " of " +
-      std::to_string(layout_.world_size) + ", rendezvous at " + layout_.main_address + ":" +
-      std::to_string(layout_.main_port));
+  say_layout();
 
-  for (int attempt = 0;; ++attempt) {
-    if (attempt > 0 && layout_.num_nodes > 1) rendezvous_->wait_for_attempt(attempt);
+  for (int attempt = layout_.attempt;; ++attempt) {
+    if (attempt > 0 && layout_.num_nodes > 1 && !rendezvous_->elastic()) rendezvous_->wait_for_attempt(attempt);
     const Outcome outcome = run_attempt(attempt);
     report_step_times(attempt);
-    if (outcome == Outcome::Success) return layout_.num_nodes > 1 ? wait_for_other_nodes(attempt) : 0;
+    if (outcome == Outcome::Success) return multi_node() ? wait_for_other_nodes(attempt) : 0;
     if (outcome == Outcome::Signalled) {
       say("stopped; exiting with " + std::to_string(128 + received_signal_));
       return 128 + received_signal_;
@@ -463,21 +483,53 @@ int Job::run() {
       remove_run_dir_ = false;
       say("kept " + run_dir_ + " for the hang dumps (--log-dir chooses the folder)");
     }
-    const bool node_lost = failure_.global_rank < 0;  // a fixed-size job cannot restart without it
-    if (attempt >= args_.max_restarts || node_lost) {
-      if (node_lost && attempt < args_.max_restarts) {
-        say("not restarting: a lost node cannot rejoin a job of fixed --num-nodes");
-      } else if (args_.max_restarts > 0) {
-        say("no restarts left (--max-restarts=" + std::to_string(args_.max_restarts) + ")");
+    const bool node_lost = failure_.global_rank < 0 && !failure_.regroup;
+    if (rendezvous_->elastic()) {
+      if (regroup_after(attempt)) {
+        attempt = layout_.attempt - 1;  // the loop's ++ makes it the new group's
+        continue;
       }
-      // Node 0 hosts the store: keep it until the other nodes have read the failure.
-      if (layout_.num_nodes > 1 && layout_.node_rank == 0) rendezvous_->wait_until_failure_seen(attempt, std::chrono::seconds(5));
-      say("exiting with " + std::to_string(failure_.exit_code));
-      return failure_.exit_code;
+    } else if (attempt < args_.max_restarts && !node_lost) {
+      say("restarting the job: attempt " + std::to_string(attempt + 2) + " of " + std::to_string(args_.max_restarts + 1));
+      output_->reset();
+      continue;
     }
-    say("restarting the job: attempt " + std::to_string(attempt + 2) + " of " + std::to_string(args_.max_restarts + 1));
-    output_->reset();
+    if (node_lost && !rendezvous_->elastic() && attempt < args_.max_restarts) {
+      say("not restarting: a lost node cannot rejoin a job of fixed --num-nodes (an elastic job, --num-nodes MIN:MAX, "
+          "would go on without it)");
+    } else if (args_.max_restarts > 0) {
+      say("no restarts left (--max-restarts=" + std::to_string(args_.max_restarts) + ")");
+    }
+    // Node 0 hosts the store: keep it until the other nodes have read the failure.
+    if (multi_node() && layout_.node_rank == 0) rendezvous_->wait_until_failure_seen(attempt, std::chrono::seconds(5));
+    say("exiting with " + std::to_string(failure_.exit_code));
+    return failure_.exit_code;
   }
+}
+
+void Job::say_layout() const {
+  say("node " + std::to_string(layout_.node_rank) + " of " + std::to_string(layout_.num_nodes) + ": ranks " +
+      std::to_string(layout_.rank_offset) + "-" + std::to_string(layout_.rank_offset + layout_.local_world_size - 1) +
+      " of " + std::to_string(layout_.world_size) + ", rendezvous at " + layout_.main_address + ":" +
+      std::to_string(layout_.main_port));
+}
+
+bool Job::regroup_after(int attempt) {
+  // Every node decides from the failure announced first, so that all take the same way.
+  std::optional<RemoteFailure> first = rendezvous_->failure(attempt);
+  const bool regroup = first ? first->regroup : failure_.regroup;
+  if (!regroup && layout_.restart_count >= args_.max_restarts) return false;
+  if (regroup) {
+    say("re-forming the group for the waiting node(s); this restart does not count against --max-restarts");
+  } else {
+    say("restarting the job with the nodes that remain: restart " + std::to_string(layout_.restart_count + 1) + " of " +
+        std::to_string(args_.max_restarts) + " (--max-restarts)");
+  }
+  output_->reset();
+  rendezvous_->form_group(AttemptEnd{!regroup});
+  layout_ = rendezvous_->layout();
+  say_layout();
+  return true;
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <climits>
 #include <exception>
 #include <filesystem>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
@@ -51,7 +52,9 @@ Fabric::Fabric(FabricOptions options, env::EnvLookup env)
       callbacks_(options.callbacks()) {
   fused_optimizer_steps_ = options.fused_optimizer_steps();
   step_observer_ = make_step_observer(options, env);
-  cli_used_ = env::Reader(env).flag(env::kCliUsed);
+  const env::Reader reader(env);
+  cli_used_ = reader.flag(env::kCliUsed);
+  restart_count_ = static_cast<int>(reader.integer(env::kRestartCount, 0, INT_MAX).value_or(0));
   set_rank_zero_only_rank(global_rank());
   install_error_file_handler();
 }

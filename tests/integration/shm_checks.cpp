@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
   options.main_port = env_int("MASTER_PORT", 29400);
   options.use_agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE") &&
                             std::string(std::getenv("TORCHELASTIC_USE_AGENT_STORE")) == "True";
-  options.restart_count = env_int("TORCHELASTIC_RESTART_COUNT", 0);
+  options.store_attempt = env_int("TORCHELASTIC_RESTART_COUNT", 0);
   lf::Collective gloo(options);
   std::vector<int> everyone;
   for (int r = 0; r < gloo.world_size(); ++r) everyone.push_back(r);

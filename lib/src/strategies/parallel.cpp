@@ -56,7 +56,9 @@ void ParallelStrategy::setup_environment() {
   options.rank = global_rank();
   options.world_size = world_size();
   const env::Reader reader(context_.env);
-  options.restart_count = static_cast<int>(reader.integer(env::kRestartCount, 0, INT_MAX).value_or(0));
+  // lightning-run names every start of the workers (LT_ATTEMPT); torchrun only its restart count.
+  options.store_attempt = static_cast<int>(
+      reader.integer(env::kAttempt, 0, INT_MAX).value_or(reader.integer(env::kRestartCount, 0, INT_MAX).value_or(0)));
   options.use_agent_store = reader.flag(env::kUseAgentStore);
   options.settings = with_environment_overrides(settings_, context_.env);
   const bool cuda = root_device().is_cuda();

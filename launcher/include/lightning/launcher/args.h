@@ -18,8 +18,14 @@ struct LaunchArgs {
   std::optional<std::string> strategy;
   std::optional<std::string> precision;
   std::string devices = "1";
-  int num_nodes = 1;
-  int node_rank = 0;
+  int num_nodes = 1;  // fixed size; an elastic job: its MAX
+  int node_rank = 0;  // fixed size only (an elastic job's node ranks come from each rendezvous round)
+  /// --num-nodes MIN:MAX (also --nnodes, torchrun's spelling): elastic membership; each rendezvous
+  /// round forms a group of MIN..MAX nodes (docs/launcher.md, "Elastic membership").
+  struct NodeRange {
+    int min = 1, max = 1;
+  };
+  std::optional<NodeRange> elastic;
   std::string main_address = "127.0.0.1";
   std::optional<int> main_port;  // default 29400; a single-node run without it picks a free port
 
@@ -27,6 +33,7 @@ struct LaunchArgs {
   int max_restarts = 0;
   double shutdown_grace_s = 10.0;    // between the polite signal and SIGKILL
   double rdzv_timeout_s = 120.0;     // how long nodes wait for each other
+  double rdzv_last_call_s = 30.0;    // elastic: once MIN nodes are in, how long a round waits for more
   double node_timeout_s = 30.0;      // a node not heard from this long is lost (multi-node)
   double finish_timeout_s = 0.0;     // >0: after one worker succeeds, the rest must end within this
   std::optional<double> hang_timeout_s;  // LT_HANG_TIMEOUT for the workers (0 = off); default: the program's (300 s)

@@ -1,11 +1,14 @@
-// The static rendezvous of lightning-run nodes over a c10d TCPStore hosted by node 0's launcher:
-// registration (node rank claims, num-nodes agreement, local worker counts -> rank offsets),
-// failure propagation between nodes, restart and exit barriers. Workers join the same store
-// (TORCHELASTIC_USE_AGENT_STORE) under the prefix /worker/attempt_<N>.
+// The rendezvous of lightning-run nodes over a c10d TCPStore hosted by node 0's launcher. A job of
+// fixed --num-nodes registers once (node rank claims, num-nodes agreement, local worker counts ->
+// rank offsets) and restarts behind a barrier; an elastic job (--num-nodes MIN:MAX) forms a group
+// in rounds, one per start of the workers (form_group). Both: failure propagation between nodes,
+// lost-node heartbeats, the exit barrier. Workers join the same store
+// (TORCHELASTIC_USE_AGENT_STORE) under the prefix /worker/attempt_<N>, N = the attempt (LT_ATTEMPT).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -42,9 +45,15 @@ struct LostNode {
 /// What a node tells the others when one of its workers failed.
 struct RemoteFailure {
   int node_rank = 0;
-  int global_rank = 0;   // -1: the node itself was lost, not one of its ranks
+  int global_rank = 0;   // -1: the node itself was lost (or, with regroup, none), not one of its ranks
   int exit_code = 1;     // the shell code the job ends with
   std::string summary;   // "exit code 3" / "signal SIGSEGV (11)"
+  bool regroup = false;  // elastic: not a failure; nodes wait to join, so the group re-forms
+};
+
+/// How an elastic job's attempt ended, for the next round (form_group).
+struct AttemptEnd {
+  bool counts_as_restart = true;  // a failure (or lost node); false: a regroup for waiting nodes
 };
 
 class Rendezvous {
@@ -55,6 +64,20 @@ class Rendezvous {
 
   const NodeLayout& layout() const { return layout_; }
   int port() const { return layout_.main_port; }
+  /// --num-nodes MIN:MAX: the group forms in rounds (form_group) and may change between attempts.
+  bool elastic() const { return range_.has_value(); }
+
+  /// Elastic, every node, before each attempt (collective over the nodes that take part): joins
+  /// the next round and blocks until it forms, then layout() holds this node's place in the new
+  /// group, layout().attempt and layout().restart_count. after: how the previous attempt ended
+  /// (nullopt: the first round). Node 0 forms the round once at least MIN nodes are in: at once
+  /// with MAX, or when every node expected back (the previous group less the lost nodes, plus the
+  /// nodes that waited) is in, or --rdzv-last-call after MIN. A node left out of a full round
+  /// waits for the next one. Throws RendezvousError after --rdzv-timeout.
+  void form_group(std::optional<AttemptEnd> after);
+  /// Elastic, node 0, at each poll (not collective; looks about once a second): the host names of
+  /// the nodes that arrived after the group formed, while it has room for them (empty: none).
+  std::vector<std::string> nodes_waiting();
 
   /// Announces this node's failure in `attempt` (the first announcement wins for the report).
   void announce_failure(int attempt, const RemoteFailure& failure);
@@ -83,7 +106,34 @@ class Rendezvous {
 
  private:
   Rendezvous() = default;
+  /// The store at --main-address:--main-port, hosted here when host. nullptr: an elastic node on
+  /// loopback found the port taken by another node of the job, so it joins instead.
+  std::shared_ptr<c10d::TCPStore> connect(const LaunchArgs& args, bool host);
   void register_node(const LaunchArgs& args, int local_world_size);
+  /// Both kinds: claims the agreement on --num-nodes (as written) and publishes this node's host,
+  /// addresses and local world size under its node id.
+  void publish_node(const LaunchArgs& args, int local_world_size);
+  /// The members' host names, addresses and local world sizes -> hosts_, addresses_, layout_.
+  void load_members(int node_rank);
+  /// form_group's halves: node 0 collects the arrivals of a round and writes the group; every
+  /// other node arrives and reads it (false: left out, it waits for the next round).
+  struct Heartbeat {
+    int64_t count = -1;
+    std::chrono::steady_clock::time_point changed;
+  };
+  /// expected: the nodes node 0 waits for (their heartbeats as last seen); one silent for
+  /// --node-timeout is dropped. regrouping: a round after the first, which forms as soon as every
+  /// expected node is in (and at least MIN).
+  void host_round(int round, int attempt, int restart_count, std::map<int, Heartbeat> expected, bool regrouping);
+  /// Nodes other than 0: adds to this node's heartbeat when a second has passed since the last.
+  void beat();
+  /// Node 0 in host_round, about once a second: drops the expected nodes, not yet arrived, whose
+  /// heartbeat has not moved for --node-timeout.
+  void forget_silent(std::map<int, Heartbeat>& expected, const std::vector<int>& arrived);
+  bool join_round(int round);
+  int current_round();
+  /// Node 0: the ids of the nodes that arrived in round_ after it formed.
+  std::vector<std::string> waiting_ids();
   std::string key(const std::string& suffix) const;
   [[noreturn]] void lost_contact(const std::exception& error) const;
   /// Runs op on the store. On nodes other than 0 it runs on a thread of its own and is given up
@@ -93,12 +143,16 @@ class Rendezvous {
   template <typename Op>
   auto bounded(Op op) -> decltype(op(std::declval<c10d::TCPStore&>()));
 
-  struct Heartbeat {
-    int64_t count = -1;
-    std::chrono::steady_clock::time_point changed;
-  };
-
   std::shared_ptr<c10d::TCPStore> store_;
+  bool hosts_store_ = false;   // node 0: the store is served in this process
+  std::optional<LaunchArgs::NodeRange> range_;  // elastic: --num-nodes MIN:MAX
+  std::chrono::milliseconds last_call_{0};      // elastic: --rdzv-last-call
+  int node_id_ = 0;            // fixed: the node rank; elastic: 0 for node 0, else given at first contact
+  std::vector<int> members_;   // node ids by node rank (fixed: 0 .. num_nodes - 1)
+  int round_ = -1;             // elastic: the round the members come from
+  std::set<int> lost_ids_;     // node 0: members its watch found lost in the current attempt
+  int arrivals_admitted_ = 0;  // node 0: how many of round_'s arrivals are members
+  std::chrono::steady_clock::time_point last_waiting_check_;  // node 0: nodes_waiting's last look
   std::set<int> failure_seen_;  // attempts whose failure this node has counted as seen
   NodeLayout layout_;
   std::chrono::milliseconds timeout_{0};
@@ -106,7 +160,7 @@ class Rendezvous {
   bool unreachable_ = false;                    // a bounded call gave up
   std::vector<std::string> hosts_;              // each node's host name
   std::vector<std::vector<std::string>> addresses_;  // each node's non-loopback IP addresses
-  std::vector<Heartbeat> heartbeats_;           // node 0: what it last saw of each node
+  std::vector<Heartbeat> heartbeats_;           // node 0: what it last saw of each node (by node rank)
   int watched_attempt_ = -1;                    // node 0: the attempt heartbeats_ belong to
   std::chrono::steady_clock::time_point last_beat_;  // other nodes: when they last beat
 };

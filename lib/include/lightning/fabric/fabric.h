@@ -149,6 +149,10 @@ class LF_API Fabric {
   int node_rank() const { return strategy()->node_rank(); }
   int world_size() const { return strategy()->world_size(); }
   bool is_global_zero() const { return global_rank() == 0; }
+  /// How many times the launcher has restarted the job after a failure (TORCHELASTIC_RESTART_COUNT,
+  /// as lightning-run and torchrun set it; 0 on the first start or without a launcher). A restart
+  /// for a change of membership (an elastic job gaining a node) does not count, as under torchrun.
+  int restart_count() const { return restart_count_; }
   const std::shared_ptr<Strategy>& strategy() const;
   /// The strategy as its concrete type, e.g. fabric.strategy_as<lf::FSDPStrategy>() to call
   /// summon_full_parameters; TypeError naming the active strategy when it is not a T.
@@ -487,6 +491,7 @@ class LF_API Fabric {
 
   std::unique_ptr<Connector> connector_;  // the resolved plugins and strategy (lib/private: connector.h)
   bool cli_used_ = false;
+  int restart_count_ = 0;
   bool fused_optimizer_steps_ = true;  // FabricOptions::fused_optimizer_steps
   std::shared_ptr<StepObserver> step_observer_;  // the profiler switch's StepProfiler, when on for this rank
   bool environment_ready_ = false;

@@ -67,7 +67,7 @@ Collective::Collective(const CollectiveOptions& options, c10::intrusive_ptr<c10d
   LF_CHECK(options.settings.rendezvous_timeout.count() > 0, ValueError,
            "Collective: rendezvous_timeout must be positive.");
   c10::intrusive_ptr<c10d::Store> base = store ? store : internal::connect_store(options);
-  const std::string prefix = "/worker/attempt_" + std::to_string(options.restart_count);
+  const std::string prefix = "/worker/attempt_" + std::to_string(options.store_attempt);
   impl_->store = c10::make_intrusive<c10d::PrefixStore>(prefix, base);
   impl_->options = options;
   internal::await_all_ranks(*impl_->store, options);

@@ -37,6 +37,10 @@ inline constexpr const char* kProfileDir = "LT_PROFILE_DIR";       // where trac
 inline constexpr const char* kFlightDir = "LT_FLIGHT_DIR";
 // Set by lightning-run on every node: each rank writes rank_<R>.steps (its step-time percentiles) here.
 inline constexpr const char* kStepTimesDir = "LT_STEP_TIMES_DIR";
+// Set by lightning-run: the number of this start of the workers, counting every restart (after a
+// failure or a change of membership); names the workers' store prefix /worker/attempt_<N>. Without
+// it (torchrun) the prefix follows TORCHELASTIC_RESTART_COUNT.
+inline constexpr const char* kAttempt = "LT_ATTEMPT";
 
 // The torchrun set, as torchrun sets them.
 inline constexpr const char* kRank = "RANK";

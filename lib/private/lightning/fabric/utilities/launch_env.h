@@ -20,8 +20,9 @@ struct WorkerLayout {
   std::string main_address = "127.0.0.1";
   int main_port = 29400;
   std::string run_id;
-  int restart_count = 0;
+  int restart_count = 0;  // restarts after a failure (TORCHELASTIC_RESTART_COUNT)
   int max_restarts = 0;
+  int attempt = 0;        // every start of the workers, membership changes too (LT_ATTEMPT)
 };
 
 /// Places node `node_rank` in a job whose nodes run local_world_sizes[n] processes each: sets
@@ -73,7 +74,7 @@ struct WorkerSettings {
 int default_omp_threads(int local_world_size);
 
 /// The full environment of local rank `local_rank`: `parent` (the environment it inherits), plus
-/// what `settings` asks for and the torchrun set of add_torchrun_environment. Variables it sets
+/// what `settings` asks for, LT_ATTEMPT and the torchrun set of add_torchrun_environment. Variables it sets
 /// replace the parent's; the others pass through untouched.
 std::map<std::string, std::string> worker_environment(const WorkerSettings& settings, const WorkerLayout& layout,
                                                       int local_rank, std::map<std::string, std::string> parent);

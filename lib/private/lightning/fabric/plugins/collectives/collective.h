@@ -37,7 +37,7 @@ struct CollectiveOptions {
   int main_port = 29400;
   int rank = 0;
   int world_size = 1;
-  int restart_count = 0;                 // store prefix /worker/attempt_<N>, as torchrun
+  int store_attempt = 0;                 // store prefix /worker/attempt_<N>: LT_ATTEMPT, else the restart count (torchrun)
   bool use_agent_store = false;          // join a launcher's store instead of hosting on rank 0
   ProcessGroupBackend backend = ProcessGroupBackend::Gloo;
   /// With backend Gloo: use shm instead when every rank turns out to be on this machine (a vote
