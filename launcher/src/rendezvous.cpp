@@ -177,7 +177,7 @@ Rendezvous Rendezvous::establish(const LaunchArgs& args, int local_world_size) {
 
   const bool host = args.elastic ? names_this_machine(args.main_address) : args.node_rank == 0;
   rendezvous.store_ = rendezvous.connect(args, host);
-  rendezvous.hosts_store_ = rendezvous.store_ != nullptr;
+  rendezvous.hosts_store_ = host && rendezvous.store_ != nullptr;
   if (!rendezvous.store_) rendezvous.store_ = rendezvous.connect(args, false);
   layout.main_port = rendezvous.store_->getPort();
   rendezvous.publish_node(args, local_world_size);
@@ -264,8 +264,10 @@ void Rendezvous::load_members(int node_rank) {
 void Rendezvous::announce_failure(int attempt, const RemoteFailure& failure) {
   const std::string base = key("attempt/" + std::to_string(attempt) + "/failure");
   std::ostringstream record;
+  std::string suspects;
+  for (int node : failure.suspects) suspects += (suspects.empty() ? "" : ",") + std::to_string(node);
   record << failure.node_rank << ' ' << failure.global_rank << ' ' << failure.exit_code << ' ' << failure.regroup << ' '
-         << failure.summary;
+         << (suspects.empty() ? "-" : suspects) << ' ' << failure.summary;
   try {
     bounded([base, line = record.str()](c10d::TCPStore& store) {
       if (store.add(base + "/count", 1) == 1) store.set(base, bytes(line));
@@ -303,7 +305,10 @@ std::optional<RemoteFailure> Rendezvous::failure(int attempt) {
     failure_seen_.insert(attempt);
     std::istringstream record(*line);
     RemoteFailure failure;
-    record >> failure.node_rank >> failure.global_rank >> failure.exit_code >> failure.regroup;
+    std::string suspects;
+    record >> failure.node_rank >> failure.global_rank >> failure.exit_code >> failure.regroup >> suspects;
+    std::istringstream list(suspects == "-" ? "" : suspects);
+    for (std::string node; std::getline(list, node, ',');) failure.suspects.push_back(std::stoi(node));
     std::getline(record >> std::ws, failure.summary);
     return failure;
   } catch (const std::exception& error) {
@@ -366,17 +371,17 @@ bool mentions_address(const std::string& text, const std::string& address) {
 }
 }  // namespace
 
-std::string Rendezvous::nodes_named_in(const std::string& text) const {
+std::vector<NamedNode> Rendezvous::nodes_named_in(const std::string& text) const {
   std::map<std::string, int> owners;  // an address several nodes have (docker0, ...) names none
   for (const auto& addresses : addresses_) {
     for (const auto& address : addresses) ++owners[address];
   }
-  std::string named;
+  std::vector<NamedNode> named;
   for (size_t node = 0; node < addresses_.size(); ++node) {
     if (static_cast<int>(node) == layout_.node_rank) continue;
     for (const std::string& address : addresses_[node]) {
       if (owners[address] > 1 || !mentions_address(text, address)) continue;
-      named += (named.empty() ? "" : ", ") + address + " (node " + std::to_string(node) + ", " + hosts_[node] + ")";
+      named.push_back({static_cast<int>(node), address + " (node " + std::to_string(node) + ", " + hosts_[node] + ")"});
       break;
     }
   }

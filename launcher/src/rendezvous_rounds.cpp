@@ -20,6 +20,10 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr auto kWaitingCheckPeriod = std::chrono::seconds(1);
+// How long node 0 waits, in a round after a failure, for a node that the failure named (a worker
+// lost its connection to it) and that no longer beats. Short: if it is only slow, it arrives after
+// the round formed and the group re-forms with it, at no cost to --max-restarts.
+constexpr auto kSuspectSilence = std::chrono::seconds(3);
 
 std::string round_key(int round, const std::string& rest) { return "round/" + std::to_string(round) + "/" + rest; }
 
@@ -44,7 +48,7 @@ GroupRecord read_record(const std::string& line) {
   return group;
 }
 
-std::string seconds_text(std::chrono::milliseconds value) { return format_seconds(static_cast<double>(value.count()) / 1000.0); }
+std::string seconds_text(std::chrono::milliseconds value) { return format_seconds(static_cast<double>(value.count()) / 1000.0) + "s"; }
 
 }  // namespace
 
@@ -53,7 +57,7 @@ int Rendezvous::current_round() {
   return static_cast<int>(bounded([name](c10d::TCPStore& store) { return store.add(name, 0); }));
 }
 
-void Rendezvous::form_group(std::optional<AttemptEnd> after) {
+void Rendezvous::form_group(std::optional<AttemptEnd> after, const std::function<void(const std::string&)>& note) {
   try {
     if (hosts_store_) {
       const int attempt = after ? layout_.attempt + 1 : 0;
@@ -67,9 +71,15 @@ void Rendezvous::form_group(std::optional<AttemptEnd> after) {
         }
         for (const std::string& id : waiting_ids()) expected[std::stoi(id)] = Heartbeat{-1, now};
       }
+      std::set<int> suspects;
+      if (after) {
+        for (int node : after->suspects) {
+          if (node > 0 && node < static_cast<int>(members_.size())) suspects.insert(members_[static_cast<size_t>(node)]);
+        }
+      }
       const std::string name = key("round");
       const int round = after ? static_cast<int>(store_->add(name, 1)) : 0;
-      host_round(round, attempt, restarts, std::move(expected), after.has_value());
+      host_round(round, attempt, restarts, std::move(expected), suspects, after.has_value());
       return;
     }
     const auto deadline = Clock::now() + timeout_;
@@ -87,6 +97,8 @@ void Rendezvous::form_group(std::optional<AttemptEnd> after) {
         round = current_round();
       }
       if (join_round(round)) return;
+      note("the group formed without this node (it arrived late, or the group has --num-nodes MAX=" +
+           std::to_string(range_->max) + " nodes); it waits to join at the next round");
     }
   } catch (const RendezvousError&) {
     throw;
@@ -95,7 +107,8 @@ void Rendezvous::form_group(std::optional<AttemptEnd> after) {
   }
 }
 
-void Rendezvous::host_round(int round, int attempt, int restart_count, std::map<int, Heartbeat> expected, bool regrouping) {
+void Rendezvous::host_round(int round, int attempt, int restart_count, std::map<int, Heartbeat> expected,
+                            const std::set<int>& suspects, bool regrouping) {
   auto& store = *store_;
   const int min = range_->min, max = range_->max;
   const auto opened = Clock::now();
@@ -111,7 +124,7 @@ void Rendezvous::host_round(int round, int attempt, int restart_count, std::map<
     const int present = 1 + static_cast<int>(arrived.size());
     const auto now = Clock::now();
     if (present >= min && !min_reached) min_reached = now;
-    forget_silent(expected, arrived);
+    forget_silent(expected, suspects, arrived);
     const bool all_back = regrouping && std::all_of(expected.begin(), expected.end(), [&](const auto& entry) {
       return std::find(arrived.begin(), arrived.end(), entry.first) != arrived.end();
     });
@@ -144,7 +157,7 @@ void Rendezvous::host_round(int round, int attempt, int restart_count, std::map<
   load_members(0);
 }
 
-void Rendezvous::forget_silent(std::map<int, Heartbeat>& expected, const std::vector<int>& arrived) {
+void Rendezvous::forget_silent(std::map<int, Heartbeat>& expected, const std::set<int>& suspects, const std::vector<int>& arrived) {
   const auto now = Clock::now();
   if (now - last_beat_ < kWaitingCheckPeriod) return;
   last_beat_ = now;
@@ -152,7 +165,8 @@ void Rendezvous::forget_silent(std::map<int, Heartbeat>& expected, const std::ve
     const bool in = std::find(arrived.begin(), arrived.end(), entry->first) != arrived.end();
     const int64_t count = in ? entry->second.count : store_->add(key("node/" + std::to_string(entry->first) + "/heartbeat"), 0);
     if (count != entry->second.count) entry->second = {count, now};
-    const bool silent = !in && now - entry->second.changed >= node_timeout_;
+    const auto limit = suspects.count(entry->first) > 0 ? std::min<std::chrono::milliseconds>(kSuspectSilence, node_timeout_) : node_timeout_;
+    const bool silent = !in && now - entry->second.changed >= limit;
     entry = silent ? expected.erase(entry) : std::next(entry);
   }
 }

@@ -80,6 +80,7 @@ struct Failure {
   std::string summary;
   std::string error_file;
   bool regroup = false;  // elastic: nodes wait to join; the group re-forms (not a failure)
+  std::vector<int> suspects = {};  // node ranks this failure's error names
 };
 
 enum class Outcome { Success, Failed, Signalled };
@@ -267,9 +268,14 @@ Outcome Job::fail(int attempt, Failure failure) {
     // A worker that lost a peer says so by address (gloo): name the node, here and on every node.
     std::string text = fabric::read_error_file(failure_.error_file);
     for (const auto& line : output_->tail(failure_.global_rank)) text += "\n" + line;
-    const std::string named = rendezvous_->nodes_named_in(text);
+    std::string named;
+    for (const NamedNode& node : rendezvous_->nodes_named_in(text)) {
+      named += (named.empty() ? "" : ", ") + node.description;
+      failure_.suspects.push_back(node.node_rank);
+    }
     if (!named.empty()) failure_.summary += "; its error names " + named + ", whose machine or network may be down";
-    announce_or_stop(attempt, {layout_.node_rank, failure_.global_rank, failure_.exit_code, failure_.summary, false});
+    announce_or_stop(attempt, {layout_.node_rank, failure_.global_rank, failure_.exit_code, failure_.summary, false,
+                               failure_.suspects});
   }
   stop_workers(SIGTERM);
   return Outcome::Failed;
@@ -358,7 +364,8 @@ void Job::announce_or_stop(int attempt, const RemoteFailure& failure) {
 std::optional<Failure> Job::watch_other_nodes(int attempt, bool may_regroup) {
   try {
     if (auto remote = rendezvous_->failure(attempt)) {
-      return Failure{remote->node_rank, remote->global_rank, -1, remote->exit_code, remote->summary, {}, remote->regroup};
+      return Failure{remote->node_rank, remote->global_rank, -1, remote->exit_code, remote->summary, {}, remote->regroup,
+                     remote->suspects};
     }
     std::optional<Failure> failure;
     const std::vector<LostNode> lost = rendezvous_->watch_nodes(attempt);
@@ -448,7 +455,7 @@ int Job::run() {
   if (signal_fd_ < 0) throw std::runtime_error(std::string("signalfd: ") + std::strerror(errno));
 
   rendezvous_.emplace(Rendezvous::establish(args_, local_count));
-  if (rendezvous_->elastic()) rendezvous_->form_group(std::nullopt);
+  if (rendezvous_->elastic()) rendezvous_->form_group(std::nullopt, say);
   layout_ = rendezvous_->layout();
   OutputOptions output;
   output.tag = args_.tag_output.value_or(layout_.world_size > 1);
@@ -526,7 +533,7 @@ bool Job::regroup_after(int attempt) {
         std::to_string(args_.max_restarts) + " (--max-restarts)");
   }
   output_->reset();
-  rendezvous_->form_group(AttemptEnd{!regroup});
+  rendezvous_->form_group(AttemptEnd{!regroup, first ? first->suspects : failure_.suspects}, say);
   layout_ = rendezvous_->layout();
   say_layout();
   return true;

@@ -302,3 +302,9 @@ TEST_CASE("all_reduce takes lf::ReduceOp as well as Python's strings", "[fabric]
   CHECK(fabric.all_reduce(many, lf::ReduceOp::Min).size() == 2);
   CHECK_THROWS_AS(fabric.all_reduce(1.0, "median"), lf::ValueError);
 }
+
+TEST_CASE("fabric.restart_count() is the launcher's TORCHELASTIC_RESTART_COUNT, 0 without one", "[fabric]") {
+  CHECK(lf::Fabric(lf::FabricOptions().accelerator("cpu"), lf::env::map_env({})).restart_count() == 0);
+  lf::Fabric restarted(lf::FabricOptions().accelerator("cpu"), lf::env::map_env({{"TORCHELASTIC_RESTART_COUNT", "2"}}));
+  CHECK(restarted.restart_count() == 2);
+}

@@ -70,7 +70,7 @@ std::map<std::string, std::string> worker_environment(const WorkerSettings& sett
   if (settings.cli) add_cli_environment(vars, *settings.cli, layout.num_nodes);
   add_torchrun_environment(vars, layout, local_rank);
   vars[env::kUseAgentStore] = settings.agent_store ? "True" : "False";
-  vars[env::kAttempt] = std::to_string(layout.attempt);
+  if (settings.cli) vars[env::kAttempt] = std::to_string(layout.attempt);  // lightning-run's restarts and regroups
   if (!settings.error_file.empty()) vars[env::kErrorFile] = settings.error_file;
   if (settings.hang_timeout_s) vars[env::kHangTimeout] = seconds_text(*settings.hang_timeout_s);
   if (settings.straggler_threshold_s) vars[env::kStragglerThreshold] = seconds_text(*settings.straggler_threshold_s);

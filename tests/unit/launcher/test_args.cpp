@@ -124,6 +124,34 @@ TEST_CASE("args: bad values exit 2 and name the flag, the value and the choices"
   CHECK(parse({"launch", "./train"}).result.exit_now == 2);
 }
 
+TEST_CASE("args: --num-nodes MIN:MAX (and --nnodes) makes the job elastic", "[args]") {
+  auto fixed = parse({"model", "--num-nodes", "3", "./train"});
+  REQUIRE_FALSE(fixed.result.exit_now.has_value());
+  CHECK(fixed.result.args.num_nodes == 3);
+  CHECK_FALSE(fixed.result.args.elastic.has_value());
+  auto range = parse({"model", "--nnodes", "2:4", "--rdzv-last-call", "5", "./train"});
+  REQUIRE_FALSE(range.result.exit_now.has_value());
+  REQUIRE(range.result.args.elastic.has_value());
+  CHECK(range.result.args.elastic->min == 2);
+  CHECK(range.result.args.elastic->max == 4);
+  CHECK(range.result.args.num_nodes == 4);
+  CHECK(range.result.args.rdzv_last_call_s == 5);
+  CHECK(parse({"model", "--num-nodes", "2:2", "./train"}).result.args.elastic.has_value());
+
+  for (const std::string bad : {"3:2", "0:2", "2:", ":3", "a:b", "2:3:4", "0", "x"}) {
+    auto parsed = parse({"model", "--num-nodes", bad, "./train"});
+    CHECK(parsed.result.exit_now == 2);
+    CHECK_THAT(parsed.err, Contains("--num-nodes=" + bad + " is not valid"));
+  }
+  CHECK_THAT(parse({"model", "--num-nodes", "3:2", "./train"}).err, Contains("MIN (3) exceeds MAX (2)"));
+  auto node_rank = parse({"model", "--num-nodes", "2:3", "--node-rank", "1", "./train"});
+  CHECK(node_rank.result.exit_now == 2);
+  CHECK_THAT(node_rank.err, Contains("--node-rank=1 cannot be given with --num-nodes=2:3") && Contains("Leave --node-rank out"));
+  auto last_call = parse({"model", "--num-nodes", "2", "--rdzv-last-call", "5", "./train"});
+  CHECK(last_call.result.exit_now == 2);
+  CHECK_THAT(last_call.err, Contains("--rdzv-last-call applies to elastic jobs only"));
+}
+
 TEST_CASE("args: --help and --version exit 0", "[args]") {
   auto help = parse({"model", "--help"});
   CHECK(help.result.exit_now == 0);
@@ -170,7 +198,9 @@ TEST_CASE("worker environment: global ranks start at the node's offset", "[args]
   layout.main_port = 4242;
   layout.run_id = "abc";
   layout.restart_count = 2;
+  layout.attempt = 3;  // one regroup of an elastic job besides the two restarts
   auto env = launcher::worker_environment(args, layout, 0, {{"OMP_NUM_THREADS", "3"}}, "/tmp/e.json");
+  CHECK(env.at("LT_ATTEMPT") == "3");
   CHECK(env.at("RANK") == "2");
   CHECK(env.at("LOCAL_RANK") == "0");
   CHECK(env.at("GROUP_RANK") == "1");

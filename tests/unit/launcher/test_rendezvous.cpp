@@ -1,7 +1,9 @@
 // lightning-run's node rendezvous over a real TCPStore on 127.0.0.1: two nodes with unequal worker
 // counts (each on its own thread) get consistent layouts; failures and completion travel between
 // them; a node that never comes is a timeout with exit code 1; a node whose heartbeat stops is
-// lost; a peer's address in a worker's error is named as that node.
+// lost; a peer's address in a worker's error is named as that node. Elastic rounds: a group forms
+// from the nodes present, a late node waits and is seen by node 0, the next round takes it in, a
+// lost node is left out, and the counts of attempts and restarts follow.
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <unistd.h>
@@ -69,7 +71,7 @@ TEST_CASE("rendezvous: two nodes with 3 and 1 workers agree on offsets, world si
   CHECK_FALSE(node0.layout().run_id.empty());
 
   CHECK_FALSE(node0.failure(0).has_value());
-  other.announce_failure(0, {1, 3, 7, "exit code 7"});
+  other.announce_failure(0, {1, 3, 7, "exit code 7", false, {}});
   const auto seen = node0.failure(0);
   REQUIRE(seen.has_value());
   CHECK(seen->global_rank == 3);
@@ -137,4 +139,120 @@ TEST_CASE("rendezvous: an address every node has (here: both nodes on this machi
   CHECK(node0.nodes_named_in("gloo::IoException: Read error [" + address + "]:41234: Connection reset by peer").empty());
   CHECK(other.nodes_named_in("Read error [" + address + "]:1").empty());
   CHECK(node0.nodes_named_in("nothing about peers").empty());
+}
+
+namespace {
+launcher::LaunchArgs elastic_args(int min, int max, int port, double last_call_s = 0.5) {
+  launcher::LaunchArgs args = node_args(0, max, port, 20, 3);
+  args.elastic = launcher::LaunchArgs::NodeRange{min, max};
+  args.rdzv_last_call_s = last_call_s;
+  return args;
+}
+
+// A node of an elastic job on 127.0.0.1, established and through its first round, on a thread.
+std::future<launcher::Rendezvous> elastic_node(launcher::LaunchArgs args, int workers) {
+  return std::async(std::launch::async, [args, workers] {
+    auto node = launcher::Rendezvous::establish(args, workers);
+    node.form_group(std::nullopt, [](const std::string&) {});
+    return node;
+  });
+}
+}  // namespace
+
+TEST_CASE("rendezvous: elastic rounds form groups of MIN..MAX, take in a late node and leave out a lost one", "[rendezvous]") {
+  const int port = free_port();
+  const auto args = elastic_args(2, 3, port);
+  // On one machine every node names --main-address: the first to bind hosts, the others join.
+  auto first = elastic_node(args, 2);
+  auto second = elastic_node(args, 1);
+  auto a = first.get(), b = second.get();
+  launcher::Rendezvous& host = a.layout().node_rank == 0 ? a : b;
+  launcher::Rendezvous& other = a.layout().node_rank == 0 ? b : a;
+  CHECK(host.elastic());
+  CHECK(other.layout().node_rank == 1);
+  CHECK(host.layout().num_nodes == 2);
+  CHECK(host.layout().world_size == 3);
+  CHECK(other.layout().world_size == 3);
+  CHECK(other.layout().rank_offset == host.layout().local_world_size);
+  CHECK(host.layout().attempt == 0);
+  CHECK(other.layout().restart_count == 0);
+  CHECK(host.nodes_waiting().empty());
+
+  // A late node arrives: it is not in the group, node 0 sees it waiting.
+  std::vector<std::string> notes;
+  auto late = std::async(std::launch::async, [&] {
+    auto node = launcher::Rendezvous::establish(args, 4);
+    node.form_group(std::nullopt, [&](const std::string& note) { notes.push_back(note); });
+    return node;
+  });
+  std::vector<std::string> waiting;
+  for (int tries = 0; tries < 100 && waiting.empty(); ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    waiting = host.nodes_waiting();
+  }
+  REQUIRE(waiting.size() == 1);
+  CHECK(waiting[0] == own_host_name());
+
+  // The regroup: attempt 1, no restart counted, three nodes, the newcomer last (same host name).
+  auto regrouped = std::async(std::launch::async, [&] { other.form_group(launcher::AttemptEnd{false, {}}, [](const std::string&) {}); });
+  host.form_group(launcher::AttemptEnd{false, {}}, [](const std::string&) {});
+  regrouped.get();
+  auto third = late.get();
+  CHECK_THAT(notes.at(0), Contains("waits to join at the next round"));
+  for (auto* node : {&host, &other, &third}) {
+    CHECK(node->layout().attempt == 1);
+    CHECK(node->layout().restart_count == 0);
+    CHECK(node->layout().num_nodes == 3);
+    CHECK(node->layout().world_size == 7);
+  }
+  CHECK(third.layout().rank_offset + third.layout().local_world_size == 7);
+  CHECK(host.nodes_waiting().empty());  // full: MAX nodes
+
+  // The third node goes silent; after a failure the other two form a group without it, within
+  // its heartbeat silence (--node-timeout 3 s here), and the restart counts.
+  const auto started = std::chrono::steady_clock::now();
+  auto again = std::async(std::launch::async, [&] { other.form_group(launcher::AttemptEnd{true, {}}, [](const std::string&) {}); });
+  host.form_group(launcher::AttemptEnd{true, {}}, [](const std::string&) {});
+  again.get();
+  CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(10));
+  for (auto* node : {&host, &other}) {
+    CHECK(node->layout().attempt == 2);
+    CHECK(node->layout().restart_count == 1);
+    CHECK(node->layout().num_nodes == 2);
+    CHECK(node->layout().world_size == 3);
+  }
+}
+
+TEST_CASE("rendezvous: an elastic round short of MIN times out naming the count", "[rendezvous]") {
+  auto args = elastic_args(2, 3, free_port());
+  args.rdzv_timeout_s = 1;
+  auto node = launcher::Rendezvous::establish(args, 1);
+  try {
+    node.form_group(std::nullopt, [](const std::string&) {});
+    FAIL("a round with one node of MIN 2 formed");
+  } catch (const launcher::RendezvousError& error) {
+    CHECK(error.exit_code() == 1);
+    CHECK_THAT(error.what(), Contains("1 node(s) joined rendezvous round 0") && Contains("needs at least 2"));
+  }
+}
+
+TEST_CASE("rendezvous: a fixed-size node cannot join an elastic job", "[rendezvous]") {
+  const int port = free_port();
+  auto host = std::async(std::launch::async, [&] {
+    auto args = elastic_args(2, 3, port);
+    args.rdzv_timeout_s = 3;
+    auto node = launcher::Rendezvous::establish(args, 1);
+    try {
+      node.form_group(std::nullopt, [](const std::string&) {});
+    } catch (const launcher::RendezvousError&) {
+    }
+  });
+  try {
+    launcher::Rendezvous::establish(node_args(1, 2, port), 1);
+    FAIL("a --num-nodes 2 node joined a --num-nodes 2:3 job");
+  } catch (const launcher::RendezvousError& error) {
+    CHECK(error.exit_code() == 2);
+    CHECK_THAT(error.what(), Contains("--num-nodes=2 but node 0 with --num-nodes=2:3"));
+  }
+  host.get();
 }

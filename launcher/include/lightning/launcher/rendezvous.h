@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -42,6 +43,12 @@ struct LostNode {
   double silent_s = 0;  // how long it has not been heard from
 };
 
+/// A node that a worker's error names (Rendezvous::nodes_named_in).
+struct NamedNode {
+  int node_rank = 0;
+  std::string description;  // "10.0.0.2 (node 1, host1)"
+};
+
 /// What a node tells the others when one of its workers failed.
 struct RemoteFailure {
   int node_rank = 0;
@@ -49,11 +56,13 @@ struct RemoteFailure {
   int exit_code = 1;     // the shell code the job ends with
   std::string summary;   // "exit code 3" / "signal SIGSEGV (11)"
   bool regroup = false;  // elastic: not a failure; nodes wait to join, so the group re-forms
+  std::vector<int> suspects = {};  // node ranks the failed worker's error names (their machine may be down)
 };
 
 /// How an elastic job's attempt ended, for the next round (form_group).
 struct AttemptEnd {
   bool counts_as_restart = true;  // a failure (or lost node); false: a regroup for waiting nodes
+  std::vector<int> suspects = {};  // node ranks the failure names: node 0 waits for them briefly
 };
 
 class Rendezvous {
@@ -74,7 +83,8 @@ class Rendezvous {
   /// with MAX, or when every node expected back (the previous group less the lost nodes, plus the
   /// nodes that waited) is in, or --rdzv-last-call after MIN. A node left out of a full round
   /// waits for the next one. Throws RendezvousError after --rdzv-timeout.
-  void form_group(std::optional<AttemptEnd> after);
+  /// note: receives what a person should know meanwhile (this node waits for a place).
+  void form_group(std::optional<AttemptEnd> after, const std::function<void(const std::string&)>& note);
   /// Elastic, node 0, at each poll (not collective; looks about once a second): the host names of
   /// the nodes that arrived after the group formed, while it has room for them (empty: none).
   std::vector<std::string> nodes_waiting();
@@ -94,9 +104,9 @@ class Rendezvous {
   /// died or their network is down. (The other nodes notice a lost node 0 because no store call
   /// may take longer than --node-timeout.)
   std::vector<LostNode> watch_nodes(int attempt);
-  /// "10.0.0.2 (node 1, host1)" for each address of another node that text mentions (a worker's
-  /// error from gloo names the peer it lost by address), comma-separated; empty when none.
-  std::string nodes_named_in(const std::string& text) const;
+  /// The other nodes whose address text mentions (a worker's error from gloo names the peer it
+  /// lost by address), each as "10.0.0.2 (node 1, host1)"; empty when none.
+  std::vector<NamedNode> nodes_named_in(const std::string& text) const;
   /// Barrier of all nodes before attempt `attempt` starts (restarts run in step).
   void wait_for_attempt(int attempt);
   /// This node's workers all succeeded in `attempt`.
@@ -122,14 +132,15 @@ class Rendezvous {
     std::chrono::steady_clock::time_point changed;
   };
   /// expected: the nodes node 0 waits for (their heartbeats as last seen); one silent for
-  /// --node-timeout is dropped. regrouping: a round after the first, which forms as soon as every
+  /// --node-timeout is dropped, a suspect (named by the failure) after kSuspectSilence. regrouping: a round after the first, which forms as soon as every
   /// expected node is in (and at least MIN).
-  void host_round(int round, int attempt, int restart_count, std::map<int, Heartbeat> expected, bool regrouping);
+  void host_round(int round, int attempt, int restart_count, std::map<int, Heartbeat> expected, const std::set<int>& suspects,
+                  bool regrouping);
   /// Nodes other than 0: adds to this node's heartbeat when a second has passed since the last.
   void beat();
   /// Node 0 in host_round, about once a second: drops the expected nodes, not yet arrived, whose
   /// heartbeat has not moved for --node-timeout.
-  void forget_silent(std::map<int, Heartbeat>& expected, const std::vector<int>& arrived);
+  void forget_silent(std::map<int, Heartbeat>& expected, const std::set<int>& suspects, const std::vector<int>& arrived);
   bool join_round(int round);
   int current_round();
   /// Node 0: the ids of the nodes that arrived in round_ after it formed.

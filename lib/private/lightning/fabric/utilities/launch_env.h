@@ -39,7 +39,8 @@ void add_torchrun_environment(std::map<std::string, std::string>& env, const Wor
 /// defaults are those of the processes Fabric::launch() spawns; lightning-run fills every field.
 struct WorkerSettings {
   /// lightning-run's Fabric flags, as given. Set: LT_CLI_USED=1, LT_DEVICES, LT_NUM_NODES (the
-  /// layout's), and each of LT_ACCELERATOR, LT_STRATEGY, LT_PRECISION whose flag was given.
+  /// layout's), LT_ATTEMPT (the layout's), and each of LT_ACCELERATOR, LT_STRATEGY, LT_PRECISION
+  /// whose flag was given.
   /// Fabric::launch() leaves it unset: its processes take the options from the code, as it did.
   struct Cli {
     std::optional<std::string> accelerator;
@@ -74,7 +75,7 @@ struct WorkerSettings {
 int default_omp_threads(int local_world_size);
 
 /// The full environment of local rank `local_rank`: `parent` (the environment it inherits), plus
-/// what `settings` asks for, LT_ATTEMPT and the torchrun set of add_torchrun_environment. Variables it sets
+/// what `settings` asks for (with cli: LT_ATTEMPT too) and the torchrun set of add_torchrun_environment. Variables it sets
 /// replace the parent's; the others pass through untouched.
 std::map<std::string, std::string> worker_environment(const WorkerSettings& settings, const WorkerLayout& layout,
                                                       int local_rank, std::map<std::string, std::string> parent);

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Elastic membership across real hosts (hosts.sh): --num-nodes MIN:MAX, one launcher per host, 2
+# workers each, training hosts_job with a checkpoint every 10 steps in a folder every host sees
+# (the job resumes from the newest after each restart). Every case checks every node's exit code,
+# that the job finished with the expected world size, and that nothing is left on any host, and
+# prints "elastic CASE: restart S s after the fault" (the fault until the first logged step of the
+# new group: detection, re-rendezvous, workers started, first step again).
+#   hosts_elastic.sh LIGHTNING_RUN HOSTS_JOB CASE
+# CASE:
+#   shrink    3 hosts, --num-nodes 2:3 --max-restarts 1; host 2 dies mid-training (every process
+#             SIGKILLed): hosts 0 and 1 restart as a group of 2 (world 4, restart count 1) and finish
+#   join      hosts 0 and 1 start with --num-nodes 2:3; host 2 starts mid-training: the group re-forms
+#             with it (world 6) without using a restart (restart count 0), and all three finish
+#   torchrun  shrink under torchrun's own elastic agent (--nnodes 1:3 --rdzv-backend c10d
+#             --max-restarts 1 --no-python), with the same binary: Fabric takes the new world size
+#             and the restart count from torchrun's environment
+set -u
+launcher=$1 job=$2 case=$3
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+source "$(dirname "${BASH_SOURCE[0]}")/hosts.sh"
+hosts_test_setup
+dir=$HOSTS_TEST_DIR
+steps=400 sleep_ms=40
+# The world size changes midway, so from then on the gradients are reduced in another order.
+job_args=("$job" "$steps" --sleep-ms "$sleep_ms" --checkpoint-dir "$dir/ck" --tolerance 1e-5)
+
+# start_node K: host K's launcher in the background (pid[K], log $dir/node<K>.log).
+start_node() {
+  local k=$1
+  if [ "$case" = torchrun ]; then
+    host_run "$k" "$root/.venv/bin/torchrun" --nnodes 1:3 --nproc-per-node 2 --rdzv-backend c10d \
+      --rdzv-endpoint host0:29400 --rdzv-id elastic --max-restarts 1 --monitor-interval 0.5 --no-python \
+      "${job_args[@]}" >"$dir/node$k.log" 2>&1 &
+  else
+    host_run "$k" "$launcher" model --accelerator cpu --num-nodes 2:3 --main-address host0 --main-port 29400 \
+      --devices 2 --max-restarts 1 --node-timeout "${ELASTIC_NODE_TIMEOUT:-5}" --rdzv-last-call 3 --shutdown-grace 2 \
+      "${job_args[@]}" >"$dir/node$k.log" 2>&1 &
+  fi
+  pid[$k]=$!
+}
+
+# await_line FILE REGEX SECONDS: waits for a line; prints when it appeared (hosts_now).
+await_line() {
+  local deadline=$((SECONDS + $3))
+  until grep -Eq "$2" "$1" 2>/dev/null; do
+    [ $SECONDS -lt $deadline ] || { fail "no line /$2/ in $1 within $3 s" >&2; cat "$1" >&2; return 1; }
+    sleep 0.1
+  done
+  hosts_now
+}
+
+show_logs() {
+  local k
+  for k in "$@"; do echo "--- node $k (exit ${code[$k]-?})"; grep -v "step [0-9]*$" "$dir/node$k.log" | grep -v "^ *|"; done
+}
+
+# expect_finish K WORLD RESTARTS: node K exited 0, and its ranks finished in a world of WORLD after
+# RESTARTS restarts.
+expect_finish() {
+  local k=$1 world=$2 restarts=$3
+  [ "${code[$k]}" = 0 ] || fail "node $k exited ${code[$k]}"
+  [ "$(grep -Ec "rank [0-9]+ of $world on host$k: backend gloo, $steps steps, bitwise equal to rank 0: yes" "$dir/node$k.log")" = 2 ] ||
+    fail "node $k's 2 ranks did not finish in a world of $world, bitwise equal"
+  grep -Eq "rank [0-9]+ of $world on host$k: backend gloo, restart count $restarts, starting at step [1-9]" "$dir/node$k.log" ||
+    fail "node $k's ranks did not resume in a world of $world with restart count $restarts"
+}
+
+report_restart() {  # FAULT_TIME WORLD
+  local first
+  first=$(await_line "$dir/node0.log" "rank 0 of $2 on host0: backend gloo, step [1-9]" 120) || return
+  echo "elastic $case: restart $(awk -v a="$first" -v b="$1" 'BEGIN { printf "%.1f", a - b }') s after the fault"
+}
+
+case "$case" in
+  shrink | torchrun)
+    [ "$case" != torchrun ] || [ -x "$root/.venv/bin/torchrun" ] || hosts_skip "no torchrun in $root/.venv"
+    hosts_up 3
+    for k in 0 1 2; do start_node "$k"; done
+    for k in 0 1 2; do await_line "$dir/node$k.log" "of 6 on host$k: backend gloo, step 50$" 90 >/dev/null || exit 1; done
+    start=$(hosts_now)
+    host_kill_all 2
+    wait "${pid[2]}" 2>/dev/null
+    report_restart "$start" 4
+    for k in 0 1; do wait "${pid[$k]}"; code[$k]=$?; done
+    show_logs 0 1 2
+    for k in 0 1; do expect_finish "$k" 4 1; done
+    ;;
+  join)
+    hosts_up 3
+    for k in 0 1; do start_node "$k"; done
+    for k in 0 1; do await_line "$dir/node$k.log" "of 4 on host$k: backend gloo, step 50$" 90 >/dev/null || exit 1; done
+    start=$(hosts_now)
+    start_node 2
+    report_restart "$start" 6
+    for k in 0 1 2; do wait "${pid[$k]}"; code[$k]=$?; done
+    show_logs 0 1 2
+    for k in 0 1 2; do expect_finish "$k" 6 0; done
+    grep -q "node(s) waiting to join (host2): re-forming the group" "$dir/node0.log" || fail "node 0 did not name host2 as waiting"
+    grep -q "this restart does not count against --max-restarts" "$dir/node1.log" || fail "node 1 did not say the regroup is free"
+    ;;
+  *) echo "FAIL: unknown case $case"; exit 2 ;;
+esac
+hosts_expect_nothing_left
+[ "$HOSTS_FAILURES" = 0 ] || exit 1
+echo "hosts elastic $case: passed"
