@@ -11,9 +11,14 @@
 #             SIGKILLed): hosts 0 and 1 restart as a group of 2 (world 4, restart count 1) and finish
 #   join      hosts 0 and 1 start with --num-nodes 2:3; host 2 starts mid-training: the group re-forms
 #             with it (world 6) without using a restart (restart count 0), and all three finish
+#   example   the image classifier example (examples/image_classifier) on 2 hosts, 1 worker each,
+#             --num-nodes 1:2 and --resume last; host 1 dies in epoch 2: host 0 restarts alone,
+#             resumes from the end of epoch 1 and finishes epoch 2 in a world of 1
 #   torchrun  shrink under torchrun's own elastic agent (--nnodes 1:3 --rdzv-backend c10d
 #             --max-restarts 1 --no-python), with the same binary: Fabric takes the new world size
 #             and the restart count from torchrun's environment
+# Knobs for scripts/bench-hosts-restart.sh: ELASTIC_NODE_TIMEOUT (lightning-run's --node-timeout,
+# default 5) and ELASTIC_TORCHRUN_CONF (torchrun's --rdzv-conf, default none).
 set -u
 launcher=$1 job=$2 case=$3
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -29,7 +34,8 @@ start_node() {
   local k=$1
   if [ "$case" = torchrun ]; then
     host_run "$k" "$root/.venv/bin/torchrun" --nnodes 1:3 --nproc-per-node 2 --rdzv-backend c10d \
-      --rdzv-endpoint host0:29400 --rdzv-id elastic --max-restarts 1 --monitor-interval 0.5 --no-python \
+      --rdzv-endpoint host0:29400 --rdzv-id elastic --max-restarts 1 --monitor-interval 0.5 \
+      ${ELASTIC_TORCHRUN_CONF:+--rdzv-conf "$ELASTIC_TORCHRUN_CONF"} --no-python \
       "${job_args[@]}" >"$dir/node$k.log" 2>&1 &
   else
     host_run "$k" "$launcher" model --accelerator cpu --num-nodes 2:3 --main-address host0 --main-port 29400 \
@@ -97,6 +103,33 @@ case "$case" in
     for k in 0 1 2; do expect_finish "$k" 6 0; done
     grep -q "node(s) waiting to join (host2): re-forming the group" "$dir/node0.log" || fail "node 0 did not name host2 as waiting"
     grep -q "this restart does not count against --max-restarts" "$dir/node1.log" || fail "node 1 did not say the regroup is free"
+    ;;
+  example)
+    example=$(dirname "$job")/image_classifier
+    [ -x "$example" ] || hosts_skip "no $example (configure with -DLF_BUILD_EXAMPLES=ON)"
+    hosts_up 2
+    for k in 0 1; do
+      host_run "$k" "$launcher" model --accelerator cpu --num-nodes 1:2 --main-address host0 --main-port 29400 \
+        --devices 1 --max-restarts 1 --rdzv-last-call 3 --shutdown-grace 2 "$example" --epochs 2 --batch-size 64 \
+        --checkpoint-dir "$dir/ck" --resume last >"$dir/node$k.log" 2>&1 &
+      pid[$k]=$!
+    done
+    until [ -e "$dir/ck/epoch=1-step=469.ckpt" ]; do
+      kill -0 "${pid[0]}" 2>/dev/null || { fail "node 0 ended before epoch 1's checkpoint"; break; }
+      sleep 0.2
+    done
+    sleep 2
+    start=$(hosts_now)
+    host_kill_all 1
+    wait "${pid[1]}" 2>/dev/null
+    wait "${pid[0]}"; code[0]=$?
+    after=$(awk -v a="$(hosts_now)" -v b="$start" 'BEGIN { printf "%.1f", a - b }')
+    echo "elastic $case: node 0 finished $after s after the fault"
+    show_logs 0 1
+    [ "${code[0]}" = 0 ] || fail "node 0 exited ${code[0]}"
+    grep -q "restart 1 of the job, world size 1" "$dir/node0.log" || fail "the example did not report restart 1 in a world of 1"
+    grep -q "resumed from $dir/ck/epoch=1-step=469.ckpt at epoch 2" "$dir/node0.log" || fail "the example did not resume from epoch 1's checkpoint"
+    grep -q '"epoch":2,.*"world_size":1' "$dir/node0.log" || fail "epoch 2 did not finish in a world of 1"
     ;;
   *) echo "FAIL: unknown case $case"; exit 2 ;;
 esac
