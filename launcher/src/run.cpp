@@ -579,6 +579,10 @@ int print_dry_run(const LaunchArgs& args) {
     const auto parent = fabric::current_environment();
     std::cout << "lightning-run: dry run: " << local_count << " worker(s) on node " << args.node_rank << " of "
               << args.num_nodes << "; nothing is started. Each worker also inherits this environment.\n";
+    if (args.elastic) {
+      std::cout << "lightning-run: elastic (--num-nodes " << args.elastic->min << ":" << args.elastic->max
+                << "): each rendezvous round assigns node ranks; shown as node 0 of " << args.num_nodes << "\n";
+    }
     if (args.num_nodes > 1) std::cout << "lightning-run: global ranks assume every node runs " << local_count << " worker(s)\n";
     const bool free_port = args.num_nodes == 1 && !args.main_port;
     const std::string run_dir = args.log_dir.value_or("<run dir>");
