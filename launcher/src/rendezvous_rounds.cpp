@@ -57,17 +57,20 @@ int Rendezvous::current_round() {
   return static_cast<int>(bounded([name](c10d::TCPStore& store) { return store.add(name, 0); }));
 }
 
-void Rendezvous::form_group(std::optional<AttemptEnd> after, const std::function<void(const std::string&)>& note) {
+void Rendezvous::form_group(std::optional<AttemptEnd> after, const std::function<void(const std::string&)>& note,
+                            const std::function<void()>& poll) {
   try {
     if (hosts_store_) {
       const int attempt = after ? layout_.attempt + 1 : 0;
       const int restarts = layout_.restart_count + (after && after->counts_as_restart ? 1 : 0);
       std::map<int, Heartbeat> expected;
       if (after) {
+        // What the watch saw of the attempt that ended (nothing, if it failed before the first look).
+        const bool watched = watched_attempt_ == layout_.attempt;
         const auto now = Clock::now();
         for (size_t node = 1; node < members_.size(); ++node) {
-          if (lost_ids_.count(members_[node]) > 0) continue;
-          expected[members_[node]] = node < heartbeats_.size() ? heartbeats_[node] : Heartbeat{-1, now};
+          if (watched && lost_ids_.count(members_[node]) > 0) continue;
+          expected[members_[node]] = watched && node < heartbeats_.size() ? heartbeats_[node] : Heartbeat{-1, now};
         }
         for (const std::string& id : waiting_ids()) expected[std::stoi(id)] = Heartbeat{-1, now};
       }
@@ -79,6 +82,7 @@ void Rendezvous::form_group(std::optional<AttemptEnd> after, const std::function
       }
       const std::string name = key("round");
       const int round = after ? static_cast<int>(store_->add(name, 1)) : 0;
+      watched_attempt_ = -1;
       host_round(round, attempt, restarts, std::move(expected), suspects, after.has_value());
       return;
     }
@@ -86,6 +90,8 @@ void Rendezvous::form_group(std::optional<AttemptEnd> after, const std::function
     while (true) {
       int round = current_round();
       while (round <= round_) {  // wait for node 0 to open the next round
+        poll();
+        if (job_closed()) throw RendezvousError("the job ended before this node could join it; nothing to do", 0);
         if (Clock::now() > deadline) {
           throw RendezvousError("timed out after " + seconds_text(timeout_) + " waiting for node 0 to open a rendezvous round: the "
                                 "job's group is full (--num-nodes=" + std::to_string(range_->min) + ":" +
@@ -96,7 +102,7 @@ void Rendezvous::form_group(std::optional<AttemptEnd> after, const std::function
         beat();
         round = current_round();
       }
-      if (join_round(round)) return;
+      if (join_round(round, poll)) return;
       note("the group formed without this node (it arrived late, or the group has --num-nodes MAX=" +
            std::to_string(range_->max) + " nodes); it waits to join at the next round");
     }
@@ -113,14 +119,17 @@ void Rendezvous::host_round(int round, int attempt, int restart_count, std::map<
   const int min = range_->min, max = range_->max;
   const auto opened = Clock::now();
   std::optional<Clock::time_point> min_reached;
-  std::vector<int> arrived;  // ids, in arrival order
+  std::map<int64_t, int> arrivals;  // arrival index -> node id
+  std::vector<int> arrived;      // ids, in arrival order
   while (true) {
     const int64_t count = store.add(key(round_key(round, "arrivals")), 0);
-    while (static_cast<int64_t>(arrived.size()) < count) {
-      const std::string name = key(round_key(round, "arrival/" + std::to_string(arrived.size() + 1)));
-      if (!store.check({name})) break;  // arrived, but not yet named itself
-      arrived.push_back(std::stoi(text(store.get(name))));
+    for (int64_t k = 1; k <= count; ++k) {
+      if (arrivals.count(k) > 0) continue;
+      const std::string name = key(round_key(round, "arrival/" + std::to_string(k)));
+      if (store.check({name})) arrivals[k] = std::stoi(text(store.get(name)));  // else not yet named (or died first)
     }
+    arrived.clear();
+    for (const auto& entry : arrivals) arrived.push_back(entry.second);
     const int present = 1 + static_cast<int>(arrived.size());
     const auto now = Clock::now();
     if (present >= min && !min_reached) min_reached = now;
@@ -129,7 +138,7 @@ void Rendezvous::host_round(int round, int attempt, int restart_count, std::map<
       return std::find(arrived.begin(), arrived.end(), entry.first) != arrived.end();
     });
     if (present >= max || (min_reached && (all_back || now - *min_reached >= last_call_))) break;
-    if (now - opened > timeout_) {
+    if (!min_reached && now - opened > timeout_) {
       throw RendezvousError("timed out after " + seconds_text(timeout_) + ": " + std::to_string(present) +
                                 " node(s) joined rendezvous round " + std::to_string(round) + " at " + layout_.main_address +
                                 ":" + std::to_string(layout_.main_port) + ", and --num-nodes=" + std::to_string(min) + ":" +
@@ -151,7 +160,6 @@ void Rendezvous::host_round(int round, int attempt, int restart_count, std::map<
   store.set(key(round_key(round, "group")), bytes(write_record(group)));
   members_ = group.members;
   round_ = round;
-  arrivals_admitted_ = static_cast<int>(arrived.size());
   layout_.attempt = attempt;
   layout_.restart_count = restart_count;
   load_members(0);
@@ -171,7 +179,7 @@ void Rendezvous::forget_silent(std::map<int, Heartbeat>& expected, const std::se
   }
 }
 
-bool Rendezvous::join_round(int round) {
+bool Rendezvous::join_round(int round, const std::function<void()>& poll) {
   const std::string arrivals = key(round_key(round, "arrivals")), group_name = key(round_key(round, "group"));
   const std::string arrival_prefix = key(round_key(round, "arrival/"));
   const int id = node_id_;
@@ -186,6 +194,8 @@ bool Rendezvous::join_round(int round) {
              if (!store.check({group_name})) return std::nullopt;
              return text(store.get(group_name));
            }))) {
+    poll();
+    if (job_closed()) throw RendezvousError("the job ended before this node could join it; nothing to do", 0);
     if (Clock::now() > deadline) {
       throw RendezvousError("timed out after " + seconds_text(timeout_) + " waiting for node 0 to form rendezvous round " +
                                 std::to_string(round) + " at " + layout_.main_address + ":" +
@@ -209,11 +219,29 @@ bool Rendezvous::join_round(int round) {
 std::vector<std::string> Rendezvous::waiting_ids() {
   const int64_t count = store_->add(key(round_key(round_, "arrivals")), 0);
   std::vector<std::string> ids;
-  for (int64_t k = arrivals_admitted_ + 1; k <= count; ++k) {
+  for (int64_t k = 1; k <= count; ++k) {
     const std::string name = key(round_key(round_, "arrival/" + std::to_string(k)));
-    if (store_->check({name})) ids.push_back(text(store_->get(name)));
+    if (!store_->check({name})) continue;
+    const std::string id = text(store_->get(name));
+    if (std::find(members_.begin(), members_.end(), std::stoi(id)) == members_.end()) ids.push_back(id);
   }
   return ids;
+}
+
+bool Rendezvous::job_closed() {
+  const std::string name = key("closed");
+  return bounded([name](c10d::TCPStore& store) { return store.check({name}); });
+}
+
+void Rendezvous::close_rounds() {
+  if (!range_ || !hosts_store_) return;
+  try {
+    store_->set(key("closed"), bytes("1"));
+    // Give a node that waits for a place time to read it before the store goes with this process.
+    if (!waiting_ids().empty()) std::this_thread::sleep_for(std::chrono::seconds(1));
+  } catch (const std::exception&) {
+    // Node 0's own store: nothing to lose contact with.
+  }
 }
 
 std::vector<std::string> Rendezvous::nodes_waiting() {

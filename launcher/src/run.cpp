@@ -115,6 +115,9 @@ class Job {
   /// false when the failure ends the job (no restarts left).
   bool regroup_after(int attempt);
   void say_layout() const;
+  /// While no worker runs (an elastic round forming): a stopping signal leaves the job at once
+  /// (RendezvousError with 128 + signal).
+  void stop_on_signal();
   /// Tells the other nodes about a failure here; stops this node's workers before a lost contact
   /// with node 0 leaves the job.
   void announce_or_stop(int attempt, const RemoteFailure& failure);
@@ -141,6 +144,7 @@ class Job {
 };
 
 Job::~Job() {
+  if (rendezvous_) rendezvous_->close_rounds();  // elastic node 0: nodes waiting for a place may go
   if (signal_fd_ >= 0) close(signal_fd_);
   if (remove_run_dir_) {
     std::error_code ignored;
@@ -455,7 +459,7 @@ int Job::run() {
   if (signal_fd_ < 0) throw std::runtime_error(std::string("signalfd: ") + std::strerror(errno));
 
   rendezvous_.emplace(Rendezvous::establish(args_, local_count));
-  if (rendezvous_->elastic()) rendezvous_->form_group(std::nullopt, say);
+  if (rendezvous_->elastic()) rendezvous_->form_group(std::nullopt, say, [this] { stop_on_signal(); });
   layout_ = rendezvous_->layout();
   OutputOptions output;
   output.tag = args_.tag_output.value_or(layout_.world_size > 1);
@@ -514,6 +518,16 @@ int Job::run() {
   }
 }
 
+void Job::stop_on_signal() {
+  pollfd fd{signal_fd_, POLLIN, 0};
+  if (poll(&fd, 1, 0) <= 0) return;
+  const auto sig = read_signal();
+  if (!sig || *sig == SIGCHLD || *sig == SIGUSR1 || *sig == SIGUSR2) return;
+  throw RendezvousError("received " + fabric::signal_name(*sig) + " while waiting in the rendezvous; exiting with " +
+                            std::to_string(128 + *sig),
+                        128 + *sig);
+}
+
 void Job::say_layout() const {
   say("node " + std::to_string(layout_.node_rank) + " of " + std::to_string(layout_.num_nodes) + ": ranks " +
       std::to_string(layout_.rank_offset) + "-" + std::to_string(layout_.rank_offset + layout_.local_world_size - 1) +
@@ -533,7 +547,7 @@ bool Job::regroup_after(int attempt) {
         std::to_string(args_.max_restarts) + " (--max-restarts)");
   }
   output_->reset();
-  rendezvous_->form_group(AttemptEnd{!regroup, first ? first->suspects : failure_.suspects}, say);
+  rendezvous_->form_group(AttemptEnd{!regroup, first ? first->suspects : failure_.suspects}, say, [this] { stop_on_signal(); });
   layout_ = rendezvous_->layout();
   say_layout();
   return true;

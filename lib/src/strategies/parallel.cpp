@@ -56,9 +56,11 @@ void ParallelStrategy::setup_environment() {
   options.rank = global_rank();
   options.world_size = world_size();
   const env::Reader reader(context_.env);
-  // lightning-run names every start of the workers (LT_ATTEMPT); torchrun only its restart count.
+  // lightning-run names every start of the workers (LT_ATTEMPT, trusted only from it: a process
+  // started from a worker's environment inherits the variable); torchrun only its restart count.
+  const auto restarts = reader.integer(env::kRestartCount, 0, INT_MAX).value_or(0);
   options.store_attempt = static_cast<int>(
-      reader.integer(env::kAttempt, 0, INT_MAX).value_or(reader.integer(env::kRestartCount, 0, INT_MAX).value_or(0)));
+      reader.flag(env::kCliUsed) ? reader.integer(env::kAttempt, 0, INT_MAX).value_or(restarts) : restarts);
   options.use_agent_store = reader.flag(env::kUseAgentStore);
   options.settings = with_environment_overrides(settings_, context_.env);
   const bool cuda = root_device().is_cuda();

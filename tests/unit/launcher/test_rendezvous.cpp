@@ -3,7 +3,8 @@
 // them; a node that never comes is a timeout with exit code 1; a node whose heartbeat stops is
 // lost; a peer's address in a worker's error is named as that node. Elastic rounds: a group forms
 // from the nodes present, a late node waits and is seen by node 0, the next round takes it in, a
-// lost node is left out, and the counts of attempts and restarts follow.
+// lost node is left out, the counts of attempts and restarts follow, and a node still waiting when
+// the job ends leaves with exit code 0.
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <unistd.h>
@@ -153,7 +154,7 @@ launcher::LaunchArgs elastic_args(int min, int max, int port, double last_call_s
 std::future<launcher::Rendezvous> elastic_node(launcher::LaunchArgs args, int workers) {
   return std::async(std::launch::async, [args, workers] {
     auto node = launcher::Rendezvous::establish(args, workers);
-    node.form_group(std::nullopt, [](const std::string&) {});
+    node.form_group(std::nullopt, [](const std::string&) {}, [] {});
     return node;
   });
 }
@@ -182,7 +183,7 @@ TEST_CASE("rendezvous: elastic rounds form groups of MIN..MAX, take in a late no
   std::vector<std::string> notes;
   auto late = std::async(std::launch::async, [&] {
     auto node = launcher::Rendezvous::establish(args, 4);
-    node.form_group(std::nullopt, [&](const std::string& note) { notes.push_back(note); });
+    node.form_group(std::nullopt, [&](const std::string& note) { notes.push_back(note); }, [] {});
     return node;
   });
   std::vector<std::string> waiting;
@@ -194,8 +195,8 @@ TEST_CASE("rendezvous: elastic rounds form groups of MIN..MAX, take in a late no
   CHECK(waiting[0] == own_host_name());
 
   // The regroup: attempt 1, no restart counted, three nodes, the newcomer last (same host name).
-  auto regrouped = std::async(std::launch::async, [&] { other.form_group(launcher::AttemptEnd{false, {}}, [](const std::string&) {}); });
-  host.form_group(launcher::AttemptEnd{false, {}}, [](const std::string&) {});
+  auto regrouped = std::async(std::launch::async, [&] { other.form_group(launcher::AttemptEnd{false, {}}, [](const std::string&) {}, [] {}); });
+  host.form_group(launcher::AttemptEnd{false, {}}, [](const std::string&) {}, [] {});
   regrouped.get();
   auto third = late.get();
   CHECK_THAT(notes.at(0), Contains("waits to join at the next round"));
@@ -211,8 +212,8 @@ TEST_CASE("rendezvous: elastic rounds form groups of MIN..MAX, take in a late no
   // The third node goes silent; after a failure the other two form a group without it, within
   // its heartbeat silence (--node-timeout 3 s here), and the restart counts.
   const auto started = std::chrono::steady_clock::now();
-  auto again = std::async(std::launch::async, [&] { other.form_group(launcher::AttemptEnd{true, {}}, [](const std::string&) {}); });
-  host.form_group(launcher::AttemptEnd{true, {}}, [](const std::string&) {});
+  auto again = std::async(std::launch::async, [&] { other.form_group(launcher::AttemptEnd{true, {}}, [](const std::string&) {}, [] {}); });
+  host.form_group(launcher::AttemptEnd{true, {}}, [](const std::string&) {}, [] {});
   again.get();
   CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(10));
   for (auto* node : {&host, &other}) {
@@ -221,6 +222,20 @@ TEST_CASE("rendezvous: elastic rounds form groups of MIN..MAX, take in a late no
     CHECK(node->layout().num_nodes == 2);
     CHECK(node->layout().world_size == 3);
   }
+
+  // A node waiting for a place when node 0 ends the job leaves with exit code 0.
+  auto waiter = std::async(std::launch::async, [&]() -> int {
+    auto node = launcher::Rendezvous::establish(args, 1);
+    try {
+      node.form_group(std::nullopt, [](const std::string&) {}, [] {});
+    } catch (const launcher::RendezvousError& error) {
+      return error.exit_code();
+    }
+    return -1;
+  });
+  for (int tries = 0; tries < 100 && host.nodes_waiting().empty(); ++tries) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  host.close_rounds();
+  CHECK(waiter.get() == 0);
 }
 
 TEST_CASE("rendezvous: an elastic round short of MIN times out naming the count", "[rendezvous]") {
@@ -228,7 +243,7 @@ TEST_CASE("rendezvous: an elastic round short of MIN times out naming the count"
   args.rdzv_timeout_s = 1;
   auto node = launcher::Rendezvous::establish(args, 1);
   try {
-    node.form_group(std::nullopt, [](const std::string&) {});
+    node.form_group(std::nullopt, [](const std::string&) {}, [] {});
     FAIL("a round with one node of MIN 2 formed");
   } catch (const launcher::RendezvousError& error) {
     CHECK(error.exit_code() == 1);
@@ -243,7 +258,7 @@ TEST_CASE("rendezvous: a fixed-size node cannot join an elastic job", "[rendezvo
     args.rdzv_timeout_s = 3;
     auto node = launcher::Rendezvous::establish(args, 1);
     try {
-      node.form_group(std::nullopt, [](const std::string&) {});
+      node.form_group(std::nullopt, [](const std::string&) {}, [] {});
     } catch (const launcher::RendezvousError&) {
     }
   });

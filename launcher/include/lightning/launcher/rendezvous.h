@@ -83,8 +83,13 @@ class Rendezvous {
   /// with MAX, or when every node expected back (the previous group less the lost nodes, plus the
   /// nodes that waited) is in, or --rdzv-last-call after MIN. A node left out of a full round
   /// waits for the next one. Throws RendezvousError after --rdzv-timeout.
-  /// note: receives what a person should know meanwhile (this node waits for a place).
-  void form_group(std::optional<AttemptEnd> after, const std::function<void(const std::string&)>& note);
+  /// note: receives what a person should know meanwhile (this node waits for a place). poll: called
+  /// about every 50 ms while a node other than 0 waits (it may throw, e.g. on a signal). A node
+  /// waiting for a place when node 0 ends the job gets RendezvousError with exit code 0.
+  void form_group(std::optional<AttemptEnd> after, const std::function<void(const std::string&)>& note,
+                  const std::function<void()>& poll);
+  /// Elastic, node 0, when the job ends (success or not): tells nodes waiting for a place.
+  void close_rounds();
   /// Elastic, node 0, at each poll (not collective; looks about once a second): the host names of
   /// the nodes that arrived after the group formed, while it has room for them (empty: none).
   std::vector<std::string> nodes_waiting();
@@ -141,9 +146,11 @@ class Rendezvous {
   /// Node 0 in host_round, about once a second: drops the expected nodes, not yet arrived, whose
   /// heartbeat has not moved for --node-timeout.
   void forget_silent(std::map<int, Heartbeat>& expected, const std::set<int>& suspects, const std::vector<int>& arrived);
-  bool join_round(int round);
+  bool join_round(int round, const std::function<void()>& poll);
+  /// Whether node 0 ended the job (close_rounds).
+  bool job_closed();
   int current_round();
-  /// Node 0: the ids of the nodes that arrived in round_ after it formed.
+  /// Node 0: the ids of the nodes that arrived in round_ and are not members (they wait).
   std::vector<std::string> waiting_ids();
   std::string key(const std::string& suffix) const;
   [[noreturn]] void lost_contact(const std::exception& error) const;
@@ -162,7 +169,6 @@ class Rendezvous {
   std::vector<int> members_;   // node ids by node rank (fixed: 0 .. num_nodes - 1)
   int round_ = -1;             // elastic: the round the members come from
   std::set<int> lost_ids_;     // node 0: members its watch found lost in the current attempt
-  int arrivals_admitted_ = 0;  // node 0: how many of round_'s arrivals are members
   std::chrono::steady_clock::time_point last_waiting_check_;  // node 0: nodes_waiting's last look
   std::set<int> failure_seen_;  // attempts whose failure this node has counted as seen
   NodeLayout layout_;
