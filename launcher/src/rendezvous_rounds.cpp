@@ -64,6 +64,7 @@ void Rendezvous::form_group(std::optional<AttemptEnd> after, const std::function
       const int attempt = after ? layout_.attempt + 1 : 0;
       const int restarts = layout_.restart_count + (after && after->counts_as_restart ? 1 : 0);
       std::map<int, Heartbeat> expected;
+      std::set<int> suspects;
       if (after) {
         // What the watch saw of the attempt that ended (nothing, if it failed before the first look).
         const bool watched = watched_attempt_ == layout_.attempt;
@@ -73,9 +74,6 @@ void Rendezvous::form_group(std::optional<AttemptEnd> after, const std::function
           expected[members_[node]] = watched && node < heartbeats_.size() ? heartbeats_[node] : Heartbeat{-1, now};
         }
         for (const std::string& id : waiting_ids()) expected[std::stoi(id)] = Heartbeat{-1, now};
-      }
-      std::set<int> suspects;
-      if (after) {
         for (int node : after->suspects) {
           if (node > 0 && node < static_cast<int>(members_.size())) suspects.insert(members_[static_cast<size_t>(node)]);
         }
