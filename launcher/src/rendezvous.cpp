@@ -49,6 +49,16 @@ std::chrono::milliseconds seconds(double value) {
 
 constexpr auto kHeartbeatPeriod = std::chrono::seconds(1);
 
+// "10.0.0.2" / "fe80::1" for an AF_INET or AF_INET6 socket address; "" for any other.
+std::string address_text(const sockaddr* address) {
+  char text[INET6_ADDRSTRLEN] = {};
+  const void* raw = nullptr;
+  if (address->sa_family == AF_INET) raw = &reinterpret_cast<const sockaddr_in*>(address)->sin_addr;
+  if (address->sa_family == AF_INET6) raw = &reinterpret_cast<const sockaddr_in6*>(address)->sin6_addr;
+  if (raw == nullptr || inet_ntop(address->sa_family, raw, text, sizeof(text)) == nullptr) return "";
+  return text;
+}
+
 // This machine's IPv4 and IPv6 addresses, loopback left out, separated by spaces.
 std::string own_addresses() {
   std::string list;
@@ -58,11 +68,9 @@ std::string own_addresses() {
     if (entry->ifa_addr == nullptr) continue;
     const int family = entry->ifa_addr->sa_family;
     if (family != AF_INET && family != AF_INET6) continue;
-    char text[INET6_ADDRSTRLEN] = {};
-    const void* raw = family == AF_INET ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(entry->ifa_addr)->sin_addr)
-                                        : static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(entry->ifa_addr)->sin6_addr);
-    if (inet_ntop(family, raw, text, sizeof(text)) == nullptr || is_loopback(text)) continue;
-    list += (list.empty() ? "" : " ") + std::string(text);
+    const std::string text = address_text(entry->ifa_addr);
+    if (text.empty() || is_loopback(text)) continue;
+    list += (list.empty() ? "" : " ") + text;
   }
   freeifaddrs(all);
   return list;
@@ -106,11 +114,8 @@ bool names_this_machine(const std::string& address) {
   if (getaddrinfo(address.c_str(), nullptr, &hints, &found) != 0) return false;
   bool match = false;
   for (const addrinfo* entry = found; entry != nullptr && !match; entry = entry->ai_next) {
-    char text[INET6_ADDRSTRLEN] = {};
-    const void* raw = entry->ai_family == AF_INET
-                          ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(entry->ai_addr)->sin_addr)
-                          : static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(entry->ai_addr)->sin6_addr);
-    match = inet_ntop(entry->ai_family, raw, text, sizeof(text)) != nullptr && (mine.count(text) > 0 || is_loopback(text));
+    const std::string text = address_text(entry->ai_addr);
+    match = !text.empty() && (mine.count(text) > 0 || is_loopback(text));
   }
   freeaddrinfo(found);
   return match;
