@@ -1,8 +1,10 @@
-// P5 for the shm backend: all-reduce (float32, sum) bus bandwidth and latency of the shm backend
-// against gloo on the same ranks, 4 KB to 256 MB. Each rank holds a gloo world group and an shm
-// group over the same ranks; the two are timed alternately after a barrier each; rank 0 prints
-// one JSON line per size with the medians. Bus bandwidth = 2 (n-1)/n x bytes / time.
-//   lightning-run model --accelerator cpu --devices 2 bench_shm [repeats]
+// P5 for the shm backends: all-reduce (float32, sum) bus bandwidth and latency of shm (or
+// shm+gloo, across hosts) against gloo on the same ranks, 4 KB to 256 MB. Each rank holds a gloo
+// world group and a group of the backend over the same ranks; the two are timed alternately after
+// a barrier each; rank 0 prints one JSON line per size with the medians ("<backend>_us",
+// "gloo_us", ...). Bus bandwidth = 2 (n-1)/n x bytes / time.
+//   lightning-run model --accelerator cpu --devices 2 bench_shm [repeats [shm|shm+gloo]]
+// shm+gloo is a second group of every rank (it needs lightning-run's store: both groups join it).
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -10,6 +12,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -45,7 +48,17 @@ int main(int argc, char** argv) {
   lf::Collective gloo(options);
   std::vector<int> everyone;
   for (int r = 0; r < gloo.world_size(); ++r) everyone.push_back(r);
-  lf::Collective shm(gloo, "bench-shm", everyone, lf::ProcessGroupBackend::Shm);
+  const std::string backend = argc > 2 ? argv[2] : "shm";
+  std::unique_ptr<lf::Collective> fast;
+  if (backend == "shm") {
+    fast = std::make_unique<lf::Collective>(gloo, "bench-shm", everyone, lf::ProcessGroupBackend::Shm);
+  } else {
+    lf::CollectiveOptions second = options;
+    second.backend = lf::parse_process_group_backend(backend, "bench_shm's backend argument");
+    second.store_attempt += 1;  // its own keys in the shared store
+    fast = std::make_unique<lf::Collective>(second);
+  }
+  lf::Collective& shm = *fast;
   const double n = gloo.world_size();
   for (int64_t bytes : {int64_t{4} << 10, int64_t{1} << 20, int64_t{16} << 20, int64_t{256} << 20}) {
     // Small sizes are timed in batches of calls, so that the clock's resolution does not matter.
@@ -69,10 +82,10 @@ int main(int argc, char** argv) {
     const double bus = 2 * (n - 1) / n * static_cast<double>(bytes) / 1e9;
     const double shm_s = median(on_shm), gloo_s = median(on_gloo);
     if (gloo.rank() == 0) {
-      std::cout << "{\"benchmark\":\"P5 shm vs gloo\",\"ranks\":" << gloo.world_size() << ",\"bytes\":" << bytes
-                << ",\"shm_us\":" << shm_s * 1e6 << ",\"gloo_us\":" << gloo_s * 1e6
-                << ",\"shm_bus_GBps\":" << bus / shm_s << ",\"gloo_bus_GBps\":" << bus / gloo_s
-                << ",\"shm_over_gloo_bandwidth\":" << gloo_s / shm_s << "}" << std::endl;
+      std::cout << "{\"benchmark\":\"P5 " << backend << " vs gloo\",\"ranks\":" << gloo.world_size() << ",\"bytes\":"
+                << bytes << ",\"" << backend << "_us\":" << shm_s * 1e6 << ",\"gloo_us\":" << gloo_s * 1e6 << ",\""
+                << backend << "_bus_GBps\":" << bus / shm_s << ",\"gloo_bus_GBps\":" << bus / gloo_s << ",\"" << backend
+                << "_over_gloo_bandwidth\":" << gloo_s / shm_s << "}" << std::endl;
     }
   }
   return 0;

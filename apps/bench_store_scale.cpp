@@ -166,7 +166,7 @@ int main(int argc, char** argv) {
       auto store = c10::make_intrusive<CountingStore>("/worker/attempt_0", base, requests);
       lf::internal::await_all_ranks(*store, options);
       results[rank].arrived_s = since_start();
-      lf::internal::all_ranks_on_one_host(*store, rank, ranks);
+      lf::internal::vote_host_layout(*store, rank, ranks);
       results[rank].rendezvous_done_s = std::chrono::duration<double>(Clock::now() - start).count();
       rendezvous_left.fetch_sub(1);
       while (!steady_go.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));

@@ -29,9 +29,7 @@ constexpr const char* kOwnRegistrationHint =
 
 std::vector<std::string> backend_choices() {
   std::vector<std::string> names;
-  for (auto backend : {fabric::ProcessGroupBackend::Gloo, fabric::ProcessGroupBackend::Nccl, fabric::ProcessGroupBackend::Shm}) {
-    names.push_back(fabric::to_string(backend));
-  }
+  for (auto backend : fabric::kProcessGroupBackends) names.push_back(fabric::to_string(backend));
   return names;
 }
 

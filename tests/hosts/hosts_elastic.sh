@@ -65,15 +65,15 @@ show_logs() {
 expect_finish() {
   local k=$1 world=$2 restarts=$3
   [ "${code[$k]}" = 0 ] || fail "node $k exited ${code[$k]}"
-  [ "$(grep -Ec "rank [0-9]+ of $world on host$k: backend gloo, $steps steps, bitwise equal to rank 0: yes" "$dir/node$k.log")" = 2 ] ||
+  [ "$(grep -Ec "rank [0-9]+ of $world on host$k: backend shm\+gloo, $steps steps, bitwise equal to rank 0: yes" "$dir/node$k.log")" = 2 ] ||
     fail "node $k's 2 ranks did not finish in a world of $world, bitwise equal"
-  grep -Eq "rank [0-9]+ of $world on host$k: backend gloo, restart count $restarts, starting at step [1-9]" "$dir/node$k.log" ||
+  grep -Eq "rank [0-9]+ of $world on host$k: backend shm\+gloo, restart count $restarts, starting at step [1-9]" "$dir/node$k.log" ||
     fail "node $k's ranks did not resume in a world of $world with restart count $restarts"
 }
 
 report_restart() {  # FAULT_TIME WORLD
   local first
-  first=$(await_line "$dir/node0.log" "rank 0 of $2 on host0: backend gloo, step [1-9]" 120) || return
+  first=$(await_line "$dir/node0.log" "rank 0 of $2 on host0: backend shm\+gloo, step [1-9]" 120) || return
   echo "elastic $case: restart $(awk -v a="$first" -v b="$1" 'BEGIN { printf "%.1f", a - b }') s after the fault"
 }
 
@@ -82,7 +82,7 @@ case "$case" in
     [ "$case" != torchrun ] || [ -x "$root/.venv/bin/torchrun" ] || hosts_skip "no torchrun in $root/.venv"
     hosts_up 3
     for k in 0 1 2; do start_node "$k"; done
-    for k in 0 1 2; do await_line "$dir/node$k.log" "of 6 on host$k: backend gloo, step 50$" 90 >/dev/null || exit 1; done
+    for k in 0 1 2; do await_line "$dir/node$k.log" "of 6 on host$k: backend shm\+gloo, step 50$" 90 >/dev/null || exit 1; done
     start=$(hosts_now)
     host_kill_all 2
     wait "${pid[2]}" 2>/dev/null
@@ -94,7 +94,7 @@ case "$case" in
   join)
     hosts_up 3
     for k in 0 1; do start_node "$k"; done
-    for k in 0 1; do await_line "$dir/node$k.log" "of 4 on host$k: backend gloo, step 50$" 90 >/dev/null || exit 1; done
+    for k in 0 1; do await_line "$dir/node$k.log" "of 4 on host$k: backend shm\+gloo, step 50$" 90 >/dev/null || exit 1; done
     start=$(hosts_now)
     start_node 2
     report_restart "$start" 6

@@ -39,7 +39,7 @@ start_nodes() {
 wait_for_training() {
   local k deadline=$((SECONDS + 60))
   for ((k = 0; k < $1; ++k)); do
-    until grep -q "backend gloo, step 50$" "$dir/node$k.log"; do
+    until grep -q "backend shm+gloo, step 50$" "$dir/node$k.log"; do
       [ $SECONDS -lt $deadline ] || { fail "node $k did not reach step 50"; return 1; }
       sleep 0.2
     done

@@ -4,9 +4,14 @@
 # CASE:
 #   train-2 / train-3  2 or 3 hosts train the classifier; every rank is bitwise equal to the others
 #                      and within 1e-6 of one process on the whole batch; --main-address is the
-#                      host name host0, resolved through each host's own /etc/hosts; gloo carries
-#                      the job (no rank holds an shm segment); nothing is left on any host.
-#   unequal            2 hosts with 1 and 3 workers: ranks 0 and 1-3, trained as above
+#                      host name host0, resolved through each host's own /etc/hosts; shm+gloo
+#                      carries the job: every rank maps its host's shm segment, and the last
+#                      host's loopback carries (almost) nothing, so no gradient went between
+#                      its ranks by TCP; nothing is left on any host.
+#   unequal            2 hosts with 1 and 3 workers: ranks 0 and 1-3, trained as above on gloo
+#                      (no rank maps an shm segment; host 1's three ranks talk over loopback)
+#   unequal-shm-gloo   the same hosts with LT_PROCESS_GROUP_BACKEND=shm+gloo: every node stops,
+#                      naming each host's count
 #   vote               the same-host vote: ranks on two hosts with different names use gloo; on
 #                      two namespaces with one name (one kernel, so one machine) they use shm, on
 #                      purpose; one lightning-run node with 2 workers uses shm.
@@ -15,6 +20,7 @@
 #                      that node 0's announcement stops first: node 0's failure).
 set -u
 launcher=$1 job=$2 case=$3
+LOOPBACK_LIMIT=${LOOPBACK_LIMIT:-65536}
 source "$(dirname "${BASH_SOURCE[0]}")/hosts.sh"
 hosts_test_setup
 dir=$HOSTS_TEST_DIR
@@ -41,22 +47,53 @@ show_logs() {
 }
 
 
+# loopback_bytes K: what host K's loopback interface has sent so far.
+loopback_bytes() { ip netns exec "$(host_ns "$1")" cat /sys/class/net/lo/statistics/tx_bytes; }
+
+# train COUNT BACKEND SEGMENT: COUNT hosts train; every rank reports BACKEND and SEGMENT.
 train() {
-  local count=$1 world=0 first=0 k
+  local count=$1 backend=$2 segment=$3 world=0 first=0 k last=$(($1 - 1))
   for ((k = 0; k < count; ++k)); do world=$((world + ${devices[$k]:-2})); done
   hosts_up "$count"
+  local loopback_before loopback
+  loopback_before=$(loopback_bytes "$last")
   run_nodes "$count" 30
+  loopback=$(($(loopback_bytes "$last") - loopback_before))
   show_logs "$count"
+  echo "host$last's loopback sent $loopback bytes during the job"
   for ((k = 0; k < count; ++k)); do
     [ "${code[$k]}" = 0 ] || fail "node $k exited ${code[$k]}"
     grep -q "rendezvous at host0:29400" "$dir/node$k.log" || fail "node $k did not rendezvous at host0:29400"
     for ((local = 0; local < ${devices[$k]:-2}; ++local)); do
       rank=$((first + local))
-      grep -Eq "rank $rank of $world on host$k: backend gloo, 30 steps, bitwise equal to rank 0: yes, reference error [0-9.e-]+, shm segment: no" \
-        "$dir/node$k.log" || fail "rank $rank on host$k did not report gloo, bitwise equality and no shm segment"
+      grep -Eq "rank $rank of $world on host$k: backend ${backend//+/\\+}, 30 steps, bitwise equal to rank 0: yes, reference error [0-9.e-]+, shm segment: $segment" \
+        "$dir/node$k.log" || fail "rank $rank on host$k did not report $backend, bitwise equality and shm segment: $segment"
     done
     first=$((first + ${devices[$k]:-2}))
   done
+  # The last host runs no store: its loopback carries only what its own ranks send each other by
+  # TCP. 30 steps of gloo's ring move over 100 KB between two ranks; shm+gloo's gloo barriers and
+  # connection set-up stay under LOOPBACK_LIMIT.
+  if [ "$backend" = "shm+gloo" ]; then
+    [ "$loopback" -lt "$LOOPBACK_LIMIT" ] || fail "host$last's ranks sent $loopback bytes over loopback (limit $LOOPBACK_LIMIT): gradients went by TCP"
+  else
+    [ "$loopback" -ge "$LOOPBACK_LIMIT" ] || fail "host$last's gloo ranks sent only $loopback bytes over loopback"
+  fi
+  hosts_expect_nothing_left
+}
+
+# The unequal hosts with shm+gloo asked for: every node fails, naming the counts.
+unequal_shm_gloo() {
+  hosts_up 2
+  run_nodes 2 10 LT_PROCESS_GROUP_BACKEND=shm+gloo
+  show_logs 2
+  local named='needs the same number of ranks on every host, but the job has host0: 1 rank, host1: 3 ranks'
+  for k in 0 1; do
+    [ "${code[$k]}" != 0 ] || fail "node $k exited 0 with shm+gloo on unequal hosts"
+    grep -q "$named" "$dir/node$k.log" || grep -q "on node [01] failed first" "$dir/node$k.log" ||
+      fail "node $k neither named the hosts' counts nor reported the other node's failure"
+  done
+  grep -q "$named" "$dir/node0.log" "$dir/node1.log" || fail "no node named the hosts' counts"
   hosts_expect_nothing_left
 }
 
@@ -116,9 +153,10 @@ interface() {
 }
 
 case "$case" in
-  train-2) train 2 ;;
-  train-3) train 3 ;;
-  unequal) devices=(1 3); train 2 ;;
+  train-2) train 2 shm+gloo yes ;;
+  train-3) train 3 shm+gloo yes ;;
+  unequal) devices=(1 3); train 2 gloo no ;;
+  unequal-shm-gloo) devices=(1 3); unequal_shm_gloo ;;
   vote) vote ;;
   interface) interface ;;
   *) echo "FAIL: unknown case $case"; exit 2 ;;

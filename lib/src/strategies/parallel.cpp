@@ -65,7 +65,7 @@ void ParallelStrategy::setup_environment() {
   options.settings = with_environment_overrides(settings_, context_.env);
   const bool cuda = root_device().is_cuda();
   options.backend = options.settings.backend.value_or(cuda ? ProcessGroupBackend::Nccl : ProcessGroupBackend::Gloo);
-  options.shm_if_one_host = !options.settings.backend && !cuda && num_nodes() == 1;
+  options.shm_within_hosts = !options.settings.backend && !cuda;
   options.device = root_device();
   c10::intrusive_ptr<c10d::Store> store;
   if (launcher_) store = launcher_->hosted_store();

@@ -117,7 +117,7 @@ TEST_CASE("args: bad values exit 2 and name the flag, the value and the choices"
   CHECK_THAT(filter.err, Contains("--local-ranks-filter=a"));
   auto backend = parse({"model", "--process-group-backend", "mpi", "./train"});
   CHECK(backend.result.exit_now == 2);
-  CHECK_THAT(backend.err, Contains("--process-group-backend=mpi") && Contains("gloo, nccl, shm"));
+  CHECK_THAT(backend.err, Contains("--process-group-backend=mpi") && Contains("gloo, nccl, shm, shm+gloo"));
   auto node_timeout = parse({"model", "--node-timeout", "0", "./train"});
   CHECK(node_timeout.result.exit_now == 2);
   CHECK_THAT(node_timeout.err, Contains("--node-timeout"));

@@ -44,7 +44,7 @@ struct Collective::Impl {
   c10::intrusive_ptr<GroupBackend> group;
   c10::intrusive_ptr<c10d::Store> store;  // prefixed; subgroups prefix it further
   CollectiveOptions options;
-  ProcessGroupBackend backend = ProcessGroupBackend::Gloo;  // as resolved (shm_if_one_host decided)
+  ProcessGroupBackend backend = ProcessGroupBackend::Gloo;  // as resolved (after the host vote)
   at::Device device = at::kCPU;
   int rank = 0;
   int world_size = 1;
@@ -53,7 +53,25 @@ struct Collective::Impl {
   flight::Recorder* recorder = nullptr;       // the process's; null: recording off
   bool owns_watchdog = false;                 // this group started the watchdog and stops it
   bool ops_run_in_call = false;               // the backend (shm) completes each op inside its call
+  internal::HostLayout layout;                // from the host vote; one host when there was none
 };
+
+namespace {
+// The backend after the host vote (see CollectiveOptions::shm_within_hosts): a Gloo choice may
+// become shm or shm+gloo; shm+gloo asked for explicitly needs the same number of ranks per host.
+ProcessGroupBackend chosen_backend(const CollectiveOptions& options, const internal::HostLayout& layout, bool voted) {
+  if (options.backend == ProcessGroupBackend::ShmGloo) {
+    LF_CHECK(layout.equal, ValueError, "The shm+gloo backend (LT_PROCESS_GROUP_BACKEND, process_group.backend) needs "
+             "the same number of ranks on every host, but the job has ", layout.counts, ". Start as many workers on "
+             "each node, or choose gloo.");
+    return options.backend;
+  }
+  if (!voted) return options.backend;
+  if (layout.one_host()) return ProcessGroupBackend::Shm;
+  if (layout.equal && layout.ranks_per_host >= 2) return ProcessGroupBackend::ShmGloo;
+  return options.backend;
+}
+}  // namespace
 
 Collective::Collective(const CollectiveOptions& options, c10::intrusive_ptr<c10d::Store> store)
     : impl_(std::make_unique<Impl>()) {
@@ -72,10 +90,10 @@ Collective::Collective(const CollectiveOptions& options, c10::intrusive_ptr<c10d
   impl_->options = options;
   internal::await_all_ranks(*impl_->store, options);
   base->setTimeout(options.settings.timeout);  // from here on the store serves the collectives
-  if (options.shm_if_one_host && options.backend == ProcessGroupBackend::Gloo && options.world_size > 1 &&
-      internal::all_ranks_on_one_host(*impl_->store, impl_->rank, impl_->world_size)) {
-    impl_->backend = ProcessGroupBackend::Shm;
-  }
+  const bool votes = options.backend == ProcessGroupBackend::ShmGloo ||
+                     (options.shm_within_hosts && options.backend == ProcessGroupBackend::Gloo && options.world_size > 1);
+  if (votes) impl_->layout = internal::vote_host_layout(*impl_->store, impl_->rank, impl_->world_size);
+  impl_->backend = chosen_backend(options, impl_->layout, votes);
   create_group();
   internal::WatchdogSettings watch;
   watch.rank = options.rank;
@@ -92,7 +110,8 @@ Collective::Collective(const CollectiveOptions& options, c10::intrusive_ptr<c10d
 
 void Collective::create_group() {
   impl_->ops_run_in_call = impl_->backend == ProcessGroupBackend::Shm;
-  impl_->group = internal::make_group_backend(impl_->backend, impl_->store, impl_->rank, impl_->world_size, impl_->options);
+  impl_->group = internal::make_group_backend(impl_->backend, impl_->store, impl_->rank, impl_->world_size,
+                                              impl_->options, impl_->layout);
 }
 
 Collective::Collective(const Collective& parent, const std::string& name, const std::vector<int>& ranks,
@@ -102,9 +121,13 @@ Collective::Collective(const Collective& parent, const std::string& name, const 
   LF_CHECK(position != ranks.end(), ValueError, "Collective subgroup '", name, "': rank ", parent.rank(),
            " is not one of its ranks.");
   impl_->options = parent.impl_->options;
-  impl_->backend = backend.value_or(parent.impl_->backend);
-  LF_CHECK(!backend || *backend != ProcessGroupBackend::Nccl, ValueError, "Collective subgroup '", name,
-           "': backend \"nccl\" is not valid for a subgroup. Choose gloo or shm, or leave it unset (the parent's).");
+  // A subgroup of an shm+gloo job may span hosts with any number of ranks each: gloo, unless named.
+  const ProcessGroupBackend inherited =
+      parent.impl_->backend == ProcessGroupBackend::ShmGloo ? ProcessGroupBackend::Gloo : parent.impl_->backend;
+  impl_->backend = backend.value_or(inherited);
+  LF_CHECK(!backend || *backend == ProcessGroupBackend::Gloo || *backend == ProcessGroupBackend::Shm, ValueError,
+           "Collective subgroup '", name, "': backend \"", to_string(*backend), "\" is not valid for a subgroup. "
+           "Choose gloo or shm, or leave it unset (the parent's; gloo under shm+gloo).");
   impl_->device = impl_->backend == ProcessGroupBackend::Nccl ? parent.impl_->device : at::Device(at::kCPU);
   impl_->rank = static_cast<int>(position - ranks.begin());
   impl_->world_size = static_cast<int>(ranks.size());

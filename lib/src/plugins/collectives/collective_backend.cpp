@@ -4,6 +4,7 @@
 #include <net/if.h>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>  // gloo names: lib/private/gloo_interface
 #if defined(USE_C10D_NCCL) && !defined(LF_WITHOUT_NCCL)
 #define LF_NCCL_BACKEND 1
@@ -12,6 +13,7 @@
 
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/plugins/collectives/shm_backend.h"
+#include "lightning/fabric/plugins/collectives/shm_gloo_backend.h"
 
 namespace lightning::fabric::internal {
 namespace {
@@ -45,7 +47,8 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const CollectiveOptions& 
 
 c10::intrusive_ptr<c10d::Backend> make_group_backend(ProcessGroupBackend backend,
                                                      const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                                     int world_size, const CollectiveOptions& options) {
+                                                     int world_size, const CollectiveOptions& options,
+                                                     const HostLayout& layout) {
   switch (backend) {
     case ProcessGroupBackend::Gloo: {
       auto gloo = c10d::ProcessGroupGloo::Options::create(options.settings.timeout);
@@ -65,6 +68,15 @@ c10::intrusive_ptr<c10d::Backend> make_group_backend(ProcessGroupBackend backend
     }
     case ProcessGroupBackend::Shm:
       return c10::make_intrusive<ShmBackend>(store, rank, world_size, options.settings.timeout);
+    case ProcessGroupBackend::ShmGloo: {
+      auto world = make_group_backend(ProcessGroupBackend::Gloo, store, rank, world_size, options);
+      auto host = c10::make_intrusive<ShmBackend>(
+          c10::make_intrusive<c10d::PrefixStore>("/host/" + std::to_string(layout.host), store), layout.local_index,
+          layout.ranks_per_host, options.settings.timeout);
+      auto column_store = c10::make_intrusive<c10d::PrefixStore>("/column/" + std::to_string(layout.local_index), store);
+      auto column = make_group_backend(ProcessGroupBackend::Gloo, column_store, layout.host, layout.hosts, options);
+      return c10::make_intrusive<ShmGlooBackend>(rank, world_size, world, host, column);
+    }
   }
   throw ValueError("make_group_backend: unknown backend");
 }

@@ -91,29 +91,82 @@ void await_all_ranks(c10d::Store& store, const CollectiveOptions& options) {
   }
 }
 
-bool all_ranks_on_one_host(c10d::Store& store, int rank, int world_size) {
-  const std::string host = host_name();
-  store.set("cpu-auto/host/" + std::to_string(rank), std::vector<uint8_t>(host.begin(), host.end()));
-  if (rank == 0) {
-    // A few requests however many ranks: one check of every name until all are there (c10d's
-    // wait on thousands of keys is quadratic in the server), then one read of them all.
-    std::vector<std::string> keys;
-    for (int peer = 1; peer < world_size; ++peer) keys.push_back("cpu-auto/host/" + std::to_string(peer));
-    bool same = true;
-    if (!keys.empty()) {
-      const auto deadline = std::chrono::steady_clock::now() + store.getTimeout();
-      auto pause = std::chrono::milliseconds(1);
-      while (!store.check(keys)) {
-        LF_CHECK(std::chrono::steady_clock::now() < deadline, RuntimeError, "The same-host vote: not every rank published "
-                 "its host name within the store timeout, although all had joined; a rank failed right after joining.");
-        std::this_thread::sleep_for(pause);
-        pause = std::min(pause * 2, std::chrono::milliseconds(100));
-      }
-      for (const auto& other : store.multiGet(keys)) same = same && std::string(other.begin(), other.end()) == host;
+std::vector<HostLayout> host_layouts(const std::vector<std::string>& names) {
+  std::vector<std::string> hosts;  // in the order of their lowest rank
+  std::vector<int> count;
+  std::vector<HostLayout> layouts(names.size());
+  for (size_t rank = 0; rank < names.size(); ++rank) {
+    const auto found = std::find(hosts.begin(), hosts.end(), names[rank]);
+    layouts[rank].host = static_cast<int>(found - hosts.begin());
+    if (found == hosts.end()) {
+      hosts.push_back(names[rank]);
+      count.push_back(0);
     }
-    store.set("cpu-auto/verdict", std::vector<uint8_t>{static_cast<uint8_t>(same ? 1 : 0)});
+    layouts[rank].local_index = count[layouts[rank].host]++;
   }
-  return store.get("cpu-auto/verdict").at(0) == 1;
+  const bool equal = std::all_of(count.begin(), count.end(), [&](int c) { return c == count[0]; });
+  std::string counts;
+  for (size_t h = 0; h < hosts.size(); ++h) {
+    counts += (h ? ", " : "") + hosts[h] + ": " + std::to_string(count[h]) + (count[h] == 1 ? " rank" : " ranks");
+  }
+  for (auto& layout : layouts) {
+    layout.hosts = static_cast<int>(hosts.size());
+    layout.ranks_per_host = count[layout.host];
+    layout.equal = equal;
+    layout.counts = counts;
+  }
+  return layouts;
+}
+
+namespace {
+std::string text_of(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
+
+// Rank 0 waits (a few requests however many ranks: one check of every name until all are there;
+// c10d's wait on thousands of keys is quadratic in the server) and reads the names, its own first.
+std::vector<std::string> gather_host_names(c10d::Store& store, int world_size, const std::string& own) {
+  std::vector<std::string> keys;
+  for (int peer = 1; peer < world_size; ++peer) keys.push_back("cpu-auto/host/" + std::to_string(peer));
+  std::vector<std::string> names{own};
+  if (keys.empty()) return names;
+  const auto deadline = std::chrono::steady_clock::now() + store.getTimeout();
+  auto pause = std::chrono::milliseconds(1);
+  while (!store.check(keys)) {
+    LF_CHECK(std::chrono::steady_clock::now() < deadline, RuntimeError, "The host vote: not every rank published "
+             "its host name within the store timeout, although all had joined; a rank failed right after joining.");
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(100));
+  }
+  for (const auto& other : store.multiGet(keys)) names.push_back(text_of(other));
+  return names;
+}
+}  // namespace
+
+HostLayout vote_host_layout(c10d::Store& store, int rank, int world_size) {
+  const std::string host = host_name();
+  if (rank != 0) store.set("cpu-auto/host/" + std::to_string(rank), std::vector<uint8_t>(host.begin(), host.end()));
+  if (rank == 0) {
+    const std::vector<HostLayout> layouts = host_layouts(gather_host_names(store, world_size, host));
+    std::vector<std::string> keys;
+    std::vector<std::vector<uint8_t>> records;
+    for (int r = 0; r < world_size; ++r) {
+      const HostLayout& layout = layouts[r];
+      const std::string record = std::to_string(layout.host) + " " + std::to_string(layout.local_index) + " " +
+                                 std::to_string(layout.hosts) + " " + std::to_string(layout.ranks_per_host) + " " +
+                                 (layout.equal ? "1" : "0");
+      keys.push_back("cpu-auto/layout/" + std::to_string(r));
+      records.emplace_back(record.begin(), record.end());
+    }
+    keys.push_back("cpu-auto/counts");
+    records.emplace_back(layouts[0].counts.begin(), layouts[0].counts.end());
+    store.multiSet(keys, records);
+  }
+  HostLayout layout;
+  int equal = 1;
+  std::istringstream(text_of(store.get("cpu-auto/layout/" + std::to_string(rank)))) >>
+      layout.host >> layout.local_index >> layout.hosts >> layout.ranks_per_host >> equal;
+  layout.equal = equal == 1;
+  if (!layout.equal) layout.counts = text_of(store.get("cpu-auto/counts"));
+  return layout;
 }
 
 }  // namespace internal

@@ -11,16 +11,18 @@ std::string to_string(ProcessGroupBackend backend) {
     case ProcessGroupBackend::Gloo: return "gloo";
     case ProcessGroupBackend::Nccl: return "nccl";
     case ProcessGroupBackend::Shm: return "shm";
+    case ProcessGroupBackend::ShmGloo: return "shm+gloo";
   }
   return "gloo";
 }
 
 ProcessGroupBackend parse_process_group_backend(const std::string& text, const std::string& setting) {
-  for (auto backend : {ProcessGroupBackend::Gloo, ProcessGroupBackend::Nccl, ProcessGroupBackend::Shm}) {
+  for (auto backend : kProcessGroupBackends) {
     if (text == to_string(backend)) return backend;
   }
-  throw ValueError(setting + "=\"" + text + "\" is not supported. Choose \"gloo\", \"nccl\" or \"shm\", or leave it "
-                   "unset (nccl on CUDA; on CPU shm when every rank is on one machine, else gloo).");
+  throw ValueError(setting + "=\"" + text + "\" is not supported. Choose \"gloo\", \"nccl\", \"shm\" or \"shm+gloo\", or "
+                   "leave it unset (nccl on CUDA; on CPU shm when every rank is on one machine, shm+gloo on several "
+                   "machines with the same number of ranks each, else gloo).");
 }
 
 void check_process_group_settings(const std::string& owner, const ProcessGroupSettings& settings) {

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "lightning/fabric/plugins/collectives/collective.h"
+#include "lightning/fabric/plugins/collectives/collective_rendezvous.h"
 
 namespace lf = lightning::fabric;
 using Catch::Matchers::Contains;
@@ -27,14 +28,18 @@ lf::CollectiveOptions options_for(int rank, int world_size, int port) {
 
 // Runs body(collective) on rank 0 and rank 1 at once; rank 0 hosts the store.
 template <class Body>
-void on_two_ranks(Body body) {
+void on_two_ranks(Body body, lf::ProcessGroupBackend backend = lf::ProcessGroupBackend::Gloo) {
   int port = 0;
   auto store = lf::host_store("127.0.0.1", 0, std::chrono::seconds(20), &port);
   auto rank1 = std::async(std::launch::async, [&] {
-    lf::Collective group(options_for(1, 2, port));
+    auto options = options_for(1, 2, port);
+    options.backend = backend;
+    lf::Collective group(options);
     body(group);
   });
-  lf::Collective group(options_for(0, 2, port), store);
+  auto options = options_for(0, 2, port);
+  options.backend = backend;
+  lf::Collective group(options, store);
   body(group);
   rank1.get();
 }
@@ -64,6 +69,62 @@ TEST_CASE("collective: two gloo ranks reduce, gather, broadcast and scatter", "[
     CHECK(at::equal(mine, rank == 0 ? at::tensor({1.0, 3.0}) : at::tensor({5.0, 7.0})));
     CHECK(group.operation_count() > 0);
   });
+}
+
+TEST_CASE("the host vote: hosts in the order of their lowest rank, positions in rank order", "[collective]") {
+  const auto pairs = lf::internal::host_layouts({"a", "b", "a", "b"});
+  REQUIRE(pairs.size() == 4);
+  CHECK(pairs[2].host == 0);
+  CHECK(pairs[2].local_index == 1);
+  CHECK(pairs[1].host == 1);
+  CHECK(pairs[1].local_index == 0);
+  CHECK(pairs[3].local_index == 1);
+  CHECK(pairs[0].hosts == 2);
+  CHECK(pairs[0].ranks_per_host == 2);
+  CHECK(pairs[0].equal);
+  CHECK_FALSE(pairs[0].one_host());
+  const auto unequal = lf::internal::host_layouts({"x", "y", "y", "y"});
+  CHECK_FALSE(unequal[0].equal);
+  CHECK(unequal[0].ranks_per_host == 1);
+  CHECK(unequal[3].ranks_per_host == 3);
+  CHECK(unequal[3].local_index == 2);
+  CHECK(unequal[0].counts == "x: 1 rank, y: 3 ranks");
+  const auto one = lf::internal::host_layouts({"solo", "solo", "solo"});
+  CHECK(one[2].one_host());
+  CHECK(one[2].local_index == 2);
+}
+
+TEST_CASE("collective: shm+gloo sums through shm and gloo, and leaves the rest to gloo", "[collective]") {
+  on_two_ranks(
+      [](lf::Collective& group) {
+        const int rank = group.rank();
+        CHECK(group.backend() == lf::ProcessGroupBackend::ShmGloo);
+        // 5 elements over 2 ranks: padded to 6 for the shm reduce-scatter.
+        at::Tensor sum = at::arange(5.0) + rank;
+        group.all_reduce_(sum, lf::ReduceOp::Sum);
+        CHECK(at::equal(sum, at::arange(5.0) * 2 + 1));
+        at::Tensor mean = at::full({3}, rank * 4.0, at::kFloat);
+        group.all_reduce_(mean, lf::ReduceOp::Mean);
+        CHECK(at::equal(mean, at::full({3}, 2.0, at::kFloat)));
+        at::Tensor counts = at::full({7}, rank + 1, at::kLong);
+        group.all_reduce_(counts, lf::ReduceOp::Sum);
+        CHECK(at::equal(counts, at::full({7}, 3, at::kLong)));
+        at::Tensor largest = at::full({2}, static_cast<double>(rank));  // max: on the gloo group
+        group.all_reduce_(largest, lf::ReduceOp::Max);
+        CHECK(at::equal(largest, at::ones({2}, at::kDouble)));
+        at::Tensor started = at::ones({4});  // DDP's path: started, then waited for
+        auto wait = group.all_reduce_start_(started);
+        wait();
+        CHECK(at::equal(started, at::full({4}, 2.0)));
+        CHECK(group.all_gather(at::full({1}, static_cast<double>(rank))).sum().item<double>() == 1.0);
+        CHECK(group.broadcast_bytes(rank == 1 ? "from rank 1" : "", 1) == "from rank 1");
+        group.barrier();
+        lf::Collective sub(group, "sub", {0, 1});
+        CHECK(sub.backend() == lf::ProcessGroupBackend::Gloo);
+        CHECK_THROWS_WITH(lf::Collective(group, "named", {0, 1}, lf::ProcessGroupBackend::ShmGloo),
+                          Contains("backend \"shm+gloo\" is not valid for a subgroup"));
+      },
+      lf::ProcessGroupBackend::ShmGloo);
 }
 
 TEST_CASE("collective: a subgroup of the world has its own ranks", "[collective]") {

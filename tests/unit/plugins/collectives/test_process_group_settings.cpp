@@ -19,13 +19,15 @@ lf::ProcessGroupSettings overridden(std::map<std::string, std::string> values, l
 }  // namespace
 
 TEST_CASE("the process-group backend is an enum with to_string and a parser", "[process_group]") {
-  for (auto backend : {lf::ProcessGroupBackend::Gloo, lf::ProcessGroupBackend::Nccl, lf::ProcessGroupBackend::Shm}) {
+  for (auto backend : lf::kProcessGroupBackends) {
     CHECK(lf::parse_process_group_backend(lf::to_string(backend), "test") == backend);
   }
   CHECK(lf::to_string(lf::ProcessGroupBackend::Shm) == "shm");
+  CHECK(lf::to_string(lf::ProcessGroupBackend::ShmGloo) == "shm+gloo");
   CHECK_THROWS_WITH(lf::parse_process_group_backend("mpi", "DDPOptions: process_group.backend"),
                     Contains("DDPOptions: process_group.backend=\"mpi\" is not supported") && Contains("\"gloo\"") &&
-                        Contains("\"nccl\"") && Contains("\"shm\"") && Contains("leave it unset"));
+                        Contains("\"nccl\"") && Contains("\"shm\"") && Contains("\"shm+gloo\"") &&
+                        Contains("leave it unset"));
 }
 
 TEST_CASE("ddp and fsdp compose one ProcessGroupSettings with one set of defaults", "[process_group]") {

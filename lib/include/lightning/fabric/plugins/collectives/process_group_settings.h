@@ -20,10 +20,16 @@ enum class ProcessGroupBackend {
   Gloo,  // CPU tensors, any number of machines
   Nccl,  // CUDA tensors (a CUDA LibTorch with NCCL)
   Shm,   // CPU tensors, every rank on one machine: the project's shared-memory backend
+  /// CPU tensors on several machines with the same number of ranks each: all-reduce through shm
+  /// inside each machine and gloo between them; every other collective on gloo.
+  ShmGloo,
 };
-/// "gloo", "nccl", "shm".
+/// Every backend, in the order error messages list them.
+inline constexpr ProcessGroupBackend kProcessGroupBackends[] = {ProcessGroupBackend::Gloo, ProcessGroupBackend::Nccl,
+                                                                ProcessGroupBackend::Shm, ProcessGroupBackend::ShmGloo};
+/// "gloo", "nccl", "shm", "shm+gloo".
 LF_API std::string to_string(ProcessGroupBackend backend);
-/// The backend named text ("gloo", "nccl" or "shm"). ValueError naming `setting` (the option or
+/// The backend named text ("gloo", "nccl", "shm" or "shm+gloo"). ValueError naming `setting` (the option or
 /// variable it came from), the value and the choices otherwise.
 LF_API ProcessGroupBackend parse_process_group_backend(const std::string& text, const std::string& setting);
 
@@ -42,8 +48,9 @@ struct LF_API ProcessGroupSettings {
   /// turns the check off. Judged with hang detection, so hang_timeout 0 turns it off too.
   /// LT_STRAGGLER_THRESHOLD (seconds; lightning-run --straggler-threshold) wins.
   double straggler_threshold_s = 0.05;
-  /// Unset: nccl on CUDA; on CPU shm when every rank is on one machine (checked when the group
-  /// forms), else gloo. LT_PROCESS_GROUP_BACKEND (lightning-run --process-group-backend) wins.
+  /// Unset: nccl on CUDA; on CPU (checked when the group forms) shm when every rank is on one
+  /// machine, shm+gloo when the ranks are on several machines with at least 2 each and the same
+  /// number on every one, else gloo. LT_PROCESS_GROUP_BACKEND (lightning-run --process-group-backend) wins.
   std::optional<ProcessGroupBackend> backend;
   /// Collectives each rank's flight recorder keeps; 0 turns recording and hang detection off.
   /// LT_FLIGHT_RECORDS wins.

@@ -40,9 +40,11 @@ struct CollectiveOptions {
   int store_attempt = 0;                 // store prefix /worker/attempt_<N>: LT_ATTEMPT, else the restart count (torchrun)
   bool use_agent_store = false;          // join a launcher's store instead of hosting on rank 0
   ProcessGroupBackend backend = ProcessGroupBackend::Gloo;
-  /// With backend Gloo: use shm instead when every rank turns out to be on this machine (a vote
-  /// through the store as the group forms). ParallelStrategy sets it for CPU jobs on one node.
-  bool shm_if_one_host = false;
+  /// With backend Gloo: after a vote through the store as the group forms, use shm when every
+  /// rank is on this machine, shm+gloo when the ranks are on several machines with at least 2 on
+  /// each and the same number on every one. ParallelStrategy sets it for CPU jobs that name no
+  /// backend.
+  bool shm_within_hosts = false;
   at::Device device = at::kCPU;          // the group's device: this rank's GPU for nccl
   /// Timeouts, hang detection and gloo's interface, as they stand after the environment
   /// (with_environment_overrides). settings.backend is not read here: backend above is the choice.
