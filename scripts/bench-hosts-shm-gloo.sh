@@ -4,9 +4,10 @@
 # host.
 #   P5   all-reduce bus bandwidth and latency, 4 KB to 256 MB (bench_shm REPEATS shm+gloo): both
 #        groups over the same 4 ranks, timed alternately.
-#   DDP  the 784-1024-1024-10 MLP's median step (bench_ddp_step, 64 rows per rank), with the
-#        default backend (shm+gloo) and with LT_PROCESS_GROUP_BACKEND=gloo, run one after the
-#        other REPEATS times.
+#   DDP  the 784-1024-1024-10 MLP's median step (bench_ddp_step, 64 rows per rank, 60 steps after
+#        10), with the default backend (shm+gloo) and with LT_PROCESS_GROUP_BACKEND=gloo, one after
+#        the other REPEATS times, and the bytes host 1 sent over its network link (eth0) and over
+#        its loopback during each run.
 #   scripts/bench-hosts-shm-gloo.sh [BUILD_DIR] [REPEATS]
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -30,11 +31,15 @@ on_hosts() {
   grep -o '{".*' "$HOSTS_TEST_DIR/n0.log"
 }
 
+sent() { ip netns exec "$(host_ns 1)" cat "/sys/class/net/$1/statistics/tx_bytes"; }
+
 on_hosts LT_UNUSED=1 -- "$build/bin/bench_shm" "$repeats" shm+gloo
 for ((r = 0; r < repeats; ++r)); do
   for backend in default gloo; do
     variable=LT_UNUSED=1
     [ "$backend" = gloo ] && variable=LT_PROCESS_GROUP_BACKEND=gloo
-    echo "{\"backend\":\"$backend\",\"run\":$r,\"result\":$(on_hosts "$variable" -- "$build/bin/bench_ddp_step" 784-1024-1024-10 64 60 10)}"
+    link=$(sent eth0) loopback=$(sent lo)
+    result=$(on_hosts "$variable" -- "$build/bin/bench_ddp_step" 784-1024-1024-10 64 60 10)
+    echo "{\"backend\":\"$backend\",\"run\":$r,\"host1_link_MB\":$(( ($(sent eth0) - link) / 1000000 )),\"host1_loopback_MB\":$(( ($(sent lo) - loopback) / 1000000 )),\"result\":$result}"
   done
 done

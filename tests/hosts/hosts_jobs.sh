@@ -72,8 +72,8 @@ train() {
     first=$((first + ${devices[$k]:-2}))
   done
   # The last host runs no store: its loopback carries only what its own ranks send each other by
-  # TCP. 30 steps of gloo's ring move over 100 KB between two ranks; shm+gloo's gloo barriers and
-  # connection set-up stay under LOOPBACK_LIMIT.
+  # TCP. 30 steps on gloo move 450 KB between two ranks (0.9 MB among 3); shm+gloo's connection
+  # set-up and barriers, 25 KB, stay under LOOPBACK_LIMIT.
   if [ "$backend" = "shm+gloo" ]; then
     [ "$loopback" -lt "$LOOPBACK_LIMIT" ] || fail "host$last's ranks sent $loopback bytes over loopback (limit $LOOPBACK_LIMIT): gradients went by TCP"
   else

@@ -126,9 +126,9 @@ TEST_CASE("every Fabric collective, and save/load, under ddp", "[.][ddp]") {
   CHECK(on_device.device() == fabric.device());
   CHECK(torch::equal(on_device.cpu(), torch::full({3}, static_cast<float>(world))));
   // Larger than one shm chunk, and not a multiple of the ranks (shm+gloo pads it): sums stay exact.
-  const auto many = torch::arange(3'000'001, torch::TensorOptions(torch::kFloat).device(fabric.device()));
-  CHECK(torch::equal(fabric.all_reduce(many, "sum"), many * world));
-  CHECK(torch::equal(fabric.all_reduce(many, "mean"), many));
+  const auto many = [&] { return torch::arange(3'000'001, torch::TensorOptions(torch::kFloat).device(fabric.device())); };
+  CHECK(torch::equal(fabric.all_reduce(many(), "sum"), many() * world));
+  CHECK(torch::equal(fabric.all_reduce(many(), "mean"), many()));
   const auto gathered = fabric.all_gather(torch::arange(4, fabric.device()) + rank);
   CHECK(gathered.device() == fabric.device());
   CHECK(gathered.sizes() == torch::IntArrayRef({world, 4}));
