@@ -54,6 +54,7 @@ struct Collective::Impl {
   bool owns_watchdog = false;                 // this group started the watchdog and stops it
   bool ops_run_in_call = false;               // the backend (shm) completes each op inside its call
   internal::HostLayout layout;                // from the host vote; one host when there was none
+  int group_names = 0;                        // next_group_name calls so far
 };
 
 namespace {
@@ -139,6 +140,10 @@ Collective::Collective(const Collective& parent, const std::string& name, const 
 
 Collective::~Collective() {
   if (impl_->owns_watchdog) internal::stop_hang_watchdog();
+}
+
+std::string Collective::next_group_name(const std::string& base) {
+  return base + "-" + std::to_string(impl_->group_names++);
 }
 
 int Collective::rank() const { return impl_->rank; }

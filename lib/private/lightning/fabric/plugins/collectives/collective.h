@@ -67,6 +67,9 @@ class Collective {
              std::optional<ProcessGroupBackend> backend = std::nullopt);
   ~Collective();
   Collective(const Collective&) = delete;
+  /// base + "-<k>", k counting this group's earlier calls: names for subgroups that every rank
+  /// builds in the same order, so that two builds (two meshes) never share store keys. Not collective.
+  std::string next_group_name(const std::string& base);
   Collective& operator=(const Collective&) = delete;
 
   int rank() const;
