@@ -7,6 +7,7 @@
 #include "lightning/fabric/strategies/ddp.h"
 #include "lightning/fabric/strategies/dp.h"
 #include "lightning/fabric/strategies/fsdp.h"
+#include "lightning/fabric/strategies/model_parallel.h"
 
 namespace lightning::fabric {
 
@@ -85,6 +86,8 @@ StrategyRegistry& strategy_registry() {
               "one process, each batch split over several CUDA devices");
     built.add("fsdp", fsdp_strategy().create, "parameters, gradients and optimizer state sharded over the ranks");
     built.add("fsdp_cpu_offload", fsdp_cpu_offload, "fsdp with everything in host memory (CPU devices)");
+    built.add("model_parallel", model_parallel_strategy().create,
+              "tensor parallelism inside groups of ranks, ddp across the groups (a 2-D device mesh)");
     return built;
   }();
   return registry;

@@ -25,15 +25,17 @@ StrategySpec ddp_strategy(DDPOptions options) {
 
 void DDPStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module) {
   setup_environment();
-  broadcast_module_from_rank_zero(*module);
-  reducers_.push_back(std::make_unique<internal::GradientReducer>(module, shared_collective(),
-                                                                   options_.first_bucket_mb, options_.bucket_cap_mb));
+  const std::shared_ptr<Collective> group = data_parallel_group();
+  broadcast_module_from_rank_zero(*module, {}, group.get());
+  reducers_.push_back(std::make_unique<internal::GradientReducer>(module, group, options_.first_bucket_mb,
+                                                                   options_.bucket_cap_mb));
 }
 
 void DDPStrategy::backward(at::Tensor& loss, torch::nn::Module* module) {
   reducers_.erase(std::remove_if(reducers_.begin(), reducers_.end(), [](const auto& r) { return r->expired(); }),
                   reducers_.end());
-  if (world_size() > 1) {
+  const std::shared_ptr<Collective> group = world_size() > 1 ? data_parallel_group() : nullptr;
+  if (group != nullptr && group->world_size() > 1) {
     for (auto& reducer : reducers_) {
       if (syncs_gradients_of(reducer->module())) reducer->arm();
     }

@@ -17,9 +17,9 @@ DeviceMesh::DeviceMesh(Collective& world, int data_size, int tensor_size, std::a
   data_rank_ = rank_ / tensor_size;
   tensor_rank_ = rank_ % tensor_size;
   const std::string prefix = world.next_group_name("mesh") + "-";
-  tensor_group_ = std::make_unique<Collective>(world, prefix + names_[1] + "-" + std::to_string(data_rank_),
+  tensor_group_ = std::make_shared<Collective>(world, prefix + names_[1] + "-" + std::to_string(data_rank_),
                                                group_ranks(names_[1]));
-  data_group_ = std::make_unique<Collective>(world, prefix + names_[0] + "-" + std::to_string(tensor_rank_),
+  data_group_ = std::make_shared<Collective>(world, prefix + names_[0] + "-" + std::to_string(tensor_rank_),
                                              group_ranks(names_[0]));
 }
 

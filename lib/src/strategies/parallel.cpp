@@ -100,18 +100,20 @@ uint64_t ParallelStrategy::operation_count() const {
 }
 
 void ParallelStrategy::broadcast_module_from_rank_zero(torch::nn::Module& module,
-                                                       const std::set<const c10::TensorImpl*>& already_equal) {
+                                                       const std::set<const c10::TensorImpl*>& already_equal,
+                                                       Collective* group) {
   torch::NoGradGuard no_grad;
+  Collective& over = group != nullptr ? *group : collective();
   std::vector<at::Tensor> state = module.parameters();
   for (auto& buffer : module.buffers()) state.push_back(buffer);
-  collective().check_same_tensors(state, "The model passed to fabric.setup");
+  over.check_same_tensors(state, "The model passed to fabric.setup");
   for (auto& parameter : module.parameters()) {
     if (already_equal.count(parameter.unsafeGetTensorImpl()) > 0) continue;
     at::Tensor data = parameter.data();
-    collective().broadcast_(data, 0);
+    over.broadcast_(data, 0);
   }
   for (auto& buffer : module.buffers()) {
-    if (already_equal.count(buffer.unsafeGetTensorImpl()) == 0) collective().broadcast_(buffer, 0);
+    if (already_equal.count(buffer.unsafeGetTensorImpl()) == 0) over.broadcast_(buffer, 0);
   }
 }
 

@@ -1,75 +1,134 @@
 #include "lightning/fabric/tensor_parallel/layers.h"
 
 #include <ATen/ATen.h>
-#include <torch/nn/init.h>
-
-#include <cmath>
 
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/tensor_parallel/regions.h"
 
 namespace lightning::fabric::tensor_parallel {
 namespace {
-std::shared_ptr<DeviceMesh> checked(std::shared_ptr<DeviceMesh> mesh, const char* layer) {
-  LF_CHECK(mesh != nullptr, ValueError, layer, ": the mesh is null; pass the DeviceMesh the layer splits over.");
-  return mesh;
-}
-
 void check_divides(const char* layer, const char* what, int64_t size, const DeviceMesh& mesh) {
   LF_CHECK(size % mesh.tensor_size() == 0, ValueError, layer, ": ", what, "=", size, " does not split into ",
            mesh.tensor_size(), " equal parts (the tensor-parallel size). Make it a multiple of ", mesh.tensor_size(),
            " or choose another tensor_parallel_size.");
 }
 
-// A full Linear's weights as torch::nn::Linear initialises them, made alike on every rank (the
-// same seed), so that a split layer equals the unsplit one. Transient: one full layer at a time.
-torch::nn::Linear full_linear(const ParallelLinearOptions& options) {
-  return torch::nn::Linear(torch::nn::LinearOptions(options.in_features, options.out_features).bias(options.bias));
-}
-
-const ParallelLinearOptions& matching(const ParallelLinearOptions& options, const torch::nn::Linear& full, const char* layer) {
+void check_matches(const ParallelLinearOptions& options, const torch::nn::Linear& full, const char* layer) {
   LF_CHECK(full->options.in_features() == options.in_features && full->options.out_features() == options.out_features &&
                full->bias.defined() == options.bias,
            ValueError, layer, ": the options say ", options.in_features, " -> ", options.out_features,
            options.bias ? " with" : " without", " a bias, but the Linear is ", full->options.in_features(), " -> ",
            full->options.out_features(), full->bias.defined() ? " with" : " without", " one.");
-  return options;
+}
+
+// In place: the parameter keeps its identity (an optimizer holding it still does) and now holds
+// this rank's slice along dim.
+void keep_slice(at::Tensor& parameter, const DeviceMesh& mesh, int64_t dim) {
+  torch::NoGradGuard no_grad;
+  parameter.set_data(tensor_slice(parameter.detach(), mesh, dim).clone());
+}
+
+// Registers copies of full's weight and bias (if any) on module.
+void copy_linear(torch::nn::Module& module, const torch::nn::Linear& full, at::Tensor& weight, at::Tensor& bias) {
+  torch::NoGradGuard no_grad;
+  weight = module.register_parameter("weight", full->weight.detach().clone());
+  if (full->bias.defined()) bias = module.register_parameter("bias", full->bias.detach().clone());
+}
+
+torch::nn::Linear full_linear(const ParallelLinearOptions& options) {
+  return torch::nn::Linear(torch::nn::LinearOptions(options.in_features, options.out_features).bias(options.bias));
 }
 }  // namespace
 
-ColumnParallelLinearImpl::ColumnParallelLinearImpl(std::shared_ptr<DeviceMesh> mesh, ParallelLinearOptions options)
-    : ColumnParallelLinearImpl(std::move(mesh), full_linear(options), options) {}
+void TensorParallelLayer::set_mesh(std::shared_ptr<DeviceMesh> mesh, const char* layer) {
+  LF_CHECK(mesh != nullptr, ValueError, layer, ".shard: the mesh is null; pass the DeviceMesh to split over.");
+  LF_CHECK(mesh_ == nullptr, ValueError, layer, ".shard: the layer is already split over a mesh; shard it once.");
+  mesh_ = std::move(mesh);
+}
+
+void shard_tensor_parallel_layers(torch::nn::Module& module, const std::shared_ptr<DeviceMesh>& mesh) {
+  for (const auto& child : module.modules(/*include_self=*/true)) {
+    if (auto* layer = dynamic_cast<TensorParallelLayer*>(child.get())) layer->shard(mesh);
+  }
+}
+
+std::vector<at::Tensor> sharded_parameters_of(torch::nn::Module& module) {
+  std::vector<at::Tensor> sharded;
+  for (const auto& child : module.modules(/*include_self=*/true)) {
+    if (auto* layer = dynamic_cast<TensorParallelLayer*>(child.get())) {
+      for (auto& parameter : layer->sharded_parameters()) sharded.push_back(parameter);
+    }
+  }
+  return sharded;
+}
+
+// ---- ColumnParallelLinear ----
+
+ColumnParallelLinearImpl::ColumnParallelLinearImpl(ParallelLinearOptions options, std::shared_ptr<DeviceMesh> mesh)
+    : options_(std::move(options)) {
+  copy_linear(*this, full_linear(options_), weight, bias);
+  if (mesh) shard(std::move(mesh));
+}
 
 ColumnParallelLinearImpl::ColumnParallelLinearImpl(std::shared_ptr<DeviceMesh> mesh, const torch::nn::Linear& full,
                                                    ParallelLinearOptions options)
-    : mesh_(checked(std::move(mesh), "ColumnParallelLinear")),
-      options_(matching(options, full, "ColumnParallelLinear")) {
-  check_divides("ColumnParallelLinear", "out_features", options_.out_features, *mesh_);
-  torch::NoGradGuard no_grad;
-  weight = register_parameter("weight", tensor_slice(full->weight.detach(), *mesh_, 0).clone());
-  if (options_.bias) bias = register_parameter("bias", tensor_slice(full->bias.detach(), *mesh_, 0).clone());
+    : options_(std::move(options)) {
+  check_matches(options_, full, "ColumnParallelLinear");
+  copy_linear(*this, full, weight, bias);
+  shard(std::move(mesh));
+}
+
+void ColumnParallelLinearImpl::shard(std::shared_ptr<DeviceMesh> mesh) {
+  LF_CHECK(mesh != nullptr, ValueError, "ColumnParallelLinear.shard: the mesh is null; pass the DeviceMesh to split over.");
+  check_divides("ColumnParallelLinear", "out_features", options_.out_features, *mesh);
+  set_mesh(mesh, "ColumnParallelLinear");
+  keep_slice(weight, *mesh_, 0);
+  if (bias.defined()) keep_slice(bias, *mesh_, 0);
+}
+
+std::vector<at::Tensor> ColumnParallelLinearImpl::sharded_parameters() const {
+  if (!mesh_) return {};
+  return bias.defined() ? std::vector<at::Tensor>{weight, bias} : std::vector<at::Tensor>{weight};
 }
 
 at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& input) {
+  if (!mesh_) return at::linear(input, weight, bias);
   const at::Tensor full_input = options_.sequence_dim ? gather_from_sequence_region(input, *mesh_, *options_.sequence_dim)
                                                       : copy_to_tensor_region(input, *mesh_);
   const at::Tensor output = at::linear(full_input, weight, bias);
   return options_.gather_output ? gather_from_tensor_region(output, *mesh_, -1) : output;
 }
 
-RowParallelLinearImpl::RowParallelLinearImpl(std::shared_ptr<DeviceMesh> mesh, ParallelLinearOptions options)
-    : RowParallelLinearImpl(std::move(mesh), full_linear(options), options) {}
+// ---- RowParallelLinear ----
+
+RowParallelLinearImpl::RowParallelLinearImpl(ParallelLinearOptions options, std::shared_ptr<DeviceMesh> mesh)
+    : options_(std::move(options)) {
+  copy_linear(*this, full_linear(options_), weight, bias);
+  if (mesh) shard(std::move(mesh));
+}
 
 RowParallelLinearImpl::RowParallelLinearImpl(std::shared_ptr<DeviceMesh> mesh, const torch::nn::Linear& full,
                                              ParallelLinearOptions options)
-    : mesh_(checked(std::move(mesh), "RowParallelLinear")), options_(matching(options, full, "RowParallelLinear")) {
-  check_divides("RowParallelLinear", "in_features", options_.in_features, *mesh_);
-  torch::NoGradGuard no_grad;
-  weight = register_parameter("weight", tensor_slice(full->weight.detach(), *mesh_, 1).clone());
-  if (options_.bias) bias = register_parameter("bias", full->bias.detach().clone());
+    : options_(std::move(options)) {
+  check_matches(options_, full, "RowParallelLinear");
+  copy_linear(*this, full, weight, bias);
+  shard(std::move(mesh));
+}
+
+void RowParallelLinearImpl::shard(std::shared_ptr<DeviceMesh> mesh) {
+  LF_CHECK(mesh != nullptr, ValueError, "RowParallelLinear.shard: the mesh is null; pass the DeviceMesh to split over.");
+  check_divides("RowParallelLinear", "in_features", options_.in_features, *mesh);
+  set_mesh(mesh, "RowParallelLinear");
+  keep_slice(weight, *mesh_, 1);  // the bias stays whole: it is added once, after the reduction
+}
+
+std::vector<at::Tensor> RowParallelLinearImpl::sharded_parameters() const {
+  if (!mesh_) return {};
+  return {weight};
 }
 
 at::Tensor RowParallelLinearImpl::forward(const at::Tensor& input) {
+  if (!mesh_) return at::linear(input, weight, bias);
   const at::Tensor local_input = options_.input_is_parallel ? input : scatter_to_tensor_region(input, *mesh_, -1);
   const at::Tensor partial = at::linear(local_input, weight);
   if (!options_.sequence_dim) {
@@ -82,20 +141,37 @@ at::Tensor RowParallelLinearImpl::forward(const at::Tensor& input) {
   return bias.defined() ? output + copy_to_tensor_region(bias, *mesh_) : output;
 }
 
-VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(std::shared_ptr<DeviceMesh> mesh, int64_t vocab_size,
-                                                       int64_t embedding_dim)
-    : VocabParallelEmbeddingImpl(std::move(mesh), torch::nn::Embedding(vocab_size, embedding_dim)) {}
+// ---- VocabParallelEmbedding ----
 
-VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(std::shared_ptr<DeviceMesh> mesh, const torch::nn::Embedding& full)
-    : mesh_(checked(std::move(mesh), "VocabParallelEmbedding")) {
-  const int64_t vocab = full->weight.size(0);
-  check_divides("VocabParallelEmbedding", "num_embeddings", vocab, *mesh_);
-  vocab_start_ = vocab / mesh_->tensor_size() * mesh_->tensor_rank();
+VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(int64_t vocab_size, int64_t embedding_dim,
+                                                       std::shared_ptr<DeviceMesh> mesh) {
   torch::NoGradGuard no_grad;
-  weight = register_parameter("weight", tensor_slice(full->weight.detach(), *mesh_, 0).clone());
+  weight = register_parameter("weight", torch::nn::Embedding(vocab_size, embedding_dim)->weight.detach().clone());
+  if (mesh) shard(std::move(mesh));
+}
+
+VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(std::shared_ptr<DeviceMesh> mesh, const torch::nn::Embedding& full) {
+  torch::NoGradGuard no_grad;
+  weight = register_parameter("weight", full->weight.detach().clone());
+  shard(std::move(mesh));
+}
+
+void VocabParallelEmbeddingImpl::shard(std::shared_ptr<DeviceMesh> mesh) {
+  LF_CHECK(mesh != nullptr, ValueError, "VocabParallelEmbedding.shard: the mesh is null; pass the DeviceMesh to split over.");
+  const int64_t vocab = weight.size(0);
+  check_divides("VocabParallelEmbedding", "num_embeddings", vocab, *mesh);
+  set_mesh(mesh, "VocabParallelEmbedding");
+  vocab_start_ = vocab / mesh_->tensor_size() * mesh_->tensor_rank();
+  keep_slice(weight, *mesh_, 0);
+}
+
+std::vector<at::Tensor> VocabParallelEmbeddingImpl::sharded_parameters() const {
+  if (!mesh_) return {};
+  return {weight};
 }
 
 at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
+  if (!mesh_) return at::embedding(weight, ids);
   const int64_t rows = weight.size(0);
   const at::Tensor outside = (ids < vocab_start_).logical_or(ids >= vocab_start_ + rows);
   const at::Tensor local_ids = (ids - vocab_start_).masked_fill(outside, 0);

@@ -158,6 +158,7 @@ TEST_CASE("tensor parallel: a feature count that does not split is a ValueError 
   on_ranks(4, [&](const std::shared_ptr<lf::DeviceMesh>& mesh, lf_test::RankChecks& checks) {
     try {
       tp::ColumnParallelLinear column(mesh, odd, tp::ParallelLinearOptions(4, 6));
+      (void)column;
       checks.expect(false, "6 output features were split 4 ways");
     } catch (const lf::ValueError& error) {
       checks.expect(std::string(error.what()).find("out_features=6 does not split into 4 equal parts") != std::string::npos,

@@ -264,15 +264,17 @@ class LF_API Fabric {
     }
   }
 
-  /// Builds a data loader over dataset for this rank: a DistributedSampler (num_replicas =
-  /// world_size(), rank = global_rank(), seeded from PL_GLOBAL_SEED) unless
+  /// Builds a data loader over dataset for this rank: a DistributedSampler (num_replicas and rank
+  /// from the strategy's sampler_share(): world_size() and global_rank(), or the data-parallel size
+  /// and rank under model_parallel; seeded from PL_GLOBAL_SEED) unless
   /// use_distributed_sampler is false, and batches moved to device() unless move_to_device is false.
   template <class Dataset>
   auto setup_dataloaders(Dataset dataset, torch::data::DataLoaderOptions options,
                          DataLoaderSettings settings = DataLoaderSettings()) {
     const size_t size = dataset.size().value();
-    const int replicas = settings.use_distributed_sampler ? world_size() : 1;
-    const int rank = settings.use_distributed_sampler ? global_rank() : 0;
+    const auto share = strategy()->sampler_share();
+    const int replicas = settings.use_distributed_sampler ? share.replicas : 1;
+    const int rank = settings.use_distributed_sampler ? share.rank : 0;
     DistributedSampler sampler(size, replicas, rank, settings.shuffle, global_seed(), settings.drop_uneven_tail);
     const size_t per_rank = sampler.num_samples();
     const size_t batch = options.batch_size();
@@ -466,7 +468,7 @@ class LF_API Fabric {
   }
   template <class Loader>
   void validate_prebuilt_loader(const DataLoaderSettings& settings) const {
-    if (settings.use_distributed_sampler && world_size() > 1) refuse_prebuilt_loader();
+    if (settings.use_distributed_sampler && strategy()->sampler_share().replicas > 1) refuse_prebuilt_loader();
   }
   std::optional<torch::Device> loader_device(const DataLoaderSettings& settings) const {
     if (!settings.move_to_device) return std::nullopt;

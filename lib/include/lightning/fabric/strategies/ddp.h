@@ -56,6 +56,11 @@ class LF_API DDPStrategy : public ParallelStrategy {
   void setup_module(const std::shared_ptr<torch::nn::Module>& module) override;
   void backward(at::Tensor& loss, torch::nn::Module* module) override;
 
+ protected:
+  /// The ranks that hold the same model, over which setup_module broadcasts from its rank 0 and
+  /// gradients are averaged: every rank (model_parallel: the mesh's data group).
+  virtual std::shared_ptr<Collective> data_parallel_group() { return shared_collective(); }
+
  private:
   DDPOptions options_;
   std::vector<std::unique_ptr<internal::GradientReducer>> reducers_;  // one per set-up module

@@ -51,12 +51,13 @@ class LF_API DeviceMesh {
   /// The groups this rank belongs to (for the library's tensor-parallel layers and strategies).
   Collective& data_group() const { return *data_group_; }
   Collective& tensor_group() const { return *tensor_group_; }
+  const std::shared_ptr<Collective>& shared_data_group() const { return data_group_; }
 
  private:
   int dimension(const std::string& name) const;
   std::array<std::string, 2> names_;
   int data_size_ = 1, tensor_size_ = 1, data_rank_ = 0, tensor_rank_ = 0, rank_ = 0;
-  std::unique_ptr<Collective> data_group_, tensor_group_;
+  std::shared_ptr<Collective> data_group_, tensor_group_;
 };
 
 }  // namespace lightning::fabric

@@ -72,9 +72,10 @@ class LF_API ParallelStrategy : public Strategy {
   /// Checks that every rank passes the same parameters and buffers, then copies rank 0's values
   /// to every rank (collective; Fabric::setup of every data-parallel strategy). Tensors in
   /// already_equal (every rank computed the same values, e.g. replayed from one meta build) are
-  /// checked but not copied.
+  /// checked but not copied. group: the ranks that hold the same model (default: every rank).
   void broadcast_module_from_rank_zero(torch::nn::Module& module,
-                                       const std::set<const c10::TensorImpl*>& already_equal = {});
+                                       const std::set<const c10::TensorImpl*>& already_equal = {},
+                                       Collective* group = nullptr);
   /// False while no_backward_sync is active for module.
   bool syncs_gradients_of(const torch::nn::Module* module) const { return sync_disabled_.count(module) == 0; }
   const std::shared_ptr<Collective>& shared_collective() const { return collective_; }

@@ -165,6 +165,14 @@ class LF_API Strategy {
   /// clipping. parameters: those of one optimizer (shards under fsdp, where the norm is global).
   virtual double clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type,
                                         bool error_if_nonfinite);
+  /// How fabric.setup_dataloaders splits a data set (Python's distributed_sampler_kwargs): into
+  /// `replicas` shares, this rank reading share `rank`. Default: every rank its own share; ranks
+  /// that hold parts of one model replica (model_parallel's tensor group) read the same one.
+  struct SamplerShare {
+    int replicas = 1;
+    int rank = 0;
+  };
+  virtual SamplerShare sampler_share() const { return {world_size(), global_rank()}; }
 
  protected:
   // The checkpoint protocol of every strategy (collective; each is also a barrier). A failure of

@@ -14,7 +14,11 @@
 //                         ids outside them give zeros, and the sum over ranks is the embedding.
 //
 // Each can be built from an existing torch::nn::Linear / Embedding, whose weights it splits (the
-// same full weights on every rank give the same model as the unsplit one).
+// same full weights on every rank give the same model as the unsplit one). Built without a mesh,
+// a layer holds the full weights and computes what the unsplit layer does, with no collective,
+// until shard(mesh) splits it in place (its parameters keep their identity, so an optimizer made
+// before still holds them; make it before the first step). shard_tensor_parallel_layers shards
+// every such layer of a model: the default `parallelize` of the model_parallel strategy.
 #pragma once
 
 #include "lightning/fabric/export.h"
@@ -26,6 +30,7 @@
 
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "lightning/fabric/strategies/device_mesh.h"
 
@@ -48,48 +53,76 @@ struct LF_API ParallelLinearOptions {
   std::optional<int64_t> sequence_dim;
 };
 
-class LF_API ColumnParallelLinearImpl : public torch::nn::Module {
+/// What every tensor-parallel layer has: its mesh once sharded, and which parameters are split
+/// (clip_gradients counts the others once, not once per rank of the tensor group).
+class LF_API TensorParallelLayer {
  public:
-  ColumnParallelLinearImpl(std::shared_ptr<DeviceMesh> mesh, ParallelLinearOptions options);
+  virtual ~TensorParallelLayer() = default;
+  /// Splits the layer over mesh's tensor group, in place (once; ValueError when already split or
+  /// when a size does not divide). Not collective.
+  virtual void shard(std::shared_ptr<DeviceMesh> mesh) = 0;
+  /// The parameters each rank holds a different part of (empty before shard).
+  virtual std::vector<at::Tensor> sharded_parameters() const = 0;
+  /// Null until shard().
+  const std::shared_ptr<DeviceMesh>& mesh() const { return mesh_; }
+
+ protected:
+  void set_mesh(std::shared_ptr<DeviceMesh> mesh, const char* layer);
+  std::shared_ptr<DeviceMesh> mesh_;
+};
+
+/// Shards every TensorParallelLayer in module's tree over mesh (module included).
+LF_API void shard_tensor_parallel_layers(torch::nn::Module& module, const std::shared_ptr<DeviceMesh>& mesh);
+/// The sharded parameters of every TensorParallelLayer in module's tree.
+LF_API std::vector<at::Tensor> sharded_parameters_of(torch::nn::Module& module);
+
+class LF_API ColumnParallelLinearImpl : public torch::nn::Module, public TensorParallelLayer {
+ public:
+  /// Full weights, initialised as torch::nn::Linear's; split over mesh unless it is null.
+  explicit ColumnParallelLinearImpl(ParallelLinearOptions options, std::shared_ptr<DeviceMesh> mesh = nullptr);
   /// This rank's part of full's weight rows and bias (full: [out, in], the same on every rank).
   ColumnParallelLinearImpl(std::shared_ptr<DeviceMesh> mesh, const torch::nn::Linear& full, ParallelLinearOptions options);
   at::Tensor forward(const at::Tensor& input);
+  void shard(std::shared_ptr<DeviceMesh> mesh) override;
+  std::vector<at::Tensor> sharded_parameters() const override;
   const ParallelLinearOptions& options() const { return options_; }
   at::Tensor weight, bias;  // bias undefined without one
 
  private:
-  std::shared_ptr<DeviceMesh> mesh_;
   ParallelLinearOptions options_;
 };
 TORCH_MODULE(ColumnParallelLinear);
 
-class LF_API RowParallelLinearImpl : public torch::nn::Module {
+class LF_API RowParallelLinearImpl : public torch::nn::Module, public TensorParallelLayer {
  public:
-  RowParallelLinearImpl(std::shared_ptr<DeviceMesh> mesh, ParallelLinearOptions options);
+  explicit RowParallelLinearImpl(ParallelLinearOptions options, std::shared_ptr<DeviceMesh> mesh = nullptr);
   /// This rank's part of full's weight columns; the whole bias.
   RowParallelLinearImpl(std::shared_ptr<DeviceMesh> mesh, const torch::nn::Linear& full, ParallelLinearOptions options);
   at::Tensor forward(const at::Tensor& input);
+  void shard(std::shared_ptr<DeviceMesh> mesh) override;
+  std::vector<at::Tensor> sharded_parameters() const override;
   const ParallelLinearOptions& options() const { return options_; }
   at::Tensor weight, bias;
 
  private:
-  std::shared_ptr<DeviceMesh> mesh_;
   ParallelLinearOptions options_;
 };
 TORCH_MODULE(RowParallelLinear);
 
-class LF_API VocabParallelEmbeddingImpl : public torch::nn::Module {
+class LF_API VocabParallelEmbeddingImpl : public torch::nn::Module, public TensorParallelLayer {
  public:
-  VocabParallelEmbeddingImpl(std::shared_ptr<DeviceMesh> mesh, int64_t vocab_size, int64_t embedding_dim);
+  /// Full weights, initialised as torch::nn::Embedding's; split over mesh unless it is null.
+  VocabParallelEmbeddingImpl(int64_t vocab_size, int64_t embedding_dim, std::shared_ptr<DeviceMesh> mesh = nullptr);
   /// This rank's rows of full's weight.
   VocabParallelEmbeddingImpl(std::shared_ptr<DeviceMesh> mesh, const torch::nn::Embedding& full);
   at::Tensor forward(const at::Tensor& ids);
+  void shard(std::shared_ptr<DeviceMesh> mesh) override;
+  std::vector<at::Tensor> sharded_parameters() const override;
   /// The first vocabulary id this rank holds; it holds weight.size(0) of them.
   int64_t vocab_start() const { return vocab_start_; }
   at::Tensor weight;
 
  private:
-  std::shared_ptr<DeviceMesh> mesh_;
   int64_t vocab_start_ = 0;
 };
 TORCH_MODULE(VocabParallelEmbedding);

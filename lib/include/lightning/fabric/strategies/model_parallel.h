@@ -1,0 +1,79 @@
+// The model_parallel strategy: tensor parallelism inside each group of tensor_parallel_size
+// ranks and data parallelism (ddp) across those groups, on a 2-D DeviceMesh (data x tensor), as
+// Python Lightning's ModelParallelStrategy (docs/model-parallel.md).
+//
+//   lf::ModelParallelOptions mp;
+//   mp.tensor_parallel_size = 2;                 // default: the devices per node
+//   mp.parallelize = [](const auto& module, const auto& mesh) { ... };  // default: shard every
+//                                                // tensor-parallel layer (tensor_parallel/layers.h)
+//   lf::Fabric fabric(lf::FabricOptions().strategy(lf::model_parallel_strategy(mp)));
+//
+// At setup the strategy builds the mesh, calls parallelize(module, mesh) once per set-up module,
+// broadcasts each data group's rank 0 model to its group, and averages gradients over the data
+// group during fabric.backward (bucketed and overlapped, as ddp). The sampler splits data by the
+// data rank: the ranks of a tensor group read the same batches. clip_gradients counts a split
+// parameter's parts once each and a replicated parameter once.
+#pragma once
+
+#include "lightning/fabric/export.h"
+
+#include <functional>
+#include <memory>
+#include <optional>
+
+#include "lightning/fabric/strategies/ddp.h"
+#include "lightning/fabric/strategies/device_mesh.h"
+
+namespace lightning::fabric {
+
+struct LF_API ModelParallelOptions {
+  ModelParallelOptions();
+  /// Applies tensor parallelism to module in place (Python's parallelize_fn), e.g. by sharding
+  /// its tensor-parallel layers over mesh. Called once per set-up module, on every rank. Default:
+  /// tensor_parallel::shard_tensor_parallel_layers.
+  std::function<void(const std::shared_ptr<torch::nn::Module>& module, const std::shared_ptr<DeviceMesh>& mesh)>
+      parallelize;
+  /// Unset: world size / tensor_parallel_size.
+  std::optional<int> data_parallel_size;
+  /// Unset: world size / data_parallel_size when that is set, else the devices per node (Python's "auto").
+  std::optional<int> tensor_parallel_size;
+  /// The data dimension's ddp: buckets, process group, activation checkpointing. Its name is
+  /// what the strategy reports ("model_parallel").
+  DDPOptions data_parallel;
+};
+
+/// For FabricOptions().strategy(...). ValueError for non-positive sizes, an empty parallelize or
+/// invalid ddp settings.
+LF_API StrategySpec model_parallel_strategy(ModelParallelOptions options = ModelParallelOptions());
+
+class LF_API ModelParallelStrategy : public DDPStrategy {
+ public:
+  ModelParallelStrategy(StrategyContext context, ModelParallelOptions options);
+  ~ModelParallelStrategy() override;
+
+  /// Forms the process group and the mesh (once; collective). ValueError when the sizes do not
+  /// make the world size.
+  void setup_environment() override;
+  /// The mesh (after setup_environment; RuntimeError before).
+  const std::shared_ptr<DeviceMesh>& device_mesh() const;
+  void setup_module(const std::shared_ptr<torch::nn::Module>& module) override;
+  double clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type,
+                                bool error_if_nonfinite) override;
+  SamplerShare sampler_share() const override;
+  StateDict load_checkpoint(const std::filesystem::path& path, State* state, bool strict) override;
+
+ protected:
+  std::shared_ptr<Collective> data_parallel_group() override;
+  CheckpointWrite prepare_checkpoint(const std::string& call, const std::filesystem::path& path, const State& state,
+                                     const StateFilter& filter, bool host_copy) override;
+
+ private:
+  /// (data, tensor) from the options and the world size.
+  std::pair<int, int> mesh_shape() const;
+  void refuse_split_checkpoint(const std::string& call) const;
+  ModelParallelOptions options_;
+  std::shared_ptr<DeviceMesh> mesh_;
+  std::vector<std::weak_ptr<torch::nn::Module>> modules_;  // set up, for clip_gradients
+};
+
+}  // namespace lightning::fabric

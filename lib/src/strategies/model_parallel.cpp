@@ -1,0 +1,127 @@
+#include "lightning/fabric/strategies/model_parallel.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <unordered_set>
+
+#include "lightning/fabric/errors.h"
+#include "lightning/fabric/internal/gradient_norm.h"
+#include "lightning/fabric/plugins/collectives/collective.h"
+#include "lightning/fabric/tensor_parallel/layers.h"
+
+namespace lightning::fabric {
+
+ModelParallelOptions::ModelParallelOptions() {
+  parallelize = [](const std::shared_ptr<torch::nn::Module>& module, const std::shared_ptr<DeviceMesh>& mesh) {
+    tensor_parallel::shard_tensor_parallel_layers(*module, mesh);
+  };
+  data_parallel.name = "model_parallel";
+}
+
+StrategySpec model_parallel_strategy(ModelParallelOptions options) {
+  LF_CHECK(options.parallelize != nullptr, ValueError, "ModelParallelOptions: parallelize is empty. Give the function "
+           "that applies tensor parallelism to the model, or keep the default (shard every tensor-parallel layer).");
+  for (const auto& [name, size] : {std::pair{"data_parallel_size", options.data_parallel_size},
+                                   std::pair{"tensor_parallel_size", options.tensor_parallel_size}}) {
+    LF_CHECK(!size || *size > 0, ValueError, "ModelParallelOptions: ", name, "=", size.value_or(0),
+             " must be positive, or unset.");
+  }
+  const std::string name = options.data_parallel.name;
+  ddp_strategy(options.data_parallel);  // checks the ddp settings
+  return StrategySpec{name, [options](StrategyContext context) -> std::shared_ptr<Strategy> {
+                        return std::make_shared<ModelParallelStrategy>(std::move(context), options);
+                      }};
+}
+
+ModelParallelStrategy::ModelParallelStrategy(StrategyContext context, ModelParallelOptions options)
+    : DDPStrategy(std::move(context), options.data_parallel), options_(std::move(options)) {}
+
+ModelParallelStrategy::~ModelParallelStrategy() = default;
+
+std::pair<int, int> ModelParallelStrategy::mesh_shape() const {
+  const int world = world_size();
+  int tensor = 0;
+  if (options_.tensor_parallel_size) {
+    tensor = *options_.tensor_parallel_size;
+  } else if (options_.data_parallel_size) {
+    tensor = world / *options_.data_parallel_size;
+  } else {
+    tensor = num_processes();
+  }
+  tensor = std::max(tensor, 1);
+  return {options_.data_parallel_size.value_or(world / tensor), tensor};
+}
+
+void ModelParallelStrategy::setup_environment() {
+  if (mesh_) return;
+  DDPStrategy::setup_environment();
+  const auto [data, tensor] = mesh_shape();
+  mesh_ = std::make_shared<DeviceMesh>(collective(), data, tensor);
+}
+
+const std::shared_ptr<DeviceMesh>& ModelParallelStrategy::device_mesh() const {
+  LF_CHECK(mesh_ != nullptr, RuntimeError, "The device mesh of strategy 'model_parallel' does not exist yet: call "
+           "fabric.launch() (or any setup) first.");
+  return mesh_;
+}
+
+std::shared_ptr<Collective> ModelParallelStrategy::data_parallel_group() { return device_mesh()->shared_data_group(); }
+
+void ModelParallelStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module) {
+  setup_environment();
+  options_.parallelize(module, mesh_);
+  modules_.push_back(module);
+  DDPStrategy::setup_module(module);
+}
+
+Strategy::SamplerShare ModelParallelStrategy::sampler_share() const {
+  const int tensor = mesh_shape().second;
+  return {world_size() / tensor, global_rank() / tensor};
+}
+
+double ModelParallelStrategy::clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm,
+                                                     double norm_type, bool error_if_nonfinite) {
+  // A split parameter's parts are summed over the tensor group; a replicated one, whose gradient
+  // every rank of the group holds whole, is counted once.
+  torch::NoGradGuard no_grad;
+  std::unordered_set<const c10::TensorImpl*> split;
+  for (const auto& held : modules_) {
+    if (auto module = held.lock()) {
+      for (const auto& parameter : tensor_parallel::sharded_parameters_of(*module)) split.insert(parameter.unsafeGetTensorImpl());
+    }
+  }
+  std::vector<at::Tensor> split_parameters, whole_parameters;
+  for (const auto& parameter : parameters) {
+    (split.count(parameter.unsafeGetTensorImpl()) ? split_parameters : whole_parameters).push_back(parameter);
+  }
+  std::vector<at::Tensor> split_grads = internal::gradients_of(split_parameters);
+  at::Tensor part = internal::local_norm_part(split_grads, norm_type, root_device());
+  const bool infinity = std::isinf(norm_type);
+  if (mesh_->tensor_size() > 1) mesh_->tensor_group().all_reduce_(part, infinity ? ReduceOp::Max : ReduceOp::Sum);
+  std::vector<at::Tensor> grads = internal::gradients_of(whole_parameters);
+  const at::Tensor whole_part = internal::local_norm_part(grads, norm_type, root_device());
+  part = infinity ? at::maximum(part, whole_part) : part + whole_part;
+  grads.insert(grads.end(), split_grads.begin(), split_grads.end());
+  return internal::clip_to_max_norm(grads, part, norm_type, max_norm, error_if_nonfinite);
+}
+
+void ModelParallelStrategy::refuse_split_checkpoint(const std::string& call) const {
+  LF_CHECK(mesh_shape().second == 1, RuntimeError, call, " under model_parallel with tensor_parallel_size=",
+           mesh_shape().second, ": checkpoints of tensor-parallel models (each rank holds different parts) are not "
+           "written or read yet, and rank 0's parts alone would be a wrong checkpoint. With tensor_parallel_size=1 "
+           "they work as under ddp.");
+}
+
+CheckpointWrite ModelParallelStrategy::prepare_checkpoint(const std::string& call, const std::filesystem::path& path,
+                                                          const State& state, const StateFilter& filter, bool host_copy) {
+  refuse_split_checkpoint(call);
+  return DDPStrategy::prepare_checkpoint(call, path, state, filter, host_copy);
+}
+
+StateDict ModelParallelStrategy::load_checkpoint(const std::filesystem::path& path, State* state, bool strict) {
+  refuse_split_checkpoint("fabric.load");
+  return DDPStrategy::load_checkpoint(path, state, strict);
+}
+
+}  // namespace lightning::fabric
