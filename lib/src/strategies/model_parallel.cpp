@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
-#include <unordered_set>
 
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/internal/gradient_norm.h"
@@ -71,7 +70,9 @@ std::shared_ptr<Collective> ModelParallelStrategy::data_parallel_group() { retur
 void ModelParallelStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module) {
   setup_environment();
   options_.parallelize(module, mesh_);
-  modules_.push_back(module);
+  for (const auto& parameter : tensor_parallel::sharded_parameters_of(*module)) {
+    split_parameters_.insert(parameter.unsafeGetTensorImpl());
+  }
   DDPStrategy::setup_module(module);
 }
 
@@ -85,15 +86,9 @@ double ModelParallelStrategy::clip_gradients_by_norm(const std::vector<at::Tenso
   // A split parameter's parts are summed over the tensor group; a replicated one, whose gradient
   // every rank of the group holds whole, is counted once.
   torch::NoGradGuard no_grad;
-  std::unordered_set<const c10::TensorImpl*> split;
-  for (const auto& held : modules_) {
-    if (auto module = held.lock()) {
-      for (const auto& parameter : tensor_parallel::sharded_parameters_of(*module)) split.insert(parameter.unsafeGetTensorImpl());
-    }
-  }
   std::vector<at::Tensor> split_parameters, whole_parameters;
   for (const auto& parameter : parameters) {
-    (split.count(parameter.unsafeGetTensorImpl()) ? split_parameters : whole_parameters).push_back(parameter);
+    (split_parameters_.count(parameter.unsafeGetTensorImpl()) ? split_parameters : whole_parameters).push_back(parameter);
   }
   std::vector<at::Tensor> split_grads = internal::gradients_of(split_parameters);
   at::Tensor part = internal::local_norm_part(split_grads, norm_type, root_device());

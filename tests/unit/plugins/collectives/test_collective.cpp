@@ -10,20 +10,14 @@
 
 #include "lightning/fabric/plugins/collectives/collective.h"
 #include "lightning/fabric/plugins/collectives/collective_rendezvous.h"
+#include "../../thread_ranks.h"
 
 namespace lf = lightning::fabric;
 using Catch::Matchers::Contains;
 
 namespace {
 lf::CollectiveOptions options_for(int rank, int world_size, int port) {
-  lf::CollectiveOptions options;
-  options.rank = rank;
-  options.world_size = world_size;
-  options.main_port = port;
-  options.settings.flight_records = 0;  // one recorder per process; two ranks share this one
-  options.settings.rendezvous_timeout = std::chrono::seconds(20);
-  options.settings.timeout = std::chrono::seconds(20);
-  return options;
+  return lf_test::thread_rank_options(rank, world_size, port);
 }
 
 // Runs body(collective) on rank 0 and rank 1 at once; rank 0 hosts the store.

@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <unordered_set>
 
 #include "lightning/fabric/strategies/ddp.h"
 #include "lightning/fabric/strategies/device_mesh.h"
@@ -73,7 +74,8 @@ class LF_API ModelParallelStrategy : public DDPStrategy {
   void refuse_split_checkpoint(const std::string& call) const;
   ModelParallelOptions options_;
   std::shared_ptr<DeviceMesh> mesh_;
-  std::vector<std::weak_ptr<torch::nn::Module>> modules_;  // set up, for clip_gradients
+  /// The split parameters of every set-up module, found once at setup (their identity is stable).
+  std::unordered_set<const c10::TensorImpl*> split_parameters_;
 };
 
 }  // namespace lightning::fabric
