@@ -1,55 +1,35 @@
-// The model_parallel strategy in a real job under lightning-run: a small language model built from
-// tensor-parallel layers (a vocabulary-parallel embedding, a column- then row-parallel MLP, a
-// column-parallel head and the vocabulary-parallel loss) trains 20 SGD steps with gradient
-// clipping on one global batch split by the data rank. Every rank compares its parameters with
-// the same model trained unsplit in this process on the whole batch (float32, within 1e-5), and
-// checks the mesh, the sampler's share and the clipped norm. Prints "FAIL: ..." and exits 1 on a
-// mismatch, "model parallel checks passed on rank R (data D of S, tensor T of U)" otherwise.
+// The model_parallel strategy in a real job under lightning-run: the tensor-parallel GPT of
+// examples/common/tensor_parallel_gpt.h (q, k, v column-parallel, the attention output and the
+// MLP's second layer row-parallel, a vocabulary-parallel embedding, head and loss) trains SGD
+// steps with momentum and gradient clipping on one global batch per step, split by the data rank.
+// Every rank compares its parameters with the same model trained unsplit in this process on the
+// whole batches (float32, within 1e-5), and checks the mesh, the sampler's share and the clipped
+// norm. Prints "FAIL: ..." and exits 1 on a mismatch, "model parallel checks passed on rank R
+// (data D of S, tensor T of U)" otherwise.
 //   lightning-run model --accelerator cpu --devices 4 lf_model_parallel_checks [--tensor N]
 // --tensor N configures model_parallel_strategy in code; without it the strategy comes from
-// lightning-run --strategy model_parallel (tensor size = the devices per node).
+// lightning-run --strategy model_parallel (tensor size = the devices per node). Checkpoints:
+//   --save PATH [--save-type full|sharded]  fabric.save({model, optimizer, step}) after training
+//   --resume PATH                           fabric.load it first and train from its step on (the
+//                                           reference trains every step from 0)
+//   --plain                                 no model_parallel: Fabric's default strategy, unsplit
+//   --steps N                               steps to train (default 20)
 #include <torch/torch.h>
 
 #include <cstdlib>
 #include <iostream>
+#include <map>
 #include <string>
 
 #include "lightning/fabric.h"
+#include "tensor_parallel_gpt.h"
 
 namespace lf = lightning::fabric;
 namespace tp = lightning::fabric::tensor_parallel;
 
 namespace {
-constexpr int64_t kVocab = 16, kWidth = 8, kHidden = 16, kTokens = 12, kSteps = 20;
-
-struct TinyLanguageModelImpl : torch::nn::Module {
-  TinyLanguageModelImpl() {
-    embedding = register_module("embedding", tp::VocabParallelEmbedding(kVocab, kWidth));
-    up = register_module("up", tp::ColumnParallelLinear(tp::ParallelLinearOptions(kWidth, kHidden)));
-    down = register_module("down", tp::RowParallelLinear(tp::ParallelLinearOptions(kHidden, kWidth)));
-    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kWidth})));
-    auto head_options = tp::ParallelLinearOptions(kWidth, kVocab);
-    head_options.bias = false;
-    head = register_module("head", tp::ColumnParallelLinear(head_options));
-  }
-  // Logits over this rank's vocabulary columns (all of them when unsplit).
-  at::Tensor forward(const at::Tensor& ids) {
-    const at::Tensor x = embedding(ids);
-    return head(norm(x + down(torch::tanh(up(x)))));
-  }
-  tp::VocabParallelEmbedding embedding{nullptr};
-  tp::ColumnParallelLinear up{nullptr}, head{nullptr};
-  tp::RowParallelLinear down{nullptr};
-  torch::nn::LayerNorm norm{nullptr};
-};
-TORCH_MODULE(TinyLanguageModel);
-
-// Step s's global batch of next-token pairs.
-std::pair<at::Tensor, at::Tensor> batch(int64_t step) {
-  torch::manual_seed(500 + step);
-  const at::Tensor ids = torch::randint(kVocab, {kTokens});
-  return {ids, (ids * 3 + 1) % kVocab};
-}
+const examples::TensorParallelGptSettings kSettings{/*vocab=*/32, /*seq=*/8, /*d_model=*/16, /*heads=*/4, /*layers=*/2};
+constexpr int64_t kBatch = 4;
 
 int failures = 0;
 void expect(bool ok, const std::string& what) {
@@ -58,76 +38,136 @@ void expect(bool ok, const std::string& what) {
   ++failures;
 }
 
-// The full tensor of a parameter that `module` holds a slice of along dim (or whole: dim < 0).
-at::Tensor whole(const at::Tensor& part, const lf::DeviceMesh& mesh, int64_t dim) {
-  if (dim < 0 || mesh.tensor_size() == 1) return part.detach();
-  return lf::tensor_parallel::gather_from_tensor_region(part.detach(), mesh, dim);
+struct Flags {
+  std::optional<int> tensor;
+  int64_t steps = 20;
+  std::string save, save_type = "sharded", resume;
+  bool plain = false;
+};
+
+Flags parse(int argc, char** argv) {
+  Flags flags;
+  for (int i = 1; i < argc; ++i) {
+    const std::string name = argv[i];
+    const bool has_value = i + 1 < argc;
+    if (name == "--plain") flags.plain = true;
+    else if (name == "--tensor" && has_value) flags.tensor = std::atoi(argv[++i]);
+    else if (name == "--steps" && has_value) flags.steps = std::atoll(argv[++i]);
+    else if (name == "--save" && has_value) flags.save = argv[++i];
+    else if (name == "--save-type" && has_value) flags.save_type = argv[++i];
+    else if (name == "--resume" && has_value) flags.resume = argv[++i];
+    else {
+      std::cout << "FAIL: unknown argument " << name << std::endl;
+      std::exit(2);
+    }
+  }
+  return flags;
+}
+
+lf::FabricOptions fabric_options(const Flags& flags) {
+  lf::FabricOptions options;
+  options.accelerator("cpu");
+  if (flags.tensor || flags.save_type != "sharded") {
+    lf::ModelParallelOptions model_parallel;
+    model_parallel.tensor_parallel_size = flags.tensor;
+    model_parallel.state_dict_type = flags.save_type;
+    options.strategy(lf::model_parallel_strategy(model_parallel));
+  }
+  return options;
+}
+
+// One step on the split (or unsplit) model: this data rank's rows of the global batch.
+double train_step(lf::Fabric& fabric, lf::FabricModule<examples::TensorParallelGptImpl>& model,
+                  lf::FabricOptimizer& optimizer, const lf::DeviceMesh* mesh, int64_t step) {
+  auto [ids, targets] = examples::tensor_parallel_gpt_batch(kSettings, kBatch, step);
+  const int data = mesh ? mesh->data_size() : 1, data_rank = mesh ? mesh->data_rank() : 0;
+  const int64_t rows = kBatch / data;
+  optimizer.zero_grad();
+  const at::Tensor logits = model(ids.narrow(0, data_rank * rows, rows));
+  fabric.backward(examples::tensor_parallel_gpt_loss(logits, targets.narrow(0, data_rank * rows, rows), mesh));
+  const double norm = fabric.clip_gradients(model, optimizer, lf::GradientClipping().norm(1.0))->item<double>();
+  optimizer.step();
+  return norm;
+}
+
+double reference_step(examples::TensorParallelGpt& reference, torch::optim::SGD& sgd, int64_t step) {
+  auto [ids, targets] = examples::tensor_parallel_gpt_batch(kSettings, kBatch, step);
+  sgd.zero_grad();
+  examples::tensor_parallel_gpt_loss(reference->forward(ids), targets, nullptr).backward();
+  std::vector<at::Tensor> parameters = reference->parameters();
+  const double norm = torch::nn::utils::clip_grad_norm_(parameters, 1.0);
+  sgd.step();
+  return norm;
+}
+
+// The largest difference between every parameter of net (gathered where split) and reference's.
+double largest_difference(examples::TensorParallelGpt& net, examples::TensorParallelGpt& reference,
+                          const lf::DeviceMesh* mesh) {
+  std::map<const c10::TensorImpl*, int64_t> split_dims;
+  for (const auto& split : tp::sharded_parameters_of(*net)) split_dims[split.tensor.unsafeGetTensorImpl()] = split.dim;
+  const auto theirs = reference->named_parameters();
+  double worst = 0;
+  for (const auto& parameter : net->named_parameters()) {
+    auto dim = split_dims.find(parameter.value().unsafeGetTensorImpl());
+    at::Tensor ours = parameter.value().detach();
+    if (mesh && mesh->tensor_size() > 1 && dim != split_dims.end()) {
+      ours = tp::gather_from_tensor_region(ours, *mesh, dim->second);
+    }
+    const at::Tensor expected = theirs[parameter.key()].detach();
+    expect(ours.sizes() == expected.sizes(), parameter.key() + " has the shape " + c10::str(ours.sizes()));
+    if (ours.sizes() == expected.sizes()) worst = std::max(worst, (ours - expected).abs().max().item<double>());
+  }
+  return worst;
 }
 }  // namespace
 
 int main(int argc, char** argv) {
-  lf::FabricOptions options;
-  options.accelerator("cpu");
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::string(argv[i]) == "--tensor") {
-      lf::ModelParallelOptions model_parallel;
-      model_parallel.tensor_parallel_size = std::atoi(argv[i + 1]);
-      options.strategy(lf::model_parallel_strategy(model_parallel));
-    }
-  }
-  lf::Fabric fabric(options);
-  auto& strategy = fabric.strategy_as<lf::ModelParallelStrategy>();
+  const Flags flags = parse(argc, argv);
+  lf::Fabric fabric(fabric_options(flags));
+  auto* strategy = flags.plain ? nullptr : &fabric.strategy_as<lf::ModelParallelStrategy>();
   lf::Fabric::seed_everything(3);
-  TinyLanguageModel reference;
+  examples::TensorParallelGpt reference(kSettings);
   lf::Fabric::seed_everything(3);
-  TinyLanguageModel net;
+  examples::TensorParallelGpt net(kSettings);
   torch::optim::SGD reference_sgd(reference->parameters(), torch::optim::SGDOptions(0.5).momentum(0.9));
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.5).momentum(0.9));
   auto [model, optimizer] = fabric.setup(net, sgd);  // builds the mesh, shards the layers
-  const lf::DeviceMesh& mesh = *strategy.device_mesh();
-  const int rank = fabric.global_rank(), data = mesh.data_size(), tensor = mesh.tensor_size();
-  expect(strategy.name() == "model_parallel", "the strategy is called " + strategy.name());
-  expect(mesh.data_size() * tensor == fabric.world_size(), "the mesh covers the world");
-  const auto share = strategy.sampler_share();
-  expect(share.replicas == data && share.rank == mesh.data_rank(), "the sampler splits by the data rank");
-  expect(net->up->weight.size(0) == kHidden / tensor && net->down->weight.size(1) == kHidden / tensor,
+  const lf::DeviceMesh* mesh = strategy ? strategy->device_mesh().get() : nullptr;
+  const int rank = fabric.global_rank(), data = mesh ? mesh->data_size() : 1, tensor = mesh ? mesh->tensor_size() : 1;
+  if (strategy) {
+    expect(strategy->name() == "model_parallel", "the strategy is called " + strategy->name());
+    expect(data * tensor == fabric.world_size(), "the mesh covers the world");
+    const auto share = strategy->sampler_share();
+    expect(share.replicas == data && share.rank == mesh->data_rank(), "the sampler splits by the data rank");
+  }
+  expect(net->blocks[0]->fc1->weight.size(0) == 4 * kSettings.d_model / tensor &&
+             net->blocks[0]->projection->weight.size(1) == kSettings.d_model / tensor,
          "the layers hold 1/tensor of their weights");
 
-  const int64_t rows = kTokens / data;
+  int64_t start = 0;
+  if (!flags.resume.empty()) {
+    lf::State state{{"model", model}, {"optimizer", optimizer}, {"step", int64_t{0}}};
+    fabric.load(flags.resume, state);
+    start = state.at("step").to<int64_t>();
+    expect(start > 0, "the checkpoint's step is " + std::to_string(start));
+  }
   double last_norm = 0, last_reference_norm = 0;
-  for (int64_t step = 0; step < kSteps; ++step) {
-    auto [ids, targets] = batch(step);
-    optimizer.zero_grad();
-    const at::Tensor mine = ids.narrow(0, mesh.data_rank() * rows, rows);
-    const at::Tensor logits = model(mine);
-    fabric.backward(tp::vocab_parallel_cross_entropy(logits, targets.narrow(0, mesh.data_rank() * rows, rows), mesh));
-    last_norm = fabric.clip_gradients(model, optimizer, lf::GradientClipping().norm(1.0))->item<double>();
-    optimizer.step();
-
-    reference_sgd.zero_grad();
-    torch::nn::functional::cross_entropy(reference->forward(ids), targets).backward();
-    std::vector<at::Tensor> parameters = reference->parameters();
-    last_reference_norm = torch::nn::utils::clip_grad_norm_(parameters, 1.0);
-    reference_sgd.step();
+  for (int64_t step = 0; step < start + flags.steps; ++step) {
+    if (step >= start) last_norm = train_step(fabric, model, optimizer, mesh, step);
+    last_reference_norm = reference_step(reference, reference_sgd, step);
   }
   expect(std::abs(last_norm - last_reference_norm) <= 1e-5 * std::max(1.0, last_reference_norm),
          "the clipped norm " + std::to_string(last_norm) + " differs from the unsplit model's " +
              std::to_string(last_reference_norm));
-  const std::vector<std::pair<at::Tensor, at::Tensor>> compared = {
-      {whole(net->embedding->weight, mesh, 0), reference->embedding->weight},
-      {whole(net->up->weight, mesh, 0), reference->up->weight},
-      {whole(net->up->bias, mesh, 0), reference->up->bias},
-      {whole(net->down->weight, mesh, 1), reference->down->weight},
-      {whole(net->down->bias, mesh, -1), reference->down->bias},
-      {whole(net->norm->weight, mesh, -1), reference->norm->weight},
-      {whole(net->head->weight, mesh, 0), reference->head->weight}};
-  double worst = 0;
-  for (const auto& [ours, theirs] : compared) {
-    worst = std::max(worst, (ours - theirs.detach()).abs().max().item<double>());
-  }
+  const double worst = largest_difference(net, reference, mesh);
   expect(worst <= 1e-5, "the parameters differ from the unsplit model's by " + std::to_string(worst));
+  if (!flags.save.empty()) {
+    lf::State state{{"model", model}, {"optimizer", optimizer}, {"step", start + flags.steps}};
+    fabric.save(flags.save, state);
+  }
   if (failures > 0) return 1;
-  std::cout << "model parallel checks passed on rank " << rank << " (data " << mesh.data_rank() << " of " << data
-            << ", tensor " << mesh.tensor_rank() << " of " << tensor << "), largest difference " << worst << std::endl;
+  std::cout << "model parallel checks passed on rank " << rank << " (data " << (mesh ? mesh->data_rank() : 0) << " of "
+            << data << ", tensor " << (mesh ? mesh->tensor_rank() : 0) << " of " << tensor << "), from step " << start
+            << ", largest difference " << worst << std::endl;
   return 0;
 }

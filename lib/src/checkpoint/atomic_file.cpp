@@ -1,6 +1,7 @@
 #include "lightning/fabric/checkpoint/atomic_file.h"
 
 #include <fcntl.h>
+#include <stdio.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -69,6 +70,32 @@ void write_file_atomically(const fs::path& path, const std::function<void(const 
 
 void write_file_atomically(const fs::path& path, std::string_view bytes) {
   write_file_atomically(path, [&](const ByteSink& sink) { sink(bytes.data(), bytes.size()); });
+}
+
+// Moves a finished folder to `path`, replacing what was there. Where the file system can swap two
+// names atomically (Linux's RENAME_EXCHANGE), there is no moment without a checkpoint at `path`;
+// otherwise the old folder is moved aside first and back if the second rename fails. The old
+// content is deleted only once the new folder is in place.
+void replace_folder(const fs::path& staging, const fs::path& path, const std::string& first_to_remove) {
+  if (fs::exists(path) && ::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, path.c_str(), RENAME_EXCHANGE) == 0) {
+    // staging now holds the previous folder: first_to_remove goes first, so that a kill during the
+    // removal leaves nothing that looks complete.
+    std::error_code ignored;
+    if (!first_to_remove.empty()) fs::remove(staging / first_to_remove, ignored);
+    fs::remove_all(staging, ignored);
+    return;
+  }
+  const fs::path previous = path.string() + ".old-" + std::to_string(::getpid());
+  const bool had_previous = fs::exists(path);
+  if (had_previous) fs::rename(path, previous);
+  try {
+    fs::rename(staging, path);
+  } catch (const fs::filesystem_error&) {
+    if (had_previous) fs::rename(previous, path);
+    throw;
+  }
+  std::error_code ignored;
+  fs::remove_all(previous, ignored);
 }
 
 }  // namespace lightning::fabric

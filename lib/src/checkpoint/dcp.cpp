@@ -1,5 +1,8 @@
 #include "lightning/fabric/checkpoint/dcp.h"
 
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
 #include <torch/types.h>
 
 #include "lightning/fabric/checkpoint/atomic_file.h"
@@ -154,6 +157,12 @@ Metadata write_rank_items(const fs::path& folder, int rank, const std::vector<Sa
       item.kind = Item::Kind::Tensor;
       item.dtype = c10::toString(tensor.scalar_type());
       item.size = save.sharded ? save.global_shape : tensor.sizes().vec();
+      if (save.sharded && !save.offsets.empty()) {
+        item.chunks = {Box{save.offsets, tensor.sizes().vec()}};
+        item.locations.push_back(put(covers_its_storage(tensor) ? tensor : tensor.contiguous().clone()));
+        metadata.add(key, std::move(item));
+        continue;
+      }
       const at::Tensor flat = tensor.reshape(-1);
       item.chunks = flat_range_boxes(item.size, save.begin, save.sharded ? tensor.numel() : flat.numel());
       int64_t at = 0;
@@ -250,6 +259,81 @@ at::Tensor FolderReader::flat_range(const std::string& key, int64_t begin, int64
            covered, " of the ", length, " elements wanted (from element ", begin, "); the checkpoint is incomplete.");
   if (!out.defined()) out = torch::empty({0}, scalar_type_of(item.dtype));
   return out;
+}
+
+at::Tensor FolderReader::box(const std::string& key, const Box& wanted) {
+  auto found = metadata_.items.find(key);
+  LF_CHECK(found != metadata_.items.end(), RuntimeError, "Checkpoint ", folder_.string(), " has no entry ", key, ".");
+  const Item& item = found->second;
+  at::Tensor out;
+  int64_t covered = 0;
+  for (size_t c = 0; c < item.chunks.size(); ++c) {
+    auto common = intersect(wanted, item.chunks[c]);
+    if (!common) continue;
+    const at::Tensor saved = chunk(key, item, c);
+    if (!out.defined()) out = torch::empty(wanted.sizes, saved.options());
+    sub_box(out, *common, wanted).copy_(sub_box(saved, *common, item.chunks[c]));
+    covered += common->numel();
+  }
+  LF_CHECK(covered == wanted.numel(), RuntimeError, "Checkpoint ", folder_.string(), ": the saved chunks of ", key,
+           " cover ", covered, " of the ", wanted.numel(), " elements wanted (the box at ",
+           c10::IntArrayRef(wanted.offsets), " of size ", c10::IntArrayRef(wanted.sizes), "); the checkpoint is incomplete.");
+  if (!out.defined()) out = torch::empty(wanted.sizes, scalar_type_of(item.dtype));
+  return out;
+}
+
+std::string slash_path(const std::vector<PathElement>& path) {
+  std::string out;
+  for (const auto& element : path) {
+    if (!out.empty()) out += '/';
+    out += element.index >= 0 ? std::to_string(element.index) : element.key;
+  }
+  return out;
+}
+
+bool is_optimizer_field(const std::vector<PathElement>& path, const char* section) {
+  return path.size() >= 3 && path[1].index < 0 && path[1].key == section;
+}
+
+void name_optimizer_leaf(Leaf& leaf, const std::vector<std::string>& names) {
+  auto name_of = [&](int64_t index) {
+    return index >= 0 && index < static_cast<int64_t>(names.size()) ? names[static_cast<size_t>(index)] : std::to_string(index);
+  };
+  if (is_optimizer_field(leaf.path, "state") && leaf.path.size() == 4) {
+    leaf.path[2].key = name_of(std::stoll(leaf.path[2].key));
+    if (leaf.path[3].key == "step" && (leaf.value.isInt() || leaf.value.isDouble())) {
+      leaf.value = torch::scalar_tensor(leaf.value.isInt() ? static_cast<double>(leaf.value.toInt()) : leaf.value.toDouble(),
+                                        torch::kFloat32);
+    }
+  } else if (is_optimizer_field(leaf.path, "param_groups") && leaf.path.size() == 4 && leaf.path[3].key == "params") {
+    c10::impl::GenericList named(c10::StringType::get());
+    for (const c10::IValue index : leaf.value.toList()) named.push_back(name_of(index.toInt()));
+    leaf.value = named;
+  }
+}
+
+namespace {
+std::vector<std::pair<const char*, c10::IValue>> python_group_defaults(const torch::optim::Optimizer& optimizer) {
+  std::vector<std::pair<const char*, c10::IValue>> defaults = {
+      {"maximize", false}, {"foreach", c10::IValue()}, {"differentiable", false}};
+  const bool adam = dynamic_cast<const torch::optim::Adam*>(&optimizer) != nullptr;
+  const bool adamw = dynamic_cast<const torch::optim::AdamW*>(&optimizer) != nullptr;
+  const bool rmsprop = dynamic_cast<const torch::optim::RMSprop*>(&optimizer) != nullptr;
+  if (!rmsprop) defaults.emplace_back("fused", c10::IValue());
+  if (adam || adamw || rmsprop) defaults.emplace_back("capturable", false);
+  if (adam || adamw) defaults.emplace_back("decoupled_weight_decay", adamw);
+  return defaults;
+}
+}  // namespace
+
+void add_python_group_defaults(StateDict& optimizer_dict, const torch::optim::Optimizer& optimizer) {
+  if (!optimizer_dict.contains("param_groups")) return;
+  for (const c10::IValue group : optimizer_dict.at("param_groups").toList()) {
+    auto dict = group.toGenericDict();
+    for (const auto& [name, value] : python_group_defaults(optimizer)) {
+      if (!dict.contains(name)) dict.insert(name, value);
+    }
+  }
 }
 
 }  // namespace lightning::fabric::dcp

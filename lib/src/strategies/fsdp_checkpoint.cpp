@@ -28,33 +28,6 @@ namespace lightning::fabric {
 
 namespace fs = std::filesystem;
 
-namespace {
-// Moves a finished folder to `path`, replacing what was there. Where the file system can swap two
-// names atomically (Linux's RENAME_EXCHANGE), there is no moment without a checkpoint at `path`;
-// otherwise the old folder is moved aside first and back if the second rename fails. The old
-// content is deleted only once the new folder is in place.
-void replace_folder(const fs::path& staging, const fs::path& path) {
-  if (fs::exists(path) && ::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, path.c_str(), RENAME_EXCHANGE) == 0) {
-    // staging now holds the previous checkpoint: its .metadata goes first, so that a kill during
-    // the removal leaves nothing that looks complete.
-    std::error_code ignored;
-    fs::remove(staging / dcp::kMetadataFile, ignored);
-    fs::remove_all(staging, ignored);
-    return;
-  }
-  const fs::path previous = path.string() + ".old-" + std::to_string(::getpid());
-  const bool had_previous = fs::exists(path);
-  if (had_previous) fs::rename(path, previous);
-  try {
-    fs::rename(staging, path);
-  } catch (const fs::filesystem_error&) {
-    if (had_previous) fs::rename(previous, path);
-    throw;
-  }
-  std::error_code ignored;
-  fs::remove_all(previous, ignored);
-}
-}  // namespace
 
 StateDict FSDPStrategy::Engine::local_checkpoint(const State& state, const StateFilter& filter,
                                          std::map<std::string, std::vector<int64_t>>& global_shapes) {
@@ -96,64 +69,6 @@ StateDict FSDPStrategy::Engine::local_checkpoint(const State& state, const State
   return out;
 }
 
-namespace {
-std::string slash_path(const std::vector<dcp::PathElement>& path) {
-  std::string out;
-  for (const auto& element : path) {
-    if (!out.empty()) out += '/';
-    out += element.index >= 0 ? std::to_string(element.index) : element.key;
-  }
-  return out;
-}
-
-bool is_optimizer_field(const std::vector<dcp::PathElement>& path, const char* section) {
-  return path.size() >= 3 && path[1].index < 0 && path[1].key == section;
-}
-
-// An optimizer leaf under Python FSDP's names: state keyed by parameter name, "params" lists of
-// names, and "step" as Python's 0-d float32 tensor.
-void name_optimizer_leaf(dcp::Leaf& leaf, const std::vector<std::string>& names) {
-  auto name_of = [&](int64_t index) {
-    return index >= 0 && index < static_cast<int64_t>(names.size()) ? names[static_cast<size_t>(index)] : std::to_string(index);
-  };
-  if (is_optimizer_field(leaf.path, "state") && leaf.path.size() == 4) {
-    leaf.path[2].key = name_of(std::stoll(leaf.path[2].key));
-    if (leaf.path[3].key == "step" && (leaf.value.isInt() || leaf.value.isDouble())) {
-      leaf.value = torch::scalar_tensor(leaf.value.isInt() ? static_cast<double>(leaf.value.toInt()) : leaf.value.toDouble(),
-                                        torch::kFloat32);
-    }
-  } else if (is_optimizer_field(leaf.path, "param_groups") && leaf.path.size() == 4 && leaf.path[3].key == "params") {
-    c10::impl::GenericList named(c10::StringType::get());
-    for (const c10::IValue index : leaf.value.toList()) named.push_back(name_of(index.toInt()));
-    leaf.value = named;
-  }
-}
-
-// The param_groups keys Python's optimizers hold that LibTorch's lack, at Python's defaults, so
-// that Python's torch.distributed.checkpoint.load finds every key of its own optimizer.
-std::vector<std::pair<const char*, c10::IValue>> python_group_defaults(const torch::optim::Optimizer& optimizer) {
-  std::vector<std::pair<const char*, c10::IValue>> defaults = {
-      {"maximize", false}, {"foreach", c10::IValue()}, {"differentiable", false}};
-  const bool adam = dynamic_cast<const torch::optim::Adam*>(&optimizer) != nullptr;
-  const bool adamw = dynamic_cast<const torch::optim::AdamW*>(&optimizer) != nullptr;
-  const bool rmsprop = dynamic_cast<const torch::optim::RMSprop*>(&optimizer) != nullptr;
-  if (!rmsprop) defaults.emplace_back("fused", c10::IValue());
-  if (adam || adamw || rmsprop) defaults.emplace_back("capturable", false);
-  if (adam || adamw) defaults.emplace_back("decoupled_weight_decay", adamw);
-  return defaults;
-}
-
-void add_python_group_defaults(StateDict& optimizer_dict, const torch::optim::Optimizer& optimizer) {
-  if (!optimizer_dict.contains("param_groups")) return;
-  for (const c10::IValue group : optimizer_dict.at("param_groups").toList()) {
-    auto dict = group.toGenericDict();
-    for (const auto& [name, value] : python_group_defaults(optimizer)) {
-      if (!dict.contains(name)) dict.insert(name, value);
-    }
-  }
-}
-
-}  // namespace
 
 CheckpointWrite FSDPStrategy::prepare_checkpoint(const std::string& call, const fs::path& path, const State& state,
                                                  const StateFilter& filter, bool host_copy) {
@@ -174,59 +89,12 @@ CheckpointWrite FSDPStrategy::prepare_checkpoint(const std::string& call, const 
   return {[path, local] { save_state_dict_file(path, local); }, nullptr, nullptr};
 }
 
-// Sharded: every shard-holding rank writes its items into a fresh staging folder, which the
-// commit completes (metadata, meta.pt) and moves to `path`.
 CheckpointWrite FSDPStrategy::prepare_sharded_folder(const std::string& call, const fs::path& path, const State& state,
                                                      const StateDict& local,
                                                      const std::map<std::string, std::vector<int64_t>>& global_shapes,
                                                      bool host_copy) {
-  const fs::path staging =
-      broadcast_bytes(is_global_zero() ? path.string() + ".tmp-" + std::to_string(::getpid()) : std::string(), 0);
-  const bool zero = is_global_zero();
-  auto discard = [zero, staging] {
-    std::error_code ignored;
-    if (zero) fs::remove_all(staging, ignored);  // nothing half-written stays behind
-  };
-  run_on_rank_zero(call, [&] {
-    fs::remove_all(staging);
-    fs::create_directories(staging);
-  });
-  auto items = std::make_shared<std::vector<dcp::SaveItem>>();
-  auto rest = std::make_shared<StateDict>(make_state_dict());  // what Python Fabric keeps in meta.pt
-  try {
-    run_on_every_rank(call, [&] {
-      *items = sharded_save_items(state, local, global_shapes, *rest);
-      if (!host_copy) return;
-      for (dcp::SaveItem& item : *items) item.value = lightning::fabric::host_copy(item.value);
-      *rest = lightning::fabric::host_copy(*rest).toGenericDict();
-    });
-  } catch (const RuntimeError&) {
-    discard();
-    throw;
-  }
-  auto written = std::make_shared<std::string>();  // this rank's metadata, pickled
-  CheckpointWrite steps;
-  steps.write = [staging, rank = global_rank(), items, written] {
-    *written = dcp::write_metadata(dcp::write_rank_items(staging, rank, *items));
-  };
-  steps.commit = [this, call, staging, path, rest, written] {
-    std::vector<std::string> every_rank;
-    for (int rank = 0; rank < world_size(); ++rank) {
-      std::string bytes = broadcast_bytes(rank == global_rank() ? *written : std::string(), rank);
-      if (is_global_zero()) every_rank.push_back(std::move(bytes));
-    }
-    run_on_rank_zero(call, [&] {
-      std::vector<dcp::Metadata> parts;
-      for (size_t rank = 0; rank < every_rank.size(); ++rank) {
-        parts.push_back(dcp::parse_metadata(every_rank[rank], "rank " + std::to_string(rank) + "'s items"));
-      }
-      save_state_dict_file(staging / dcp::kLightningMetaFile, *rest);
-      write_file_atomically(staging / dcp::kMetadataFile, dcp::write_metadata(dcp::merge_metadata(parts)));
-      replace_folder(staging, path);
-    });
-  };
-  steps.discard = discard;
-  return steps;
+  return prepare_dcp_folder(call, path, host_copy,
+                            [&](StateDict& rest) { return sharded_save_items(state, local, global_shapes, rest); });
 }
 
 std::vector<dcp::SaveItem> FSDPStrategy::sharded_save_items(
@@ -245,14 +113,14 @@ std::vector<dcp::SaveItem> FSDPStrategy::sharded_save_items(
     one.insert(key, local.at(key));
     if (entry.optimizer() != nullptr && local.at(key).isGenericDict()) {
       StateDict optimizer_dict = local.at(key).toGenericDict();
-      add_python_group_defaults(optimizer_dict, *entry.optimizer());
+      dcp::add_python_group_defaults(optimizer_dict, *entry.optimizer());
     }
     const auto names = entry.optimizer() ? engine_->optimizer_parameter_names(state, *entry.optimizer())
                                          : std::vector<std::string>{};
     for (dcp::Leaf& leaf : dcp::flatten_state(one)) {
-      auto shape = global_shapes.find(slash_path(leaf.path));
+      auto shape = global_shapes.find(dcp::slash_path(leaf.path));
       const bool sharded = shape != global_shapes.end();
-      if (entry.optimizer()) name_optimizer_leaf(leaf, names);
+      if (entry.optimizer()) dcp::name_optimizer_leaf(leaf, names);
       if (sharded ? !writes_shards : !is_global_zero()) continue;
       dcp::SaveItem item{leaf.path, leaf.value, sharded, {}, 0};
       if (sharded) {
@@ -315,7 +183,7 @@ StateDict FSDPStrategy::read_sharded_folder(const fs::path& path, State* state, 
       if (entry == state->end() || (entry->second.module() == nullptr && entry->second.optimizer() == nullptr)) continue;
       if (item.kind == dcp::Item::Kind::Tensor && entry->second.module() != nullptr && at.size() == 2) {
         p = engine_->sharded_parameter(*state, entry->first, at[1].key);
-      } else if (item.kind == dcp::Item::Kind::Tensor && is_optimizer_field(at, "state") && at.size() == 4 &&
+      } else if (item.kind == dcp::Item::Kind::Tensor && dcp::is_optimizer_field(at, "state") && at.size() == 4 &&
                  at[3].key != "step") {  // a per-parameter count, never sharded, whatever its shape
         auto& shards = optimizer_shards[entry->first];
         auto found = shards.find(at[2].key);

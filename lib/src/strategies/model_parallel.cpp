@@ -26,6 +26,9 @@ StrategySpec model_parallel_strategy(ModelParallelOptions options) {
     LF_CHECK(!size || *size > 0, ValueError, "ModelParallelOptions: ", name, "=", size.value_or(0),
              " must be positive, or unset.");
   }
+  LF_CHECK(options.state_dict_type == "sharded" || options.state_dict_type == "full", ValueError,
+           "ModelParallelOptions: state_dict_type=\"", options.state_dict_type,
+           "\" is not valid. Choose \"sharded\" (a folder, every rank writes its slices) or \"full\" (one file).");
   const std::string name = options.data_parallel.name;
   ddp_strategy(options.data_parallel);  // checks the ddp settings
   return StrategySpec{name, [options](StrategyContext context) -> std::shared_ptr<Strategy> {
@@ -70,8 +73,8 @@ std::shared_ptr<Collective> ModelParallelStrategy::data_parallel_group() { retur
 void ModelParallelStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module) {
   setup_environment();
   options_.parallelize(module, mesh_);
-  for (const auto& parameter : tensor_parallel::sharded_parameters_of(*module)) {
-    split_parameters_.insert(parameter.unsafeGetTensorImpl());
+  for (const auto& split : tensor_parallel::sharded_parameters_of(*module)) {
+    split_dims_[split.tensor.unsafeGetTensorImpl()] = split.dim;
   }
   DDPStrategy::setup_module(module);
 }
@@ -88,7 +91,7 @@ double ModelParallelStrategy::clip_gradients_by_norm(const std::vector<at::Tenso
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> split_parameters, whole_parameters;
   for (const auto& parameter : parameters) {
-    (split_parameters_.count(parameter.unsafeGetTensorImpl()) ? split_parameters : whole_parameters).push_back(parameter);
+    (split_dims_.count(parameter.unsafeGetTensorImpl()) ? split_parameters : whole_parameters).push_back(parameter);
   }
   std::vector<at::Tensor> split_grads = internal::gradients_of(split_parameters);
   at::Tensor part = internal::local_norm_part(split_grads, norm_type, root_device());
@@ -99,24 +102,6 @@ double ModelParallelStrategy::clip_gradients_by_norm(const std::vector<at::Tenso
   part = infinity ? at::maximum(part, whole_part) : part + whole_part;
   grads.insert(grads.end(), split_grads.begin(), split_grads.end());
   return internal::clip_to_max_norm(grads, part, norm_type, max_norm, error_if_nonfinite);
-}
-
-void ModelParallelStrategy::refuse_split_checkpoint(const std::string& call) const {
-  LF_CHECK(mesh_shape().second == 1, RuntimeError, call, " under model_parallel with tensor_parallel_size=",
-           mesh_shape().second, ": checkpoints of tensor-parallel models (each rank holds different parts) are not "
-           "written or read yet, and rank 0's parts alone would be a wrong checkpoint. With tensor_parallel_size=1 "
-           "they work as under ddp.");
-}
-
-CheckpointWrite ModelParallelStrategy::prepare_checkpoint(const std::string& call, const std::filesystem::path& path,
-                                                          const State& state, const StateFilter& filter, bool host_copy) {
-  refuse_split_checkpoint(call);
-  return DDPStrategy::prepare_checkpoint(call, path, state, filter, host_copy);
-}
-
-StateDict ModelParallelStrategy::load_checkpoint(const std::filesystem::path& path, State* state, bool strict) {
-  refuse_split_checkpoint("fabric.load");
-  return DDPStrategy::load_checkpoint(path, state, strict);
 }
 
 }  // namespace lightning::fabric

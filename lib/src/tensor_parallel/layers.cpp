@@ -52,8 +52,8 @@ void shard_tensor_parallel_layers(torch::nn::Module& module, const std::shared_p
   }
 }
 
-std::vector<at::Tensor> sharded_parameters_of(torch::nn::Module& module) {
-  std::vector<at::Tensor> sharded;
+std::vector<SplitParameter> sharded_parameters_of(torch::nn::Module& module) {
+  std::vector<SplitParameter> sharded;
   for (const auto& child : module.modules(/*include_self=*/true)) {
     if (auto* layer = dynamic_cast<TensorParallelLayer*>(child.get())) {
       for (auto& parameter : layer->sharded_parameters()) sharded.push_back(parameter);
@@ -86,9 +86,11 @@ void ColumnParallelLinearImpl::shard(std::shared_ptr<DeviceMesh> mesh) {
   if (bias.defined()) keep_slice(bias, *mesh_, 0);
 }
 
-std::vector<at::Tensor> ColumnParallelLinearImpl::sharded_parameters() const {
+std::vector<SplitParameter> ColumnParallelLinearImpl::sharded_parameters() const {
   if (!mesh_) return {};
-  return bias.defined() ? std::vector<at::Tensor>{weight, bias} : std::vector<at::Tensor>{weight};
+  std::vector<SplitParameter> split{{weight, 0}};
+  if (bias.defined()) split.push_back({bias, 0});
+  return split;
 }
 
 at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& input) {
@@ -122,9 +124,9 @@ void RowParallelLinearImpl::shard(std::shared_ptr<DeviceMesh> mesh) {
   keep_slice(weight, *mesh_, 1);  // the bias stays whole: it is added once, after the reduction
 }
 
-std::vector<at::Tensor> RowParallelLinearImpl::sharded_parameters() const {
+std::vector<SplitParameter> RowParallelLinearImpl::sharded_parameters() const {
   if (!mesh_) return {};
-  return {weight};
+  return {{weight, 1}};
 }
 
 at::Tensor RowParallelLinearImpl::forward(const at::Tensor& input) {
@@ -165,9 +167,9 @@ void VocabParallelEmbeddingImpl::shard(std::shared_ptr<DeviceMesh> mesh) {
   keep_slice(weight, *mesh_, 0);
 }
 
-std::vector<at::Tensor> VocabParallelEmbeddingImpl::sharded_parameters() const {
+std::vector<SplitParameter> VocabParallelEmbeddingImpl::sharded_parameters() const {
   if (!mesh_) return {};
-  return {weight};
+  return {{weight, 0}};
 }
 
 at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {

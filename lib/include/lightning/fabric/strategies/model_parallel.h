@@ -12,20 +12,28 @@
 // broadcasts each data group's rank 0 model to its group, and averages gradients over the data
 // group during fabric.backward (bucketed and overlapped, as ddp). The sampler splits data by the
 // data rank: the ranks of a tensor group read the same batches. clip_gradients counts a split
-// parameter's parts once each and a replicated parameter once.
+// parameter's parts once each and a replicated parameter once. fabric.save writes a distributed
+// checkpoint folder (each split tensor as its slices, Python's torch.distributed.checkpoint
+// layout) or, with state_dict_type "full", one file with every tensor whole; fabric.load reads
+// either under any mesh shape.
 #pragma once
 
 #include "lightning/fabric/export.h"
 
 #include <functional>
 #include <memory>
+#include <map>
 #include <optional>
-#include <unordered_set>
+#include <unordered_map>
 
 #include "lightning/fabric/strategies/ddp.h"
 #include "lightning/fabric/strategies/device_mesh.h"
 
 namespace lightning::fabric {
+
+namespace dcp {
+struct Box;  // a box of a tensor in a distributed checkpoint (private to the library)
+}
 
 struct LF_API ModelParallelOptions {
   ModelParallelOptions();
@@ -41,10 +49,14 @@ struct LF_API ModelParallelOptions {
   /// The data dimension's ddp: buckets, process group, activation checkpointing. Its name is
   /// what the strategy reports ("model_parallel").
   DDPOptions data_parallel;
+  /// "sharded": fabric.save writes a folder in which every rank writes its slices (Python's
+  /// save_distributed_checkpoint=True). "full": each split tensor is gathered and rank 0 writes
+  /// one file of whole tensors, which any strategy (and Python's torch.load) reads.
+  std::string state_dict_type = "sharded";
 };
 
-/// For FabricOptions().strategy(...). ValueError for non-positive sizes, an empty parallelize or
-/// invalid ddp settings.
+/// For FabricOptions().strategy(...). ValueError for non-positive sizes, an empty parallelize, a
+/// bad state_dict_type or invalid ddp settings.
 LF_API StrategySpec model_parallel_strategy(ModelParallelOptions options = ModelParallelOptions());
 
 class LF_API ModelParallelStrategy : public DDPStrategy {
@@ -61,6 +73,8 @@ class LF_API ModelParallelStrategy : public DDPStrategy {
   double clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type,
                                 bool error_if_nonfinite) override;
   SamplerShare sampler_share() const override;
+  /// Reads a file of whole tensors or a folder (from any mesh shape, or from fsdp or Python) and
+  /// keeps this rank's slice of every split tensor (collective).
   StateDict load_checkpoint(const std::filesystem::path& path, State* state, bool strict) override;
 
  protected:
@@ -71,11 +85,31 @@ class LF_API ModelParallelStrategy : public DDPStrategy {
  private:
   /// (data, tensor) from the options and the world size.
   std::pair<int, int> mesh_shape() const;
-  void refuse_split_checkpoint(const std::string& call) const;
+  /// A split tensor of a checkpoint: the dimension it is split along and its whole shape.
+  struct SplitSlot {
+    int64_t dim = 0;
+    std::vector<int64_t> full_shape;
+  };
+  /// The split tensors of `local` (this rank's to_checkpoint of state) by slash path: module
+  /// parameters as "key/name", optimizer state as "key/state/<index>/<field>".
+  std::map<std::string, SplitSlot> split_slots(const State& state, const StateDict& local) const;
+  /// The slot of a split parameter, or nullopt for a whole one.
+  std::optional<SplitSlot> split_slot_of(const at::Tensor& parameter) const;
+  std::vector<dcp::SaveItem> sharded_save_items(const State& state, const StateDict& local,
+                                                const std::map<std::string, SplitSlot>& slots, StateDict& rest);
+  StateDict read_file(const std::filesystem::path& path, State* state, bool strict);
+  StateDict read_folder(const std::filesystem::path& path, State* state, bool strict);
+  /// RuntimeError naming `what` and the shapes unless `saved` is slot's whole shape.
+  void check_whole_shape(c10::IntArrayRef saved, const SplitSlot& slot, const std::string& what) const;
+  /// This rank's box of slot's whole tensor.
+  dcp::Box slice_box(const SplitSlot& slot) const;
+  /// This rank's slice of the whole tensor `full` of slot (check_whole_shape first).
+  at::Tensor slice_of(const at::Tensor& full, const SplitSlot& slot, const std::string& what) const;
   ModelParallelOptions options_;
   std::shared_ptr<DeviceMesh> mesh_;
-  /// The split parameters of every set-up module, found once at setup (their identity is stable).
-  std::unordered_set<const c10::TensorImpl*> split_parameters_;
+  /// The split parameters of every set-up module and their split dimension, found once at setup
+  /// (their identity is stable).
+  std::unordered_map<const c10::TensorImpl*, int64_t> split_dims_;
 };
 
 }  // namespace lightning::fabric

@@ -28,6 +28,9 @@ namespace lightning::fabric {
 
 class Collective;  // the process group (private to the library; its tests include collective.h)
 class SubprocessLauncher;
+namespace dcp {
+struct SaveItem;  // one item of a distributed checkpoint folder (private to the library)
+}
 
 class LF_API ParallelStrategy : public Strategy {
  public:
@@ -79,6 +82,13 @@ class LF_API ParallelStrategy : public Strategy {
   /// False while no_backward_sync is active for module.
   bool syncs_gradients_of(const torch::nn::Module* module) const { return sync_disabled_.count(module) == 0; }
   const std::shared_ptr<Collective>& shared_collective() const { return collective_; }
+  /// The steps that write a distributed checkpoint folder at `path` (collective; every rank calls
+  /// it). `collect` runs on every rank and returns the items this rank writes, moving what Python
+  /// Fabric keeps in meta.pt into `rest` (rank 0's rest is written). Write: each rank writes its
+  /// items into a staging folder; commit: rank 0 merges every rank's metadata, writes .metadata
+  /// and meta.pt and moves the folder to `path`; discard removes the staging folder.
+  CheckpointWrite prepare_dcp_folder(const std::string& call, const std::filesystem::path& path, bool host_copy,
+                                     const std::function<std::vector<dcp::SaveItem>(StateDict& rest)>& collect);
 
  private:
   ProcessGroupSettings settings_;

@@ -53,8 +53,17 @@ struct LF_API ParallelLinearOptions {
   std::optional<int64_t> sequence_dim;
 };
 
+/// A parameter that each rank of the tensor group holds 1/T of: rank r holds slice
+/// [r n/T, (r+1) n/T) along `dim` of the full tensor (n: its size along dim).
+struct SplitParameter {
+  at::Tensor tensor;
+  int64_t dim = 0;
+};
+
 /// What every tensor-parallel layer has: its mesh once sharded, and which parameters are split
-/// (clip_gradients counts the others once, not once per rank of the tensor group).
+/// and along which dimension (clip_gradients counts the others once, not once per rank of the
+/// tensor group; checkpoints gather and re-split the split ones). A layer of the user's own
+/// derives from it to take part in both.
 class LF_API TensorParallelLayer {
  public:
   virtual ~TensorParallelLayer() = default;
@@ -62,7 +71,7 @@ class LF_API TensorParallelLayer {
   /// when a size does not divide). Not collective.
   virtual void shard(std::shared_ptr<DeviceMesh> mesh) = 0;
   /// The parameters each rank holds a different part of (empty before shard).
-  virtual std::vector<at::Tensor> sharded_parameters() const = 0;
+  virtual std::vector<SplitParameter> sharded_parameters() const = 0;
   /// Null until shard().
   const std::shared_ptr<DeviceMesh>& mesh() const { return mesh_; }
 
@@ -74,7 +83,7 @@ class LF_API TensorParallelLayer {
 /// Shards every TensorParallelLayer in module's tree over mesh (module included).
 LF_API void shard_tensor_parallel_layers(torch::nn::Module& module, const std::shared_ptr<DeviceMesh>& mesh);
 /// The sharded parameters of every TensorParallelLayer in module's tree.
-LF_API std::vector<at::Tensor> sharded_parameters_of(torch::nn::Module& module);
+LF_API std::vector<SplitParameter> sharded_parameters_of(torch::nn::Module& module);
 
 class LF_API ColumnParallelLinearImpl : public torch::nn::Module, public TensorParallelLayer {
  public:
@@ -84,7 +93,7 @@ class LF_API ColumnParallelLinearImpl : public torch::nn::Module, public TensorP
   ColumnParallelLinearImpl(std::shared_ptr<DeviceMesh> mesh, const torch::nn::Linear& full, ParallelLinearOptions options);
   at::Tensor forward(const at::Tensor& input);
   void shard(std::shared_ptr<DeviceMesh> mesh) override;
-  std::vector<at::Tensor> sharded_parameters() const override;
+  std::vector<SplitParameter> sharded_parameters() const override;
   const ParallelLinearOptions& options() const { return options_; }
   at::Tensor weight, bias;  // bias undefined without one
 
@@ -100,7 +109,7 @@ class LF_API RowParallelLinearImpl : public torch::nn::Module, public TensorPara
   RowParallelLinearImpl(std::shared_ptr<DeviceMesh> mesh, const torch::nn::Linear& full, ParallelLinearOptions options);
   at::Tensor forward(const at::Tensor& input);
   void shard(std::shared_ptr<DeviceMesh> mesh) override;
-  std::vector<at::Tensor> sharded_parameters() const override;
+  std::vector<SplitParameter> sharded_parameters() const override;
   const ParallelLinearOptions& options() const { return options_; }
   at::Tensor weight, bias;
 
@@ -117,7 +126,7 @@ class LF_API VocabParallelEmbeddingImpl : public torch::nn::Module, public Tenso
   VocabParallelEmbeddingImpl(std::shared_ptr<DeviceMesh> mesh, const torch::nn::Embedding& full);
   at::Tensor forward(const at::Tensor& ids);
   void shard(std::shared_ptr<DeviceMesh> mesh) override;
-  std::vector<at::Tensor> sharded_parameters() const override;
+  std::vector<SplitParameter> sharded_parameters() const override;
   /// The first vocabulary id this rank holds; it holds weight.size(0) of them.
   int64_t vocab_start() const { return vocab_start_; }
   at::Tensor weight;

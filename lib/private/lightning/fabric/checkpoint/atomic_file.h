@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <string>
 #include <string_view>
 
 namespace lightning::fabric {
@@ -17,5 +18,12 @@ void write_file_atomically_fd(const std::filesystem::path& path, const std::func
 using ByteSink = std::function<void(const void* data, size_t size)>;
 void write_file_atomically(const std::filesystem::path& path, const std::function<void(const ByteSink&)>& produce);
 void write_file_atomically(const std::filesystem::path& path, std::string_view bytes);
+/// Moves the finished folder `staging` to `path`, replacing what was there. Where the file system
+/// swaps two names atomically (Linux's RENAME_EXCHANGE) there is no moment without a folder at
+/// path; otherwise the old folder is moved aside first and back if the second rename fails. The
+/// old content is deleted only once the new folder is in place, its `first_to_remove` file first
+/// (a checkpoint's metadata: a kill during the removal leaves nothing that looks complete).
+void replace_folder(const std::filesystem::path& staging, const std::filesystem::path& path,
+                    const std::string& first_to_remove);
 
 }  // namespace lightning::fabric

@@ -13,6 +13,10 @@
 #include "lightning/fabric/checkpoint/dcp_format.h"
 #include "lightning/fabric/checkpoint/state_dict.h"
 
+namespace torch::optim {
+class Optimizer;
+}
+
 namespace lightning::fabric::zip {
 class MappedFile;
 }
@@ -31,14 +35,16 @@ std::vector<Leaf> flatten_state(const StateDict& state);
 /// The nested state again (lists rebuilt from their indices).
 StateDict unflatten_state(const std::vector<Leaf>& leaves);
 
-/// One item a rank saves: a whole value, or (sharded) elements [begin, begin + numel) of the
-/// flattened tensor of `global_shape`, given as the 1-D tensor `value`.
+/// One item a rank saves: a whole value, or (sharded) a part of the tensor of `global_shape`:
+/// elements [begin, begin + numel) of it flattened, given as the 1-D tensor `value`, or, when
+/// `offsets` is set, the box of value's shape at those offsets (a tensor-parallel slice).
 struct SaveItem {
   std::vector<PathElement> path;
   c10::IValue value;
   bool sharded = false;
   std::vector<int64_t> global_shape;
   int64_t begin = 0;
+  std::vector<int64_t> offsets;
 };
 /// Writes rank's items, each box one torch.save archive, to folder/__<rank>_0.distcp (fsynced)
 /// and returns the metadata of what it wrote. Writes no file when items is empty.
@@ -58,6 +64,8 @@ class FolderReader {
   /// Elements [begin, begin + length) of the flattened tensor `key`, as a 1-D tensor. RuntimeError
   /// naming the key when the saved chunks do not cover them.
   at::Tensor flat_range(const std::string& key, int64_t begin, int64_t length);
+  /// The box `wanted` of tensor `key`, shaped wanted.sizes. RuntimeError as for flat_range.
+  at::Tensor box(const std::string& key, const Box& wanted);
 
  private:
   at::Tensor chunk(const std::string& key, const Item& item, size_t index);
@@ -66,5 +74,17 @@ class FolderReader {
   Metadata metadata_;
   std::map<std::string, std::unique_ptr<zip::MappedFile>> files_;
 };
+
+/// A leaf path as "a/b/0/c" (the slash paths of checkpoint/sharded.h).
+std::string slash_path(const std::vector<PathElement>& path);
+/// True for a leaf under an optimizer entry's `section` ("state" or "param_groups").
+bool is_optimizer_field(const std::vector<PathElement>& path, const char* section);
+/// An optimizer leaf renamed as Python's sharded checkpoints name it: state keyed by parameter
+/// name (names: the optimizer's parameters in index order), each group's "params" a list of names,
+/// and "step" a 0-d float32 tensor.
+void name_optimizer_leaf(Leaf& leaf, const std::vector<std::string>& names);
+/// Adds the param_groups keys Python's optimizers hold and LibTorch's lack, at Python's defaults,
+/// so that Python's torch.distributed.checkpoint.load finds every key of its own optimizer.
+void add_python_group_defaults(StateDict& optimizer_dict, const torch::optim::Optimizer& optimizer);
 
 }  // namespace lightning::fabric::dcp
