@@ -6,7 +6,7 @@
 # consolidate`), each run matching the unsplit model trained all 20 steps within 1e-5: the
 # parameters and the momentum buffers were re-split right. Python's torch reads the file (and
 # torch.distributed.checkpoint the folder) and finds every tensor whole and equal to the
-# consolidated one's.
+# consolidated one's. A checkpoint of another vocabulary size is refused with a clear error.
 #   model_parallel_checkpoints.sh full|sharded LIGHTNING_RUN CHECKS_BINARY   (LF_PYTHON: torch's python)
 set -euo pipefail
 type="$1" run="$2" checks="$3" python="${LF_PYTHON:-python3}"
@@ -31,6 +31,12 @@ fi
 [ "$(grep -c 'from step 10, largest difference' "$work/mesh_1x4.log")" = 4 ] || fail "not every (1, 4) rank resumed at step 10"
 "$checks" --plain --steps 10 --resume "$work/whole.ckpt" | tee "$work/one.log" || fail "resuming in one process failed"
 grep -q "from step 10" "$work/one.log" || fail "the one-process run did not resume at step 10"
+
+# A checkpoint of another model is refused with the entry, both shapes and the tensor size.
+"$run" model --accelerator cpu --devices 4 --process-group-backend gloo "$checks" --tensor 4 --vocab 64 \
+  --resume "$saved" | tee "$work/other.log" || fail "loading into another model crashed"
+grep -q "load refused: .*'model/tokens.weight' has shape \[32, 16\] in the checkpoint, but the model splits it along dimension 0 over the 4 ranks of its tensor group, \[16, 16\] each (whole: \[64, 16\])" "$work/other.log" \
+  || fail "loading a checkpoint of another model did not name the entry and both shapes"
 
 # Python: torch.load reads the whole file; the sharded folder through torch.distributed.checkpoint.
 "$python" - "$type" "$saved" "$work/whole.ckpt" <<'PY' || fail "Python could not read the checkpoint"

@@ -14,6 +14,7 @@
 //                                           reference trains every step from 0)
 //   --plain                                 no model_parallel: Fabric's default strategy, unsplit
 //   --steps N                               steps to train (default 20)
+//   --vocab N                               another vocabulary size than the default 32
 #include <torch/torch.h>
 
 #include <cstdlib>
@@ -28,7 +29,7 @@ namespace lf = lightning::fabric;
 namespace tp = lightning::fabric::tensor_parallel;
 
 namespace {
-const examples::TensorParallelGptSettings kSettings{/*vocab=*/32, /*seq=*/8, /*d_model=*/16, /*heads=*/4, /*layers=*/2};
+examples::TensorParallelGptSettings kSettings{/*vocab=*/32, /*seq=*/8, /*d_model=*/16, /*heads=*/4, /*layers=*/2};
 constexpr int64_t kBatch = 4;
 
 int failures = 0;
@@ -56,6 +57,7 @@ Flags parse(int argc, char** argv) {
     else if (name == "--save" && has_value) flags.save = argv[++i];
     else if (name == "--save-type" && has_value) flags.save_type = argv[++i];
     else if (name == "--resume" && has_value) flags.resume = argv[++i];
+    else if (name == "--vocab" && has_value) kSettings.vocab = std::atoll(argv[++i]);
     else {
       std::cout << "FAIL: unknown argument " << name << std::endl;
       std::exit(2);
@@ -124,6 +126,20 @@ double largest_difference(examples::TensorParallelGpt& net, examples::TensorPara
 int main(int argc, char** argv) {
   const Flags flags = parse(argc, argv);
   lf::Fabric fabric(fabric_options(flags));
+  if (!flags.resume.empty() && kSettings.vocab != 32) {  // a checkpoint of another model: the error users meet
+    try {
+      examples::TensorParallelGpt other(kSettings);
+      torch::optim::SGD sgd(other->parameters(), torch::optim::SGDOptions(0.5).momentum(0.9));
+      auto [model, optimizer] = fabric.setup(other, sgd);
+      lf::State state{{"model", model}, {"optimizer", optimizer}, {"step", int64_t{0}}};
+      fabric.load(flags.resume, state);
+      std::cout << "FAIL: a checkpoint of vocabulary 32 loaded into vocabulary " << kSettings.vocab << std::endl;
+      return 1;
+    } catch (const lf::RuntimeError& error) {
+      std::cout << "load refused: " << error.what() << std::endl;
+      return 0;
+    }
+  }
   auto* strategy = flags.plain ? nullptr : &fabric.strategy_as<lf::ModelParallelStrategy>();
   lf::Fabric::seed_everything(3);
   examples::TensorParallelGpt reference(kSettings);

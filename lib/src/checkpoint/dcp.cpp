@@ -336,4 +336,38 @@ void add_python_group_defaults(StateDict& optimizer_dict, const torch::optim::Op
   }
 }
 
+std::vector<SaveItem> collect_save_items(const State& state, const StateDict& local, const SaveRules& rules,
+                                         StateDict& rest) {
+  std::vector<SaveItem> items;
+  for (const auto& [key, entry] : state) {
+    if (!local.contains(key)) continue;
+    if (entry.module() == nullptr && entry.optimizer() == nullptr) {
+      rest.insert(key, local.at(key));
+      continue;
+    }
+    StateDict one = make_state_dict();
+    one.insert(key, local.at(key));
+    std::vector<std::string> names;
+    if (entry.optimizer() != nullptr) {
+      names = rules.parameter_names(*entry.optimizer());
+      if (local.at(key).isGenericDict()) {
+        StateDict optimizer_dict = local.at(key).toGenericDict();  // shares the dict: `one` gains the defaults
+        add_python_group_defaults(optimizer_dict, *entry.optimizer());
+      }
+    }
+    for (Leaf& leaf : flatten_state(one)) {
+      SaveItem item{leaf.path, leaf.value, false, {}, 0, {}};
+      rules.place_part(slash_path(leaf.path), item);  // before the optimizer's names replace indices
+      if (!(item.sharded ? rules.writes_parts : rules.writes_whole)) continue;
+      if (entry.optimizer() != nullptr) {
+        name_optimizer_leaf(leaf, names);
+        item.path = leaf.path;
+        item.value = leaf.value;
+      }
+      items.push_back(std::move(item));
+    }
+  }
+  return items;
+}
+
 }  // namespace lightning::fabric::dcp

@@ -5,15 +5,8 @@
 // and rank 0 writes one file. Both go through the strategies' one protocol (Strategy::run_on_rank_zero /
 // run_on_every_rank), so a failure anywhere is the same error on every rank.
 #include <c10/util/accumulate.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/rmsprop.h>
 #include <torch/types.h>
-#include <fcntl.h>
-#include <stdio.h>
-#include <unistd.h>
 
-#include "lightning/fabric/checkpoint/atomic_file.h"
 #include "lightning/fabric/checkpoint/background_write.h"
 #include "lightning/fabric/checkpoint/checkpoint_io.h"
 #include "lightning/fabric/checkpoint/dcp.h"
@@ -27,7 +20,6 @@
 namespace lightning::fabric {
 
 namespace fs = std::filesystem;
-
 
 StateDict FSDPStrategy::Engine::local_checkpoint(const State& state, const StateFilter& filter,
                                          std::map<std::string, std::vector<int64_t>>& global_shapes) {
@@ -69,7 +61,6 @@ StateDict FSDPStrategy::Engine::local_checkpoint(const State& state, const State
   return out;
 }
 
-
 CheckpointWrite FSDPStrategy::prepare_checkpoint(const std::string& call, const fs::path& path, const State& state,
                                                  const StateFilter& filter, bool host_copy) {
   std::map<std::string, std::vector<int64_t>> global_shapes;
@@ -101,36 +92,20 @@ std::vector<dcp::SaveItem> FSDPStrategy::sharded_save_items(
     const State& state, const StateDict& local, const std::map<std::string, std::vector<int64_t>>& global_shapes,
     StateDict& rest) {
   const int parts = shard_group_size(), part = shard_group_rank();
-  const bool writes_shards = global_rank() < parts;  // one replica of every part (HYBRID_SHARD: node 0's ranks)
-  std::vector<dcp::SaveItem> items;
-  for (const auto& [key, entry] : state) {
-    if (!local.contains(key)) continue;
-    if (entry.module() == nullptr && entry.optimizer() == nullptr) {
-      rest.insert(key, local.at(key));
-      continue;
-    }
-    StateDict one = make_state_dict();
-    one.insert(key, local.at(key));
-    if (entry.optimizer() != nullptr && local.at(key).isGenericDict()) {
-      StateDict optimizer_dict = local.at(key).toGenericDict();
-      dcp::add_python_group_defaults(optimizer_dict, *entry.optimizer());
-    }
-    const auto names = entry.optimizer() ? engine_->optimizer_parameter_names(state, *entry.optimizer())
-                                         : std::vector<std::string>{};
-    for (dcp::Leaf& leaf : dcp::flatten_state(one)) {
-      auto shape = global_shapes.find(dcp::slash_path(leaf.path));
-      const bool sharded = shape != global_shapes.end();
-      if (entry.optimizer()) dcp::name_optimizer_leaf(leaf, names);
-      if (sharded ? !writes_shards : !is_global_zero()) continue;
-      dcp::SaveItem item{leaf.path, leaf.value, sharded, {}, 0};
-      if (sharded) {
-        item.global_shape = shape->second;
-        item.begin = shard_slice(element_count(shape->second), parts, part).begin;
-      }
-      items.push_back(std::move(item));
-    }
-  }
-  return items;
+  dcp::SaveRules rules;
+  rules.parameter_names = [&](torch::optim::Optimizer& optimizer) {
+    return engine_->optimizer_parameter_names(state, optimizer);
+  };
+  rules.place_part = [&](const std::string& path, dcp::SaveItem& item) {
+    auto shape = global_shapes.find(path);
+    if (shape == global_shapes.end()) return;
+    item.sharded = true;
+    item.global_shape = shape->second;
+    item.begin = shard_slice(element_count(shape->second), parts, part).begin;
+  };
+  rules.writes_parts = global_rank() < parts;  // one replica of every part (HYBRID_SHARD: node 0's ranks)
+  rules.writes_whole = is_global_zero();
+  return dcp::collect_save_items(state, local, rules, rest);
 }
 
 // Collective: a rank that cannot read its part fails every rank alike.

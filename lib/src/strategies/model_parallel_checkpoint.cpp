@@ -84,10 +84,11 @@ CheckpointWrite ModelParallelStrategy::prepare_checkpoint(const std::string& cal
     return prepare_dcp_folder(call, path, host_copy,
                               [&](StateDict& rest) { return sharded_save_items(state, local, slots, rest); });
   }
-  // Full: every tensor group gathers its slices (the same order on every rank); rank 0 writes.
-  for (const auto& [tensor_path, slot] : slots) {
+  // Full: rank 0's tensor group gathers its slices (the same order on each of its ranks; the
+  // other data replicas hold the same values); rank 0 writes.
+  const bool gathers = mesh_ != nullptr && mesh_->tensor_size() > 1 && mesh_->data_rank() == 0;
+  for (const auto& [tensor_path, slot] : gathers ? slots : std::map<std::string, SplitSlot>{}) {
     const at::Tensor mine = tensor_at_path(local, tensor_path).contiguous();
-    if (mesh_->tensor_size() == 1) continue;
     const at::Tensor whole = at::cat(mesh_->tensor_group().all_gather(mine).unbind(0), slot.dim);
     if (is_global_zero()) insert_at_path(local, tensor_path, whole);
   }
@@ -99,40 +100,19 @@ CheckpointWrite ModelParallelStrategy::prepare_checkpoint(const std::string& cal
 std::vector<dcp::SaveItem> ModelParallelStrategy::sharded_save_items(const State& state, const StateDict& local,
                                                                      const std::map<std::string, SplitSlot>& slots,
                                                                      StateDict& rest) {
-  const bool writes_slices = mesh_ == nullptr || mesh_->data_rank() == 0;  // one replica of every slice
-  std::vector<dcp::SaveItem> items;
-  for (const auto& [key, entry] : state) {
-    if (!local.contains(key)) continue;
-    if (entry.module() == nullptr && entry.optimizer() == nullptr) {
-      rest.insert(key, local.at(key));
-      continue;
-    }
-    StateDict one = make_state_dict();
-    one.insert(key, local.at(key));
-    std::vector<std::string> names;
-    if (entry.optimizer() != nullptr) {
-      names = optimizer_parameter_names(state, *entry.optimizer());
-      if (local.at(key).isGenericDict()) {
-        StateDict optimizer_dict = local.at(key).toGenericDict();
-        dcp::add_python_group_defaults(optimizer_dict, *entry.optimizer());
-      }
-    }
-    for (dcp::Leaf& leaf : dcp::flatten_state(one)) {
-      auto slot = slots.find(dcp::slash_path(leaf.path));  // before the optimizer's names replace indices
-      const bool split = slot != slots.end();
-      if (entry.optimizer() != nullptr) dcp::name_optimizer_leaf(leaf, names);
-      if (split ? !writes_slices : !is_global_zero()) continue;
-      dcp::SaveItem item{leaf.path, leaf.value, split, {}, 0, {}};
-      if (split) {
-        const size_t dim = static_cast<size_t>(slot->second.dim);
-        item.global_shape = slot->second.full_shape;
-        item.offsets.assign(item.global_shape.size(), 0);
-        item.offsets[dim] = mesh_->tensor_rank() * leaf.value.toTensor().size(static_cast<int64_t>(dim));
-      }
-      items.push_back(std::move(item));
-    }
-  }
-  return items;
+  dcp::SaveRules rules;
+  rules.parameter_names = [&](torch::optim::Optimizer& optimizer) { return optimizer_parameter_names(state, optimizer); };
+  rules.place_part = [&](const std::string& path, dcp::SaveItem& item) {
+    auto slot = slots.find(path);
+    if (slot == slots.end()) return;
+    const dcp::Box box = slice_box(slot->second);  // this rank's slice: the box its value fills
+    item.sharded = true;
+    item.global_shape = slot->second.full_shape;
+    item.offsets = box.offsets;
+  };
+  rules.writes_parts = mesh_ == nullptr || mesh_->data_rank() == 0;  // one replica of every slice
+  rules.writes_whole = is_global_zero();
+  return dcp::collect_save_items(state, local, rules, rest);
 }
 
 void ModelParallelStrategy::check_whole_shape(c10::IntArrayRef saved, const SplitSlot& slot, const std::string& what) const {

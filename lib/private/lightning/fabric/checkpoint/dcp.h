@@ -5,12 +5,14 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "lightning/fabric/checkpoint/dcp_format.h"
+#include "lightning/fabric/checkpoint/state.h"
 #include "lightning/fabric/checkpoint/state_dict.h"
 
 namespace torch::optim {
@@ -86,5 +88,20 @@ void name_optimizer_leaf(Leaf& leaf, const std::vector<std::string>& names);
 /// Adds the param_groups keys Python's optimizers hold and LibTorch's lack, at Python's defaults,
 /// so that Python's torch.distributed.checkpoint.load finds every key of its own optimizer.
 void add_python_group_defaults(StateDict& optimizer_dict, const torch::optim::Optimizer& optimizer);
+
+/// How a sharded strategy turns this rank's to_checkpoint(state) into its items (collect_save_items).
+struct SaveRules {
+  /// The optimizer's parameter names in index order (optimizer state is keyed by them).
+  std::function<std::vector<std::string>(torch::optim::Optimizer& optimizer)> parameter_names;
+  /// For a leaf this rank holds a part of (slash_path: its path with optimizer indices): sets
+  /// item.sharded, global_shape and begin or offsets. Leaves it unsharded for a whole value.
+  std::function<void(const std::string& slash_path, SaveItem& item)> place_part;
+  bool writes_parts = false;  // this rank writes its parts (one replica of each part does)
+  bool writes_whole = false;  // this rank writes the whole values (rank 0)
+};
+/// The items of this rank's module and optimizer entries of `local` (the entries of `state`),
+/// named as Python names them; every other entry goes whole into `rest` (Lightning's meta.pt).
+std::vector<SaveItem> collect_save_items(const State& state, const StateDict& local, const SaveRules& rules,
+                                         StateDict& rest);
 
 }  // namespace lightning::fabric::dcp
