@@ -3,7 +3,7 @@
 // and the MLP's first layer by output features, the projections by input features, embedding and
 // head by vocabulary) and the data groups run ddp; under any other strategy it is the unsplit
 // model. Prints the loss every --log-every steps and, at the end, one JSON line from rank 0: the
-// median step time, the mesh, and the parameter and AdamW state bytes rank 0 holds (its tensors'
+// median step time, the mesh, the tensor group's collectives per step, and the parameter and AdamW state bytes rank 0 holds (its tensors'
 // storages) next to the formula's (split parameters / T + replicated ones; AdamW keeps two
 // tensors per parameter), as docs/benchmarks.md records them.
 //   lightning-run model --accelerator cpu --devices 4 --strategy model_parallel build/bin/tensor_parallel_gpt
@@ -133,6 +133,7 @@ int main(int argc, char** argv) {
     }
     std::vector<double> step_ms;
     double loss_value = 0;
+    const uint64_t tensor_operations_before = mesh ? mesh->tensor_operations() : 0;
     for (int64_t step = start; step < start + f.steps; ++step) {
       const auto begin = std::chrono::steady_clock::now();
       auto [ids, targets] = examples::tensor_parallel_gpt_batch(f.model, f.batch_size, step);
@@ -152,6 +153,8 @@ int main(int argc, char** argv) {
       fabric.save(f.checkpoint, state);
       fabric.print("saved " + f.checkpoint);
     }
+    const double tensor_collectives_per_step =
+        mesh && f.steps > 0 ? static_cast<double>(mesh->tensor_operations() - tensor_operations_before) / f.steps : 0.0;
     std::sort(step_ms.begin(), step_ms.end());
     const double median = step_ms.empty() ? 0.0 : step_ms[step_ms.size() / 2];
     const int64_t parameter_bytes = storage_bytes(net->parameters());
@@ -161,7 +164,8 @@ int main(int argc, char** argv) {
       std::cout << "{\"example\":\"tensor_parallel_gpt\",\"strategy\":\"" << fabric.strategy()->name()
                 << "\",\"world_size\":" << fabric.world_size() << ",\"data\":" << (mesh ? mesh->data_size() : share.replicas)
                 << ",\"tensor\":" << (mesh ? mesh->tensor_size() : 1) << ",\"median_step_ms\":" << examples::rounded(median, 3)
-                << ",\"loss\":" << examples::rounded(loss_value, 5) << ",\"parameter_bytes\":" << parameter_bytes
+                << ",\"loss\":" << examples::rounded(loss_value, 5)
+                << ",\"tensor_collectives_per_step\":" << tensor_collectives_per_step << ",\"parameter_bytes\":" << parameter_bytes
                 << ",\"optimizer_bytes\":" << optimizer_bytes << ",\"formula_parameter_bytes\":" << formula
                 << ",\"formula_optimizer_bytes\":" << 2 * formula << "}"
                 << std::endl;

@@ -34,6 +34,9 @@ int DeviceMesh::dimension(const std::string& name) const {
 
 int DeviceMesh::size(const std::string& name) const { return dimension(name) == 0 ? data_size_ : tensor_size_; }
 
+uint64_t DeviceMesh::tensor_operations() const { return tensor_group_->operation_count(); }
+uint64_t DeviceMesh::data_operations() const { return data_group_->operation_count(); }
+
 int DeviceMesh::coordinate(const std::string& name) const {
   return dimension(name) == 0 ? data_rank_ : tensor_rank_;
 }

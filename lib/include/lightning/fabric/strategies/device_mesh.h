@@ -13,6 +13,7 @@
 #include "lightning/fabric/export.h"
 
 #include <array>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,6 +48,9 @@ class LF_API DeviceMesh {
   int coordinate(const std::string& name) const;
   /// The global ranks of this rank's group along the dimension called name, in group order.
   std::vector<int> group_ranks(const std::string& name) const;
+  /// Collectives issued so far over the tensor group and over the data group (benchmarks count them).
+  uint64_t tensor_operations() const;
+  uint64_t data_operations() const;
 
   /// The groups this rank belongs to (for the library's tensor-parallel layers and strategies).
   Collective& data_group() const { return *data_group_; }
