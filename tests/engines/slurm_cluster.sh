@@ -82,7 +82,7 @@ export SLURM_CONF="$dir/slurm.conf"
 slurmctld -f "$SLURM_CONF"
 slurmd -f "$SLURM_CONF" -N "$node"
 for _ in $(seq 100); do
-  if sinfo -h -o %t 2>/dev/null | grep -q idle; then echo "SLURM_CONF=$SLURM_CONF"; exit 0; fi
+  if grep -q idle <<<"$(sinfo -h -o %t 2>/dev/null)"; then echo "SLURM_CONF=$SLURM_CONF"; exit 0; fi
   sleep 0.2
 done
 echo "slurm_cluster.sh: the node did not become idle within 20 s; logs in $dir" >&2
