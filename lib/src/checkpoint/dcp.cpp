@@ -282,15 +282,6 @@ at::Tensor FolderReader::box(const std::string& key, const Box& wanted) {
   return out;
 }
 
-std::string slash_path(const std::vector<PathElement>& path) {
-  std::string out;
-  for (const auto& element : path) {
-    if (!out.empty()) out += '/';
-    out += element.index >= 0 ? std::to_string(element.index) : element.key;
-  }
-  return out;
-}
-
 bool is_optimizer_field(const std::vector<PathElement>& path, const char* section) {
   return path.size() >= 3 && path[1].index < 0 && path[1].key == section;
 }

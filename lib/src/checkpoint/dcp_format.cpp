@@ -255,13 +255,13 @@ void Metadata::add(const std::string& key, Item item) {
 
 std::string data_file_name(int rank) { return "__" + std::to_string(rank) + "_0.distcp"; }
 
-std::string flat_key(const std::vector<PathElement>& path) {
-  std::string key;
+std::string join_path(const std::vector<PathElement>& path, char separator) {
+  std::string joined;
   for (const auto& element : path) {
-    if (!key.empty()) key += '.';
-    key += element.index >= 0 ? std::to_string(element.index) : element.key;
+    if (!joined.empty()) joined += separator;
+    joined += element.index >= 0 ? std::to_string(element.index) : element.key;
   }
-  return key;
+  return joined;
 }
 
 std::string torch_dtype_name(const std::string& c10_name) {

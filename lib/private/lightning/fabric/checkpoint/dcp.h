@@ -78,7 +78,7 @@ class FolderReader {
 };
 
 /// A leaf path as "a/b/0/c" (the slash paths of checkpoint/sharded.h).
-std::string slash_path(const std::vector<PathElement>& path);
+inline std::string slash_path(const std::vector<PathElement>& path) { return join_path(path, '/'); }
 /// True for a leaf under an optimizer entry's `section` ("state" or "param_groups").
 bool is_optimizer_field(const std::vector<PathElement>& path, const char* section);
 /// An optimizer leaf renamed as Python's sharded checkpoints name it: state keyed by parameter

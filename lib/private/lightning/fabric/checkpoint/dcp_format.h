@@ -71,8 +71,10 @@ constexpr const char* kMetadataFile = ".metadata";
 constexpr const char* kLightningMetaFile = "meta.pt";
 /// "__R_0.distcp": the file rank R writes.
 std::string data_file_name(int rank);
-/// The flattened key of a path: its elements joined with "." (list indices in decimal).
-std::string flat_key(const std::vector<PathElement>& path);
+/// A path's elements joined with `separator` (list indices in decimal).
+std::string join_path(const std::vector<PathElement>& path, char separator);
+/// The flattened key of a path, as torch.distributed.checkpoint names it: "a.b.0.c".
+inline std::string flat_key(const std::vector<PathElement>& path) { return join_path(path, '.'); }
 
 /// torch's dtype name for c10's ("Float" -> "float32"), and back; empty for an unknown one.
 std::string torch_dtype_name(const std::string& c10_name);
