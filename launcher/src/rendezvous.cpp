@@ -49,6 +49,20 @@ std::chrono::milliseconds seconds(double value) {
 
 constexpr auto kHeartbeatPeriod = std::chrono::seconds(1);
 
+// Node ranks as the store holds them: "1,2", or "-" for none.
+std::string join_nodes(const std::vector<int>& nodes) {
+  std::string list;
+  for (int node : nodes) list += (list.empty() ? "" : ",") + std::to_string(node);
+  return list.empty() ? "-" : list;
+}
+
+std::vector<int> split_nodes(const std::string& list) {
+  std::vector<int> nodes;
+  std::istringstream items(list == "-" ? "" : list);
+  for (std::string node; std::getline(items, node, ',');) nodes.push_back(std::stoi(node));
+  return nodes;
+}
+
 // "10.0.0.2" / "fe80::1" for an AF_INET or AF_INET6 socket address; "" for any other.
 std::string address_text(const sockaddr* address) {
   char text[INET6_ADDRSTRLEN] = {};
@@ -269,10 +283,8 @@ void Rendezvous::load_members(int node_rank) {
 void Rendezvous::announce_failure(int attempt, const RemoteFailure& failure) {
   const std::string base = key("attempt/" + std::to_string(attempt) + "/failure");
   std::ostringstream record;
-  std::string suspects;
-  for (int node : failure.suspects) suspects += (suspects.empty() ? "" : ",") + std::to_string(node);
   record << failure.node_rank << ' ' << failure.global_rank << ' ' << failure.exit_code << ' ' << failure.regroup << ' '
-         << (suspects.empty() ? "-" : suspects) << ' ' << failure.summary;
+         << join_nodes(failure.suspects) << ' ' << failure.summary;
   try {
     bounded([base, line = record.str()](c10d::TCPStore& store) {
       if (store.add(base + "/count", 1) == 1) store.set(base, bytes(line));
@@ -312,8 +324,7 @@ std::optional<RemoteFailure> Rendezvous::failure(int attempt) {
     RemoteFailure failure;
     std::string suspects;
     record >> failure.node_rank >> failure.global_rank >> failure.exit_code >> failure.regroup >> suspects;
-    std::istringstream list(suspects == "-" ? "" : suspects);
-    for (std::string node; std::getline(list, node, ',');) failure.suspects.push_back(std::stoi(node));
+    failure.suspects = split_nodes(suspects);
     std::getline(record >> std::ws, failure.summary);
     return failure;
   } catch (const std::exception& error) {
@@ -391,6 +402,74 @@ std::vector<NamedNode> Rendezvous::nodes_named_in(const std::string& text) const
     }
   }
   return named;
+}
+
+void Rendezvous::publish_suspects(int attempt, const std::vector<int>& suspects) {
+  const std::string name = key("attempt/" + std::to_string(attempt) + "/suspects/" + std::to_string(layout_.node_rank));
+  try {
+    bounded([name, list = join_nodes(suspects)](c10d::TCPStore& store) { store.set(name, bytes(list)); });
+  } catch (const std::exception& error) {
+    lost_contact(error);
+  }
+}
+
+SuspectTrace Rendezvous::trace_suspects(int attempt, const std::vector<int>& named, std::chrono::milliseconds limit) {
+  const std::string base = key("attempt/" + std::to_string(attempt) + "/suspects/");
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  const auto record_of = [this, &base](int node) {
+    return bounded([name = base + std::to_string(node)](c10d::TCPStore& store) -> std::optional<std::string> {
+      if (!store.check({name})) return std::nullopt;
+      return text(store.get(name));
+    });
+  };
+  SuspectTrace trace;
+  std::set<int> visited{layout_.node_rank};
+  std::vector<int> frontier;
+  for (int node : named) {
+    if (visited.insert(node).second) frontier.push_back(node);
+  }
+  try {
+    while (!frontier.empty()) {
+      std::map<int, std::vector<int>> records;  // the frontier's published suspects, as they arrive
+      while (true) {
+        for (int node : frontier) {
+          if (records.count(node) != 0) continue;
+          if (auto line = record_of(node)) records[node] = split_nodes(*line);
+        }
+        if (records.size() == frontier.size() || std::chrono::steady_clock::now() >= deadline) break;
+        std::this_thread::sleep_for(kPollInterval);
+      }
+      std::vector<int> onward;
+      for (int node : frontier) {
+        const auto record = records.find(node);
+        if (record == records.end()) {
+          trace.lost.push_back(node);
+        } else if (record->second.empty()) {
+          trace.failed.push_back(node);
+        } else if (std::all_of(record->second.begin(), record->second.end(), [this](int n) { return n == layout_.node_rank; })) {
+          trace.lost.push_back(node);  // it names only this node: the two lost each other (their link)
+        } else {
+          for (int further : record->second) {
+            if (visited.insert(further).second) onward.push_back(further);
+          }
+        }
+      }
+      frontier = std::move(onward);
+    }
+  } catch (const std::exception& error) {
+    lost_contact(error);
+  }
+  if (trace.lost.empty() && trace.failed.empty()) trace.lost = named;  // the named nodes blame one another
+  std::sort(trace.lost.begin(), trace.lost.end());
+  std::sort(trace.failed.begin(), trace.failed.end());
+  std::vector<int> named_sorted = named;
+  std::sort(named_sorted.begin(), named_sorted.end());
+  trace.followed = !trace.failed.empty() || trace.lost != named_sorted;
+  return trace;
+}
+
+std::string Rendezvous::describe_node(int node_rank) const {
+  return "node " + std::to_string(node_rank) + " (" + hosts_.at(static_cast<size_t>(node_rank)) + ")";
 }
 
 void Rendezvous::beat() {

@@ -33,6 +33,9 @@ using Clock = std::chrono::steady_clock;
 using Millis = std::chrono::milliseconds;
 
 constexpr int kFinishTimeoutExitCode = 124;
+// How long a node whose worker lost a peer waits for the records of the nodes it traces: the
+// peers of a killed machine fail within a second of each other; a dead node never answers.
+constexpr auto kBlameTraceLimit = std::chrono::seconds(3);
 
 sigset_t launcher_signals() {
   sigset_t set;
@@ -121,6 +124,10 @@ class Job {
   /// Tells the other nodes about a failure here; stops this node's workers before a lost contact
   /// with node 0 leaves the job.
   void announce_or_stop(int attempt, const RemoteFailure& failure);
+  /// Multi-node, a local worker failed: publishes the nodes its error names and traces them to
+  /// where the failure began (up to kBlameTraceLimit), sets failure_.suspects to the nodes that
+  /// may be down, and returns what the summary gains ("" when the error names no node).
+  std::string trace_blame(int attempt, const std::vector<NamedNode>& named);
   void report(const Failure& failure);
   std::optional<int> read_signal();
   std::vector<pollfd> poll_set() const;
@@ -272,17 +279,44 @@ Outcome Job::fail(int attempt, Failure failure) {
     // A worker that lost a peer says so by address (gloo): name the node, here and on every node.
     std::string text = fabric::read_error_file(failure_.error_file);
     for (const auto& line : output_->tail(failure_.global_rank)) text += "\n" + line;
-    std::string named;
-    for (const NamedNode& node : rendezvous_->nodes_named_in(text)) {
-      named += (named.empty() ? "" : ", ") + node.description;
-      failure_.suspects.push_back(node.node_rank);
-    }
-    if (!named.empty()) failure_.summary += "; its error names " + named + ", whose machine or network may be down";
+    failure_.summary += trace_blame(attempt, rendezvous_->nodes_named_in(text));
     announce_or_stop(attempt, {layout_.node_rank, failure_.global_rank, failure_.exit_code, failure_.summary, false,
                                failure_.suspects});
   }
   stop_workers(SIGTERM);
   return Outcome::Failed;
+}
+
+std::string Job::trace_blame(int attempt, const std::vector<NamedNode>& named) {
+  std::vector<int> nodes;
+  std::string names;
+  for (const NamedNode& node : named) {
+    names += (names.empty() ? "" : ", ") + node.description;
+    nodes.push_back(node.node_rank);
+  }
+  SuspectTrace trace;
+  try {
+    rendezvous_->publish_suspects(attempt, nodes);
+    if (nodes.empty()) return "";
+    trace = rendezvous_->trace_suspects(attempt, nodes, kBlameTraceLimit);
+  } catch (const RendezvousError&) {
+    stop_workers(SIGTERM);  // node 0 is out of reach: no worker may outlive this launcher
+    throw;
+  }
+  failure_.suspects = trace.lost;
+  const auto list = [this](const std::vector<int>& ranks) {
+    std::string text;
+    for (int node : ranks) text += (text.empty() ? "" : ", ") + rendezvous_->describe_node(node);
+    return text;
+  };
+  if (!trace.followed) return "; its error names " + names + ", whose machine or network may be down";
+  std::string began;
+  if (!trace.lost.empty()) began += list(trace.lost) + ", whose machine or network may be down";
+  if (!trace.failed.empty()) {
+    began += (began.empty() ? "" : "; and at ") + list(trace.failed) + ", whose own worker failed first (" +
+             (trace.failed.size() > 1 ? "their lightning-runs print" : "its lightning-run prints") + " the details)";
+  }
+  return "; its error names " + names + ": the failure began at " + began;
 }
 
 Outcome Job::run_attempt(int attempt) {

@@ -1,7 +1,8 @@
 // lightning-run's node rendezvous over a real TCPStore on 127.0.0.1: two nodes with unequal worker
 // counts (each on its own thread) get consistent layouts; failures and completion travel between
 // them; a node that never comes is a timeout with exit code 1; a node whose heartbeat stops is
-// lost; a peer's address in a worker's error is named as that node. Elastic rounds: a group forms
+// lost; a peer's address in a worker's error is named as that node, and a failure is traced
+// through nodes that only lost their peers to where it began. Elastic rounds: a group forms
 // from the nodes present, a late node waits and is seen by node 0, the next round takes it in, a
 // lost node is left out, the counts of attempts and restarts follow, and a node still waiting when
 // the job ends leaves with exit code 0.
@@ -124,6 +125,46 @@ TEST_CASE("rendezvous: node 0 names a node whose heartbeat stopped, and not one 
     CHECK(node0.watch_nodes(1).empty());
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
+}
+
+TEST_CASE("rendezvous: a failure is traced through the nodes that only lost their peers to where it began", "[rendezvous]") {
+  const int port = free_port();
+  std::vector<std::future<launcher::Rendezvous>> joining;
+  for (int node = 1; node < 4; ++node) {
+    joining.push_back(std::async(std::launch::async, [port, node] { return launcher::Rendezvous::establish(node_args(node, 4, port), 1); }));
+  }
+  auto node0 = launcher::Rendezvous::establish(node_args(0, 4, port), 1);
+  std::vector<launcher::Rendezvous> others;
+  for (auto& node : joining) others.push_back(node.get());
+  const auto limit = std::chrono::milliseconds(500);
+
+  // Attempt 0: node 2 died (no record); node 1's worker named node 2; node 0's names node 1.
+  others[0].publish_suspects(0, {2});
+  auto trace = node0.trace_suspects(0, {1}, limit);
+  CHECK(trace.lost == std::vector<int>{2});
+  CHECK(trace.failed.empty());
+  CHECK(trace.followed);
+  // Node 1's own trace: node 2 never answers, so the wait ends at the limit.
+  const auto start = std::chrono::steady_clock::now();
+  trace = others[0].trace_suspects(0, {2}, limit);
+  CHECK(std::chrono::steady_clock::now() - start >= limit);
+  CHECK(trace.lost == std::vector<int>{2});
+  CHECK_FALSE(trace.followed);
+
+  // Attempt 1: node 3's worker failed on its own; node 1 lost node 3; node 0 names nodes 1 and 3.
+  others[2].publish_suspects(1, {});
+  others[0].publish_suspects(1, {3});
+  trace = node0.trace_suspects(1, {1, 3}, limit);
+  CHECK(trace.lost.empty());
+  CHECK(trace.failed == std::vector<int>{3});
+  CHECK(trace.followed);
+  CHECK(node0.describe_node(3) == "node 3 (" + own_host_name() + ")");
+
+  // Attempt 2: nodes 0 and 1 lost each other (their link): each stays named.
+  others[0].publish_suspects(2, {0});
+  trace = node0.trace_suspects(2, {1}, limit);
+  CHECK(trace.lost == std::vector<int>{1});
+  CHECK_FALSE(trace.followed);
 }
 
 TEST_CASE("rendezvous: an address every node has (here: both nodes on this machine) names no node", "[rendezvous]") {

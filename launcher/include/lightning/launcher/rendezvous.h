@@ -59,6 +59,14 @@ struct RemoteFailure {
   std::vector<int> suspects = {};  // node ranks the failed worker's error names (their machine may be down)
 };
 
+/// Where a failure that names other nodes began (Rendezvous::trace_suspects).
+struct SuspectTrace {
+  std::vector<int> lost;    // nodes that said nothing of a failure, or that blame each other: their
+                            // machine or the network to them may be down
+  std::vector<int> failed;  // nodes whose own worker failed without naming another node
+  bool followed = false;    // the trace ends elsewhere than at the named nodes' machines
+};
+
 /// How an elastic job's attempt ended, for the next round (form_group).
 struct AttemptEnd {
   bool counts_as_restart = true;  // a failure (or lost node); false: a regroup for waiting nodes
@@ -109,6 +117,19 @@ class Rendezvous {
   /// died or their network is down. (The other nodes notice a lost node 0 because no store call
   /// may take longer than --node-timeout.)
   std::vector<LostNode> watch_nodes(int attempt);
+  /// Publishes which nodes the error of this node's failed worker names in `attempt` (empty: none,
+  /// it failed on its own), so that nodes whose workers then lose this node's can trace the
+  /// failure here and beyond (trace_suspects). Not collective; call it before tracing.
+  void publish_suspects(int attempt, const std::vector<int>& suspects);
+  /// Follows named nodes to where a failure began: a named node that published suspects of its own
+  /// lost them first, so the trace goes on to them. A killed node's peers fail within
+  /// milliseconds of each other, each naming the peer it talked to, which may be a live node that
+  /// only stopped its workers. Waits up to `limit` in all for the named nodes' records; a node with
+  /// none by then (its machine died) ends its chain as lost. Not collective. Throws RendezvousError
+  /// if the store cannot be reached.
+  SuspectTrace trace_suspects(int attempt, const std::vector<int>& named, std::chrono::milliseconds limit);
+  /// "node 2 (host2)"
+  std::string describe_node(int node_rank) const;
   /// The other nodes whose address text mentions (a worker's error from gloo names the peer it
   /// lost by address), each as "10.0.0.2 (node 1, host1)"; empty when none.
   std::vector<NamedNode> nodes_named_in(const std::string& text) const;
