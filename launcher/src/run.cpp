@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "lightning/fabric/errors.h"
+#include "lightning/fabric/registry.h"
 #include "lightning/fabric/utilities/env_vars.h"
 #include "lightning/fabric/utilities/error_file.h"
 #include "lightning/fabric/utilities/process.h"
@@ -124,6 +125,17 @@ class Job {
   /// Tells the other nodes about a failure here; stops this node's workers before a lost contact
   /// with node 0 leaves the job.
   void announce_or_stop(int attempt, const RemoteFailure& failure);
+  /// Runs op (rendezvous store calls). When node 0 is out of reach (RendezvousError) it stops this
+  /// node's workers first, since no worker may outlive this launcher, and rethrows.
+  template <typename Op>
+  auto or_stop(Op op) -> decltype(op()) {
+    try {
+      return op();
+    } catch (const RendezvousError&) {
+      stop_workers(SIGTERM);
+      throw;
+    }
+  }
   /// Multi-node, a local worker failed: publishes the nodes its error names and traces them to
   /// where the failure began (up to kBlameTraceLimit), sets failure_.suspects to the nodes that
   /// may be down, and returns what the summary gains ("" when the error names no node).
@@ -289,26 +301,21 @@ Outcome Job::fail(int attempt, Failure failure) {
 
 std::string Job::trace_blame(int attempt, const std::vector<NamedNode>& named) {
   std::vector<int> nodes;
-  std::string names;
+  std::vector<std::string> descriptions;
   for (const NamedNode& node : named) {
-    names += (names.empty() ? "" : ", ") + node.description;
     nodes.push_back(node.node_rank);
+    descriptions.push_back(node.description);
   }
-  SuspectTrace trace;
-  try {
-    rendezvous_->publish_suspects(attempt, nodes);
-    if (nodes.empty()) return "";
-    trace = rendezvous_->trace_suspects(attempt, nodes, kBlameTraceLimit);
-  } catch (const RendezvousError&) {
-    stop_workers(SIGTERM);  // node 0 is out of reach: no worker may outlive this launcher
-    throw;
-  }
+  or_stop([&] { rendezvous_->publish_suspects(attempt, nodes); });
+  if (nodes.empty()) return "";
+  const SuspectTrace trace = or_stop([&] { return rendezvous_->trace_suspects(attempt, nodes, kBlameTraceLimit); });
   failure_.suspects = trace.lost;
   const auto list = [this](const std::vector<int>& ranks) {
-    std::string text;
-    for (int node : ranks) text += (text.empty() ? "" : ", ") + rendezvous_->describe_node(node);
-    return text;
+    std::vector<std::string> described;
+    for (int node : ranks) described.push_back(rendezvous_->describe_node(node));
+    return fabric::join_names(described);
   };
+  const std::string names = fabric::join_names(descriptions);
   if (!trace.followed) return "; its error names " + names + ", whose machine or network may be down";
   std::string began;
   if (!trace.lost.empty()) began += list(trace.lost) + ", whose machine or network may be down";
@@ -391,16 +398,11 @@ Outcome Job::run_attempt(int attempt) {
 }
 
 void Job::announce_or_stop(int attempt, const RemoteFailure& failure) {
-  try {
-    rendezvous_->announce_failure(attempt, failure);
-  } catch (const RendezvousError&) {
-    stop_workers(SIGTERM);  // node 0 is out of reach: no worker may outlive this launcher
-    throw;
-  }
+  or_stop([&] { rendezvous_->announce_failure(attempt, failure); });
 }
 
 std::optional<Failure> Job::watch_other_nodes(int attempt, bool may_regroup) {
-  try {
+  return or_stop([&]() -> std::optional<Failure> {
     if (auto remote = rendezvous_->failure(attempt)) {
       return Failure{remote->node_rank, remote->global_rank, -1, remote->exit_code, remote->summary, {}, remote->regroup,
                      remote->suspects};
@@ -413,22 +415,16 @@ std::optional<Failure> Job::watch_other_nodes(int attempt, bool may_regroup) {
     } else if (may_regroup && rendezvous_->elastic()) {
       const std::vector<std::string> waiting = rendezvous_->nodes_waiting();
       if (!waiting.empty()) {
-        std::string hosts;
-        for (const auto& host : waiting) hosts += (hosts.empty() ? "" : ", ") + host;
-        failure = Failure{0, -1, -1, 1, std::to_string(waiting.size()) + " node(s) waiting to join (" + hosts +
-                                            "): re-forming the group with them", {}, true};
+        failure = Failure{0, -1, -1, 1, std::to_string(waiting.size()) + " node(s) waiting to join (" +
+                                            fabric::join_names(waiting) + "): re-forming the group with them", {}, true};
       }
     }
     if (failure) {
       rendezvous_->announce_failure(attempt, {failure->node_rank, failure->global_rank, failure->exit_code, failure->summary,
                                               failure->regroup});
-      return failure;
     }
-  } catch (const RendezvousError&) {
-    stop_workers(SIGTERM);
-    throw;
-  }
-  return std::nullopt;
+    return failure;
+  });
 }
 
 void Job::report(const Failure& failure) {
