@@ -88,6 +88,10 @@ int main(int argc, char** argv) {
   const std::string precision = arg_string(argc, argv, "--precision", "32-true");
   const torch::Device device(arg_string(argc, argv, "--accelerator", "cpu") == "cuda" ? torch::kCUDA : torch::kCPU);
   g_cuda = device.is_cuda();
+  if (g_cuda && !torch::cuda::is_available()) {  // a clean refusal (scripts/device-check.sh --dry-run)
+    std::cerr << "SKIPPED: no CUDA GPU (bench_step_time --accelerator cuda)\n";
+    return 77;
+  }
   const std::string optimizer_name = arg_string(argc, argv, "--optimizer", "sgd");
   const bool fused = arg_int(argc, argv, "--fused", 1) != 0;
   auto make_optimizer = [&](torch::nn::Module& net) -> std::unique_ptr<torch::optim::Optimizer> {

@@ -21,9 +21,19 @@
 #      without --activation-checkpointing) against Python Lightning Fabric's FSDPStrategy with
 #      auto_wrap_policy and activation_checkpointing_policy={Block}, bf16-mixed: the step-time
 #      cost of checkpointing on each side, and Python's peak CUDA memory with and without it.
-# It ends with a summary. Logs and results.md go to $OUT (when set), else build-device/out.
+# Each row is independent: a failing row is reported and the rest still run, each under its own
+# cap and the one deadline (DEVICE_CHECK_BUDGET_S, 470 s); a row the deadline leaves no time for
+# is "skipped (budget)". It prints its own estimate first and ends with a table of every row and
+# a summary. Logs and results.md go to $OUT (when set), else build-device/out.
+#
+#   scripts/device-check.sh --dry-run   on a CPU machine (CI, tests/CMakeLists.txt): builds nothing,
+#     checks every row's plumbing against build/bin (LF_BIN_DIR) and LF_PYTHON: each row's programs
+#     exist, and each command, run without a GPU, refuses cleanly (exit 77, 2 or 1 with a message
+#     naming the missing CUDA GPU), never crashes or hangs. Exit 0 when every row does.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+dry_run=0
+[ "${1:-}" = --dry-run ] && dry_run=1
 out="${OUT:-$root/build-device/out}"
 build="$root/build-device"
 mkdir -p "$out"
@@ -31,46 +41,105 @@ results="$out/results.md"
 : >"$results"
 say() { echo "$*" | tee -a "$results"; }
 deadline=$((SECONDS + ${DEVICE_CHECK_BUDGET_S:-470}))
-left() { local l=$((deadline - SECONDS)); echo $((l > 1 ? l : 1)); }
+left() { local l=$((deadline - SECONDS)); echo $((l > 0 ? l : 0)); }
 failures=()
+rows=()          # "name|result|exit|seconds" per row, for the table
+declare -A refused_before  # dry run: each distinct command is run once
 
-say "# device-check $(date -u +%Y-%m-%dT%H:%MZ)"
-say "- machine: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo 'no nvidia-smi')"
-python="$(command -v python3 || true)"
-[ -n "$python" ] || { say "- FAIL: no python3, so no PyTorch LibTorch to build against"; exit 1; }
-prefix="$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)"
-say "- torch: $("$python" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())' 2>&1 | tail -n 1)"
-say "- lightning: $("$python" -c 'import lightning; print(lightning.__version__)' 2>&1 | tail -n 1)"
-[ -d "$root/third_party/include" ] || { say "- FAIL: third_party/ missing: run scripts/vendor-headers.sh here and carry it"; exit 1; }
+# The rows' own estimate (seconds, measured on the H200 on 2026-11-30 where they ran, else
+# guessed from the nearest row): build 150, then the rows below; printed before anything runs.
+estimate=$((150 + 10 + 15 + 2 * 15 + 3 * 20 + ${P8_ROUNDS:-2} * 5 * 10 + 4 * 10 + 4 * 12))
+say "# device-check $(date -u +%Y-%m-%dT%H:%MZ)$([ "$dry_run" = 1 ] && echo ' (dry run)')"
+say "- estimate: ${estimate} s in all (build 150 s), budget ${DEVICE_CHECK_BUDGET_S:-470} s"
 
-generator=()
-command -v ninja >/dev/null && generator=(-G Ninja)
-compiler="${CXX:-$(command -v g++ || command -v clang++)}"
-timeout "$(left)" cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$prefix" -DLF_PYTHON="$python" -DLF_THIRD_PARTY_DIR="$root/third_party" -DLF_WITH_CUDA=ON \
-  -DCMAKE_CXX_COMPILER="$compiler" >"$out/configure.log" 2>&1
-status=$?
-say "- configure: exit $status (configure.log)"
-[ "$status" -eq 0 ] || { tail -n 30 "$out/configure.log" | tee -a "$results"; exit 1; }
+if [ "$dry_run" = 1 ]; then
+  bin="${LF_BIN_DIR:-$root/build/bin}"
+  python="${LF_PYTHON:-$root/.venv/bin/python}"
+  [ -x "$python" ] || python="$(command -v python3)"
+else
+  say "- machine: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo 'no nvidia-smi')"
+  python="$(command -v python3 || true)"
+  [ -n "$python" ] || { say "- FAIL: no python3, so no PyTorch LibTorch to build against"; exit 1; }
+  prefix="$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)"
+  say "- torch: $("$python" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())' 2>&1 | tail -n 1)"
+  say "- lightning: $("$python" -c 'import lightning; print(lightning.__version__)' 2>&1 | tail -n 1)"
+  [ -d "$root/third_party/include" ] || { say "- FAIL: third_party/ missing: run scripts/vendor-headers.sh here and carry it"; exit 1; }
 
-targets=(lightning_fabric lightning-run lightning-run-launcher lf_gpu_tests lf_collective_checks bench_step_time gpt)
-timeout "$(left)" cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" >"$out/build.log" 2>&1
-status=$?
-say "- build: exit $status in ${SECONDS} s so far (build.log)"
-if [ "$status" -ne 0 ]; then
-  grep -m 40 -E "error|Error" "$out/build.log" | tee -a "$results"
-  exit 1
+  generator=()
+  command -v ninja >/dev/null && generator=(-G Ninja)
+  compiler="${CXX:-$(command -v g++ || command -v clang++)}"
+  timeout "$(left)" cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$prefix" -DLF_PYTHON="$python" -DLF_THIRD_PARTY_DIR="$root/third_party" -DLF_WITH_CUDA=ON \
+    -DCMAKE_CXX_COMPILER="$compiler" >"$out/configure.log" 2>&1
+  status=$?
+  say "- configure: exit $status (configure.log)"
+  [ "$status" -eq 0 ] || { tail -n 30 "$out/configure.log" | tee -a "$results"; exit 1; }
+
+  targets=(lightning_fabric lightning-run lightning-run-launcher lf_gpu_tests lf_collective_checks bench_step_time gpt)
+  timeout "$(left)" cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" -- -k 0 >"$out/build.log" 2>&1
+  status=$?
+  say "- build: exit $status in ${SECONDS} s so far (build.log)"
+  # A target that failed to build fails its rows only (each row checks its programs).
+  [ "$status" -eq 0 ] || grep -m 40 -E "error|Error" "$out/build.log" | tee -a "$results"
+  bin="$build/bin"
 fi
-
-bin="$build/bin"
-run_step() {  # run_step NAME COMMAND...: runs with the time left, records the exit status
+# The programs a command needs: its first word and every word that names a file under $bin or a
+# script of this repository.
+programs_of() {
+  local word
+  for word in "$@"; do
+    case "$word" in
+      "$bin"/*|"$root"/scripts/*) echo "$word" ;;
+    esac
+  done
+  case "$1" in "$bin"/*|"$root"/*) ;; *) command -v "$1" || echo "$1" ;; esac
+  case "$1" in "$bin/lightning-run") echo "$bin/lightning-run-launcher" ;; esac
+}
+row() {  # row NAME RESULT EXIT SECONDS
+  rows+=("$1|$2|$3|$4")
+  say "- $1: $2 (exit $3, $4 s)"
+}
+run_step() {  # run_step NAME COMMAND...: runs under the row cap and the deadline, records the result
   local name="$1"; shift
-  timeout "$(left)" "$@" >"$out/$name.log" 2>&1
+  local started=$SECONDS program missing=()
+  while read -r program; do
+    [ -e "$program" ] || missing+=("$program")
+  done < <(programs_of "$@")
+  if [ ${#missing[@]} -gt 0 ]; then
+    failures+=("$name"); row "$name" "missing ${missing[*]}" - 0; return 1
+  fi
+  if [ "$dry_run" = 1 ]; then
+    local key="$*"
+    if [ -n "${refused_before[$key]:-}" ]; then row "$name" "${refused_before[$key]} (as an earlier row: same command)" - 0; return 0; fi
+    CUDA_VISIBLE_DEVICES= timeout 60 "$@" >"$out/$name.log" 2>&1
+    local status=$? result
+    if [[ $status == 77 || $status == 2 || $status == 1 ]] && grep -qiE "no CUDA GPU|needs a CUDA GPU" "$out/$name.log"; then
+      result="refused cleanly"
+    else
+      result="UNEXPECTED (no clean refusal)"; failures+=("$name")
+      tail -n 8 "$out/$name.log" | sed 's/^/    /' | tee -a "$results"
+    fi
+    refused_before[$key]="$result"
+    row "$name" "$result" "$status" $((SECONDS - started))
+    return 0
+  fi
+  local budget cap
+  budget=$(left)
+  cap=$((budget < ${ROW_CAP_S:-120} ? budget : ${ROW_CAP_S:-120}))
+  if [ "$cap" -lt 5 ]; then row "$name" "skipped (budget)" - 0; failures+=("$name"); return 1; fi
+  timeout "$cap" "$@" >"$out/$name.log" 2>&1
   local status=$?
-  say "- $name: exit $status ($name.log)"
-  [ "$status" -eq 0 ] || { failures+=("$name"); tail -n 15 "$out/$name.log" | sed 's/^/    /' | tee -a "$results"; }
+  if [ "$status" -eq 0 ]; then
+    row "$name" ok "$status" $((SECONDS - started))
+  else
+    failures+=("$name")
+    row "$name" "$([ "$status" -eq 124 ] && echo "timed out after $cap s" || echo FAILED)" "$status" $((SECONDS - started))
+    tail -n 15 "$out/$name.log" | sed 's/^/    /' | tee -a "$results"
+  fi
   return $status
 }
+# Row 0: the launcher finds the GPU (it links LibTorch's CPU parts only and asks the driver).
+run_step launcher-sees-cuda "$bin/lightning-run" model --accelerator cuda --devices 1 --dry-run "$bin/lf_gpu_tests"
 run_step gpu-tests "$bin/lf_gpu_tests" --reporter compact
 run_step nccl-train-world-1 "$bin/lightning-run" model --accelerator cuda --devices 1 --strategy ddp "$bin/lf_gpu_tests" "[nccl]"
 for strategy in ddp fsdp; do
@@ -137,6 +206,15 @@ for side in cpp python; do
   done
 done
 
+say ""
+say "## rows"
+say "| row | result | exit | s |"
+say "| --- | --- | --- | --- |"
+for entry in "${rows[@]}"; do IFS='|' read -r name result code seconds <<<"$entry"; say "| $name | $result | $code | $seconds |"; done
+if [ "$dry_run" = 1 ]; then
+  if [ ${#failures[@]} -eq 0 ]; then say "- dry run: all ${#rows[@]} rows resolve and refuse cleanly without a GPU"; exit 0; fi
+  say "- dry run FAILED: ${failures[*]}"; exit 1
+fi
 say ""
 say "## summary"
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "") print "n/a"; else printf "%.3f", a / b }'; }

@@ -7,7 +7,7 @@ with Python Lightning Fabric (precision as given) on the same GPU; prints the sa
 --activation-checkpointing adds activation_checkpointing_policy={Block} (with --fsdp).
 --profile-step profiles one more step with torch.profiler and prints a second JSON line with its
 GPU kernels, kernel launches and ATen operators, counted as examples/gpt --profile-step counts them."""
-import argparse, json, time
+import argparse, json, sys, time
 
 import torch
 from torch import nn
@@ -56,6 +56,9 @@ def main():
     p.add_argument("--fsdp", action="store_true")
     p.add_argument("--activation-checkpointing", action="store_true")
     a = p.parse_args()
+    if a.accelerator in ("cuda", "gpu") and not torch.cuda.is_available():
+        print("SKIPPED: no CUDA GPU (p8_python_fabric.py --accelerator %s)" % a.accelerator)  # device-check --dry-run
+        sys.exit(77)
     torch.manual_seed(0)
     model = Gpt(a)
     parameters = sum(t.numel() for t in model.parameters())

@@ -21,9 +21,33 @@ if(MODE STREQUAL "headers")
       message(FATAL_ERROR "a private header was installed: lightning/fabric/${private}")
     endif()
   endforeach()
+  # Compiling 53 headers alone costs minutes, and its answer changes only with the headers, the
+  # LibTorch they include or the compiler: a stamp file (committed, STAMP) holds the fingerprint of
+  # the last set that passed. An equal fingerprint passes without compiling; any other compiles
+  # every header and, when all pass, writes the new fingerprint there (commit it with the change).
+  file(GLOB_RECURSE installed RELATIVE ${WORK_DIR}/prefix/include ${WORK_DIR}/prefix/include/lightning/*.h)
+  list(SORT installed)
+  set(fingerprint_text "LibTorch ${TORCH_VERSION}\ncompiler ${CXX_ID} ${CXX_VERSION}\n")
+  foreach(header IN LISTS installed)
+    file(SHA256 ${WORK_DIR}/prefix/include/${header} digest)
+    string(APPEND fingerprint_text "${digest} ${header}\n")
+  endforeach()
+  string(SHA256 fingerprint "${fingerprint_text}")
+  set(checked "")
+  if(EXISTS ${STAMP})
+    file(STRINGS ${STAMP} checked LIMIT_COUNT 1)
+  endif()
+  if(checked STREQUAL fingerprint AND NOT DEFINED ENV{LF_CHECK_HEADERS_ALWAYS})
+    message(STATUS "installed headers unchanged since they last compiled alone (fingerprint ${fingerprint} in ${STAMP}); "
+                   "LF_CHECK_HEADERS_ALWAYS=1 compiles them anyway")
+    return()
+  endif()
   run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/build -DCMAKE_CXX_COMPILER=${CXX}
       -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DCHECK_HEADERS_ALONE=ON)
   run(${CMAKE_COMMAND} --build ${WORK_DIR}/build --parallel 2)
+  file(WRITE ${STAMP} "${fingerprint}\n# The fingerprint of the installed headers, LibTorch and compiler that last compiled alone\n"
+                      "# (install.every_installed_header_compiles_alone writes it; commit it with a header change).\n")
+  message(STATUS "every installed header compiled alone; fingerprint ${fingerprint} written to ${STAMP}")
   return()
 endif()
 

@@ -35,6 +35,7 @@ expect_trained() {
 
 # expect_exit CODE_TEST STATUS: e.g. expect_exit -eq 0 "$status".
 expect_exit() {
+  echo "exit status $3 (expected $1 $2)"
   [ "$2" "$1" "$3" ] || fail "exit status $3, expected $1 $2"
 }
 

@@ -29,7 +29,8 @@ host_addr() { echo "10.77.0.$((10 + $1))"; }
 host_name() { echo "host$1"; }
 hosts_switch() { echo "${HOSTS_PREFIX}sw"; }
 
-hosts_skip() { echo "SKIPPED: $*"; exit 77; }
+source "$(dirname "${BASH_SOURCE[0]}")/../missing.sh"
+hosts_skip() { missing "$@"; }
 
 # Removes the namespaces of earlier runs whose test script no longer exists (killed with -9).
 hosts_sweep_stale() {

@@ -99,6 +99,14 @@ void check_save_load_round_trip(lf::Fabric& fabric, const fs::path& path) {
 }
 }  // namespace
 
+// The harness's own check (CTest: collectives.a_check_failing_on_one_rank_only_fails_the_test): a
+// check that fails on rank 1 only, while rank 0 passes and prints Catch2's "All tests passed".
+TEST_CASE("a check that fails on rank 1 only", "[.][planted]") {
+  const char* rank = std::getenv("RANK");
+  REQUIRE(rank != nullptr);
+  CHECK(std::string(rank) != "1");
+}
+
 TEST_CASE("every Fabric collective, and save/load, under ddp", "[.][ddp]") {
   lf::Fabric fabric;  // accelerator, devices and strategy from lightning-run
   REQUIRE(fabric.strategy()->name() == "ddp");

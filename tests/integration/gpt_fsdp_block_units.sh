@@ -19,7 +19,8 @@ grep -q '"meta_init":true' <<<"$meta" || fail "the --meta-init run did not say s
 a="$(l2_of "$ddp")"; b="$(l2_of "$fsdp")"; c="$(l2_of "$meta")"
 [ -n "$a" ] && [ "$a" = "$b" ] || fail "weights_l2 $a under ddp, $b under fsdp with block units and checkpointing"
 [ "$a" = "$c" ] || fail "weights_l2 $a under ddp, $c under fsdp built on the meta device"
-refused="$("$run" model --accelerator cpu --devices 2 --strategy ddp "$gpt" "${tiny[@]}" --meta-init 2>&1)" &&
-  fail "--meta-init under ddp ran: $refused"
+status=0
+refused="$("$run" model --accelerator cpu --devices 2 --strategy ddp "$gpt" "${tiny[@]}" --meta-init 2>&1)" || status=$?
+[ "$status" -eq 2 ] || fail "--meta-init under ddp exited with $status, expected 2 (a usage error): $refused"
 grep -q -- "--meta-init needs --strategy fsdp" <<<"$refused" || fail "--meta-init under ddp: unclear refusal: $refused"
 echo "weights_l2 $a in all three: all checks passed"

@@ -66,13 +66,13 @@ case "$case" in
   launcher_mismatched_shapes)
     # gloo aborts the rank that receives more than it expects; the report says why.
     launch mismatched_shapes --process-group-backend gloo
-    [[ $code != 0 && $code != 86 ]] || fail "exit code $code"
+    [[ $code == 134 ]] || fail "exit code $code, expected 134 (the rank's uncaught error aborts it)"
     expect "collective #10 differs across ranks (rank 0: all_reduce float32[4]; rank 1: all_reduce float32[8])"
     ;;
   launcher_check_collectives)
     # With the check on, every rank stops with a typed error before any data moves.
     launch mismatched_shapes --check-collectives
-    [[ $code != 0 ]] || fail "exit code 0"
+    [[ $code == 134 ]] || fail "exit code $code, expected 134 (the rank's uncaught error aborts it)"
     expect "Collective mismatch on group world at collective #10 (rank 0: all_reduce float32[4]; rank 1: all_reduce float32[8])"
     ! grep -q "gloo::EnforceNotMet" "$dir/out" || fail "gloo saw the mismatch first"
     ;;
@@ -81,7 +81,7 @@ case "$case" in
     # moves: a skipped or mis-sized collective is a typed error on every rank within a second.
     mode="${case#shm_}"
     launch "$mode"
-    [[ $code != 0 && $code != 86 ]] || fail "exit code $code"
+    [[ $code == 134 ]] || fail "exit code $code, expected 134 (the rank's uncaught error aborts it)"
     (( elapsed_ms < 10000 * scale )) || fail "took ${elapsed_ms} ms"
     if [[ $mode == skip_all_reduce ]]; then
       expect "Collective mismatch in the shm group (rank 0: #10 allreduce Float[4 elements] (sum); rank 1: #10 barrier)"
@@ -104,7 +104,7 @@ case "$case" in
     code=$?
     elapsed_ms=$(( $(date +%s%3N) - start ))
     echo "$case: exit code $code after ${elapsed_ms} ms"
-    [[ $code != 0 ]] || fail "torchrun succeeded"
+    [[ $code == 1 ]] || fail "torchrun exited with $code, expected 1 (its code for a failed worker)"
     limit_s=$((limit_s + 5 * scale))  # torchrun's own start
     in_time
     expect "exitcode  : 86"
@@ -140,10 +140,11 @@ case "$case" in
     ;;
   edges)
     launch unset_model
-    [[ $code != 0 ]] || fail "backward on a model never set up succeeded"
+    [[ $code == 134 ]] || fail "exit code $code, expected 134 (backward on a model never set up throws, uncaught)"
     expect "fabric.backward: the loss does not depend on any model set up with fabric.setup"
     rm -rf "$dir/logs"
     launch rank_zero_first_throws
+    [[ $code == 5 ]] || fail "exit code $code, expected 5 (rank 0 returns 5 after catching)"
     expect "rank 0 caught: preparing the data failed on rank 0"
     ! grep -q "terminate called" "$dir/out" || fail "rank_zero_first terminated the program"
     ;;

@@ -2,6 +2,7 @@
 # bf16-mixed trains the image classifier to within 1 point of 32-true test accuracy (same seed,
 # same 300 steps of batch 64 on the real Fashion-MNIST data). Usage: precision_accuracy.sh BINARY
 set -euo pipefail
+shopt -s inherit_errexit  # a failing example inside $(accuracy ...) fails the script
 binary="$1"
 accuracy() {
   local line

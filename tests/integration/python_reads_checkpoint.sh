@@ -4,7 +4,8 @@
 set -euo pipefail
 tool="$1"
 python="${LF_PYTHON:-python3}"
-"$python" -c "import torch" 2>/dev/null || { echo "SKIPPED: $python has no torch (scripts/install-deps.sh installs it into .venv)"; exit 77; }
+source "$(dirname "${BASH_SOURCE[0]}")/../missing.sh"
+"$python" -c "import torch" 2>/dev/null || missing "$python has no torch (scripts/install-deps.sh installs it into .venv)"
 dir="$(mktemp -d)"
 trap 'rm -rf "$dir"' EXIT
 expected="$("$tool" write "$dir/demo.ckpt" | sed -n 's/weight_sum //p')"

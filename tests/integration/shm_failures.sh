@@ -37,9 +37,12 @@ case "$case" in
     launcher=$!
     # Kill it while the ranks move 256 MB through the segment.
     for _ in $(seq 200); do grep -q "rendezvous at" "$dir/job.out" && break; sleep 0.05; done
+    grep -q "rendezvous at" "$dir/job.out" || fail "the job never reached its rendezvous"
     sleep 1.5
     kill -9 "$launcher"
     wait "$launcher" 2>/dev/null
+    status=$?
+    [[ $status == 137 ]] || fail "the launcher ended with $status before the kill (expected 137)"
     for _ in $(seq 60); do
       [[ -z $(marked "$marker") ]] && break
       sleep 0.1

@@ -32,8 +32,8 @@ two_nodes() {  # two_nodes SLOW_RANK SLEEP_MS: both nodes' output
 }
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-out="$(two_nodes 3 120)"
+out="$(two_nodes 3 120)" || fail "$out"
 expect_straggler "$out" "[rank 0]: lightning-fabric: rank 3 on $(hostname)"
-out="$(two_nodes -1 0)"
+out="$(two_nodes -1 0)" || fail "$out"
 ! grep -q "arrives last" <<<"$out" || fail "a balanced job across nodes named a straggler: $out"
 echo "stragglers: all checks passed"

@@ -5,7 +5,8 @@
 # each record is decoded by protoc --decode_raw. Usage: tensorboard_reader.sh UNIT_TESTS
 set -euo pipefail
 tests="$1"
-command -v protoc >/dev/null || { echo "SKIPPED: protoc missing (scripts/install-deps.sh installs protobuf-compiler)"; exit 77; }
+source "$(dirname "${BASH_SOURCE[0]}")/../missing.sh"
+command -v protoc >/dev/null || missing "protoc missing (scripts/install-deps.sh installs protobuf-compiler)"
 dir="$(mktemp -d)"
 trap 'rm -rf "$dir"' EXIT
 LF_TB_DIR="$dir" "$tests" "[tensorboard-writer]" >"$dir/log"

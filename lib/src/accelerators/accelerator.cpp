@@ -2,6 +2,7 @@
 
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <dlfcn.h>
 #include <torch/cuda.h>
 
 #include <algorithm>
@@ -9,6 +10,33 @@
 #include "lightning/fabric/errors.h"
 
 namespace lightning::fabric {
+
+namespace {
+// The CUDA devices this process may use. torch::cuda answers through libtorch_cuda, which a process
+// linking LibTorch's CPU parts only (lightning-run-launcher) has not loaded, so it says 0 there;
+// the driver (libcuda.so.1's cuDeviceGetCount, which honours CUDA_VISIBLE_DEVICES) answers then.
+// No driver, or a LibTorch built without CUDA: what torch::cuda says.
+int visible_cuda_devices() {
+  const auto from_torch = static_cast<int>(torch::cuda::device_count());
+#if LF_TORCH_HAS_CUDA
+  if (from_torch > 0) return from_torch;
+  static const int from_driver = [] {
+    void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);  // kept loaded: CUDA may use it later
+    if (driver == nullptr) return 0;
+    using Init = int (*)(unsigned int);
+    using Count = int (*)(int*);
+    const auto init = reinterpret_cast<Init>(dlsym(driver, "cuInit"));
+    const auto count = reinterpret_cast<Count>(dlsym(driver, "cuDeviceGetCount"));
+    int devices = 0;
+    if (init == nullptr || count == nullptr || init(0) != 0 || count(&devices) != 0) return 0;
+    return devices;
+  }();
+  return from_driver;
+#else
+  return from_torch;
+#endif
+}
+}  // namespace
 
 std::vector<std::string> accelerator_choices() {
   std::vector<std::string> choices = {"auto", "cpu", "cuda", "gpu"};
@@ -42,9 +70,9 @@ std::vector<int> CPUAccelerator::parse_devices(const DevicesSpec& spec) const {
   return indices;
 }
 
-bool CUDAAccelerator::is_available() const { return torch::cuda::is_available(); }
+bool CUDAAccelerator::is_available() const { return visible_cuda_devices() > 0; }
 
-int CUDAAccelerator::auto_device_count() const { return static_cast<int>(torch::cuda::device_count()); }
+int CUDAAccelerator::auto_device_count() const { return visible_cuda_devices(); }
 
 std::vector<int> CUDAAccelerator::parse_devices(const DevicesSpec& spec) const {
   return parse_cuda_devices(spec, auto_device_count());
