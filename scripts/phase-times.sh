@@ -2,6 +2,9 @@
 # with a closing line that counts the skipped tests and says why they skipped.
 #   phase_start; ...; phase_end NAME     prints "phase NAME: N s"
 #   run_ctest NAME ctest-arguments...    runs ctest, then prints its phase time and the skip line
+# A build folder without CTest's own timing record gets tests/ctest-costs.txt (each test's time in
+# an earlier run), so that even a fresh clone's first run starts the longest tests first instead
+# of finishing on a long test alone; it only orders the tests.
 phase_start() { phase_started=$SECONDS; }
 phase_end() {
   echo "phase $1: $((SECONDS - phase_started)) s"
@@ -11,6 +14,10 @@ run_ctest() {
   local name="$1" status=0 log
   shift
   log="$(mktemp)"
+  local costs="$(dirname "${BASH_SOURCE[0]}")/../tests/ctest-costs.txt"
+  if [ ! -f Testing/Temporary/CTestCostData.txt ] && [ -f "$costs" ]; then
+    mkdir -p Testing/Temporary && cp "$costs" Testing/Temporary/CTestCostData.txt
+  fi
   ctest "$@" 2>&1 | tee "$log" || status=$?
   phase_end "$name"
   # CTest marks a test that exited with its SKIP_RETURN_CODE (77) "***Skipped"; only the gpu

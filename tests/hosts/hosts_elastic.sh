@@ -73,7 +73,9 @@ expect_finish() {
 
 report_restart() {  # FAULT_TIME WORLD
   local first
-  first=$(await_line "$dir/node0.log" "rank 0 of $2 on host0: backend shm\+gloo, step [1-9]" 120) || return
+  # await_line's own fail() runs in the command substitution's subshell: count the failure here.
+  first=$(await_line "$dir/node0.log" "rank 0 of $2 on host0: backend shm\+gloo, step [1-9]" 120) ||
+    { fail "rank 0 did not resume training in a world of $2"; return; }
   echo "elastic $case: restart $(awk -v a="$first" -v b="$1" 'BEGIN { printf "%.1f", a - b }') s after the fault"
 }
 

@@ -89,7 +89,7 @@ unequal_shm_gloo() {
   show_logs 2
   local named='needs the same number of ranks on every host, but the job has host0: 1 rank, host1: 3 ranks'
   for k in 0 1; do
-    [ "${code[$k]}" != 0 ] || fail "node $k exited 0 with shm+gloo on unequal hosts"
+    [ "${code[$k]}" = 134 ] || fail "node $k exited ${code[$k]} with shm+gloo on unequal hosts, expected 134 (the workers' ValueError, uncaught)"
     grep -q "$named" "$dir/node$k.log" || grep -q "on node [01] failed first" "$dir/node$k.log" ||
       fail "node $k neither named the hosts' counts nor reported the other node's failure"
   done
@@ -144,7 +144,7 @@ interface() {
   # first; node 1 then reports node 0's failure.
   local named='GLOO_SOCKET_IFNAME (process_group.socket_interface)="eth7" names no network interface of this host. Its interfaces: lo, eth0'
   for k in 0 1; do
-    [ "${code[$k]}" != 0 ] || fail "node $k exited 0 with a missing interface"
+    [ "${code[$k]}" = 134 ] || fail "node $k exited ${code[$k]} with a missing interface, expected 134 (the workers' ValueError, uncaught)"
   done
   grep -q "$named" "$dir/node0.log" || fail "node 0 did not name the missing interface and the host's interfaces"
   grep -q "$named" "$dir/node1.log" || grep -q "on node 0 failed first" "$dir/node1.log" ||
