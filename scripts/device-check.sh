@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, run on the borrowed GPU machine (no network; PyTorch with CUDA and Lightning in its
-# python3) through the device tool, as one command of at most 8 minutes:
+# python3) through the device tool, as one command of at most 8 minutes (its own deadline ends it
+# at 470 s; the call's timeout_s=540 is only a backstop):
 #   (here, once)  scripts/vendor-headers.sh     # third_party/: header-only deps, git-ignored
 #   (device)      run(command="bash scripts/device-check.sh", carry=["third_party"], timeout_s=540)
 # It configures the project against that python3's LibTorch, builds what the checks need, and runs:
@@ -41,14 +42,15 @@ results="$out/results.md"
 : >"$results"
 say() { echo "$*" | tee -a "$results"; }
 deadline=$((SECONDS + ${DEVICE_CHECK_BUDGET_S:-470}))
-left() { local l=$((deadline - SECONDS)); echo $((l > 0 ? l : 0)); }
+left() { local l=$((deadline - SECONDS)); echo $((l > 1 ? l : 1)); }  # never 0: `timeout 0` means no limit
 failures=()
 rows=()          # "name|result|exit|seconds" per row, for the table
 declare -A refused_before  # dry run: each distinct command is run once
 
-# The rows' own estimate (seconds, measured on the H200 on 2026-11-30 where they ran, else
-# guessed from the nearest row): build 150, then the rows below; printed before anything runs.
-estimate=$((150 + 10 + 15 + 2 * 15 + 3 * 20 + ${P8_ROUNDS:-2} * 5 * 10 + 4 * 10 + 4 * 12))
+# The script's own estimate in seconds, printed before anything runs: configure 15, build 150, then
+# the rows in order (launcher probe 5, gpu tests 10, nccl training 15, collectives 2 x 15, step
+# times 3 x 20, P8 rounds x 5 x 10, CUDA graph 4 x 10, fsdp + checkpointing 4 x 12).
+estimate=$((15 + 150 + 5 + 10 + 15 + 2 * 15 + 3 * 20 + ${P8_ROUNDS:-2} * 5 * 10 + 4 * 10 + 4 * 12))
 say "# device-check $(date -u +%Y-%m-%dT%H:%MZ)$([ "$dry_run" = 1 ] && echo ' (dry run)')"
 say "- estimate: ${estimate} s in all (build 150 s), budget ${DEVICE_CHECK_BUDGET_S:-470} s"
 
@@ -126,8 +128,8 @@ run_step() {  # run_step NAME COMMAND...: runs under the row cap and the deadlin
   local budget cap
   budget=$(left)
   cap=$((budget < ${ROW_CAP_S:-120} ? budget : ${ROW_CAP_S:-120}))
-  if [ "$cap" -lt 5 ]; then row "$name" "skipped (budget)" - 0; failures+=("$name"); return 1; fi
-  timeout "$cap" "$@" >"$out/$name.log" 2>&1
+  if [ "$budget" -lt 5 ]; then row "$name" "skipped (budget)" - 0; failures+=("$name"); return 1; fi
+  timeout -k 10 "$cap" "$@" >"$out/$name.log" 2>&1
   local status=$?
   if [ "$status" -eq 0 ]; then
     row "$name" ok "$status" $((SECONDS - started))

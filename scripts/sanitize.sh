@@ -15,7 +15,8 @@ export BUILD_DIR="${SANITIZE_BUILD_DIR:-$root/build-sanitize}"
 source "$root/scripts/phase-times.sh"
 phase_start
 "$root/scripts/install-deps.sh" >/dev/null
-# The programs the selected tests run (catch_discover_tests lists the Catch2 cases when each is built).
+phase_end "sanitize.sh install"
+# The programs the selected tests run.
 export TARGETS="${SANITIZE_TARGETS:-lightning-run lightning-run-launcher lf_unit_tests lf_launcher_unit_tests
   lf_launcher_tests lf_collective_checks lf_ddp_checks lf_fsdp_checks lf_shm_checks lf_hang_program
   lf_checkpoint_tool lf_background_save_checks lf_model_parallel_checks lf_planted_leak}"

@@ -5,9 +5,9 @@
 # The test passes only when all of these hold:
 #   - COMMAND exits with CODE (default 0); 77 (a skip) passes through when CODE is 0;
 #   - every --pass REGEX (grep -E) is found in its output (stdout and stderr together);
-#   - no process it started, however deep, wrote a sanitizer report: ASAN_OPTIONS and UBSAN_OPTIONS
-#     get a log_path in a folder of this run's own, so a report from a worker whose exit status a
-#     test expects to be non-zero, or from a process nobody waits for, still fails the test.
+#   - no process it started, however deep, wrote a sanitizer report by the time COMMAND ended:
+#     ASAN_OPTIONS and UBSAN_OPTIONS get a log_path in a folder of this run's own, so a report from
+#     a worker whose exit status a test expects to be non-zero still fails the test.
 # A pass pattern is added to the exit-code check, never put in its place (docs/testing.md).
 set -uo pipefail
 
@@ -21,6 +21,10 @@ while [ $# -gt 0 ]; do
     *) break ;;
   esac
 done
+if ! [[ $expected =~ ^[0-9]+$ ]]; then
+  echo "run_checked.sh: --exit takes an exit code (0-255), not '$expected'" >&2
+  exit 2
+fi
 if [ $# -eq 0 ]; then
   echo "run_checked.sh: no command given; usage: run_checked.sh [--pass REGEX]... [--exit CODE] [--] COMMAND [ARG...]" >&2
   exit 2

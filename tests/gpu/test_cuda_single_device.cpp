@@ -120,5 +120,6 @@ int main(int argc, char** argv) {
     return 77;
   }
   if (argc == 2 && std::string(argv[1]) == "--has-gpu") return 0;
-  return Catch::Session().run(argc, argv);
+  const int failed = Catch::Session().run(argc, argv);  // the number of failed assertions
+  return failed == 77 ? 1 : failed;                     // 77 would read as a skip
 }

@@ -43,7 +43,9 @@ for _ in $(seq 1000); do
 done
 pkill -9 -f "$checks hang $strategy $dir/kill"
 [ -n "$writing" ] || { echo "FAIL: no temporary file of the background write was seen before the kill"; exit 1; }
-wait "$launcher" 2>/dev/null || true
+status=0
+wait "$launcher" 2>/dev/null || status=$?
+[ "$status" -eq 137 ] || { echo "FAIL: the job ended with $status, expected 137 (its workers were SIGKILLed)"; exit 1; }
 echo "killed during the background write; left in the folder: $(ls -A "$dir/kill" | tr '\n' ' ')"
 stray="$(find "$dir/kill" -name .metadata ! -path "$dir/kill/ck/.metadata")"
 [ -z "$stray" ] || { echo "FAIL: a half-written folder looks complete: $stray"; exit 1; }

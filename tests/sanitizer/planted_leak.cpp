@@ -7,7 +7,7 @@
 #include <cstdio>
 
 namespace {
-int* planted = nullptr;
+int* volatile planted = nullptr;  // volatile: the compiler may not drop the allocation
 
 // Called by autograd with the gradient; the allocation is lost when the pointer is overwritten.
 __attribute__((noinline)) torch::Tensor leak_in_a_tensor_hook(const torch::Tensor& gradient) {

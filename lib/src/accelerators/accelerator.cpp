@@ -12,14 +12,14 @@
 namespace lightning::fabric {
 
 namespace {
-// The CUDA devices this process may use. torch::cuda answers through libtorch_cuda, which a process
-// linking LibTorch's CPU parts only (lightning-run-launcher) has not loaded, so it says 0 there;
-// the driver (libcuda.so.1's cuDeviceGetCount, which honours CUDA_VISIBLE_DEVICES) answers then.
-// No driver, or a LibTorch built without CUDA: what torch::cuda says.
+// The CUDA devices this process may use. torch::cuda answers through libtorch_cuda; a process that
+// has not loaded it (lightning-run-launcher links LibTorch's CPU parts only) gets 0 from torch, and
+// the driver (libcuda.so.1's cuDeviceGetCount, which honours CUDA_VISIBLE_DEVICES) answers instead.
+// Where libtorch_cuda is loaded, or LibTorch has no CUDA, or there is no driver: torch's answer.
 int visible_cuda_devices() {
   const auto from_torch = static_cast<int>(torch::cuda::device_count());
-#if LF_TORCH_HAS_CUDA
-  if (from_torch > 0) return from_torch;
+#ifdef LF_TORCH_HAS_CUDA
+  if (from_torch > 0 || dlopen("libtorch_cuda.so", RTLD_LAZY | RTLD_NOLOAD) != nullptr) return from_torch;
   static const int from_driver = [] {
     void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);  // kept loaded: CUDA may use it later
     if (driver == nullptr) return 0;
