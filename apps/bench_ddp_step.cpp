@@ -18,18 +18,25 @@ int main(int argc, char** argv) {
   const int steps = argc > 3 ? std::stoi(argv[3]) : 200;
   const int warmup = argc > 4 ? std::stoi(argv[4]) : 30;
   // "no-sync": the same step with the gradient all-reduce skipped (no_backward_sync), to show how
-  // much of the communication the overlap with backward hides.
-  const bool no_sync = argc > 5 && std::string(argv[5]) == "no-sync";
+  // much of the communication the overlap with backward hides. "bn": a BatchNorm1d after every
+  // hidden Linear, its buffers broadcast before each forward (DDPOptions::broadcast_buffers, the
+  // default); "bn-no-broadcast": the same model with the broadcast off, to show what it costs.
+  const std::string mode = argc > 5 ? argv[5] : "sync";
+  const bool no_sync = mode == "no-sync";
+  const bool batch_norm = mode == "bn" || mode == "bn-no-broadcast";
   std::vector<int64_t> sizes;
   std::stringstream parts(layout);
   for (std::string part; std::getline(parts, part, '-');) sizes.push_back(std::stoll(part));
 
   torch::set_num_threads(1);
-  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu"));
+  lf::DDPOptions ddp;
+  ddp.broadcast_buffers = mode != "bn-no-broadcast";
+  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").strategy(lf::ddp_strategy(ddp)));
   lf::Fabric::seed_everything(0);
   torch::nn::Sequential net;
   for (size_t i = 0; i + 1 < sizes.size(); ++i) {
     net->push_back(torch::nn::Linear(sizes[i], sizes[i + 1]));
+    if (i + 2 < sizes.size() && batch_norm) net->push_back(torch::nn::BatchNorm1d(sizes[i + 1]));
     if (i + 2 < sizes.size()) net->push_back(torch::nn::ReLU());
   }
   torch::optim::SGD sgd(net->parameters(), 0.01);
@@ -53,7 +60,7 @@ int main(int argc, char** argv) {
   std::sort(times.begin(), times.end());
   if (fabric.is_global_zero()) {
     std::cout << "{\"impl\":\"lightning-fabric-cpp\",\"layout\":\"" << layout << "\",\"batch_per_rank\":" << batch
-              << ",\"world_size\":" << fabric.world_size() << ",\"sync\":" << (no_sync ? "false" : "true") << ",\"steps\":" << steps
+              << ",\"world_size\":" << fabric.world_size() << ",\"mode\":\"" << mode << "\",\"steps\":" << steps
               << ",\"median_step_ms\":" << times[times.size() / 2] << "}" << std::endl;
   }
   return 0;

@@ -62,12 +62,6 @@ std::shared_ptr<Strategy> fsdp_cpu_offload(StrategyContext context) {
   return fsdp_strategy().create(std::move(context));
 }
 
-std::shared_ptr<Strategy> ddp_fork(StrategyContext) {
-  throw ValueError(
-      "strategy=\"ddp_fork\" is not supported: forking a process after LibTorch has started its thread "
-      "pools (intra-op, autograd, gloo) can deadlock the child. Use strategy=\"ddp\", which starts each "
-      "process by re-executing the program.");
-}
 }  // namespace
 
 StrategyRegistry& strategy_registry() {
@@ -78,7 +72,6 @@ StrategyRegistry& strategy_registry() {
               "one process on one device");
     built.add("ddp", ddp_named("ddp", false), "one process per device, gradients averaged after backward");
     built.add("ddp_spawn", ddp_named("ddp_spawn", false), "ddp; processes started by re-executing the program");
-    built.add("ddp_fork", ddp_fork, "refused: fork is unsafe with LibTorch's threads");
     built.add("ddp_find_unused_parameters_true", ddp_named("ddp_find_unused_parameters_true", true),
               "ddp, unused parameters allowed");
     built.add("ddp_find_unused_parameters_false", ddp_named("ddp_find_unused_parameters_false", false), "ddp");

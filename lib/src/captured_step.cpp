@@ -129,7 +129,7 @@ at::Tensor CapturedStep::operator()(const std::vector<at::Tensor>& inputs) {
   if (g.calls <= options_.warmup_steps) {
     on_side_stream([&] {
       optimizer_.zero_grad();
-      g.loss = step_(g.inputs);
+      g.loss = run_user_step(g.inputs);
       optimizer_.step();
     });
     return g.loss;
@@ -144,7 +144,7 @@ at::Tensor CapturedStep::operator()(const std::vector<at::Tensor>& inputs) {
       ScopeGuard restore([cache_was_on] { at::autocast::set_autocast_cache_enabled(cache_was_on); });
       g.graph.capture_begin();
       try {
-        g.loss = step_(g.inputs);
+        g.loss = run_user_step(g.inputs);
         internal::queue_device_step(optimizer, g.device_step);
       } catch (const std::exception& error) {
         try {
@@ -172,6 +172,29 @@ at::Tensor CapturedStep::operator()(const std::vector<at::Tensor>& inputs) {
   if (optimizer_.observer_) optimizer_.observer_->after_optimizer_step();  // the profiler counts replays too
   return g.loss;
 #endif
+}
+
+at::Tensor CapturedStep::run_user_step(const std::vector<at::Tensor>& inputs) {
+  // The optimizer refuses step() and zero_grad() meanwhile; a parameter changed in place by other
+  // means (LibTorch's own optimizer->step()) is found by its version counter.
+  std::vector<at::Tensor> parameters;
+  std::vector<uint32_t> versions;
+  for (const auto& group : optimizer_.optimizer().param_groups()) {
+    for (const auto& parameter : group.params()) {
+      parameters.push_back(parameter);
+      versions.push_back(parameter._version());
+    }
+  }
+  optimizer_.inside_captured_step_ = true;
+  ScopeGuard leave([this] { optimizer_.inside_captured_step_ = false; });
+  at::Tensor loss = step_(inputs);
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    LF_CHECK(parameters[i]._version() == versions[i], ValueError, "CapturedStep: the step function changed an "
+             "optimizer parameter in place (parameter ", i, " of the optimizer), as optimizer->step() does. "
+             "CapturedStep steps the optimizer itself after the step function: the step function should run the "
+             "forward and fabric.backward(loss) and return the loss.");
+  }
+  return loss;
 }
 
 bool CapturedStep::captured() const {

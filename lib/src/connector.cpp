@@ -1,6 +1,7 @@
 #include "lightning/fabric/connector.h"
 
 #include <algorithm>
+#include <cctype>
 
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/utilities/rank_zero.h"
@@ -58,12 +59,31 @@ int resolve_num_nodes(const std::string& value) {
   return parsed;
 }
 
+// Strategy names in any case, as Python's connector lowers them ("DDP" is "ddp"); a name that
+// is a strategy as written (a registered or configured one with capitals) stays as it is.
+std::string strategy_name_in_any_case(const std::string& value, const FabricOptions& options) {
+  const auto& choices = strategy_choices();
+  const bool as_written = std::find(choices.begin(), choices.end(), value) != choices.end() ||
+                          strategy_registry().contains(value) ||
+                          (options.strategy_spec() && options.strategy_spec()->name == value);
+  if (as_written) return value;
+  std::string lower = value;
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  return lower;
+}
+
 // configured: the value names a StrategySpec given in code (which needs no registry entry).
 std::string resolve_strategy(const std::string& value, bool configured, const ResolvedConfig& config,
                              std::vector<std::string>& warnings) {
   LF_CHECK(value.rfind("deepspeed", 0) != 0 && value.rfind("xla", 0) != 0, ValueError, "strategy=\"", value,
            "\" exists only in Python Lightning. Choose one of: ",
            choices_with(strategy_choices(), strategy_registry().names()), ".");
+  // Python's fork-started ddp is not offered: forking a process after LibTorch has started its
+  // thread pools (intra-op, autograd, gloo) can deadlock the child.
+  LF_CHECK(value != "ddp_fork" && value != "ddp_notebook", ValueError, "strategy=\"", value, "\" is not "
+           "offered: it forks the worker processes, and forking after LibTorch has started its thread pools "
+           "(intra-op, autograd, gloo) can deadlock the child. Use strategy=\"ddp\", which starts each process "
+           "by re-executing the program.");
   const auto& choices = strategy_choices();
   const bool known = std::find(choices.begin(), choices.end(), value) != choices.end();
   LF_CHECK(known || configured || strategy_registry().contains(value), ValueError, "strategy=\"", value,
@@ -107,7 +127,8 @@ ResolvedConfig resolve_config(const FabricOptions& options, const env::EnvLookup
   ResolvedConfig config;
   const std::string accelerator =
       from_env(env, env::kAccelerator, "accelerator", "accelerator", options.accelerator(), "auto");
-  const std::string strategy = from_env(env, env::kStrategy, "strategy", "strategy", options.strategy(), "auto");
+  const std::string strategy = strategy_name_in_any_case(
+      from_env(env, env::kStrategy, "strategy", "strategy", options.strategy(), "auto"), options);
   const std::string devices =
       from_env(env, env::kDevices, "devices", "devices", options.devices().to_string(), "auto");
   std::string num_nodes =
@@ -140,6 +161,7 @@ ResolvedConfig resolve_config(const FabricOptions& options, const env::EnvLookup
   }
   config.device_indices = accelerator_registry().create(config.accelerator)->parse_devices(spec);
   config.num_nodes = resolve_num_nodes(num_nodes);
+  const std::string asked_precision = config.precision;
   if (config.precision == "16-mixed" && config.accelerator == "cpu") {
     config.warnings.push_back("precision=\"16-mixed\" is not supported on CPU (as in Python Fabric): using "
                               "precision=\"bf16-mixed\" instead.");
@@ -147,6 +169,16 @@ ResolvedConfig resolve_config(const FabricOptions& options, const env::EnvLookup
   }
   const bool configured = options.strategy_spec() && options.strategy_spec()->name == strategy;
   config.strategy = resolve_strategy(strategy, configured, config, config.warnings);
+  // As Python's connector (checked before its CPU fallback from 16-mixed): the model_parallel
+  // strategy runs the precisions below only; a registered precision of the user's passes.
+  const std::vector<std::string> model_parallel_precisions = {"32-true", "bf16-mixed", "bf16-true", "16-true"};
+  const auto& built_in = precision_choices();
+  LF_CHECK(config.strategy != "model_parallel" ||
+               std::find(built_in.begin(), built_in.end(), asked_precision) == built_in.end() ||
+               std::find(model_parallel_precisions.begin(), model_parallel_precisions.end(), asked_precision) !=
+                   model_parallel_precisions.end(),
+           ValueError, "strategy=\"model_parallel\" does not support precision=\"", asked_precision,
+           "\" (as Python's ModelParallelStrategy). Choose one of: ", join_names(model_parallel_precisions), ".");
   return config;
 }
 

@@ -28,7 +28,17 @@ void check_backward_through_fabric() {
 
 }  // namespace detail
 
+namespace {
+void refuse_inside_captured_step(bool inside, const char* call) {
+  LF_CHECK(!inside, ValueError, "FabricOptimizer::", call, " was called inside the step function of a CapturedStep, "
+           "which zeroes the gradients and steps the optimizer itself (a captured graph would record a second step "
+           "with a frozen step count). Remove optimizer.", call, " from the step function: it should run the forward "
+           "and fabric.backward(loss) and return the loss.");
+}
+}  // namespace
+
 bool FabricOptimizer::step(const torch::optim::Optimizer::LossClosure& closure) {
+  refuse_inside_captured_step(inside_captured_step_, "step()");
   bool stepped = false;
   {
     RECORD_USER_SCOPE("lf::optimizer_step");
@@ -46,6 +56,7 @@ std::optional<std::string> FabricOptimizer::why_not_fused() const {
 }
 
 void FabricOptimizer::zero_grad(bool set_to_none) {
+  refuse_inside_captured_step(inside_captured_step_, "zero_grad()");
   for (auto& group : optimizer_->param_groups()) {
     for (auto& parameter : group.params()) {
       if (!parameter.grad().defined()) continue;

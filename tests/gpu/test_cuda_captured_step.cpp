@@ -128,6 +128,17 @@ TEST_CASE("cuda: a captured step refuses a host sync, other shapes and a replace
     syncing({batch.first});  // the warm-up runs eagerly
     CHECK_THROWS_WITH(syncing({batch.first}), Contains("capturing the step as a CUDA graph failed") && Contains(".item()"));
   }
+  for (int stepping = 0; stepping < 3; ++stepping) {  // the Fabric optimizer's step, zero_grad, LibTorch's step
+    lf::CapturedStep twice(fabric, optimizer, [&](const std::vector<torch::Tensor>& in) {
+      auto loss = model(in[0]).pow(2).mean();
+      fabric.backward(loss);
+      if (stepping == 0) optimizer.step();
+      if (stepping == 1) optimizer.zero_grad();
+      if (stepping == 2) sgd.step();
+      return loss;
+    }, one);
+    CHECK_THROWS_WITH(twice({batch.first}), Contains("CapturedStep") && Contains("steps the optimizer itself"));
+  }
   lf::CapturedStep step(fabric, optimizer, [&](const std::vector<torch::Tensor>& in) {
     auto loss = model(in[0]).pow(2).mean();
     fabric.backward(loss);

@@ -81,6 +81,55 @@ void check_replicas(lf::Fabric& fabric) {
   }
 }
 
+struct NormNetImpl : torch::nn::Module {
+  NormNetImpl()
+      : fc(register_module("fc", torch::nn::Linear(16, 8))), norm(register_module("norm", torch::nn::BatchNorm1d(8))),
+        head(register_module("head", torch::nn::Linear(8, 4))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return head(torch::relu(norm(fc(x)))); }
+  torch::nn::Linear fc;
+  torch::nn::BatchNorm1d norm;
+  torch::nn::Linear head;
+};
+TORCH_MODULE(NormNet);
+
+// broadcast_buffers (on by default, as PyTorch's DDP): rank 0's BatchNorm statistics reach every
+// rank before each forward. After training on different data per rank, each rank's statistics
+// hold its own last batch; the evaluation forward that follows sees rank 0's on every rank. A
+// forward after one under no_grad sends nothing (PyTorch's require_forward_param_sync).
+void check_buffers(lf::Fabric& fabric) {
+  auto& ddp = fabric.strategy_as<lf::DDPStrategy>();
+  NormNet net;
+  torch::optim::SGD sgd(net->parameters(), 0.05);
+  auto [model, optimizer] = fabric.setup(net, sgd);
+  torch::manual_seed(2000 + fabric.global_rank());
+  for (int step = 0; step < 5; ++step) {
+    optimizer.zero_grad();
+    fabric.backward(model(torch::randn({6, 16}) * (1.0 + fabric.global_rank())).pow(2).mean());
+    optimizer.step();
+  }
+  const auto means = fabric.all_gather(net->norm->running_mean.clone());
+  expect(!torch::equal(means[0], means[1]), "each rank's last training batch updated its own statistics");
+  net->eval();
+  {
+    torch::NoGradGuard no_grad;
+    model(torch::randn({6, 16}));
+  }
+  for (const auto& buffer : net->buffers()) {
+    const auto gathered = fabric.all_gather(buffer);
+    for (int r = 0; r < fabric.world_size(); ++r) {
+      expect(torch::equal(gathered[r], gathered[0]), "buffers equal on every rank at the evaluation forward");
+    }
+  }
+  expect(torch::equal(net->norm->running_mean, means[0]), "every rank has rank 0's statistics");
+  const uint64_t before = ddp.collective().operation_count();
+  {
+    torch::NoGradGuard no_grad;
+    model(torch::randn({6, 16}));
+  }
+  expect(ddp.collective().operation_count() == before, "no buffer broadcast after a forward under no_grad");
+  net->train();
+}
+
 // Accumulation under no_backward_sync: no collective, local gradients; the final synced backward
 // gives the full-batch result.
 void check_no_backward_sync(lf::Fabric& fabric) {
@@ -289,6 +338,7 @@ int main(int argc, char** argv) {
   check_gradients(fabric);
   check_replicas(fabric);
   check_no_backward_sync(fabric);
+  check_buffers(fabric);
   check_collectives(fabric);
   check_sampler(fabric);
   check_checkpoint(fabric);

@@ -671,6 +671,44 @@ int prefetch_load(const std::string& folder) {
   return 0;
 }
 
+// Buffers under fsdp, as PyTorch's FSDP: broadcast from rank 0 at setup, then each rank's BatchNorm
+// statistics follow its own batches (no broadcast before each forward, unlike ddp). An
+// lf::SyncBatchNorm is refused at setup with the alternative.
+int buffers() {
+  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").strategy(lf::fsdp_strategy()));
+  torch::manual_seed(40 + fabric.global_rank());  // ranks built apart: setup makes them equal
+  torch::nn::Sequential net(torch::nn::Linear(6, 4), torch::nn::BatchNorm1d(4), torch::nn::Linear(4, 2));
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& buffer : net->buffers()) {
+      if (buffer.is_floating_point()) buffer.uniform_(1, 2);
+    }
+  }
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  auto setup = fabric.setup(net, sgd);
+  auto& model = std::get<0>(setup);
+  auto& optimizer = std::get<1>(setup);
+  auto gathered_mean = [&] { return fabric.all_gather(net[1]->as<torch::nn::BatchNorm1d>()->running_mean.clone()); };
+  const auto at_setup = gathered_mean();
+  expect(torch::equal(at_setup[0], at_setup[1]), "buffers equal on every rank after setup");
+  for (int step = 0; step < 3; ++step) {
+    optimizer.zero_grad();
+    fabric.backward(model(torch::randn({5, 6}) * (1.0 + fabric.global_rank())).pow(2).mean());
+    optimizer.step();
+  }
+  const auto trained = gathered_mean();
+  expect(!torch::equal(trained[0], trained[1]), "each rank's statistics follow its own batches, as PyTorch's FSDP");
+  torch::nn::Sequential synced(torch::nn::Linear(6, 4), lf::SyncBatchNorm(4));
+  try {
+    fabric.setup_module(synced);
+    expect(false, "an lf::SyncBatchNorm under fsdp was accepted");
+  } catch (const lf::ValueError& error) {
+    expect(std::string(error.what()).find("strategy \"ddp\"") != std::string::npos,
+           std::string("the SyncBatchNorm refusal names ddp: ") + error.what());
+  }
+  return 0;
+}
+
 int scaler() {
   auto loss_scaler = std::make_shared<lf::LossScaler>(lf::LossScalerOptions{1e36, 2.0, 0.5, 2000});
   auto precision = std::make_shared<lf::MixedPrecision>("bf16-mixed", torch::kBFloat16, loss_scaler);
@@ -852,6 +890,7 @@ int main(int argc, char** argv) {
     else if (mode == "by_type" && argc == 3) by_type(argv[2]);
     else if (mode == "mixed" && argc == 3) mixed(argv[2]);
     else if (mode == "scaler" && argc == 2) scaler();
+    else if (mode == "buffers" && argc == 2) buffers();
     else if (mode == "meta" && argc == 4) meta(argv[2], argv[3]);
     else if (mode == "prefetch" && argc == 4) prefetch(argv[2], argv[3]);
     else if (mode == "prefetch_load" && argc == 3) prefetch_load(argv[2]);
@@ -862,7 +901,7 @@ int main(int argc, char** argv) {
     else if (mode == "interop_continue" && argc == 4) interop_continue(argv[2], argv[3]);
     else {
       std::cerr << "usage: fsdp_checks train SHARDING | units SHARDING | checkpointed SHARDING | by_type SHARDING | "
-                   "mixed SHARDING | meta SHARDING DIR | prefetch SHARDING WHICH | prefetch_load DIR | scaler | save SHARDING DIR | load DIR | legacy_load DIR | interop_save DIR SHARDING | interop_continue CK NEXT" << std::endl;
+                   "mixed SHARDING | buffers | meta SHARDING DIR | prefetch SHARDING WHICH | prefetch_load DIR | scaler | save SHARDING DIR | load DIR | legacy_load DIR | interop_save DIR SHARDING | interop_continue CK NEXT" << std::endl;
       return 2;
     }
   } catch (const std::exception& error) {

@@ -126,6 +126,14 @@ TEST_CASE("strategy auto, dp fallback, single_device limits and invalid names", 
   CHECK_THROWS_WITH(resolve(lf::FabricOptions().strategy("deepspeed")), Contains("only in Python"));
   CHECK_THROWS_WITH(resolve(lf::FabricOptions().strategy("horovod")),
                     Contains("strategy=\"horovod\"") && Contains("ddp") && Contains("fsdp"));
+  // Any case, as Python's connector lowers the name (in code and from LT_STRATEGY).
+  CHECK(resolve(lf::FabricOptions().strategy("DDP").devices(2)).strategy == "ddp");
+  CHECK(resolve(lf::FabricOptions().devices(2), {{"LT_STRATEGY", "Fsdp"}}).strategy == "fsdp");
+  // model_parallel refuses the precisions Python's refuses, 16-mixed even where CPU would fall back.
+  CHECK_THROWS_WITH(resolve(lf::FabricOptions().strategy("model_parallel").devices(2).precision("16-mixed")),
+                    Contains("precision=\"16-mixed\"") && Contains("bf16-mixed"));
+  CHECK(resolve(lf::FabricOptions().strategy("model_parallel").devices(2).precision("bf16-mixed")).strategy ==
+        "model_parallel");
 }
 
 TEST_CASE("num_nodes must be a positive integer", "[connector]") {
@@ -230,9 +238,12 @@ TEST_CASE("a strategy registered by the user is accepted by name", "[connector]"
                     Contains("'nope'") && Contains("echo") && Contains("single_device"));
 }
 
-TEST_CASE("ddp_fork is refused with the reason and the alternative", "[connector]") {
+TEST_CASE("ddp_fork is not offered, and naming it gives the reason and the alternative", "[connector]") {
   CHECK_THROWS_WITH(lf::Connector::build(lf::FabricOptions().strategy("ddp_fork").devices(2), lf::env::map_env({})),
                     Contains("ddp_fork") && Contains("strategy=\"ddp\""));
+  const auto choices = lf::strategy_choices();
+  CHECK(std::find(choices.begin(), choices.end(), "ddp_fork") == choices.end());
+  CHECK_FALSE(lf::strategy_registry().contains("ddp_fork"));
 }
 
 TEST_CASE("a strategy with settings: ddp_strategy(DDPOptions) reaches the DDP strategy", "[connector][ddp]") {

@@ -32,6 +32,7 @@
 #include "lightning/fabric/strategies/model_parallel.h"
 #include "lightning/fabric/strategies/parallel.h"
 #include "lightning/fabric/strategies/strategy.h"
+#include "lightning/fabric/sync_batch_norm.h"
 #include "lightning/fabric/tensor_parallel/cross_entropy.h"
 #include "lightning/fabric/tensor_parallel/layers.h"
 #include "lightning/fabric/tensor_parallel/regions.h"

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <string>
 
+#include "lightning/fabric/checkpoint/file_bytes.h"
 #include "lightning/fabric/errors.h"
 
 namespace lightning::fabric {
@@ -15,7 +16,7 @@ namespace lightning::fabric {
 namespace fs = std::filesystem;
 
 namespace {
-std::string system_reason() { return std::strerror(errno); }
+using internal::system_error_text;
 
 void sync_folder(const fs::path& folder) {
   const int fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -36,18 +37,18 @@ void write_file_atomically_fd(const fs::path& path, const std::function<void(int
   const fs::path temporary = folder / ("." + path.filename().string() + ".tmp-" + std::to_string(::getpid()));
   const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   LF_CHECK(fd >= 0, RuntimeError, "Cannot write ", path.string(), ": creating ", temporary.string(), " failed: ",
-           system_reason(), ".");
+           system_error_text(), ".");
   try {
     produce(fd);
-    LF_CHECK(::fsync(fd) == 0, RuntimeError, "Flushing ", temporary.string(), " failed: ", system_reason(), ".");
-    LF_CHECK(::close(fd) == 0, RuntimeError, "Closing ", temporary.string(), " failed: ", system_reason(), ".");
+    LF_CHECK(::fsync(fd) == 0, RuntimeError, "Flushing ", temporary.string(), " failed: ", system_error_text(), ".");
+    LF_CHECK(::close(fd) == 0, RuntimeError, "Closing ", temporary.string(), " failed: ", system_error_text(), ".");
   } catch (...) {
     ::close(fd);
     ::unlink(temporary.c_str());
     throw;
   }
   if (::rename(temporary.c_str(), path.c_str()) != 0) {
-    const std::string reason = system_reason();
+    const std::string reason = system_error_text();
     ::unlink(temporary.c_str());
     throw RuntimeError("Cannot move the finished " + temporary.string() + " to " + path.string() + ": " + reason + ".");
   }
@@ -61,7 +62,7 @@ void write_file_atomically(const fs::path& path, const std::function<void(const 
       while (written < size) {
         const ssize_t count = ::write(fd, static_cast<const char*>(data) + written, size - written);
         if (count < 0 && errno == EINTR) continue;
-        LF_CHECK(count > 0, RuntimeError, "Writing ", path.string(), " failed: ", system_reason(), ".");
+        LF_CHECK(count > 0, RuntimeError, "Writing ", path.string(), " failed: ", system_error_text(), ".");
         written += static_cast<size_t>(count);
       }
     });

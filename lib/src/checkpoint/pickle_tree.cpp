@@ -3,6 +3,7 @@
 #include <cstring>
 #include <map>
 
+#include "lightning/fabric/checkpoint/file_bytes.h"
 #include "lightning/fabric/errors.h"
 
 namespace lightning::fabric::pickle {
@@ -70,10 +71,7 @@ class Parser {
     return out;
   }
   uint64_t take_le(int width) {
-    const std::string_view raw = take(static_cast<size_t>(width));
-    uint64_t value = 0;
-    for (int i = width - 1; i >= 0; --i) value = (value << 8) | static_cast<unsigned char>(raw[static_cast<size_t>(i)]);
-    return value;
+    return internal::read_le(take(static_cast<size_t>(width)), 0, width);
   }
   std::string take_line() {
     const size_t end = bytes_.find('\n', at_);
@@ -242,10 +240,6 @@ class Parser {
   std::map<uint64_t, NodePtr> memo_;
 };
 
-void put_le(std::string& out, uint64_t value, int width) {
-  for (int i = 0; i < width; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xFF));
-}
-
 void write_node(const Node& node, std::string& out) {
   switch (node.kind) {
     case Kind::None: out += 'N'; break;
@@ -253,14 +247,14 @@ void write_node(const Node& node, std::string& out) {
     case Kind::Int:
       if (node.integer >= 0 && node.integer < 256) {
         out += 'K';
-        put_le(out, static_cast<uint64_t>(node.integer), 1);
+        internal::append_le(out, static_cast<uint64_t>(node.integer), 1);
       } else if (node.integer >= INT32_MIN && node.integer <= INT32_MAX) {
         out += 'J';
-        put_le(out, static_cast<uint32_t>(static_cast<int32_t>(node.integer)), 4);
+        internal::append_le(out, static_cast<uint32_t>(static_cast<int32_t>(node.integer)), 4);
       } else {
         out += static_cast<char>(0x8a);
         out += static_cast<char>(8);
-        put_le(out, static_cast<uint64_t>(node.integer), 8);
+        internal::append_le(out, static_cast<uint64_t>(node.integer), 8);
       }
       break;
     case Kind::Float: {
@@ -273,7 +267,7 @@ void write_node(const Node& node, std::string& out) {
     case Kind::String:
     case Kind::Bytes:
       out += node.kind == Kind::String ? 'X' : 'B';
-      put_le(out, node.text.size(), 4);
+      internal::append_le(out, node.text.size(), 4);
       out += node.text;
       break;
     case Kind::Tuple:

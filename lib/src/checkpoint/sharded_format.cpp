@@ -15,7 +15,7 @@ namespace fs = std::filesystem;
 
 namespace {
 constexpr const char* kFormat = "lightning-fabric-sharded";
-constexpr int kVersion = 1;
+constexpr int kLayoutVersion = 1;
 }  // namespace
 
 ShardSlice shard_slice(int64_t numel, int parts, int part) {
@@ -51,7 +51,7 @@ std::vector<std::string> split_checkpoint_path(const std::string& path) {
 }
 
 void write_sharded_layout(const fs::path& folder, const ShardedLayout& layout) {
-  nlohmann::json json = {{"format", kFormat}, {"version", kVersion}, {"world_size", layout.world_size},
+  nlohmann::json json = {{"format", kFormat}, {"version", kLayoutVersion}, {"world_size", layout.world_size},
                          {"parts", layout.parts}, {"tensors", nlohmann::json::object()}};
   for (const auto& [path, tensor] : layout.tensors) json["tensors"][path] = {{"shape", tensor.shape}, {"dtype", tensor.dtype}};
   write_file_atomically(folder / "metadata.json", json.dump(1));
@@ -71,8 +71,8 @@ ShardedLayout read_sharded_layout(const fs::path& folder) {
   try {
     nlohmann::json json;
     std::ifstream(folder / "metadata.json") >> json;
-    LF_CHECK(json.value("format", "") == kFormat && json.value("version", 0) == kVersion, RuntimeError,
-             "The metadata.json of ", folder.string(), " is not a ", kFormat, " version ", kVersion, " file.");
+    LF_CHECK(json.value("format", "") == kFormat && json.value("version", 0) == kLayoutVersion, RuntimeError,
+             "The metadata.json of ", folder.string(), " is not a ", kFormat, " version ", kLayoutVersion, " file.");
     layout.world_size = json.at("world_size").get<int>();
     layout.parts = json.at("parts").get<int>();
     for (const auto& [path, info] : json.at("tensors").items()) {

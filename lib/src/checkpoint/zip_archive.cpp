@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "lightning/fabric/checkpoint/file_bytes.h"
 #include "lightning/fabric/errors.h"
 
 namespace lightning::fabric::zip {
@@ -22,17 +23,9 @@ constexpr uint32_t kOverflow32 = 0xFFFFFFFFu;
 constexpr uint16_t kZip64ExtraId = 0x0001, kPaddingExtraId = 0x4246;  // "FB", PyTorch's alignment padding
 constexpr uint64_t kAlignment = 64;
 
-std::string system_reason() { return std::strerror(errno); }
-
-uint64_t read_le(std::string_view bytes, uint64_t at, int width) {
-  uint64_t value = 0;
-  for (int i = width - 1; i >= 0; --i) value = (value << 8) | static_cast<unsigned char>(bytes[at + static_cast<uint64_t>(i)]);
-  return value;
-}
-
-void put_le(std::string& out, uint64_t value, int width) {
-  for (int i = 0; i < width; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xFF));
-}
+using internal::append_le;
+using internal::read_le;
+using internal::system_error_text;
 }  // namespace
 
 uint32_t crc32(std::string_view bytes) {
@@ -47,14 +40,14 @@ uint32_t combine_crc32(uint32_t first, uint32_t second, uint64_t second_size) {
 
 MappedFile::MappedFile(const std::filesystem::path& path) : path_(path) {
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  LF_CHECK(fd_ >= 0, RuntimeError, "Cannot read ", path.string(), ": ", system_reason(), ".");
+  LF_CHECK(fd_ >= 0, RuntimeError, "Cannot read ", path.string(), ": ", system_error_text(), ".");
   struct stat info {};
   ::fstat(fd_, &info);
   size_ = static_cast<size_t>(info.st_size);
   if (size_ == 0) return;
   void* mapped = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd_, 0);
   if (mapped == MAP_FAILED) {
-    const std::string reason = system_reason();
+    const std::string reason = system_error_text();
     ::close(fd_);
     throw RuntimeError("Cannot map " + path.string() + ": " + reason + ".");
   }
@@ -172,7 +165,7 @@ void Writer::write_bytes(std::string_view bytes) {
   while (done < bytes.size()) {
     const ssize_t count = ::pwrite(fd_, bytes.data() + done, bytes.size() - done, static_cast<off_t>(position_ + done));
     if (count < 0 && errno == EINTR) continue;
-    LF_CHECK(count > 0, RuntimeError, "Writing ", what_, " failed: ", system_reason(), ".");
+    LF_CHECK(count > 0, RuntimeError, "Writing ", what_, " failed: ", system_error_text(), ".");
     done += static_cast<size_t>(count);
   }
   position_ += bytes.size();
@@ -186,7 +179,7 @@ void Writer::copy_range(const FileRange& range) {
     if (count < 0 && errno == EINTR) continue;
     if (count < 0 && (errno == EXDEV || errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP)) break;
     LF_CHECK(count > 0, RuntimeError, "Writing ", what_, " failed while copying tensor data: ",
-             count == 0 ? std::string("the source ended early") : system_reason(), ".");
+             count == 0 ? std::string("the source ended early") : system_error_text(), ".");
     left -= static_cast<uint64_t>(count);
   }
   std::vector<char> buffer(left > 0 ? (1 << 20) : 0);
@@ -194,7 +187,7 @@ void Writer::copy_range(const FileRange& range) {
     const ssize_t count = ::pread(range.fd, buffer.data(), std::min<uint64_t>(left, buffer.size()), in);
     if (count < 0 && errno == EINTR) continue;
     LF_CHECK(count > 0, RuntimeError, "Writing ", what_, " failed while reading tensor data: ",
-             count == 0 ? std::string("the source ended early") : system_reason(), ".");
+             count == 0 ? std::string("the source ended early") : system_error_text(), ".");
     position_ = static_cast<uint64_t>(out);
     write_bytes(std::string_view(buffer.data(), static_cast<size_t>(count)));
     in += count;
@@ -210,25 +203,25 @@ void Writer::write_header(const std::string& name, uint64_t size, uint32_t crc32
   const uint64_t unpadded = position_ + kLocalHeader + name.size() + zip64_extra + 4;
   const uint64_t padding = (kAlignment - unpadded % kAlignment) % kAlignment;
   std::string header;
-  put_le(header, kLocalSignature, 4);
-  put_le(header, zip64 ? 45 : 20, 2);  // version needed
-  put_le(header, 0, 2);                // flags
-  put_le(header, 0, 2);                // stored
-  put_le(header, 0, 4);                // time and date
-  put_le(header, crc32, 4);
-  put_le(header, zip64 ? kOverflow32 : size, 4);
-  put_le(header, zip64 ? kOverflow32 : size, 4);
-  put_le(header, name.size(), 2);
-  put_le(header, zip64_extra + 4 + padding, 2);
+  append_le(header, kLocalSignature, 4);
+  append_le(header, zip64 ? 45 : 20, 2);  // version needed
+  append_le(header, 0, 2);                // flags
+  append_le(header, 0, 2);                // stored
+  append_le(header, 0, 4);                // time and date
+  append_le(header, crc32, 4);
+  append_le(header, zip64 ? kOverflow32 : size, 4);
+  append_le(header, zip64 ? kOverflow32 : size, 4);
+  append_le(header, name.size(), 2);
+  append_le(header, zip64_extra + 4 + padding, 2);
   header += name;
   if (zip64) {
-    put_le(header, kZip64ExtraId, 2);
-    put_le(header, 16, 2);
-    put_le(header, size, 8);
-    put_le(header, size, 8);
+    append_le(header, kZip64ExtraId, 2);
+    append_le(header, 16, 2);
+    append_le(header, size, 8);
+    append_le(header, size, 8);
   }
-  put_le(header, kPaddingExtraId, 2);
-  put_le(header, padding, 2);
+  append_le(header, kPaddingExtraId, 2);
+  append_le(header, padding, 2);
   header.append(padding, 'Z');
   written_.push_back({name, position_, size, crc32});
   write_bytes(header);
@@ -253,30 +246,30 @@ void Writer::finish() {
     const bool offset64 = force_zip64_ || entry.header_offset >= kOverflow32;
     std::string extra;
     if (size64 || offset64) {
-      put_le(extra, kZip64ExtraId, 2);
-      put_le(extra, (size64 ? 16 : 0) + (offset64 ? 8 : 0), 2);
+      append_le(extra, kZip64ExtraId, 2);
+      append_le(extra, (size64 ? 16 : 0) + (offset64 ? 8 : 0), 2);
       if (size64) {
-        put_le(extra, entry.size, 8);
-        put_le(extra, entry.size, 8);
+        append_le(extra, entry.size, 8);
+        append_le(extra, entry.size, 8);
       }
-      if (offset64) put_le(extra, entry.header_offset, 8);
+      if (offset64) append_le(extra, entry.header_offset, 8);
     }
-    put_le(table, kCentralSignature, 4);
-    put_le(table, extra.empty() ? 20 : 45, 2);  // made by
-    put_le(table, extra.empty() ? 20 : 45, 2);  // needed
-    put_le(table, 0, 2);
-    put_le(table, 0, 2);
-    put_le(table, 0, 4);
-    put_le(table, entry.crc32, 4);
-    put_le(table, size64 ? kOverflow32 : entry.size, 4);
-    put_le(table, size64 ? kOverflow32 : entry.size, 4);
-    put_le(table, entry.name.size(), 2);
-    put_le(table, extra.size(), 2);
-    put_le(table, 0, 2);   // comment
-    put_le(table, 0, 2);   // disk
-    put_le(table, 0, 2);   // internal attributes
-    put_le(table, 0, 4);   // external attributes
-    put_le(table, offset64 ? kOverflow32 : entry.header_offset, 4);
+    append_le(table, kCentralSignature, 4);
+    append_le(table, extra.empty() ? 20 : 45, 2);  // made by
+    append_le(table, extra.empty() ? 20 : 45, 2);  // needed
+    append_le(table, 0, 2);
+    append_le(table, 0, 2);
+    append_le(table, 0, 4);
+    append_le(table, entry.crc32, 4);
+    append_le(table, size64 ? kOverflow32 : entry.size, 4);
+    append_le(table, size64 ? kOverflow32 : entry.size, 4);
+    append_le(table, entry.name.size(), 2);
+    append_le(table, extra.size(), 2);
+    append_le(table, 0, 2);   // comment
+    append_le(table, 0, 2);   // disk
+    append_le(table, 0, 2);   // internal attributes
+    append_le(table, 0, 4);   // external attributes
+    append_le(table, offset64 ? kOverflow32 : entry.header_offset, 4);
     table += entry.name;
     table += extra;
   }
@@ -285,28 +278,28 @@ void Writer::finish() {
   std::string end;
   if (zip64) {
     const uint64_t record = table_offset + table.size();
-    put_le(end, kZip64EndSignature, 4);
-    put_le(end, kZip64EndRecord - 12, 8);
-    put_le(end, 45, 2);
-    put_le(end, 45, 2);
-    put_le(end, 0, 4);
-    put_le(end, 0, 4);
-    put_le(end, count, 8);
-    put_le(end, count, 8);
-    put_le(end, table.size(), 8);
-    put_le(end, table_offset, 8);
-    put_le(end, kZip64LocatorSignature, 4);
-    put_le(end, 0, 4);
-    put_le(end, record, 8);
-    put_le(end, 1, 4);
+    append_le(end, kZip64EndSignature, 4);
+    append_le(end, kZip64EndRecord - 12, 8);
+    append_le(end, 45, 2);
+    append_le(end, 45, 2);
+    append_le(end, 0, 4);
+    append_le(end, 0, 4);
+    append_le(end, count, 8);
+    append_le(end, count, 8);
+    append_le(end, table.size(), 8);
+    append_le(end, table_offset, 8);
+    append_le(end, kZip64LocatorSignature, 4);
+    append_le(end, 0, 4);
+    append_le(end, record, 8);
+    append_le(end, 1, 4);
   }
-  put_le(end, kEndSignature, 4);
-  put_le(end, 0, 4);
-  put_le(end, zip64 ? 0xFFFF : count, 2);
-  put_le(end, zip64 ? 0xFFFF : count, 2);
-  put_le(end, zip64 ? kOverflow32 : table.size(), 4);
-  put_le(end, zip64 ? kOverflow32 : table_offset, 4);
-  put_le(end, 0, 2);
+  append_le(end, kEndSignature, 4);
+  append_le(end, 0, 4);
+  append_le(end, zip64 ? 0xFFFF : count, 2);
+  append_le(end, zip64 ? 0xFFFF : count, 2);
+  append_le(end, zip64 ? kOverflow32 : table.size(), 4);
+  append_le(end, zip64 ? kOverflow32 : table_offset, 4);
+  append_le(end, 0, 2);
   write_bytes(table + end);
 }
 

@@ -21,7 +21,7 @@ namespace lightning::fabric::flight {
 namespace {
 
 constexpr char kMagic[8] = {'L', 'F', 'F', 'L', 'I', 'G', 'H', 'T'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kRecordVersion = 1;
 constexpr char kFieldSeparator = '\x1f';
 
 int64_t clock_ns(clockid_t clock) {
@@ -96,7 +96,7 @@ Call call_of(const Record& record) {
   return call;
 }
 
-std::string seconds_text(double seconds) {
+std::string seconds_with_unit(double seconds) {
   char text[32];
   std::snprintf(text, sizeof(text), "%.1f s", seconds);
   return text;
@@ -197,7 +197,7 @@ std::unique_ptr<Recorder> Recorder::create(int rank, int world_size, uint32_t ca
   recorder->header_ = new (memory) Header();
   recorder->records_ = reinterpret_cast<Record*>(static_cast<char*>(memory) + sizeof(Header));
   Header& header = *recorder->header_;
-  header.version = kVersion;
+  header.version = kRecordVersion;
   header.capacity = capacity;
   header.rank = rank;
   header.world_size = world_size;
@@ -227,7 +227,7 @@ std::unique_ptr<Recorder> Recorder::attach(const std::string& file) {
   recorder->header_ = static_cast<Header*>(memory);
   recorder->records_ = reinterpret_cast<Record*>(static_cast<char*>(memory) + sizeof(Header));
   const Header& header = *recorder->header_;
-  if (std::memcmp(header.magic, kMagic, sizeof(kMagic)) != 0 || header.version != kVersion ||
+  if (std::memcmp(header.magic, kMagic, sizeof(kMagic)) != 0 || header.version != kRecordVersion ||
       sizeof(Header) + sizeof(Record) * header.capacity > recorder->bytes_) {
     return nullptr;  // the destructor unmaps
   }
@@ -358,7 +358,9 @@ std::string Recorder::dump_text() const {
   out << "# lightning-fabric flight recorder: rank " << header.rank << " of " << header.world_size << ", pid "
       << header.pid << ", host " << state.host << "\n";
   out << "# last entered " << state.entered.describe() << "; last completed " << state.completed.describe();
-  if (state.waiting) out << "; waiting in " << state.waiting_call.describe() << " for " << seconds_text(state.waiting_s);
+  if (state.waiting) {
+    out << "; waiting in " << state.waiting_call.describe() << " for " << seconds_with_unit(state.waiting_s);
+  }
   out << "\n# seq  op  group  dtype  shape  numel  state  entered(wall clock)  entered_ago  duration\n";
   const uint64_t entered = header.entered.load(std::memory_order_acquire);
   const uint64_t first = entered > header.capacity ? entered - header.capacity + 1 : 1;

@@ -4,11 +4,9 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "lightning/fabric/internal/store_text.h"
+
 namespace lightning::fabric::internal {
-namespace {
-std::vector<uint8_t> bytes_of(const std::string& text) { return {text.begin(), text.end()}; }
-std::string text_of(const std::vector<uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
-}  // namespace
 
 std::chrono::milliseconds store_watch_period(int world_size, std::chrono::milliseconds hang_timeout) {
   const auto longest = std::max(std::chrono::milliseconds(1000), std::chrono::milliseconds(24) * world_size);
@@ -27,12 +25,12 @@ std::string StoreWatch::key(const std::string& what, int rank) const { return wh
 std::optional<std::string> StoreWatch::publish(const std::string& progress, const std::string& entries,
                                                bool watch_entries) {
   if (watch_entries) {
-    store_->multiSet({key("progress", rank_), key("entries", rank_)}, {bytes_of(progress), bytes_of(entries)});
+    store_->multiSet({key("progress", rank_), key("entries", rank_)}, {store_bytes(progress), store_bytes(entries)});
   } else {
-    store_->set(key("progress", rank_), bytes_of(progress));
+    store_->set(key("progress", rank_), store_bytes(progress));
   }
   if (!store_->check({"dump"})) return std::nullopt;
-  return text_of(store_->get("dump"));
+  return store_text(store_->get("dump"));
 }
 
 std::vector<std::optional<PublishedProgress>> StoreWatch::read_all(bool watch_entries) {
@@ -42,19 +40,21 @@ std::vector<std::optional<PublishedProgress>> StoreWatch::read_all(bool watch_en
   if (store_->check(keys)) {  // the steady state: everyone has published, one multiGet reads it all
     const auto values = store_->multiGet(keys);
     for (size_t rank = 0; rank < all.size(); ++rank) {
-      all[rank] = PublishedProgress{text_of(values[rank]), watch_entries ? text_of(values[all.size() + rank]) : ""};
+      const std::string entries = watch_entries ? store_text(values[all.size() + rank]) : "";
+      all[rank] = PublishedProgress{store_text(values[rank]), entries};
     }
     return all;
   }
   for (int rank = 0; rank < world_size_; ++rank) {  // starting up: rank by rank, entries left out
-    if (store_->check({key("progress", rank)})) all[rank] = PublishedProgress{text_of(store_->get(key("progress", rank))), ""};
+    const std::string progress = key("progress", rank);
+    if (store_->check({progress})) all[rank] = PublishedProgress{store_text(store_->get(progress)), ""};
   }
   return all;
 }
 
-void StoreWatch::request_dump(const std::string& dir) { store_->set("dump", bytes_of(dir)); }
+void StoreWatch::request_dump(const std::string& dir) { store_->set("dump", store_bytes(dir)); }
 
-void StoreWatch::mark_dumped() { store_->set(key("dumped", rank_), bytes_of("1")); }
+void StoreWatch::mark_dumped() { store_->set(key("dumped", rank_), store_bytes("1")); }
 
 bool StoreWatch::dumped(int rank) { return store_->check({key("dumped", rank)}); }
 

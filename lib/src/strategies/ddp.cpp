@@ -2,11 +2,18 @@
 
 #include <algorithm>
 
+#include <torch/csrc/autograd/grad_mode.h>
+
 #include "lightning/fabric/internal/gradient_reducer.h"
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/plugins/collectives/collective.h"
+#include "lightning/fabric/sync_batch_norm.h"
 
 namespace lightning::fabric {
+
+namespace {
+constexpr size_t kBufferBroadcastBucketBytes = size_t{250} << 20;  // PyTorch DDP's broadcast_bucket_size
+}  // namespace
 
 DDPStrategy::DDPStrategy(StrategyContext context, DDPOptions options)
     : ParallelStrategy(std::move(context), options.process_group), options_(std::move(options)) {}
@@ -27,8 +34,24 @@ void DDPStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module)
   setup_environment();
   const std::shared_ptr<Collective> group = data_parallel_group();
   broadcast_module_from_rank_zero(*module, {}, group.get());
+  skip_next_buffer_broadcast_.erase(module.get());  // a module freed before may have had this address
+  for (const auto& child : module->modules()) {  // SyncBatchNorm: its statistics over the data-parallel group
+    if (auto* norm = dynamic_cast<SyncBatchNormImpl*>(child.get())) norm->set_group(group);
+  }
   reducers_.push_back(std::make_unique<internal::GradientReducer>(module, group, options_.first_bucket_mb,
                                                                    options_.bucket_cap_mb));
+}
+
+void DDPStrategy::before_forward(const torch::nn::Module& module) {
+  if (!options_.broadcast_buffers || world_size() < 2) return;
+  const std::shared_ptr<Collective> group = data_parallel_group();
+  const bool skip = skip_next_buffer_broadcast_.erase(&module) > 0;
+  if (!torch::GradMode::is_enabled() || !syncs_gradients_of(&module)) skip_next_buffer_broadcast_.insert(&module);
+  if (skip || group->world_size() < 2) return;
+  std::vector<at::Tensor> buffers = module.buffers();
+  if (buffers.empty()) return;
+  torch::NoGradGuard no_grad;
+  group->broadcast_many_(buffers, 0, kBufferBroadcastBucketBytes);
 }
 
 void DDPStrategy::backward(at::Tensor& loss, torch::nn::Module* module) {

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "lightning/fabric/errors.h"
+#include "lightning/fabric/sync_batch_norm.h"
 #include "lightning/fabric/internal/gradient_norm.h"
 #include "lightning/fabric/plugins/collectives/collective.h"
 #include "lightning/fabric/strategies/fsdp_engine.h"
@@ -119,6 +120,12 @@ bool FSDPStrategy::Engine::frees_parameters() const {
 
 void FSDPStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module) {
   setup_environment();
+  for (const auto& child : module->modules()) {
+    LF_CHECK(dynamic_cast<SyncBatchNormImpl*>(child.get()) == nullptr, ValueError, "fabric.setup: the model has an "
+             "lf::SyncBatchNorm, which strategy \"fsdp\" does not support yet (its gathered parameters and the "
+             "statistics' collectives are not ordered together). Use strategy \"ddp\", or torch::nn::BatchNorm "
+             "(each rank's own statistics, as PyTorch's FSDP keeps them).");
+  }
   if (const auto scaler = precision()->loss_scaler()) {  // each rank checks only its own shards for inf/NaN
     scaler->set_found_inf_reducer([this](at::Tensor& found_inf) { collective().all_reduce_(found_inf, ReduceOp::Max); });
   }

@@ -72,6 +72,11 @@ std::shared_ptr<Collective> ModelParallelStrategy::data_parallel_group() { retur
 
 void ModelParallelStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module) {
   setup_environment();
+  // Every tensor from global rank 0, before splitting: the tensors each tensor rank holds whole
+  // agree within the tensor group, and each rank's slice is the slice of rank 0's tensor (as
+  // Python's distribute_tensor takes shards from the mesh's first rank). The ddp setup below then
+  // finds the data group equal already.
+  if (world_size() > 1) broadcast_module_from_rank_zero(*module, {}, &collective());
   options_.parallelize(module, mesh_);
   for (const auto& split : tensor_parallel::sharded_parameters_of(*module)) {
     split_dims_[split.tensor.unsafeGetTensorImpl()] = split.dim;

@@ -13,6 +13,10 @@
 
 namespace lightning::fabric {
 
+namespace {
+constexpr size_t kSetupBroadcastBucketBytes = size_t{250} << 20;  // as PyTorch DDP's setup broadcast
+}  // namespace
+
 ParallelStrategy::ParallelStrategy(StrategyContext context, ProcessGroupSettings settings)
     : Strategy(std::move(context)), settings_(std::move(settings)) {}
 
@@ -107,14 +111,11 @@ void ParallelStrategy::broadcast_module_from_rank_zero(torch::nn::Module& module
   std::vector<at::Tensor> state = module.parameters();
   for (auto& buffer : module.buffers()) state.push_back(buffer);
   over.check_same_tensors(state, "The model passed to fabric.setup");
-  for (auto& parameter : module.parameters()) {
-    if (already_equal.count(parameter.unsafeGetTensorImpl()) > 0) continue;
-    at::Tensor data = parameter.data();
-    over.broadcast_(data, 0);
+  std::vector<at::Tensor> sent;
+  for (const at::Tensor& tensor : state) {
+    if (already_equal.count(tensor.unsafeGetTensorImpl()) == 0) sent.push_back(tensor.data());
   }
-  for (auto& buffer : module.buffers()) {
-    if (already_equal.count(buffer.unsafeGetTensorImpl()) == 0) over.broadcast_(buffer, 0);
-  }
+  over.broadcast_many_(sent, 0, kSetupBroadcastBucketBytes);
 }
 
 ScopeGuard ParallelStrategy::no_backward_sync(const torch::nn::Module& module, bool enabled) {

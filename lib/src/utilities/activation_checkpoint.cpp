@@ -122,7 +122,7 @@ struct CheckpointCall : torch::CustomClassHolder {
   AutocastState autocast;
 };
 
-std::string describe(const at::Tensor& tensor) {
+std::string tensor_text(const at::Tensor& tensor) {
   std::ostringstream text;
   text << tensor.scalar_type() << tensor.sizes();
   return text.str();
@@ -144,7 +144,7 @@ void refuse_unlisted_leaves(const std::vector<at::Tensor>& roots, const std::vec
     if (auto* leaf = dynamic_cast<torch::autograd::AccumulateGrad*>(node)) {
       LF_CHECK(listed.count(leaf->variable.unsafeGetTensorImpl()) != 0, RuntimeError,
                "lf::checkpoint: the checkpointed function reads a tensor that requires grad (",
-               describe(leaf->variable), ") but is neither one of its inputs nor in `parameters`, so it would get "
+               tensor_text(leaf->variable), ") but is neither one of its inputs nor in `parameters`, so it would get "
                "no gradient. Pass it in `parameters` (lf::checkpoint(module, x) lists the module's parameters), "
                "or as an input.");
       continue;

@@ -10,7 +10,7 @@ namespace lightning::fabric {
 namespace {
 
 // "2", "0.5": seconds as a person writes them (as lightning-run's format_seconds).
-std::string seconds_text(double seconds) {
+std::string seconds_number(double seconds) {
   std::ostringstream text;
   text << seconds;
   return text.str();
@@ -72,8 +72,8 @@ std::map<std::string, std::string> worker_environment(const WorkerSettings& sett
   vars[env::kUseAgentStore] = settings.agent_store ? "True" : "False";
   if (settings.cli) vars[env::kAttempt] = std::to_string(layout.attempt);  // lightning-run's restarts and regroups
   if (!settings.error_file.empty()) vars[env::kErrorFile] = settings.error_file;
-  if (settings.hang_timeout_s) vars[env::kHangTimeout] = seconds_text(*settings.hang_timeout_s);
-  if (settings.straggler_threshold_s) vars[env::kStragglerThreshold] = seconds_text(*settings.straggler_threshold_s);
+  if (settings.hang_timeout_s) vars[env::kHangTimeout] = seconds_number(*settings.hang_timeout_s);
+  if (settings.straggler_threshold_s) vars[env::kStragglerThreshold] = seconds_number(*settings.straggler_threshold_s);
   if (settings.check_collectives) vars[env::kCheckCollectives] = "1";
   if (settings.process_group_backend) vars[env::kProcessGroupBackend] = *settings.process_group_backend;
   if (settings.profile) vars[env::kProfile] = *settings.profile;

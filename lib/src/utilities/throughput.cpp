@@ -188,39 +188,62 @@ int64_t attention_flops(const at::Tensor* q, const at::Tensor* k, int products) 
   return products * 2 * q->size(0) * q->size(1) * q->size(2) * k->size(2) * q->size(3);
 }
 
-int64_t flops_of(const at::RecordFunction& call) {
-  const std::string_view name = call.name();
-  const auto inputs = call.inputs();
-  if (name == "aten::mm" || name == "aten::bmm") return matmul_flops(tensor_input(inputs, 0), tensor_input(inputs, 1));
-  if (name == "aten::addmm" || name == "aten::baddbmm") return matmul_flops(tensor_input(inputs, 1), tensor_input(inputs, 2));
-  if (name == "aten::convolution" || name == "aten::convolution_backward") {
-    // convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups);
-    // convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
-    // transposed, output_padding, groups, output_mask): grad_input and grad_weight cost one
-    // forward's products each.
-    const bool backward = name == "aten::convolution_backward";
-    const size_t first = backward ? 1 : 0;
-    const auto* input = tensor_input(inputs, first);
-    const auto* weight = tensor_input(inputs, first + 1);
-    if (!input || !weight || inputs.size() < (backward ? 11u : 9u)) return 0;
-    const int64_t one = convolution_flops(*input, *weight, inputs[first + 3].toIntVector(), inputs[first + 4].toIntVector(),
-                                          inputs[first + 5].toIntVector(), inputs[first + 6].toBool());
-    if (!backward) return one;
-    const auto mask = inputs[10].toBoolList();
-    return one * ((mask.size() > 0 && mask[0]) + (mask.size() > 1 && mask[1]));
-  }
+// The operators counted, by how their FLOPs are read from the inputs.
+enum class Counted { None, Matmul, AddMatmul, Convolution, ConvolutionBackward, Attention, AttentionBackward };
+
+Counted counted_kind(std::string_view name) {
+  if (name == "aten::mm" || name == "aten::bmm") return Counted::Matmul;
+  if (name == "aten::addmm" || name == "aten::baddbmm") return Counted::AddMatmul;
+  if (name == "aten::convolution") return Counted::Convolution;
+  if (name == "aten::convolution_backward") return Counted::ConvolutionBackward;
   if (name == "aten::_scaled_dot_product_flash_attention" || name == "aten::_scaled_dot_product_efficient_attention" ||
       name == "aten::_scaled_dot_product_cudnn_attention" || name == "aten::_scaled_dot_product_flash_attention_for_cpu") {
-    return attention_flops(tensor_input(inputs, 0), tensor_input(inputs, 1), 2);
+    return Counted::Attention;
   }
   if (name == "aten::_scaled_dot_product_flash_attention_backward" ||
       name == "aten::_scaled_dot_product_efficient_attention_backward" ||
       name == "aten::_scaled_dot_product_cudnn_attention_backward" ||
       name == "aten::_scaled_dot_product_flash_attention_for_cpu_backward") {
-    return attention_flops(tensor_input(inputs, 1), tensor_input(inputs, 2), 5);  // (grad_out, q, k, v, ...)
+    return Counted::AttentionBackward;
+  }
+  return Counted::None;
+}
+
+int64_t flops_of(const at::RecordFunction& call, Counted kind) {
+  const auto inputs = call.inputs();
+  switch (kind) {
+    case Counted::None: return 0;
+    case Counted::Matmul: return matmul_flops(tensor_input(inputs, 0), tensor_input(inputs, 1));
+    case Counted::AddMatmul: return matmul_flops(tensor_input(inputs, 1), tensor_input(inputs, 2));
+    case Counted::Convolution:
+    case Counted::ConvolutionBackward: {
+      // convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups);
+      // convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
+      // transposed, output_padding, groups, output_mask): grad_input and grad_weight cost one
+      // forward's products each.
+      const bool backward = kind == Counted::ConvolutionBackward;
+      const size_t first = backward ? 1 : 0;
+      const auto* input = tensor_input(inputs, first);
+      const auto* weight = tensor_input(inputs, first + 1);
+      if (!input || !weight || inputs.size() < (backward ? 11u : 9u)) return 0;
+      const int64_t one = convolution_flops(*input, *weight, inputs[first + 3].toIntVector(),
+                                            inputs[first + 4].toIntVector(), inputs[first + 5].toIntVector(),
+                                            inputs[first + 6].toBool());
+      if (!backward) return one;
+      const auto mask = inputs[10].toBoolList();
+      return one * ((mask.size() > 0 && mask[0]) + (mask.size() > 1 && mask[1]));
+    }
+    case Counted::Attention: return attention_flops(tensor_input(inputs, 0), tensor_input(inputs, 1), 2);
+    case Counted::AttentionBackward:  // (grad_out, q, k, v, ...)
+      return attention_flops(tensor_input(inputs, 1), tensor_input(inputs, 2), 5);
   }
   return 0;
 }
+
+// Counted operators running on this thread. A counted operator called from inside another is not
+// counted again: autocast re-dispatches an addmm as an addmm of the cast inputs, and a kernel may
+// call another (a convolution's matrix products); the outermost call holds the whole count.
+thread_local int t_counted_depth = 0;
 }  // namespace
 
 int64_t measure_flops(torch::nn::Module& model, const std::function<at::Tensor()>& forward_fn,
@@ -229,10 +252,15 @@ int64_t measure_flops(torch::nn::Module& model, const std::function<at::Tensor()
   g_counted_flops = 0;
   const auto handle = at::addGlobalCallback(
       // Inputs are readable in the start callback only.
-      at::RecordFunctionCallback([](const at::RecordFunction& call) -> std::unique_ptr<at::ObserverContext> {
-        g_counted_flops += flops_of(call);
-        return nullptr;
-      })
+      at::RecordFunctionCallback(
+          [](const at::RecordFunction& call) -> std::unique_ptr<at::ObserverContext> {
+            const Counted kind = counted_kind(call.name());
+            if (kind != Counted::None && t_counted_depth++ == 0) g_counted_flops += flops_of(call, kind);
+            return nullptr;
+          },
+          [](const at::RecordFunction& call, at::ObserverContext*) {
+            if (counted_kind(call.name()) != Counted::None) --t_counted_depth;
+          })
           .needsInputs(true)
           .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
   ScopeGuard remove([handle] { at::removeCallback(handle); });

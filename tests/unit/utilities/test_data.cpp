@@ -1,4 +1,4 @@
-// The distributed sampler and Fabric::setup_dataloaders.
+// The distributed sampler, Fabric::setup_dataloaders and seed_everything.
 #include <torch/torch.h>
 
 #include <set>
@@ -148,4 +148,12 @@ TEST_CASE("setup_dataloaders on rank 1 of 2 reads its half, a ready-made loader 
   size_t batches = 0;
   for (auto& batch : wrapped) batches += batch.data.size(0) > 0 ? 1 : 0;
   CHECK(batches == 2);
+}
+
+TEST_CASE("seed_everything seeds workers by default from Fabric, not from the free function, as Python",
+          "[seed]") {
+  lf::Fabric::seed_everything(5);
+  CHECK(std::string(std::getenv("PL_SEED_WORKERS")) == "1");
+  lf::seed_everything(5);
+  CHECK(std::string(std::getenv("PL_SEED_WORKERS")) == "0");
 }

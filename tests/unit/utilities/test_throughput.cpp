@@ -3,6 +3,8 @@
 
 #include "lightning/fabric.h"
 #include "lightning/fabric/utilities/throughput.h"
+
+#include <ATen/autocast_mode.h>
 // Catch2 last: glog (inside LibTorch) defines its own CHECK macro, Catch2 must win.
 #include <catch2/catch.hpp>
 
@@ -34,6 +36,56 @@ TEST_CASE("measure_flops counts a Conv2d from its output, kernel and input chann
   torch::nn::Conv2d grouped(torch::nn::Conv2dOptions(4, 8, 3).groups(2));
   const auto g = torch::randn({1, 4, 6, 6});
   CHECK(lf::measure_flops(*grouped, [&] { return grouped(g); }) == 2 * (8 * 4 * 4) * (4 / 2) * 9);
+}
+
+namespace {
+// CPU autocast to bfloat16 for one scope, as the bf16-mixed precision plugin sets it.
+struct CpuAutocast {
+  CpuAutocast() {
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+    at::autocast::increment_nesting();
+  }
+  ~CpuAutocast() {
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(at::kCPU, false);
+  }
+};
+
+// The count of forward (and, with a loss, backward) without autocast, which must equal the count
+// under autocast: autocast re-dispatches each product once more, which must not count again.
+int64_t count_alike_under_autocast(torch::nn::Module& module, const std::function<torch::Tensor()>& forward,
+                                   bool with_backward) {
+  const auto sum = [](const torch::Tensor& y) { return y.to(torch::kFloat).sum(); };
+  const int64_t plain = with_backward ? lf::measure_flops(module, forward, sum) : lf::measure_flops(module, forward);
+  CpuAutocast autocast;
+  const int64_t cast = with_backward ? lf::measure_flops(module, forward, sum) : lf::measure_flops(module, forward);
+  CHECK(cast == plain);
+  return plain;
+}
+}  // namespace
+
+TEST_CASE("measure_flops counts each product once under autocast", "[throughput]") {
+  torch::nn::Linear linear(16, 8);
+  const auto x2 = torch::randn({4, 16}), x3 = torch::randn({2, 4, 16});
+  for (bool backward : {false, true}) {
+    const int64_t passes = backward ? 2 : 1;  // the input needs no gradient: the weight's only
+    CHECK(count_alike_under_autocast(*linear, [&] { return linear(x2); }, backward) == passes * 2 * 4 * 16 * 8);
+    CHECK(count_alike_under_autocast(*linear, [&] { return linear(x3); }, backward) == passes * 2 * 8 * 16 * 8);
+  }
+  const auto a = torch::randn({4, 16}, torch::requires_grad()), b = torch::randn({16, 8});
+  CHECK(count_alike_under_autocast(*linear, [&] { return torch::matmul(a, b); }, true) == 2 * (2 * 4 * 16 * 8));
+  const auto p = torch::randn({3, 4, 16}), q = torch::randn({3, 16, 8});
+  CHECK(count_alike_under_autocast(*linear, [&] { return torch::bmm(p, q); }, false) == 2 * 3 * 4 * 16 * 8);
+  torch::nn::Conv2d conv(torch::nn::Conv2dOptions(3, 8, 3).padding(1));
+  const auto image = torch::randn({2, 3, 10, 10});
+  const int64_t conv_forward = 2 * (2 * 8 * 10 * 10) * 3 * 3 * 3;
+  CHECK(count_alike_under_autocast(*conv, [&] { return conv(image); }, false) == conv_forward);
+  CHECK(count_alike_under_autocast(*conv, [&] { return conv(image); }, true) == 2 * conv_forward);
+  const auto query = torch::randn({1, 2, 8, 16}), key = torch::randn({1, 2, 8, 16}), value = torch::randn({1, 2, 8, 16});
+  CHECK(count_alike_under_autocast(
+            *linear, [&] { return at::scaled_dot_product_attention(query, key, value); }, false) ==
+        2 * 2 * 1 * 2 * 8 * 8 * 16);  // QK^T and PV
 }
 
 TEST_CASE("Throughput reports Python's metrics from running totals", "[throughput]") {

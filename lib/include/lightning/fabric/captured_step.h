@@ -47,7 +47,8 @@ LF_API std::optional<std::string> why_not_capturable(const Fabric& fabric, const
 class LF_API CapturedStep {
  public:
   /// The user's step: forward and fabric.backward(loss) on the inputs, returning the loss. It must
-  /// not call optimizer.step() or zero_grad() (CapturedStep does both), nor read values back to
+  /// not call optimizer.step() or zero_grad() (CapturedStep does both: either call, or a parameter
+  /// changed in place, is a ValueError at the first call), nor read values back to
   /// the host (.item(), printing a tensor, data-dependent shapes): a graph cannot record that.
   using StepFunction = std::function<at::Tensor(const std::vector<at::Tensor>& inputs)>;
 
@@ -70,6 +71,9 @@ class LF_API CapturedStep {
 
  private:
   struct Graph;  // the CUDA graph and its buffers (CUDA types stay out of this header)
+  /// step_(inputs) with the optimizer's step() and zero_grad() refused; ValueError when it changed
+  /// a parameter in place.
+  at::Tensor run_user_step(const std::vector<at::Tensor>& inputs);
   Fabric& fabric_;
   FabricOptimizer& optimizer_;
   StepFunction step_;

@@ -407,8 +407,10 @@ class LF_API Fabric {
     ((line << (first ? "" : " ") << parts, first = false), ...);
     std::cout << line.str() << std::endl;
   }
-  /// Seeds every generator and records the seed for samplers and workers; returns it.
-  static uint64_t seed_everything(std::optional<uint64_t> seed = std::nullopt, bool workers = false);
+  /// Seeds every generator and records the seed for samplers and workers; returns it. workers
+  /// defaults to true here, as Python's Fabric.seed_everything (PL_SEED_WORKERS=1); the free
+  /// function lf::seed_everything defaults it to false, as Python's.
+  static uint64_t seed_everything(std::optional<uint64_t> seed = std::nullopt, bool workers = true);
   /// The precision's forward context (autocast for the mixed precisions) for code outside a
   /// FabricModule's forward, e.g. a loss:  { auto cast = fabric.autocast(); loss = criterion(out); }
   ScopeGuard autocast() const;

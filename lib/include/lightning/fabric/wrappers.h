@@ -182,6 +182,9 @@ class LF_API FabricOptimizer {
   std::shared_ptr<Strategy> strategy_;
   bool fuse_steps_;
   std::shared_ptr<StepObserver> observer_;
+  /// True while a CapturedStep runs its user's step function, which must leave step() and
+  /// zero_grad() to it: both refuse then (ValueError naming the fix).
+  bool inside_captured_step_ = false;
   friend class CapturedStep;  // its replays are steps too: it tells observer_
 };
 

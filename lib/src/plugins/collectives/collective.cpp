@@ -487,6 +487,34 @@ void Collective::broadcast_(at::Tensor& tensor, int src) {
   stage.write_back();
 }
 
+void Collective::broadcast_many_(const std::vector<at::Tensor>& tensors, int src, size_t bucket_bytes) {
+  size_t begin = 0;
+  while (begin < tensors.size()) {
+    const at::Tensor& first = tensors[begin];
+    size_t end = begin + 1, bytes = first.nbytes();
+    while (end < tensors.size() && tensors[end].scalar_type() == first.scalar_type() &&
+           tensors[end].device() == first.device() && bytes + tensors[end].nbytes() <= bucket_bytes) {
+      bytes += tensors[end++].nbytes();
+    }
+    if (end == begin + 1 && first.is_contiguous()) {
+      at::Tensor alone = first;
+      broadcast_(alone, src);
+    } else {
+      std::vector<at::Tensor> flat;
+      for (size_t i = begin; i < end; ++i) flat.push_back(tensors[i].reshape(-1));
+      at::Tensor bucket = at::cat(flat);
+      broadcast_(bucket, src);
+      int64_t offset = 0;
+      for (size_t i = begin; i < end; ++i) {
+        at::Tensor target = tensors[i];
+        target.copy_(bucket.narrow(0, offset, target.numel()).view(target.sizes()));
+        offset += target.numel();
+      }
+    }
+    begin = end;
+  }
+}
+
 at::Tensor Collective::all_to_all(const at::Tensor& tensor) {
   LF_CHECK(tensor.numel() % impl_->world_size == 0, ValueError, "all_to_all: ", tensor.numel(),
            " elements do not split into ", impl_->world_size, " equal parts.");

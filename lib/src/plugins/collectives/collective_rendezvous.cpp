@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "lightning/fabric/errors.h"
+#include "lightning/fabric/internal/store_text.h"
 #include "lightning/fabric/internal/wait_for_listener.h"
 #include "lightning/fabric/utilities/process.h"
 
@@ -27,7 +28,7 @@ c10::intrusive_ptr<c10d::Store> host_store(const std::string& host, int port, st
 
 namespace internal {
 namespace {
-std::string seconds_text(std::chrono::milliseconds duration) {
+std::string duration_text(std::chrono::milliseconds duration) {
   std::ostringstream text;
   text << duration.count() / 1000.0 << " s";
   return text.str();
@@ -46,7 +47,7 @@ std::string missing_ranks_message(c10d::Store& store, const CollectiveOptions& o
   const bool one = missing.size() == 1;
   return "Rank" + std::string(one ? " " : "s ") + names + " of " + std::to_string(options.world_size) +
          " did not join the process group within the rendezvous timeout (" +
-         seconds_text(options.settings.rendezvous_timeout) + "): " + (one ? "it" : "they") +
+         duration_text(options.settings.rendezvous_timeout) + "): " + (one ? "it" : "they") +
          " failed before joining or never started; see " + (one ? "its" : "their") + " output. " + kTimeoutHint;
 }
 }  // namespace
@@ -61,7 +62,7 @@ c10::intrusive_ptr<c10d::Store> connect_store(const CollectiveOptions& options) 
   LF_CHECK(tcp.isServer || wait_for_listener(options.main_address, options.main_port, timeout), RuntimeError, "Rank ",
            options.rank, " could not reach the store ", options.use_agent_store ? "of the launcher" : "of rank 0",
            " at ", options.main_address, ":", options.main_port, " within the rendezvous timeout (",
-           seconds_text(timeout), "): ",
+           duration_text(timeout), "): ",
            options.use_agent_store ? "the launcher is gone" : "rank 0 did not start or failed before joining",
            ", or the address is wrong. ", kTimeoutHint);
   try {
@@ -119,8 +120,6 @@ std::vector<HostLayout> host_layouts(const std::vector<std::string>& names) {
 }
 
 namespace {
-std::string text_of(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
-
 // Rank 0 waits (a few requests however many ranks: one check of every name until all are there;
 // c10d's wait on thousands of keys is quadratic in the server) and reads the names, its own first.
 std::vector<std::string> gather_host_names(c10d::Store& store, int world_size, const std::string& own) {
@@ -136,14 +135,14 @@ std::vector<std::string> gather_host_names(c10d::Store& store, int world_size, c
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(100));
   }
-  for (const auto& other : store.multiGet(keys)) names.push_back(text_of(other));
+  for (const auto& other : store.multiGet(keys)) names.push_back(store_text(other));
   return names;
 }
 }  // namespace
 
 HostLayout vote_host_layout(c10d::Store& store, int rank, int world_size) {
   const std::string host = host_name();
-  if (rank != 0) store.set("cpu-auto/host/" + std::to_string(rank), std::vector<uint8_t>(host.begin(), host.end()));
+  if (rank != 0) store.set("cpu-auto/host/" + std::to_string(rank), store_bytes(host));
   if (rank == 0) {
     const std::vector<HostLayout> layouts = host_layouts(gather_host_names(store, world_size, host));
     std::vector<std::string> keys;
@@ -162,10 +161,10 @@ HostLayout vote_host_layout(c10d::Store& store, int rank, int world_size) {
   }
   HostLayout layout;
   int equal = 1;
-  std::istringstream(text_of(store.get("cpu-auto/layout/" + std::to_string(rank)))) >>
+  std::istringstream(store_text(store.get("cpu-auto/layout/" + std::to_string(rank)))) >>
       layout.host >> layout.local_index >> layout.hosts >> layout.ranks_per_host >> equal;
   layout.equal = equal == 1;
-  if (!layout.equal) layout.counts = text_of(store.get("cpu-auto/counts"));
+  if (!layout.equal) layout.counts = store_text(store.get("cpu-auto/counts"));
   return layout;
 }
 

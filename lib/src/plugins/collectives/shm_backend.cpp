@@ -22,6 +22,7 @@
 #include <sstream>
 
 #include "lightning/fabric/errors.h"
+#include "lightning/fabric/internal/store_text.h"
 #include "lightning/fabric/utilities/process.h"
 
 namespace lightning::fabric::internal {
@@ -81,7 +82,7 @@ void copy_bytes(void* to, const void* from, size_t bytes) {
   if (bytes > 0) std::memcpy(to, from, bytes);
 }
 
-std::string describe(const OpCall& call) {
+std::string describe_call(const OpCall& call) {
   std::string text = c10d::opTypeToString(static_cast<c10d::OpType>(call.op));
   std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return std::tolower(c); });
   if (call.dtype >= 0) {
@@ -143,7 +144,7 @@ ShmBackend::ShmBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, i
     }
   } else {
     const std::vector<uint8_t> published = store->get("shm/segment");
-    std::istringstream fields(std::string(published.begin(), published.end()));
+    std::istringstream fields(store_text(published));
     int owner = 0, owner_fd = 0;
     std::string owner_host;
     fields >> owner >> owner_fd >> owner_host;
@@ -305,7 +306,7 @@ void ShmBackend::wait_all() {
   for (int peer = 0; peer < segment_->size; ++peer) {
     const OpCall& call = control.calls[peer][slot];
     ranks += (peer == 0 ? "" : "; ") + std::string("rank ") + std::to_string(peer) + ": #" + std::to_string(call.seq) +
-             " " + describe(call);
+             " " + describe_call(call);
   }
   throw ValueError("Collective mismatch in the shm group (" + ranks +
                    "). Every rank must issue the same collectives in the same order, with the same dtype and size; "

@@ -24,6 +24,15 @@ int required_int(const env::EnvLookup& env, const std::string& name, const std::
   return *value;
 }
 
+// A variable the environment cannot do without: set and not empty, else a RuntimeError naming it.
+std::string required_text(const env::EnvLookup& env, const std::string& name, const std::string& who) {
+  auto value = env(name);
+  LF_CHECK(value.has_value() && !value->empty(), RuntimeError, who, " environment: ", name,
+           value.has_value() ? " is empty" : " is not set", ". The job's launcher sets it; when starting the "
+           "workers yourself, set it (or choose another environment).");
+  return *value;
+}
+
 // "2(x3),1" -> {2, 2, 2, 1}: Slurm's compressed per-node task counts; empty when malformed.
 std::vector<int> expand_task_counts(const std::string& value) {
   std::vector<int> counts;
@@ -41,7 +50,8 @@ std::vector<int> expand_task_counts(const std::string& value) {
   return counts;
 }
 
-std::string describe(const env::EnvLookup& env, const std::string& launcher, const std::vector<const char*>& names) {
+std::string launcher_text(const env::EnvLookup& env, const std::string& launcher,
+                          const std::vector<const char*>& names) {
   std::string text = launcher + " (";
   bool first = true;
   for (const char* name : names) {
@@ -114,7 +124,8 @@ std::optional<int> TorchElasticEnvironment::launched_processes_per_node() const 
 std::optional<int> TorchElasticEnvironment::launched_num_nodes() const { return int_var(env_, env::kGroupWorldSize); }
 
 std::string TorchElasticEnvironment::launch_description() const {
-  return describe(env_, "torchrun or lightning-run", {env::kLocalWorldSize, env::kGroupWorldSize, env::kWorldSize});
+  return launcher_text(env_, "torchrun or lightning-run",
+                       {env::kLocalWorldSize, env::kGroupWorldSize, env::kWorldSize});
 }
 
 // ---- host lists ----
@@ -223,7 +234,7 @@ std::optional<int> SLURMEnvironment::launched_num_nodes() const {
 }
 
 std::string SLURMEnvironment::launch_description() const {
-  return describe(env_, "srun", {"SLURM_STEP_TASKS_PER_NODE", "SLURM_STEP_NUM_NODES", "SLURM_NTASKS"});
+  return launcher_text(env_, "srun", {"SLURM_STEP_TASKS_PER_NODE", "SLURM_STEP_NUM_NODES", "SLURM_NTASKS"});
 }
 
 // ---- LSF ----
@@ -246,7 +257,7 @@ std::vector<std::string> LSFEnvironment::compute_hosts() const {
       if (!line.empty()) lines.push_back(line);
     }
   } else {
-    std::stringstream hosts(*env_("LSB_HOSTS"));
+    std::stringstream hosts(required_text(env_, "LSB_HOSTS", "lsf"));
     for (std::string host; hosts >> host;) lines.push_back(host);
   }
   LF_CHECK(lines.size() >= 2, RuntimeError, "lsf environment: the host list names no compute node.");
@@ -363,7 +374,7 @@ bool KubeflowEnvironment::detect(const env::EnvLookup& env) {
   return true;
 }
 
-std::string KubeflowEnvironment::main_address() const { return *env_(env::kMasterAddr); }
+std::string KubeflowEnvironment::main_address() const { return required_text(env_, env::kMasterAddr, "kubeflow"); }
 int KubeflowEnvironment::main_port() const { return required_int(env_, env::kMasterPort, "kubeflow"); }
 int KubeflowEnvironment::world_size() const { return required_int(env_, env::kWorldSize, "kubeflow"); }
 int KubeflowEnvironment::global_rank() const { return required_int(env_, env::kRank, "kubeflow"); }
@@ -392,7 +403,7 @@ std::optional<int> MPIEnvironment::launched_num_nodes() const {
 }
 
 std::string MPIEnvironment::launch_description() const {
-  return describe(env_, "mpirun", {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "OMPI_MCA_orte_num_nodes",
+  return launcher_text(env_, "mpirun", {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "OMPI_MCA_orte_num_nodes",
                                    "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"});
 }
 

@@ -172,6 +172,19 @@ TEST_CASE("kubeflow: one process per pod", "[environments]") {
   CHECK(environment->launched_num_nodes() == 3);
 }
 
+TEST_CASE("a variable an environment needs, missing or empty, is named in the error", "[environments]") {
+  for (const std::string address : {"", "unset"}) {
+    Env kubeflow{{"KUBERNETES_PORT", "tcp://10.0.0.1:443"}, {"MASTER_PORT", "23456"}, {"WORLD_SIZE", "2"}, {"RANK", "0"}};
+    if (address != "unset") kubeflow["MASTER_ADDR"] = address;
+    lf::KubeflowEnvironment environment(lf::env::map_env(kubeflow));
+    CHECK_THROWS_WITH(environment.main_address(), Contains("kubeflow environment: MASTER_ADDR is"));
+  }
+  Env lsf{{"LSB_JOBID", "4321"}, {"JSM_NAMESPACE_SIZE", "4"}, {"JSM_NAMESPACE_RANK", "0"}, {"JSM_NAMESPACE_LOCAL_RANK", "0"}};
+  lf::LSFEnvironment without_hosts(lf::env::map_env(lsf));
+  CHECK_THROWS_WITH(without_hosts.main_address(), Contains("lsf environment: LSB_HOSTS is not set"));
+  CHECK_THROWS_WITH(without_hosts.node_rank(), Contains("lsf environment: LSB_HOSTS is not set"));
+}
+
 TEST_CASE("env::Reader: typed values, each spelling launchers write", "[environments]") {
   const lf::env::Reader reader(lf::env::map_env({{"N", "42"}, {"SIGNED", " -3"}, {"SEED", "18446744073709551615"},
                                                  {"ON_1", "1"}, {"ON_TRUE", "True"}, {"ON_YES", "YES"}, {"OFF_0", "0"},

@@ -8,8 +8,9 @@
 //                                                // tensor-parallel layer (tensor_parallel/layers.h)
 //   lf::Fabric fabric(lf::FabricOptions().strategy(lf::model_parallel_strategy(mp)));
 //
-// At setup the strategy builds the mesh, calls parallelize(module, mesh) once per set-up module,
-// broadcasts each data group's rank 0 model to its group, and averages gradients over the data
+// At setup the strategy builds the mesh, broadcasts rank 0's whole model to every rank, calls
+// parallelize(module, mesh) once per set-up module (so every slice is a slice of rank 0's tensor
+// and every unsplit tensor agrees within its tensor group), and averages gradients over the data
 // group during fabric.backward (bucketed and overlapped, as ddp). The sampler splits data by the
 // data rank: the ranks of a tensor group read the same batches. clip_gradients counts a split
 // parameter's parts once each and a replicated parameter once. fabric.save writes a distributed
