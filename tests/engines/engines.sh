@@ -204,7 +204,7 @@ case "$case_name" in
     # mpirun returns rank 0's 86; srun --kill-on-bad-exit SIGTERMs the step when rank 0 exits (143).
     if [ "$case_name" = srun_hang ]; then expect_exit -eq 143 "$status"; else expect_exit -eq 86 "$status"; fi
     [ $((SECONDS - start)) -lt 30 ] || fail "the job took $((SECONDS - start)) s to end"
-    grep -q "likely cause: rank 1 never entered collective #10 all_reduce float32\[4\] on world" "$log" ||
+    grep -q "likely cause: rank 1 never entered collective #9 all_reduce float32\[4\] on world" "$log" ||
       fail "rank 0 did not report the hang"
     grep -q "ending the job with exit code 86" "$log" || fail "rank 0 did not end the job with 86"
     for file in report.txt rank_0.stack.txt rank_1.stack.txt rank_0.flight.txt rank_1.flight.txt; do

@@ -43,7 +43,7 @@ case "$case" in
     [[ $code == 86 ]] || fail "exit code $code, expected 86"
     in_time
     expect "hang detected: rank 0 has waited"
-    expect "likely cause: rank 1 never entered collective #10 all_reduce float32[4] on world that rank 0 waits in"
+    expect "likely cause: rank 1 never entered collective #9 all_reduce float32[4] on world that rank 0 waits in"
     expect_hang_files
     grep -q "spin_forever_on_purpose" "$dir/logs/attempt_0/hang/rank_1.stack.txt" || fail "rank 1's stack does not show its loop"
     ;;
@@ -52,14 +52,14 @@ case "$case" in
     launch skip_all_reduce --process-group-backend gloo
     [[ $code == 86 ]] || fail "exit code $code, expected 86"
     in_time
-    expect "likely cause: the ranks are inside different collectives (rank 0 in #10 all_reduce, rank 1 in #10 barrier)"
+    expect "likely cause: the ranks are inside different collectives (rank 0 in #9 all_reduce, rank 1 in #9 barrier)"
     expect_hang_files
     ;;
   launcher_stuck_before_barrier)
     launch stuck_before_barrier
     [[ $code == 86 ]] || fail "exit code $code, expected 86"
     in_time
-    expect "likely cause: rank 1 never entered collective #10 barrier on world that rank 0 waits in"
+    expect "likely cause: rank 1 never entered collective #9 barrier on world that rank 0 waits in"
     expect_hang_files
     grep -q "sleep_forever_on_purpose" "$dir/logs/attempt_0/hang/rank_1.stack.txt" || fail "rank 1's stack does not show where it sleeps"
     ;;
@@ -67,13 +67,13 @@ case "$case" in
     # gloo aborts the rank that receives more than it expects; the report says why.
     launch mismatched_shapes --process-group-backend gloo
     [[ $code == 134 ]] || fail "exit code $code, expected 134 (the rank's uncaught error aborts it)"
-    expect "collective #10 differs across ranks (rank 0: all_reduce float32[4]; rank 1: all_reduce float32[8])"
+    expect "collective #9 differs across ranks (rank 0: all_reduce float32[4]; rank 1: all_reduce float32[8])"
     ;;
   launcher_check_collectives)
     # With the check on, every rank stops with a typed error before any data moves.
     launch mismatched_shapes --check-collectives
     [[ $code == 134 ]] || fail "exit code $code, expected 134 (the rank's uncaught error aborts it)"
-    expect "Collective mismatch on group world at collective #10 (rank 0: all_reduce float32[4]; rank 1: all_reduce float32[8])"
+    expect "Collective mismatch on group world at collective #9 (rank 0: all_reduce float32[4]; rank 1: all_reduce float32[8])"
     ! grep -q "gloo::EnforceNotMet" "$dir/out" || fail "gloo saw the mismatch first"
     ;;
   shm_skip_all_reduce|shm_mismatched_shapes)
@@ -84,9 +84,9 @@ case "$case" in
     [[ $code == 134 ]] || fail "exit code $code, expected 134 (the rank's uncaught error aborts it)"
     (( elapsed_ms < 10000 * scale )) || fail "took ${elapsed_ms} ms"
     if [[ $mode == skip_all_reduce ]]; then
-      expect "Collective mismatch in the shm group (rank 0: #10 allreduce Float[4 elements] (sum); rank 1: #10 barrier)"
+      expect "Collective mismatch in the shm group (rank 0: #9 allreduce Float[4 elements] (sum); rank 1: #9 barrier)"
     else
-      expect "Collective mismatch in the shm group (rank 0: #10 allreduce Float[4 elements] (sum); rank 1: #10 allreduce Float[8 elements] (sum))"
+      expect "Collective mismatch in the shm group (rank 0: #9 allreduce Float[4 elements] (sum); rank 1: #9 allreduce Float[8 elements] (sum))"
     fi
     ;;
   launcher_no_hang)
@@ -109,7 +109,7 @@ case "$case" in
     in_time
     expect "exitcode  : 86"
     expect "traceback : HangError: hang detected"
-    if [[ $mode == infinite_loop ]]; then expect "likely cause: rank 1 never entered collective #10"; else expect "inside different collectives"; fi
+    if [[ $mode == infinite_loop ]]; then expect "likely cause: rank 1 never entered collective #9"; else expect "inside different collectives"; fi
     for file in report.txt rank_0.flight.txt rank_1.flight.txt rank_0.stack.txt rank_1.stack.txt; do
       [[ -s "$dir/dumps/$file" ]] || fail "missing $dir/dumps/$file"
     done
@@ -132,7 +132,7 @@ case "$case" in
     [[ $code0 == 86 && $code1 == 86 ]] || fail "exit codes $code0 (node 0) and $code1 (node 1), expected 86 and 86"
     in_time
     expect "its error file says: HangError: hang detected"
-    expect "likely cause: rank 1 never entered collective #10"
+    expect "likely cause: rank 1 never entered collective #9"
     [[ -s "$dir/node0/attempt_0/hang/report.txt" && -s "$dir/node0/attempt_0/hang/rank_0.stack.txt" ]] || fail "node 0's dumps are missing"
     [[ -s "$dir/node1/attempt_0/hang/rank_1.flight.txt" && -s "$dir/node1/attempt_0/hang/rank_1.stack.txt" ]] || fail "node 1's dumps are missing"
     grep -q spin_forever_on_purpose "$dir/node1/attempt_0/hang/rank_1.stack.txt" || fail "rank 1's stack does not show its loop"

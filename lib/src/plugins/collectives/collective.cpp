@@ -488,28 +488,34 @@ void Collective::broadcast_(at::Tensor& tensor, int src) {
 }
 
 void Collective::broadcast_many_(const std::vector<at::Tensor>& tensors, int src, size_t bucket_bytes) {
+  constexpr int64_t kAlignment = 16;  // each tensor's bytes start aligned for any dtype's view
+  const auto aligned = [](int64_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; };
   size_t begin = 0;
   while (begin < tensors.size()) {
-    const at::Tensor& first = tensors[begin];
-    size_t end = begin + 1, bytes = first.nbytes();
-    while (end < tensors.size() && tensors[end].scalar_type() == first.scalar_type() &&
-           tensors[end].device() == first.device() && bytes + tensors[end].nbytes() <= bucket_bytes) {
-      bytes += tensors[end++].nbytes();
+    const at::Device device = tensors[begin].device();
+    size_t end = begin + 1;
+    int64_t bytes = aligned(static_cast<int64_t>(tensors[begin].nbytes()));
+    while (end < tensors.size() && tensors[end].device() == device &&
+           static_cast<size_t>(bytes + aligned(static_cast<int64_t>(tensors[end].nbytes()))) <= bucket_bytes) {
+      bytes += aligned(static_cast<int64_t>(tensors[end++].nbytes()));
     }
-    if (end == begin + 1 && first.is_contiguous()) {
-      at::Tensor alone = first;
-      broadcast_(alone, src);
-    } else {
-      std::vector<at::Tensor> flat;
-      for (size_t i = begin; i < end; ++i) flat.push_back(tensors[i].reshape(-1));
-      at::Tensor bucket = at::cat(flat);
-      broadcast_(bucket, src);
-      int64_t offset = 0;
-      for (size_t i = begin; i < end; ++i) {
-        at::Tensor target = tensors[i];
-        target.copy_(bucket.narrow(0, offset, target.numel()).view(target.sizes()));
-        offset += target.numel();
-      }
+    // One broadcast of the bucket's bytes, whatever their dtypes (PyTorch sends one per dtype).
+    at::Tensor bucket = at::empty({bytes}, at::TensorOptions(at::kByte).device(device));
+    std::vector<int64_t> offsets;
+    int64_t offset = 0;
+    for (size_t i = begin; i < end; ++i) {
+      const at::Tensor& tensor = tensors[i];
+      const int64_t size = static_cast<int64_t>(tensor.nbytes());
+      if (size > 0) bucket.narrow(0, offset, size).copy_(tensor.contiguous().view(-1).view(at::kByte));
+      offsets.push_back(offset);
+      offset += aligned(size);
+    }
+    broadcast_(bucket, src);
+    for (size_t i = begin; i < end; ++i) {
+      at::Tensor target = tensors[i];
+      const int64_t size = static_cast<int64_t>(target.nbytes());
+      if (size == 0) continue;
+      target.copy_(bucket.narrow(0, offsets[i - begin], size).view(target.scalar_type()).view(target.sizes()));
     }
     begin = end;
   }

@@ -100,8 +100,8 @@ class Collective {
   at::Tensor reduce_scatter_rows(const at::Tensor& rows);
   /// In place on a contiguous tensor of any device.
   void broadcast_(at::Tensor& tensor, int src);
-  /// broadcast_ of many tensors (any layout) in few operations: consecutive tensors of one dtype
-  /// and device are flattened into one tensor of at most bucket_bytes (a larger tensor goes
+  /// broadcast_ of many tensors (any layout and dtype) in few operations: consecutive tensors on
+  /// one device are packed as bytes into one buffer of at most bucket_bytes (a larger tensor goes
   /// alone), broadcast, and copied back in place. Every rank passes the same dtypes and shapes.
   void broadcast_many_(const std::vector<at::Tensor>& tensors, int src, size_t bucket_bytes);
   /// Equal-split all-to-all: tensor's elements in world_size equal parts, part p goes to rank p;
