@@ -3,7 +3,7 @@
 # x 2 workers train tests/hosts/hosts_job; host 2 is SIGKILLed mid-training; the time runs from the
 # kill until node 0 logs the first step of the new group of 2 hosts (detection, re-rendezvous,
 # workers started, checkpoint loaded, first step). lightning-run (--num-nodes 2:3) with its default
-# --node-timeout and with 5 s; torchrun's elastic agent (--nnodes 1:3 --rdzv-backend c10d) with its
+# --node-timeout and --rdzv-last-call and with 5 s and 3 s; torchrun's elastic agent (--nnodes 1:3 --rdzv-backend c10d) with its
 # defaults and with last_call_timeout=3; side by side, REPEATS times each. Needs root.
 #   scripts/bench-hosts-restart.sh [BUILD_DIR] [REPEATS]
 set -u
@@ -26,9 +26,9 @@ restart_time() {
 
 declare -A times
 for ((r = 0; r < repeats; ++r)); do
-  times[ours_default]+="$(restart_time shrink ELASTIC_NODE_TIMEOUT=30) "
+  times[ours_default]+="$(restart_time shrink ELASTIC_NODE_TIMEOUT=30 ELASTIC_LAST_CALL=) "
   times[torchrun_default]+="$(restart_time torchrun ELASTIC_TORCHRUN_CONF=) "
-  times[ours_5s]+="$(restart_time shrink ELASTIC_NODE_TIMEOUT=5) "
+  times[ours_5s]+="$(restart_time shrink ELASTIC_NODE_TIMEOUT=5 ELASTIC_LAST_CALL=3) "
   times[torchrun_last_call_3s]+="$(restart_time torchrun ELASTIC_TORCHRUN_CONF=last_call_timeout=3) "
 done
 for config in ours_default torchrun_default ours_5s torchrun_last_call_3s; do

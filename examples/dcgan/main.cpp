@@ -2,7 +2,7 @@
 // alternating updates (discriminator, then generator) every step. Rank 0 writes an 8 x 8 PNG grid
 // of generated samples at the end of every epoch (and at --max-steps).
 //   build/bin/dcgan --epochs 1 --output-dir dcgan-out
-//   lightning-run model --accelerator cpu --devices 2 build/bin/dcgan --epochs 1
+//   lightning-run model --accelerator cpu --devices 2 build/bin/dcgan --epochs 1 [--sync-batchnorm]
 #include <CLI/CLI.hpp>
 #include <lightning/fabric.h>
 #include <torch/torch.h>
@@ -19,41 +19,48 @@ namespace lf = lightning::fabric;
 
 constexpr int64_t kLatent = 64;
 
+// BatchNorm2d, or with --sync-batchnorm lf::SyncBatchNorm: the statistics of every rank's batch
+// together (the same parameter and buffer names either way, so checkpoints load into both).
+torch::nn::AnyModule batch_norm(torch::nn::Module& parent, const std::string& name, int64_t channels, bool sync) {
+  if (sync) return torch::nn::AnyModule(parent.register_module(name, lf::SyncBatchNorm(channels)));
+  return torch::nn::AnyModule(parent.register_module(name, torch::nn::BatchNorm2d(channels)));
+}
+
 // z (64) -> 128 x 7 x 7 -> 64 x 14 x 14 -> 1 x 28 x 28 in [-1, 1]
 struct GeneratorImpl : torch::nn::Module {
-  GeneratorImpl()
+  explicit GeneratorImpl(bool sync_batchnorm)
       : project(register_module("project", torch::nn::Linear(kLatent, 128 * 7 * 7))),
-        norm0(register_module("norm0", torch::nn::BatchNorm2d(128))),
+        norm0(batch_norm(*this, "norm0", 128, sync_batchnorm)),
         up1(register_module("up1", torch::nn::ConvTranspose2d(torch::nn::ConvTranspose2dOptions(128, 64, 4).stride(2).padding(1)))),
-        norm1(register_module("norm1", torch::nn::BatchNorm2d(64))),
+        norm1(batch_norm(*this, "norm1", 64, sync_batchnorm)),
         up2(register_module("up2", torch::nn::ConvTranspose2d(torch::nn::ConvTranspose2dOptions(64, 1, 4).stride(2).padding(1)))) {}
   torch::Tensor forward(const torch::Tensor& z) {
-    auto x = torch::relu(norm0(project(z).view({-1, 128, 7, 7})));
-    x = torch::relu(norm1(up1(x)));
+    auto x = torch::relu(norm0.forward(project(z).view({-1, 128, 7, 7})));
+    x = torch::relu(norm1.forward(up1(x)));
     return torch::tanh(up2(x));
   }
   torch::nn::Linear project;
-  torch::nn::BatchNorm2d norm0;
+  torch::nn::AnyModule norm0;
   torch::nn::ConvTranspose2d up1;
-  torch::nn::BatchNorm2d norm1;
+  torch::nn::AnyModule norm1;
   torch::nn::ConvTranspose2d up2;
 };
 TORCH_MODULE(Generator);
 
 // 1 x 28 x 28 -> 64 x 14 x 14 -> 128 x 7 x 7 -> one logit (real or generated)
 struct DiscriminatorImpl : torch::nn::Module {
-  DiscriminatorImpl()
+  explicit DiscriminatorImpl(bool sync_batchnorm)
       : down1(register_module("down1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 64, 4).stride(2).padding(1)))),
         down2(register_module("down2", torch::nn::Conv2d(torch::nn::Conv2dOptions(64, 128, 4).stride(2).padding(1)))),
-        norm(register_module("norm", torch::nn::BatchNorm2d(128))),
+        norm(batch_norm(*this, "norm", 128, sync_batchnorm)),
         head(register_module("head", torch::nn::Linear(128 * 7 * 7, 1))) {}
   torch::Tensor forward(const torch::Tensor& images) {
     auto x = torch::leaky_relu(down1(images), 0.2);
-    x = torch::leaky_relu(norm(down2(x)), 0.2);
+    x = torch::leaky_relu(norm.forward(down2(x)), 0.2);
     return head(x.flatten(1)).squeeze(1);
   }
   torch::nn::Conv2d down1, down2;
-  torch::nn::BatchNorm2d norm;
+  torch::nn::AnyModule norm;
   torch::nn::Linear head;
 };
 TORCH_MODULE(Discriminator);
@@ -78,9 +85,12 @@ void write_grid(const torch::Tensor& images, const std::string& path) {
 int main(int argc, char** argv) {
   examples::ExampleFlags flags;
   std::string output_dir = "dcgan-out";
+  bool sync_batchnorm = false;
   CLI::App app{"DCGAN on Fashion-MNIST with Lightning Fabric: two models, two optimizers"};
   flags.add_to(app);
   app.add_option("--output-dir", output_dir, "Where the PNG grids go");
+  app.add_flag("--sync-batchnorm", sync_batchnorm,
+               "Normalise over every rank's batch together (lf::SyncBatchNorm) instead of each rank's own");
   CLI11_PARSE(app, argc, argv);
   try {
     lf::Fabric fabric(flags.fabric_options());
@@ -89,8 +99,8 @@ int main(int argc, char** argv) {
     auto loader = fabric.setup_dataloaders(train.map(torch::data::transforms::Stack<>()),
                                            torch::data::DataLoaderOptions(flags.batch_size).drop_last(true),
                                            lf::DataLoaderSettings{/*shuffle=*/true});
-    Generator generator_net;
-    Discriminator discriminator_net;
+    Generator generator_net(sync_batchnorm);
+    Discriminator discriminator_net(sync_batchnorm);
     torch::optim::Adam g_adam(generator_net->parameters(), torch::optim::AdamOptions(2e-4).betas({0.5, 0.999}));
     torch::optim::Adam d_adam(discriminator_net->parameters(), torch::optim::AdamOptions(2e-4).betas({0.5, 0.999}));
     auto [generator, g_optimizer] = fabric.setup(generator_net, g_adam);          // setup call one

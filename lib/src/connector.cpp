@@ -102,28 +102,48 @@ std::string resolve_strategy(const std::string& value, bool configured, const Re
   return value;
 }
 
+// The names of the plugins of type T among plugins.
 template <class T>
-std::shared_ptr<T> single_plugin(const std::vector<std::shared_ptr<Plugin>>& plugins, const char* kind) {
-  std::shared_ptr<T> found;
+std::vector<std::string> plugin_names(const std::vector<std::shared_ptr<Plugin>>& plugins) {
+  std::vector<std::string> names;
   for (const auto& plugin : plugins) {
-    if (auto typed = std::dynamic_pointer_cast<T>(plugin)) {
-      LF_CHECK(!found, ValueError, "FabricOptions().plugins() holds two ", kind, " plugins ('", found->name(),
-               "' and '", typed->name(), "'). Pass at most one.");
-      found = typed;
-    }
+    if (std::dynamic_pointer_cast<T>(plugin)) names.push_back("'" + plugin->name() + "'");
   }
-  return found;
+  return names;
+}
+
+// One error naming every kind given more than once (as Python's connector lists them all).
+void refuse_duplicate_plugins(const std::vector<std::shared_ptr<Plugin>>& plugins) {
+  std::string duplicates;
+  const auto add = [&](const char* kind, const std::vector<std::string>& names) {
+    if (names.size() < 2) return;
+    duplicates += (duplicates.empty() ? "" : " and ") + std::to_string(names.size()) + " " + kind + " plugins (" +
+                  join_names(names) + ")";
+  };
+  add("precision", plugin_names<Precision>(plugins));
+  add("cluster environment", plugin_names<ClusterEnvironment>(plugins));
+  LF_CHECK(duplicates.empty(), ValueError, "FabricOptions().plugins() holds ", duplicates,
+           ". Pass at most one of each kind.");
+}
+
+template <class T>
+std::shared_ptr<T> single_plugin(const std::vector<std::shared_ptr<Plugin>>& plugins) {
+  for (const auto& plugin : plugins) {
+    if (auto typed = std::dynamic_pointer_cast<T>(plugin)) return typed;  // refuse_duplicate_plugins ran first
+  }
+  return nullptr;
 }
 
 // The cluster environment given as a plugin, else the one the variables describe.
 std::shared_ptr<ClusterEnvironment> cluster_environment_for(const FabricOptions& options, const env::EnvLookup& env) {
-  auto plugin = single_plugin<ClusterEnvironment>(options.plugins(), "cluster environment");
+  auto plugin = single_plugin<ClusterEnvironment>(options.plugins());
   return plugin ? plugin : detect_cluster_environment(env);
 }
 
 }  // namespace
 
 ResolvedConfig resolve_config(const FabricOptions& options, const env::EnvLookup& env) {
+  refuse_duplicate_plugins(options.plugins());
   ResolvedConfig config;
   const std::string accelerator =
       from_env(env, env::kAccelerator, "accelerator", "accelerator", options.accelerator(), "auto");
@@ -187,7 +207,7 @@ Connector Connector::build(const FabricOptions& options, const env::EnvLookup& e
   connector.config = resolve_config(options, env);
   const ResolvedConfig& config = connector.config;
 
-  auto precision_plugin = single_plugin<Precision>(options.plugins(), "precision");
+  auto precision_plugin = single_plugin<Precision>(options.plugins());
   LF_CHECK(!(precision_plugin && options.precision()), ValueError, "FabricOptions() got both precision(\"",
            *options.precision(), "\") and a precision plugin ('", precision_plugin ? precision_plugin->name() : "",
            "'). Choose one.");

@@ -1,6 +1,8 @@
 #include "lightning/fabric/fabric.h"
 
+#include "lightning/fabric/registry.h"
 #include "lightning/fabric/utilities/activation_checkpoint.h"
+#include "lightning/fabric/utilities/wrapper_module.h"
 
 #include <ATen/ATen.h>
 
@@ -138,8 +140,14 @@ void Fabric::prepare_module(const std::shared_ptr<torch::nn::Module>& module, co
   if (has_meta_tensors(*module)) connector_->strategy->materialize_meta_tensors(*module);
   connector_->precision->convert_module(*module);
   if (options.move_to_device) connector_->strategy->module_to_device(*module);
-  apply_activation_checkpointing(*module,
-                                 options.activation_checkpointing.value_or(connector_->strategy->activation_checkpointing()));
+  if (apply_activation_checkpointing(
+          *module, options.activation_checkpointing.value_or(connector_->strategy->activation_checkpointing())) > 0) {
+    for (const auto& item : module->named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
+      auto* wrapper = dynamic_cast<WrapperModule*>(item.value().get());
+      const std::shared_ptr<torch::nn::Module>& subject = wrapper != nullptr ? wrapper->wrapped() : item.value();
+      if (is_checkpointed(*subject) && !subject->parameters().empty()) unverified_checkpointed_.emplace_back(item.key(), subject);
+    }
+  }
   connector_->strategy->setup_module(module);
   setup_modules_.erase(std::remove_if(setup_modules_.begin(), setup_modules_.end(),
                                       [](const std::weak_ptr<torch::nn::Module>& m) { return m.expired(); }),
@@ -235,6 +243,32 @@ void Fabric::backward(at::Tensor loss) {
   connector_->strategy->settle_background_save(/*wait=*/false);
   detail::BackwardScope scope;
   connector_->strategy->backward(loss, nullptr);
+  if (!unverified_checkpointed_.empty()) refuse_checkpointing_that_did_nothing();
+}
+
+// A module marked for checkpointing that ran (its parameters have gradients) without a single
+// checkpointed call: the parent calls it directly, and the policy recomputes nothing. Modules seen
+// checkpointed, or gone, leave the list; one that has not run yet stays until it does.
+void Fabric::refuse_checkpointing_that_did_nothing() {
+  std::vector<std::string> missed;
+  std::vector<std::pair<std::string, std::weak_ptr<torch::nn::Module>>> waiting;
+  for (auto& [name, weak] : unverified_checkpointed_) {
+    const auto module = weak.lock();
+    if (module == nullptr || detail::checkpointed_calls(*module) > 0) continue;
+    const auto parameters = module->parameters();
+    const bool ran = std::any_of(parameters.begin(), parameters.end(), [](const at::Tensor& p) { return p.grad().defined(); });
+    if (ran) {
+      missed.push_back("'" + name + "'");
+    } else {
+      waiting.emplace_back(std::move(name), std::move(weak));
+    }
+  }
+  unverified_checkpointed_ = std::move(waiting);
+  LF_CHECK(missed.empty(), ValueError, "Activation checkpointing: the modules ", join_names(missed), " match the "
+           "checkpointing policy and ran in this backward, but never through lf::call, so nothing was recomputed "
+           "(the policy saved no memory). LibTorch modules have no forward hooks: call them in the parent's forward "
+           "as lf::call(block, x), hold them in a torch::nn::Sequential, or drop them from the policy "
+           "(docs/toolkit.md, \"Activation checkpointing\").");
 }
 
 std::shared_ptr<torch::nn::Module> Fabric::to_device(const std::shared_ptr<torch::nn::Module>& module) const {

@@ -18,7 +18,8 @@
 #             --max-restarts 1 --no-python), with the same binary: Fabric takes the new world size
 #             and the restart count from torchrun's environment
 # Knobs for scripts/bench-hosts-restart.sh: ELASTIC_NODE_TIMEOUT (lightning-run's --node-timeout,
-# default 5) and ELASTIC_TORCHRUN_CONF (torchrun's --rdzv-conf, default none).
+# default 5), ELASTIC_LAST_CALL (lightning-run's --rdzv-last-call, default 3; empty: the flag left
+# out, lightning-run's own default) and ELASTIC_TORCHRUN_CONF (torchrun's --rdzv-conf, default none).
 set -u
 launcher=$1 job=$2 case=$3
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -26,6 +27,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/hosts.sh"
 hosts_test_setup
 dir=$HOSTS_TEST_DIR
 steps=400 sleep_ms=40
+last_call=${ELASTIC_LAST_CALL-3}
 # The world size changes midway, so from then on the gradients are reduced in another order.
 job_args=("$job" "$steps" --sleep-ms "$sleep_ms" --checkpoint-dir "$dir/ck" --tolerance 1e-5)
 
@@ -39,7 +41,8 @@ start_node() {
       "${job_args[@]}" >"$dir/node$k.log" 2>&1 &
   else
     host_run "$k" "$launcher" model --accelerator cpu --num-nodes 2:3 --main-address host0 --main-port 29400 \
-      --devices 2 --max-restarts 1 --node-timeout "${ELASTIC_NODE_TIMEOUT:-5}" --rdzv-last-call 3 --shutdown-grace 2 \
+      --devices 2 --max-restarts 1 --node-timeout "${ELASTIC_NODE_TIMEOUT:-5}" \
+      ${last_call:+--rdzv-last-call "$last_call"} --shutdown-grace 2 \
       "${job_args[@]}" >"$dir/node$k.log" 2>&1 &
   fi
   pid[$k]=$!

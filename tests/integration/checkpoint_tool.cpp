@@ -7,6 +7,7 @@
 //   checkpoint_tool same PATH PATH KEY  exit 0 when both files hold bitwise-equal tensors under KEY
 //   checkpoint_tool interop-save PATH AFTER   the interop MLP + Adam after 3 steps to PATH (model,
 //                                     optimizer, step), then one more step; its weights to AFTER
+//   checkpoint_tool interop-save-fused PATH AFTER   the same, stepped through fabric.setup's fused Adam
 //   checkpoint_tool interop-load PATH AFTER   loads PATH (written by Python Fabric) into the interop
 //                                     MLP + Adam, takes one step, compares with AFTER within 1e-6
 // The interop MLP, batch and steps are mirrored by tests/integration/python_fabric_interop.py.
@@ -101,6 +102,30 @@ int main(int argc, char** argv) {
       interop_step(model, adam);
       fabric.save(argv[3], {{"model", model}});
       std::cout << "saved after 3 steps, then stepped once more" << std::endl;
+      return 0;
+    }
+    if (mode == "interop-save-fused" && argc == 4) {  // the same steps through Fabric's fused Adam kernel
+      auto model = interop_model();
+      torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(0.01));
+      auto setup = fabric.setup(model, adam);
+      auto& fabric_model = std::get<0>(setup);
+      auto& optimizer = std::get<1>(setup);
+      if (!optimizer.fused()) {
+        std::cout << "FAIL: Adam does not step through the fused kernel" << std::endl;
+        return 1;
+      }
+      const auto x = torch::linspace(-1, 1, 32).reshape({8, 4});
+      const auto y = x.index({torch::indexing::Slice(), torch::indexing::Slice(0, 2)}) * 0.5 + 0.1;
+      auto step = [&] {
+        optimizer.zero_grad();
+        fabric.backward(torch::mse_loss(fabric_model(x), y));
+        optimizer.step();
+      };
+      for (int i = 0; i < 3; ++i) step();
+      fabric.save(path, {{"model", model}, {"optimizer", adam}, {"step", 3}});
+      step();
+      fabric.save(argv[3], {{"model", model}});
+      std::cout << "saved after 3 fused steps, then stepped once more" << std::endl;
       return 0;
     }
     if (mode == "interop-load" && argc == 4) {

@@ -107,6 +107,13 @@ void check_buffers(lf::Fabric& fabric) {
     fabric.backward(model(torch::randn({6, 16}) * (1.0 + fabric.global_rank())).pow(2).mean());
     optimizer.step();
   }
+  // Two forwards before one backward, as a GAN's discriminator runs on real, then generated,
+  // samples: the broadcast before the second must leave the first forward's backward valid.
+  optimizer.zero_grad();
+  const auto real = model(torch::randn({6, 16}));
+  const auto generated = model(torch::randn({6, 16}) * (1.0 + fabric.global_rank()));
+  fabric.backward(real.pow(2).mean() + generated.pow(2).mean());
+  optimizer.step();
   const auto means = fabric.all_gather(net->norm->running_mean.clone());
   expect(!torch::equal(means[0], means[1]), "each rank's last training batch updated its own statistics");
   net->eval();

@@ -709,6 +709,42 @@ int buffers() {
   return 0;
 }
 
+// summon_full_parameters between a forward with gradients and its fabric.backward is refused (it
+// would break that backward); before the forward, after the backward and after a forward under
+// no_grad it gathers the whole weights. precision: "32-true" or "bf16-mixed".
+int summon(const std::string& precision) {
+  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").precision(precision).strategy(lf::fsdp_strategy()));
+  torch::manual_seed(3);
+  torch::nn::Sequential net(torch::nn::Linear(6, 8), torch::nn::ReLU(), torch::nn::Linear(8, 2));
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  auto setup = fabric.setup(net, sgd);
+  auto& model = std::get<0>(setup);
+  auto& optimizer = std::get<1>(setup);
+  auto& fsdp = fabric.strategy_as<lf::FSDPStrategy>();
+  auto whole = [&](const std::string& when) {
+    auto full = fsdp.summon_full_parameters(*net);
+    expect(net[0]->as<torch::nn::Linear>()->weight.numel() == 48, "the whole first weight " + when);
+  };
+  whole("before the forward");
+  auto loss = model(torch::randn({4, 6})).to(torch::kFloat32).pow(2).mean();
+  try {
+    auto full = fsdp.summon_full_parameters(*net);
+    expect(false, "summon_full_parameters between a forward and its backward was accepted");
+  } catch (const lf::RuntimeError& error) {
+    expect(std::string(error.what()).find("its fabric.backward has not") != std::string::npos,
+           std::string("the refusal says why: ") + error.what());
+  }
+  fabric.backward(loss);  // unharmed by the refused call
+  optimizer.step();
+  whole("after the backward");
+  {
+    torch::NoGradGuard no_grad;
+    model(torch::randn({4, 6}));
+  }
+  whole("after a forward under no_grad");
+  return 0;
+}
+
 int scaler() {
   auto loss_scaler = std::make_shared<lf::LossScaler>(lf::LossScalerOptions{1e36, 2.0, 0.5, 2000});
   auto precision = std::make_shared<lf::MixedPrecision>("bf16-mixed", torch::kBFloat16, loss_scaler);
@@ -891,6 +927,7 @@ int main(int argc, char** argv) {
     else if (mode == "mixed" && argc == 3) mixed(argv[2]);
     else if (mode == "scaler" && argc == 2) scaler();
     else if (mode == "buffers" && argc == 2) buffers();
+    else if (mode == "summon" && argc == 3) summon(argv[2]);
     else if (mode == "meta" && argc == 4) meta(argv[2], argv[3]);
     else if (mode == "prefetch" && argc == 4) prefetch(argv[2], argv[3]);
     else if (mode == "prefetch_load" && argc == 3) prefetch_load(argv[2]);
@@ -901,7 +938,7 @@ int main(int argc, char** argv) {
     else if (mode == "interop_continue" && argc == 4) interop_continue(argv[2], argv[3]);
     else {
       std::cerr << "usage: fsdp_checks train SHARDING | units SHARDING | checkpointed SHARDING | by_type SHARDING | "
-                   "mixed SHARDING | buffers | meta SHARDING DIR | prefetch SHARDING WHICH | prefetch_load DIR | scaler | save SHARDING DIR | load DIR | legacy_load DIR | interop_save DIR SHARDING | interop_continue CK NEXT" << std::endl;
+                   "mixed SHARDING | buffers | summon PRECISION | meta SHARDING DIR | prefetch SHARDING WHICH | prefetch_load DIR | scaler | save SHARDING DIR | load DIR | legacy_load DIR | interop_save DIR SHARDING | interop_continue CK NEXT" << std::endl;
       return 2;
     }
   } catch (const std::exception& error) {

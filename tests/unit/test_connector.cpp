@@ -163,7 +163,16 @@ TEST_CASE("a precision plugin replaces the precision flag, both together is an e
                     Contains("both precision"));
   CHECK_THROWS_WITH(
       lf::Connector::build(lf::FabricOptions().plugin(plugin).plugin(std::make_shared<lf::Precision>()), lf::env::map_env({})),
-      Contains("two precision plugins"));
+      Contains("2 precision plugins"));
+  // Duplicates of two kinds are named together, as Python's connector names them.
+  auto slurm = std::make_shared<lf::SLURMEnvironment>(lf::env::map_env({}));
+  CHECK_THROWS_WITH(lf::Connector::build(lf::FabricOptions()
+                                             .plugin(plugin)
+                                             .plugin(std::make_shared<lf::Precision>())
+                                             .plugin(slurm)
+                                             .plugin(std::make_shared<lf::LightningEnvironment>(lf::env::map_env({}))),
+                                         lf::env::map_env({})),
+                    Contains("2 precision plugins") && Contains("2 cluster environment plugins"));
 }
 
 TEST_CASE("torchrun-style variables select the torchelastic environment", "[connector]") {

@@ -147,7 +147,8 @@ void insert_at_path(const NodePtr& root, const std::string& path, NodePtr value)
       const bool numeric = !elements[i].empty() && elements[i].find_first_not_of("0123456789") == std::string::npos;
       dict->items.push_back(numeric && has_int_keys(*dict) ? pickle::make_int(std::stoll(elements[i]))
                                                             : pickle::make_string(elements[i]));
-      dict->items.push_back(i + 1 == elements.size() ? value : pickle::make_tagged_dict());
+      // A plain dict: a type tag is a torch.jit global that torch.load(weights_only=True) refuses.
+      dict->items.push_back(i + 1 == elements.size() ? value : pickle::make_node(Node::Kind::Dict));
       slot = &dict->items.back();
     } else if (i + 1 == elements.size()) {
       *slot = value;

@@ -218,10 +218,15 @@ class Parser {
         break;
       }
       case 'b': {
+        // BUILD sets the object's state in place, as Python's pickle does: a memo entry taken of
+        // the object before (BINPUT after NEWOBJ) must read back the built object, so the node
+        // itself becomes the Build node around a copy of what it was.
         NodePtr state = pop(), object = pop();
-        auto node = make(Kind::Build);
-        node->items = {std::move(object), std::move(state)};
-        stack_.push_back(std::move(node));
+        auto unbuilt = std::make_shared<Node>(std::move(*object));
+        *object = Node{};
+        object->kind = Kind::Build;
+        object->items = {std::move(unbuilt), std::move(state)};
+        stack_.push_back(std::move(object));
         break;
       }
       default: {
@@ -370,11 +375,6 @@ NodePtr make_tuple(std::vector<NodePtr> items) {
   auto node = make(Kind::Tuple);
   node->items = std::move(items);
   return node;
-}
-
-NodePtr make_tagged_dict() {
-  return make_reduce(make_global("torch.jit._pickle", "restore_type_tag"),
-                     make_tuple({make(Kind::Dict), make_string("Dict[str, Any]")}));
 }
 
 NodePtr parse(std::string_view bytes, const std::string& what) { return Parser(bytes, what).run(); }

@@ -48,7 +48,13 @@ void DDPStrategy::before_forward(const torch::nn::Module& module) {
   const bool skip = skip_next_buffer_broadcast_.erase(&module) > 0;
   if (!torch::GradMode::is_enabled() || !syncs_gradients_of(&module)) skip_next_buffer_broadcast_.insert(&module);
   if (skip || group->world_size() < 2) return;
-  std::vector<at::Tensor> buffers = module.buffers();
+  std::vector<at::Tensor> buffers;
+  // Written through .data(), which has a version counter of its own: autograd does not see the
+  // broadcast as an in-place change, so a second forward before the backward (a GAN's
+  // discriminator on real, then generated images) keeps the first forward's backward valid;
+  // PyTorch's DDP raises "modified by an inplace operation" there. A training-mode BatchNorm's
+  // backward reads the batch statistics it saved, never the running ones.
+  for (const auto& buffer : module.buffers()) buffers.push_back(buffer.data());
   if (buffers.empty()) return;
   torch::NoGradGuard no_grad;
   group->broadcast_many_(buffers, 0, kBufferBroadcastBucketBytes);

@@ -523,6 +523,7 @@ void FSDPStrategy::Engine::before_forward(const torch::nn::Module& module) {
   sharded->last_order = std::move(sharded->order);
   sharded->order.clear();
   sharded->in_forward = true;
+  sharded->awaiting_backward = torch::GradMode::is_enabled();
   Unit& own = sharded->units.front();
   if (!own.materialized || own.stale) gather(*sharded, own);
 }
@@ -634,6 +635,7 @@ void FSDPStrategy::Engine::finish_backward() {
   settle_prefetch(/*use=*/false);
   for (auto& sharded : modules_) {  // units the backward did not finish (unit 0, unused parameters), in order
     if (sharded->module.expired()) continue;
+    sharded->awaiting_backward = false;
     const std::string skipped = skipped_units_hint(*sharded->address, /*after_backward=*/true);
     LF_CHECK(skipped.empty(), RuntimeError, skipped);
     for (auto& unit : sharded->units) {
@@ -657,11 +659,12 @@ ScopeGuard FSDPStrategy::Engine::summon(const torch::nn::Module& module) {
   ShardedModule* sharded = find(module);
   LF_CHECK(sharded != nullptr, ValueError, "summon_full_parameters: this module was not set up with strategy=\"fsdp\". ",
            "Pass the module given to fabric.setup.");
-  for (const auto& unit : sharded->units) {
-    LF_CHECK(!unit.released, RuntimeError, "summon_full_parameters: a forward of this module has run and its backward "
-             "has not: the full parameters autograd saved are in use. Call it before the forward or after "
-             "fabric.backward.");
-  }
+  bool released = false;
+  for (const auto& unit : sharded->units) released |= unit.released;
+  LF_CHECK(!released && !sharded->awaiting_backward, RuntimeError, "summon_full_parameters: a forward of this module "
+           "with gradients has run and its fabric.backward has not: the parameters autograd saved for that backward "
+           "are in use, and gathering or freeing them would break it. Call it before the forward, after "
+           "fabric.backward, or run that forward under torch::NoGradGuard.");
   settle_prefetch(/*use=*/false);
   // In the shards' own dtype: the master values, whatever the param dtype.
   for (auto& unit : sharded->units) {

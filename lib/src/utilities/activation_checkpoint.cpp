@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <atomic>
 #include <mutex>
 #include <set>
 #include <sstream>
@@ -218,9 +219,9 @@ struct CheckpointNode : torch::autograd::Function<CheckpointNode> {
   }
 };
 
-// The modules apply_activation_checkpointing marked.
-internal::ModuleTable<bool>& marked() {
-  static internal::ModuleTable<bool> table;
+// The modules apply_activation_checkpointing marked, each with the count of its checkpointed calls.
+internal::ModuleTable<std::shared_ptr<std::atomic<uint64_t>>>& marked() {
+  static internal::ModuleTable<std::shared_ptr<std::atomic<uint64_t>>> table;
   return table;
 }
 
@@ -244,6 +245,15 @@ std::vector<at::Tensor> detail::checkpoint_tensors(const CheckpointFunction& fn,
 
 bool is_checkpointed(const torch::nn::Module& module) { return marked().get(module).has_value(); }
 
+void detail::count_checkpointed_call(const torch::nn::Module& module) {
+  if (const auto calls = marked().get(module)) ++**calls;
+}
+
+uint64_t detail::checkpointed_calls(const torch::nn::Module& module) {
+  const auto calls = marked().get(module);
+  return calls ? (*calls)->load() : 0;
+}
+
 int apply_activation_checkpointing(torch::nn::Module& root, const ModulePolicy& policy) {
   if (policy.empty()) return 0;
   int count = 0;
@@ -254,7 +264,7 @@ int apply_activation_checkpointing(torch::nn::Module& root, const ModulePolicy& 
     auto* wrapper = dynamic_cast<WrapperModule*>(module.get());
     const std::shared_ptr<torch::nn::Module>& subject = wrapper != nullptr ? wrapper->wrapped() : module;
     if (is_checkpointed(*subject) || !policy.matches(unwrapped(*subject), item.key())) continue;
-    marked().set(*subject, true);
+    marked().set(*subject, std::make_shared<std::atomic<uint64_t>>(0));
     ++count;
   }
   // A Sequential calls its children itself: a marked child is wrapped so that the call checkpoints.
@@ -269,6 +279,7 @@ int apply_activation_checkpointing(torch::nn::Module& root, const ModulePolicy& 
 CheckpointedImpl::CheckpointedImpl(torch::nn::AnyModule wrapped) : WrapperModule(wrapped.ptr()), forward_(std::move(wrapped)) {}
 
 at::Tensor CheckpointedImpl::forward(at::Tensor input) {
+  detail::count_checkpointed_call(*wrapped());
   return checkpoint([this](const at::Tensor& x) { return forward_.forward<at::Tensor>(x); }, input, wrapped()->parameters());
 }
 

@@ -23,7 +23,9 @@ std::shared_ptr<ForwardHooks> forward_hooks(const torch::nn::Module& module) {
 at::Tensor detail::call_module(torch::nn::Module& module, const std::shared_ptr<ForwardHooks>& hooks,
                                const std::function<at::Tensor(const at::Tensor&)>& forward, const at::Tensor& input) {
   const auto run = [&](const at::Tensor& x) {
-    return is_checkpointed(module) ? checkpoint(forward, x, module.parameters()) : forward(x);
+    if (!is_checkpointed(module)) return forward(x);
+    detail::count_checkpointed_call(module);
+    return checkpoint(forward, x, module.parameters());
   };
   if (!hooks) return run(input);
   return hooks->after_forward(run(hooks->before_forward(input)));

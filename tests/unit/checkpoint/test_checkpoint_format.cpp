@@ -119,6 +119,25 @@ void write_sharded_folder(const fs::path& folder, const lf::StateDict& whole, co
 }
 }  // namespace
 
+TEST_CASE("the pickle reader: an object referenced twice keeps the fields BUILD gave it", "[checkpoint][format]") {
+  // (obj, obj) where obj = Obj() built with {"a": 5}; the second is a memo reference (BINGET 0)
+  // to the object memoised before its BUILD, as Python's pickler writes a shared object.
+  const std::string bytes = std::string("\x80\x02" "c__main__\nObj\n" ")" "\x81" "q\x00" "}" "X\x01\x00\x00\x00" "a"
+                                        "K\x05" "s" "b" "h\x00" "\x86" ".", 35);
+  const auto root = lf::pickle::parse(bytes, "a shared object");
+  REQUIRE(root->kind == lf::pickle::Node::Kind::Tuple);
+  REQUIRE(root->items.size() == 2);
+  for (const auto& object : root->items) {
+    REQUIRE(object->kind == lf::pickle::Node::Kind::Build);
+    CHECK(object->items.at(0)->kind == lf::pickle::Node::Kind::NewObj);
+    auto* fields = lf::pickle::as_dict(object->items.at(1));
+    REQUIRE(fields != nullptr);
+    const auto* a = lf::pickle::dict_find(*fields, "a");
+    REQUIRE(a != nullptr);
+    CHECK((*a)->integer == 5);
+  }
+}
+
 TEST_CASE("a checkpoint rewritten through the pickle tree and zip writer loads equal", "[checkpoint][format]") {
   const auto state = varied_state();
   lf::save_state_dict_file(scratch("varied.pt"), state);
@@ -160,6 +179,27 @@ TEST_CASE("splicing a sharded folder equals assembling it with LibTorch", "[chec
       }
     }
   }
+}
+
+TEST_CASE("splicing places a tensor whose dicts common.pt lacks in plain dicts, which torch.load's weights_only reads",
+          "[checkpoint][format]") {
+  lf::StateDict whole = lf::make_state_dict();
+  lf::StateDict model = lf::make_state_dict();
+  model.insert("fc.weight", torch::arange(12, torch::kFloat32).view({4, 3}));
+  whole.insert("model", model);
+  const fs::path folder = scratch("no-parent");
+  fs::remove_all(folder);
+  write_sharded_folder(folder, whole, {"model/fc.weight"}, 2, false);
+  lf::StateDict common = lf::make_state_dict();  // the earlier layout's common.pt without the "model" dict
+  common.insert("step", int64_t{3});
+  lf::save_state_dict_file(folder / "common.pt", common);
+  const fs::path output = scratch("no-parent.pt");
+  lf::consolidate_sharded_folder(folder, output);
+  std::ifstream in(output, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(bytes.find("restore_type_tag") == std::string::npos);  // a torch.jit global weights_only refuses
+  whole.insert("step", int64_t{3});
+  CHECK(same_value(lf::load_state_dict_file(output), whole));
 }
 
 TEST_CASE("splicing refuses a corrupted shard and one that disagrees with metadata.json", "[checkpoint][format][errors]") {

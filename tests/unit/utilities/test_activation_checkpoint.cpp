@@ -228,3 +228,21 @@ TEST_CASE("lf::call runs the hooks set for a module around its forward, while th
   CHECK(lf::forward_hooks(*block) == nullptr);
   CHECK(torch::equal(lf::call(block, x), block(x)));
 }
+
+TEST_CASE("a policy matching blocks that the parent calls directly is refused at the first backward",
+          "[checkpoint][errors]") {
+  for (bool through_call : {true, false}) {
+    lf::Fabric fabric(lf::FabricOptions().accelerator("cpu"), lf::env::map_env({}));
+    Net net(8, 2, 0.0, through_call);
+    lf::SetupOptions options;
+    options.activation_checkpointing = lf::ModulePolicy::of_type<BlockImpl>();
+    auto model = fabric.setup_module(options, net);
+    auto loss = model(torch::randn({3, 8})).pow(2).sum();
+    if (through_call) {
+      fabric.backward(loss);
+      CHECK(net->blocks[0]->calls == 2);  // the forward, then the recompute in backward
+    } else {
+      CHECK_THROWS_WITH(fabric.backward(loss), Contains("'block0', 'block1'") && Contains("lf::call(block, x)"));
+    }
+  }
+}

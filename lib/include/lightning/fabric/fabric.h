@@ -508,6 +508,10 @@ class LF_API Fabric {
     c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> first_parameter;
   };
   std::vector<std::weak_ptr<torch::nn::Module>> setup_modules_;
+  /// Modules setup marked for activation checkpointing and not yet seen checkpointed, by name:
+  /// Fabric::backward refuses one that ran without a checkpointed call.
+  std::vector<std::pair<std::string, std::weak_ptr<torch::nn::Module>>> unverified_checkpointed_;
+  void refuse_checkpointing_that_did_nothing();
   std::vector<OptimizerRecord> setup_optimizers_;
   bool was_set_up(const torch::optim::Optimizer& optimizer) const;
 };

@@ -499,6 +499,10 @@ void Collective::broadcast_many_(const std::vector<at::Tensor>& tensors, int src
            static_cast<size_t>(bytes + aligned(static_cast<int64_t>(tensors[end].nbytes()))) <= bucket_bytes) {
       bytes += aligned(static_cast<int64_t>(tensors[end++].nbytes()));
     }
+    if (bytes == 0) {  // nothing but empty tensors
+      begin = end;
+      continue;
+    }
     // One broadcast of the bucket's bytes, whatever their dtypes (PyTorch sends one per dtype).
     at::Tensor bucket = at::empty({bytes}, at::TensorOptions(at::kByte).device(device));
     std::vector<int64_t> offsets;

@@ -9,6 +9,7 @@
 #include "lightning/fabric/internal/published_port.h"
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/plugins/collectives/process_group_settings.h"
+#include "lightning/fabric/utilities/rank_zero.h"
 
 namespace lightning::fabric {
 namespace {
@@ -105,17 +106,23 @@ bool TorchElasticEnvironment::detect(const env::EnvLookup& env) {
   return true;
 }
 
+// Without MASTER_ADDR / MASTER_PORT / GROUP_RANK: Python Lightning's defaults (127.0.0.1, 12910,
+// node 0), the first two with its warning.
 std::string TorchElasticEnvironment::main_address() const {
-  auto address = env_(env::kMasterAddr);
-  LF_CHECK(address.has_value(), RuntimeError, "torchelastic environment: MASTER_ADDR is not set.");
-  return *address;
+  if (auto address = env_(env::kMasterAddr)) return *address;
+  rank_zero_warn("torchelastic environment: MASTER_ADDR is not set; using 127.0.0.1.");
+  return "127.0.0.1";
 }
 
-int TorchElasticEnvironment::main_port() const { return required_int(env_, env::kMasterPort, "torchelastic"); }
+int TorchElasticEnvironment::main_port() const {
+  if (auto port = int_var(env_, env::kMasterPort)) return *port;
+  rank_zero_warn("torchelastic environment: MASTER_PORT is not set; using 12910.");
+  return 12910;
+}
 int TorchElasticEnvironment::world_size() const { return required_int(env_, env::kWorldSize, "torchelastic"); }
 int TorchElasticEnvironment::global_rank() const { return required_int(env_, env::kRank, "torchelastic"); }
 int TorchElasticEnvironment::local_rank() const { return required_int(env_, env::kLocalRank, "torchelastic"); }
-int TorchElasticEnvironment::node_rank() const { return required_int(env_, env::kGroupRank, "torchelastic"); }
+int TorchElasticEnvironment::node_rank() const { return int_var(env_, env::kGroupRank).value_or(0); }
 
 std::optional<int> TorchElasticEnvironment::launched_processes_per_node() const {
   return int_var(env_, env::kLocalWorldSize);
@@ -131,14 +138,16 @@ std::string TorchElasticEnvironment::launch_description() const {
 // ---- host lists ----
 
 std::vector<std::string> expand_host_list(const std::string& hosts) {
-  // Split at commas outside brackets, then expand each prefix[ranges]suffix.
+  // Split at commas and spaces outside brackets (Python Lightning reads "a b c" as three hosts),
+  // drop spaces inside them ("1.2.3.[089, 100-110]"), then expand each prefix[ranges]suffix.
   std::vector<std::string> items;
   std::string current;
   int depth = 0;
   for (char c : hosts) {
     if (c == '[') ++depth;
     if (c == ']') --depth;
-    if (c == ',' && depth == 0) {
+    if (c == ' ' && depth > 0) continue;
+    if ((c == ',' || c == ' ') && depth == 0) {
       if (!current.empty()) items.push_back(current);
       current.clear();
     } else {
@@ -192,7 +201,7 @@ std::string SLURMEnvironment::main_address() const {
   auto nodes = env_("SLURM_STEP_NODELIST");
   if (!nodes) nodes = env_("SLURM_NODELIST");
   if (!nodes) nodes = env_("SLURM_JOB_NODELIST");
-  LF_CHECK(nodes.has_value(), RuntimeError, "slurm environment: neither MASTER_ADDR nor SLURM_NODELIST is set.");
+  if (!nodes) return "127.0.0.1";  // outside a job: Python Lightning's default
   const auto hosts = expand_host_list(*nodes);
   LF_CHECK(!hosts.empty(), RuntimeError, "slurm environment: SLURM_NODELIST=\"", *nodes, "\" names no host.");
   return hosts.front();
@@ -204,7 +213,9 @@ std::string SLURMEnvironment::main_address() const {
 int SLURMEnvironment::main_port() const {
   if (auto port = int_var(env_, env::kMasterPort)) return *port;
   const env::Reader reader(env_);
-  const long long job = reader.integer("SLURM_JOB_ID").value_or(0);
+  const auto job_id = reader.integer("SLURM_JOB_ID");
+  if (!job_id) return 12910;  // outside a job: Python Lightning's default
+  const long long job = *job_id;
   auto step = reader.integer("SLURM_STEP_ID");
   if (!step) step = reader.integer("SLURM_STEPID");
   const long long lane = step && *step > 0 ? *step % 5 : 0;

@@ -20,7 +20,9 @@ lf::CollectiveOptions options_for(int rank, int world_size, int port) {
   return lf_test::thread_rank_options(rank, world_size, port);
 }
 
-// Runs body(collective) on rank 0 and rank 1 at once; rank 0 hosts the store.
+// Runs body(collective) on rank 0 and rank 1 at once; rank 0 hosts the store. A barrier ends each
+// rank's body: a rank that destroyed its groups while the other's gloo listener had not yet taken
+// its connections would make that one fail with "Connection closed by peer".
 template <class Body>
 void on_two_ranks(Body body, lf::ProcessGroupBackend backend = lf::ProcessGroupBackend::Gloo) {
   int port = 0;
@@ -30,11 +32,13 @@ void on_two_ranks(Body body, lf::ProcessGroupBackend backend = lf::ProcessGroupB
     options.backend = backend;
     lf::Collective group(options);
     body(group);
+    group.barrier();
   });
   auto options = options_for(0, 2, port);
   options.backend = backend;
   lf::Collective group(options, store);
   body(group);
+  group.barrier();
   rank1.get();
 }
 }  // namespace
@@ -114,6 +118,7 @@ TEST_CASE("collective: shm+gloo sums through shm and gloo, and leaves the rest t
         CHECK(group.broadcast_bytes(rank == 1 ? "from rank 1" : "", 1) == "from rank 1");
         group.barrier();
         lf::Collective sub(group, "sub", {0, 1});
+        sub.barrier();  // both ranks' connections taken before either destroys the group
         CHECK(sub.backend() == lf::ProcessGroupBackend::Gloo);
         CHECK_THROWS_WITH(lf::Collective(group, "named", {0, 1}, lf::ProcessGroupBackend::ShmGloo),
                           Contains("backend \"shm+gloo\" is not valid for a subgroup"));

@@ -26,6 +26,9 @@ TEST_CASE("host lists expand as SLURM writes them", "[environments]") {
   CHECK(lf::expand_host_list("a,b") == V{"a", "b"});
   CHECK(lf::expand_host_list("x[8-10]y") == V{"x8y", "x9y", "x10y"});
   CHECK(lf::expand_host_list("host") == V{"host"});
+  // Spaces separate hosts and vanish inside brackets, as Python Lightning resolves them.
+  CHECK(lf::expand_host_list("alpha beta gamma") == V{"alpha", "beta", "gamma"});
+  CHECK(lf::expand_host_list("1.2.3.[089, 100-101]") == V{"1.2.3.089", "1.2.3.100", "1.2.3.101"});
   CHECK_THROWS_WITH(lf::expand_host_list("n[1-"), Contains("unclosed"));
   CHECK_THROWS_WITH(lf::expand_host_list("n[a-b]"), Contains("invalid range"));
 }
@@ -170,6 +173,17 @@ TEST_CASE("kubeflow: one process per pod", "[environments]") {
   CHECK(environment->main_address() == "job-master-0");
   CHECK(environment->launched_processes_per_node() == 1);
   CHECK(environment->launched_num_nodes() == 3);
+}
+
+TEST_CASE("outside a job, slurm and torchelastic give Python Lightning's defaults", "[environments]") {
+  lf::SLURMEnvironment slurm(lf::env::map_env({}));
+  CHECK(slurm.main_address() == "127.0.0.1");
+  CHECK(slurm.main_port() == 12910);
+  CHECK(lf::SLURMEnvironment(lf::env::map_env({{"SLURM_NODELIST", "alpha beta"}})).main_address() == "alpha");
+  lf::TorchElasticEnvironment elastic(lf::env::map_env({}));
+  CHECK(elastic.main_address() == "127.0.0.1");
+  CHECK(elastic.main_port() == 12910);
+  CHECK(elastic.node_rank() == 0);
 }
 
 TEST_CASE("a variable an environment needs, missing or empty, is named in the error", "[environments]") {

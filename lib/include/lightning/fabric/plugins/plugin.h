@@ -1,5 +1,5 @@
 // Common base of everything that can be passed through FabricOptions::plugins(): precision
-// plugins and cluster environments (checkpoint IO joins them later). The Connector sorts the
+// plugins and cluster environments (no checkpoint-IO plugin exists). The Connector sorts the
 // plugins by their concrete base class.
 #pragma once
 

@@ -30,6 +30,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <type_traits>
@@ -105,6 +106,14 @@ LF_API int apply_activation_checkpointing(torch::nn::Module& root, const ModuleP
 
 /// Whether apply_activation_checkpointing marked module (lf::call, module_call.h, then checkpoints it).
 LF_API bool is_checkpointed(const torch::nn::Module& module);
+
+namespace detail {
+/// Counts a checkpointed call of a marked module (lf::call and the Sequential wrapper do).
+LF_API void count_checkpointed_call(const torch::nn::Module& module);
+/// The checkpointed calls of module since it was marked (0 when unmarked): Fabric::backward
+/// refuses a marked module that ran without one (its policy checkpointed nothing).
+LF_API uint64_t checkpointed_calls(const torch::nn::Module& module);
+}  // namespace detail
 
 /// The wrapper apply_activation_checkpointing puts around a Sequential's child: its forward is
 /// the child's, checkpointed. Its parameters, buffers and children carry the child's names.

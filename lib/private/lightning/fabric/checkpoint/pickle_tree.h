@@ -41,9 +41,6 @@ NodePtr make_object(NodePtr cls, NodePtr args, NodePtr state);
 bool is_global(const NodePtr& node, std::string_view module, std::string_view name);
 NodePtr make_int(int64_t value);
 NodePtr make_tuple(std::vector<NodePtr> items);
-/// An empty dict tagged like LibTorch's (restore_type_tag with "Dict[str, Any]"), which both
-/// torch.load and LibTorch read.
-NodePtr make_tagged_dict();
 
 /// The tree of a pickle. RuntimeError naming `what` for an opcode outside the supported set or
 /// a malformed stream.

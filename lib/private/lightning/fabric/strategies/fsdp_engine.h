@@ -57,6 +57,7 @@ class FSDPStrategy::Engine {
     std::vector<std::shared_ptr<FSDPUnitImpl::Hooks>> hooks;  // one per FSDPUnit (weakly held there)
     bool casts = false;  // some full parameter is gathered in the param dtype, not its shard's
     bool in_forward = false;            // from before_forward to the backward (not its recomputes)
+    bool awaiting_backward = false;     // a forward with gradients ran and fabric.backward has not yet
     std::vector<size_t> order, last_order;  // units as this forward and the previous one entered them
   };
 
