@@ -22,6 +22,9 @@
 #      without --activation-checkpointing) against Python Lightning Fabric's FSDPStrategy with
 #      auto_wrap_policy and activation_checkpointing_policy={Block}, bf16-mixed: the step-time
 #      cost of checkpointing on each side, and Python's peak CUDA memory with and without it.
+#   7. tensor parallel at world size 1 (the machine has one GPU): examples/tensor_parallel_gpt under
+#      the model_parallel strategy on an NCCL group of one (mesh 1 x 1), saving a sharded (DCP)
+#      checkpoint, then resuming from it; the resumed run must start from the saved step.
 # Each row is independent: a failing row is reported and the rest still run, each under its own
 # cap and the one deadline (DEVICE_CHECK_BUDGET_S, 470 s); a row the deadline leaves no time for
 # is "skipped (budget)". It prints its own estimate first and ends with a table of every row and
@@ -49,8 +52,9 @@ declare -A refused_before  # dry run: each distinct command is run once
 
 # The script's own estimate in seconds, printed before anything runs: configure 15, build 150, then
 # the rows in order (launcher probe 5, gpu tests 10, nccl training 15, collectives 2 x 15, step
-# times 3 x 20, P8 rounds x 5 x 10, CUDA graph 4 x 10, fsdp + checkpointing 4 x 12).
-estimate=$((15 + 150 + 5 + 10 + 15 + 2 * 15 + 3 * 20 + ${P8_ROUNDS:-2} * 5 * 10 + 4 * 10 + 4 * 12))
+# times 3 x 20, P8 rounds x 5 x 10, CUDA graph 4 x 10, fsdp + checkpointing 4 x 12, tensor
+# parallel 2 x 10).
+estimate=$((15 + 150 + 5 + 10 + 15 + 2 * 15 + 3 * 20 + ${P8_ROUNDS:-2} * 5 * 10 + 4 * 10 + 4 * 12 + 2 * 10))
 say "# device-check $(date -u +%Y-%m-%dT%H:%MZ)$([ "$dry_run" = 1 ] && echo ' (dry run)')"
 say "- estimate: ${estimate} s in all (build 150 s), budget ${DEVICE_CHECK_BUDGET_S:-470} s"
 
@@ -77,7 +81,8 @@ else
   say "- configure: exit $status (configure.log)"
   [ "$status" -eq 0 ] || { tail -n 30 "$out/configure.log" | tee -a "$results"; exit 1; }
 
-  targets=(lightning_fabric lightning-run lightning-run-launcher lf_gpu_tests lf_collective_checks bench_step_time gpt)
+  targets=(lightning_fabric lightning-run lightning-run-launcher lf_gpu_tests lf_collective_checks bench_step_time gpt
+    tensor_parallel_gpt)
   timeout "$(left)" cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" -- -k 0 >"$out/build.log" 2>&1
   status=$?
   say "- build: exit $status in ${SECONDS} s so far (build.log)"
@@ -207,6 +212,19 @@ for side in cpp python; do
     ac_mem[$side-$mode]="$(field "$out/fsdp-ac-$side-$mode.log" cuda_peak_allocated_mb)"
   done
 done
+
+# Tensor parallel at world size 1: train and save a sharded checkpoint, then resume from it.
+tp_checkpoint="$build/tp-checkpoint"
+rm -rf "$tp_checkpoint"
+tp_command=("$bin/lightning-run" model --accelerator cuda --devices 1 --strategy model_parallel "$bin/tensor_parallel_gpt"
+  --steps 20 --log-every 10)
+run_step tp-world-1-save "${tp_command[@]}" --checkpoint "$tp_checkpoint"
+grep -h '"example"' "$out/tp-world-1-save.log" | tee -a "$results"
+if run_step tp-world-1-resume "${tp_command[@]}" --resume "$tp_checkpoint" && [ "$dry_run" = 0 ] &&
+  ! grep -q "resumed from .* at step 20" "$out/tp-world-1-resume.log"; then
+  failures+=(tp-world-1-resume); say "    tp-world-1-resume: no 'resumed from ... at step 20' line"
+fi
+grep -h '"example"' "$out/tp-world-1-resume.log" | tee -a "$results"
 
 say ""
 say "## rows"
