@@ -30,6 +30,9 @@
 # is "skipped (budget)". It prints its own estimate first and ends with a table of every row and
 # a summary. Logs and results.md go to $OUT (when set), else build-device/out.
 #
+#   DEVICE_CHECK_ONLY=REGEX              runs only the rows whose names match (an extended regex), to
+#     rerun the rows that failed without spending device time on the rest; the build is the same.
+#
 #   scripts/device-check.sh --dry-run   on a CPU machine (CI, tests/CMakeLists.txt): builds nothing,
 #     checks every row's plumbing against build/bin (LF_BIN_DIR) and LF_PYTHON: each row's programs
 #     exist, and each command, run without a GPU, refuses cleanly (exit 77, 2 or 1 with a message
@@ -108,6 +111,7 @@ row() {  # row NAME RESULT EXIT SECONDS
 }
 run_step() {  # run_step NAME COMMAND...: runs under the row cap and the deadline, records the result
   local name="$1"; shift
+  if [ -n "${DEVICE_CHECK_ONLY:-}" ] && ! [[ $name =~ $DEVICE_CHECK_ONLY ]]; then return 0; fi
   local started=$SECONDS program missing=()
   while read -r program; do
     [ -e "$program" ] || missing+=("$program")
@@ -156,7 +160,7 @@ done
 for precision in 32-true bf16-mixed 16-mixed; do
   run_step "step-time-$precision" "$bin/bench_step_time" --steps 200 --warmup 20 --batch-size 256 \
     --precision "$precision" --accelerator cuda
-  grep -h '"benchmark"' "$out/step-time-$precision.log" | tee -a "$results"
+  grep -sh '"benchmark"' "$out/step-time-$precision.log" | tee -a "$results"
 done
 # P8: the same GPT-style model and batch, bf16-mixed, alternated in every round: the C++ GPT with
 # LibTorch's AdamW step and with Fabric's fused step; the Python twin under Python Lightning Fabric
@@ -180,7 +184,7 @@ for round in $(seq "${P8_ROUNDS:-2}"); do
     profile=(); [ "$round" -eq 1 ] && profile=(--profile-step)
     # shellcheck disable=SC2046
     run_step "p8-$variant-$round" $(p8_command "$variant") "${profile[@]}"
-    grep -h '"P8' "$out/p8-$variant-$round.log" | tee -a "$results"
+    grep -sh '"P8' "$out/p8-$variant-$round.log" | tee -a "$results"
     p8_ms[$variant-$round]="$(median "$out/p8-$variant-$round.log")"
   done
 done
@@ -191,7 +195,7 @@ weights_l2() { sed -n 's/.*"weights_l2": *\([0-9.e+-]*\).*/\1/p' "$1" | head -n 
 for round in 1 2; do
   run_step "graph-eager-$round" $(p8_command cpp-fused)
   run_step "graph-captured-$round" $(p8_command cpp-fused) --cuda-graph
-  grep -h '"P8' "$out/graph-eager-$round.log" "$out/graph-captured-$round.log" | tee -a "$results"
+  grep -sh '"P8' "$out/graph-eager-$round.log" "$out/graph-captured-$round.log" | tee -a "$results"
 done
 
 fsdp_ac_command() {  # fsdp_ac_command cpp|python plain|checkpointed
@@ -207,7 +211,7 @@ declare -A ac_ms ac_mem
 for side in cpp python; do
   for mode in plain checkpointed; do
     run_step "fsdp-ac-$side-$mode" $(fsdp_ac_command "$side" "$mode")
-    grep -h '"P8 gpt' "$out/fsdp-ac-$side-$mode.log" | tee -a "$results"
+    grep -sh '"P8 gpt' "$out/fsdp-ac-$side-$mode.log" | tee -a "$results"
     ac_ms[$side-$mode]="$(median "$out/fsdp-ac-$side-$mode.log")"
     ac_mem[$side-$mode]="$(field "$out/fsdp-ac-$side-$mode.log" cuda_peak_allocated_mb)"
   done
@@ -219,12 +223,12 @@ rm -rf "$tp_checkpoint"
 tp_command=("$bin/lightning-run" model --accelerator cuda --devices 1 --strategy model_parallel "$bin/tensor_parallel_gpt"
   --steps 20 --log-every 10)
 run_step tp-world-1-save "${tp_command[@]}" --checkpoint "$tp_checkpoint"
-grep -h '"example"' "$out/tp-world-1-save.log" | tee -a "$results"
+grep -sh '"example"' "$out/tp-world-1-save.log" | tee -a "$results"
 if run_step tp-world-1-resume "${tp_command[@]}" --resume "$tp_checkpoint" && [ "$dry_run" = 0 ] &&
-  ! grep -q "resumed from .* at step 20" "$out/tp-world-1-resume.log"; then
+  [ -f "$out/tp-world-1-resume.log" ] && ! grep -q "resumed from .* at step 20" "$out/tp-world-1-resume.log"; then
   failures+=(tp-world-1-resume); say "    tp-world-1-resume: no 'resumed from ... at step 20' line"
 fi
-grep -h '"example"' "$out/tp-world-1-resume.log" | tee -a "$results"
+grep -sh '"example"' "$out/tp-world-1-resume.log" | tee -a "$results"
 
 say ""
 say "## rows"

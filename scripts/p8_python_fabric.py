@@ -82,6 +82,7 @@ def main():
             strategy = FSDPStrategy(auto_wrap_policy={Block},
                                     activation_checkpointing_policy={Block} if a.activation_checkpointing else None)
         fabric = L.Fabric(accelerator=a.accelerator, devices=1, precision=a.precision, strategy=strategy)
+        fabric.launch()  # FSDP needs its process group (of one) even on one device
         model, optimizer = fabric.setup(model, optimizer)
         device, backward, forward = fabric.device, fabric.backward, model
     times = []

@@ -14,6 +14,7 @@
 #ifdef LF_TORCH_HAS_CUDA
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #endif
 
@@ -174,9 +175,29 @@ at::Tensor CapturedStep::operator()(const std::vector<at::Tensor>& inputs) {
 #endif
 }
 
+namespace {
+// One exact integer sum of each tensor's bits, stacked: any in-place change of a value changes its
+// sum (short of changes that cancel exactly). Reads the tensors once; no copy of them is made.
+at::Tensor bit_sums(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> sums;
+  sums.reserve(tensors.size());
+  for (const auto& t : tensors) {
+    const auto same_width = t.element_size() == 1   ? at::kByte
+                            : t.element_size() == 2 ? at::kShort
+                            : t.element_size() == 4 ? at::kInt
+                                                    : at::kLong;
+    const at::Tensor bits = t.element_size() > 8 ? t.detach().contiguous().view(at::kLong) : t.detach().view(same_width);
+    sums.push_back(bits.sum(at::kLong));
+  }
+  return at::stack(sums);
+}
+}  // namespace
+
 at::Tensor CapturedStep::run_user_step(const std::vector<at::Tensor>& inputs) {
-  // The optimizer refuses step() and zero_grad() meanwhile; a parameter changed in place by other
-  // means (LibTorch's own optimizer->step()) is found by its version counter.
+  // The optimizer refuses step() and zero_grad() meanwhile. A parameter changed in place by other
+  // means is found by its version counter, and in the eager warm-up runs (at least one precedes
+  // every capture) by its bits too: LibTorch's SGD::step writes through p.data(), which no version
+  // counter sees.
   std::vector<at::Tensor> parameters;
   std::vector<uint32_t> versions;
   for (const auto& group : optimizer_.optimizer().param_groups()) {
@@ -185,15 +206,26 @@ at::Tensor CapturedStep::run_user_step(const std::vector<at::Tensor>& inputs) {
       versions.push_back(parameter._version());
     }
   }
+  bool eager = true;
+#ifdef LF_TORCH_HAS_CUDA
+  eager = c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None;
+#endif
+  const at::Tensor sums_before = eager && !parameters.empty() ? bit_sums(parameters) : at::Tensor();
   optimizer_.inside_captured_step_ = true;
   ScopeGuard leave([this] { optimizer_.inside_captured_step_ = false; });
   at::Tensor loss = step_(inputs);
-  for (size_t i = 0; i < parameters.size(); ++i) {
-    LF_CHECK(parameters[i]._version() == versions[i], ValueError, "CapturedStep: the step function changed an "
-             "optimizer parameter in place (parameter ", i, " of the optimizer), as optimizer->step() does. "
-             "CapturedStep steps the optimizer itself after the step function: the step function should run the "
-             "forward and fabric.backward(loss) and return the loss.");
+  int64_t changed = -1;
+  for (size_t i = 0; i < parameters.size() && changed < 0; ++i) {
+    if (parameters[i]._version() != versions[i]) changed = static_cast<int64_t>(i);
   }
+  if (changed < 0 && sums_before.defined()) {
+    const at::Tensor differs = sums_before.ne(bit_sums(parameters)).nonzero();
+    if (differs.numel() > 0) changed = differs[0][0].item<int64_t>();
+  }
+  LF_CHECK(changed < 0, ValueError, "CapturedStep: the step function changed an optimizer parameter in place "
+           "(parameter ", changed, " of the optimizer), as optimizer->step() does. CapturedStep steps the optimizer "
+           "itself after the step function: the step function should run the forward and fabric.backward(loss) and "
+           "return the loss.");
   return loss;
 }
 
