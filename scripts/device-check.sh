@@ -166,8 +166,8 @@ done
 # LibTorch's AdamW step and with Fabric's fused step; the Python twin under Python Lightning Fabric
 # with AdamW's default (foreach on CUDA) and with fused=True; and the same loop in plain PyTorch
 # with fused=True. Round 1 also profiles one step of each (kernel counts).
-median() { sed -n 's/.*"median_step_ms": *\([0-9.e+-]*\).*/\1/p' "$1" | head -n 1; }
-field() { sed -n "s/.*\"$2\": *\([0-9.e+-]*\).*/\1/p" "$1" | head -n 1; }
+median() { sed -n 's/.*"median_step_ms": *\([0-9.e+-]*\).*/\1/p' "$1" 2>/dev/null | head -n 1; }
+field() { sed -n "s/.*\"$2\": *\([0-9.e+-]*\).*/\1/p" "$1" 2>/dev/null | head -n 1; }
 declare -A p8_ms
 p8_variants=(cpp-libtorch cpp-fused python-default python-fused plain-fused)
 p8_command() {  # p8_command VARIANT: the command line of one P8 variant
@@ -191,7 +191,7 @@ done
 
 # CUDA graph (experimental): the C++ GPT's fused step eager and captured (lf::CapturedStep),
 # alternated; the same seed and batches, so the weights after training must agree.
-weights_l2() { sed -n 's/.*"weights_l2": *\([0-9.e+-]*\).*/\1/p' "$1" | head -n 1; }
+weights_l2() { sed -n 's/.*"weights_l2": *\([0-9.e+-]*\).*/\1/p' "$1" 2>/dev/null | head -n 1; }
 for round in 1 2; do
   run_step "graph-eager-$round" $(p8_command cpp-fused)
   run_step "graph-captured-$round" $(p8_command cpp-fused) --cuda-graph
