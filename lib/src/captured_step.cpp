@@ -177,7 +177,7 @@ at::Tensor CapturedStep::operator()(const std::vector<at::Tensor>& inputs) {
 
 namespace {
 // One exact integer sum of each tensor's bits, stacked: any in-place change of a value changes its
-// sum (short of changes that cancel exactly). Reads the tensors once; no copy of them is made.
+// sum (short of changes that cancel exactly). Used in the eager warm-up runs only, never on replay.
 at::Tensor bit_sums(const std::vector<at::Tensor>& tensors) {
   std::vector<at::Tensor> sums;
   sums.reserve(tensors.size());
