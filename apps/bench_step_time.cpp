@@ -9,7 +9,9 @@
 // --precision P runs the Fabric side in precision P (e.g. bf16-mixed) against the raw float32
 // loop: the ratio is then P's step time over 32-true's. --optimizer sgd (momentum 0.9, default) or
 // adam picks both sides' optimizer; --fused 0 makes Fabric step through LibTorch's optimizer as the
-// raw loop does (default 1: Fabric's default, ATen's fused kernel).
+// raw loop does (default 1: Fabric's default, ATen's fused kernel). --side raw or --side fabric
+// times that loop alone, in a process of its own, as a user comparing two programs would (the
+// JSON then carries only that side's median); the default, both, interleaves them.
 #include <ATen/Version.h>
 #include <lightning/fabric.h>
 #include <torch/cuda.h>
@@ -94,6 +96,11 @@ int main(int argc, char** argv) {
   }
   const std::string optimizer_name = arg_string(argc, argv, "--optimizer", "sgd");
   const bool fused = arg_int(argc, argv, "--fused", 1) != 0;
+  const std::string side = arg_string(argc, argv, "--side", "both");
+  if (side != "both" && side != "raw" && side != "fabric") {
+    std::cerr << "--side " << side << ": choose both, raw or fabric" << std::endl;
+    return 2;
+  }
   auto make_optimizer = [&](torch::nn::Module& net) -> std::unique_ptr<torch::optim::Optimizer> {
     if (optimizer_name == "adam") return std::make_unique<torch::optim::Adam>(net.parameters(), torch::optim::AdamOptions(1e-3));
     if (optimizer_name == "sgd") {
@@ -140,6 +147,11 @@ int main(int argc, char** argv) {
   for (int i = 0; i < warmup + steps; ++i) {
     const torch::Tensor& x = data[static_cast<size_t>(i) % data.size()].first;
     const torch::Tensor& y = data[static_cast<size_t>(i) % data.size()].second;
+    if (side != "both") {
+      const double ms = side == "raw" ? time_ms([&] { raw_step(x, y); }) : time_ms([&] { fabric_step(x, y); });
+      if (i >= warmup) (side == "raw" ? raw_ms : fabric_ms).push_back(ms);
+      continue;
+    }
     double raw = 0, fab = 0;
     if (i % 2 == 0) {
       raw = time_ms([&] { raw_step(x, y); });
@@ -152,6 +164,13 @@ int main(int argc, char** argv) {
     raw_ms.push_back(raw);
     fabric_ms.push_back(fab);
     ratios.push_back(fab / raw);
+  }
+  if (side != "both") {
+    const auto& ms = side == "raw" ? raw_ms : fabric_ms;
+    std::cout << "{\"benchmark\":\"P1 step time, one side\",\"side\":\"" << side << "\",\"steps\":" << steps << ",\"optimizer\":\""
+              << optimizer_name << "\",\"fabric_fused\":" << (optimizer.fused() ? "true" : "false") << ",\"batch_size\":" << batch_size
+              << ",\"threads\":" << torch::get_num_threads() << ",\"median_ms\":" << median(ms) << "}" << std::endl;
+    return 0;
   }
   const bool identical = torch::equal(raw_net->fc1->weight, fabric_net->fc1->weight);
   const double difference = (raw_net->fc1->weight - fabric_net->fc1->weight).abs().max().item<double>();
