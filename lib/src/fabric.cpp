@@ -10,6 +10,7 @@
 #include <climits>
 #include <exception>
 #include <filesystem>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <unordered_set>
@@ -237,13 +238,45 @@ void Fabric::refuse_loss_from_unset_model(const at::Tensor& loss) const {
            "fabric.setup(net, optimizer)) and compute the loss with the returned model.");
 }
 
-void Fabric::backward(at::Tensor loss) {
+void Fabric::backward(at::Tensor loss, const BackwardOptions& options) {
   RECORD_USER_SCOPE("lf::backward");  // a profiler range (utilities/profiler.h); free when none runs
   refuse_loss_from_unset_model(loss);
   connector_->strategy->settle_background_save(/*wait=*/false);
   detail::BackwardScope scope;
-  connector_->strategy->backward(loss, nullptr);
+  connector_->strategy->backward(loss, nullptr, options);
   if (!unverified_checkpointed_.empty()) refuse_checkpointing_that_did_nothing();
+}
+
+std::vector<at::Tensor> Fabric::grad(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
+                                     const GradOptions& options) {
+  RECORD_USER_SCOPE("lf::grad");
+  LF_CHECK(!outputs.empty() && !inputs.empty(), ValueError, "fabric.grad(outputs, inputs): got ", outputs.size(),
+           " outputs and ", inputs.size(), " inputs; pass at least one of each, as torch.autograd.grad needs.");
+  LF_CHECK(options.grad_outputs.empty() || options.grad_outputs.size() == outputs.size(), ValueError,
+           "fabric.grad: GradOptions::grad_outputs has ", options.grad_outputs.size(), " tensors for ", outputs.size(),
+           " outputs; give one per output (or none, for scalar outputs).");
+  connector_->strategy->settle_background_save(/*wait=*/false);
+  connector_->strategy->before_grad(options.create_graph);
+  // Under a loss scaler, as PyTorch's recipe for penalties with GradScaler: scaled outputs keep
+  // small float16 gradients from underflowing; dividing inside the graph gives true-scale values.
+  const std::shared_ptr<LossScaler> scaler = connector_->precision->loss_scaler();
+  const double scale = scaler ? scaler->get_scale() : 1.0;
+  std::vector<at::Tensor> scaled = outputs;
+  if (scale != 1.0) {
+    for (auto& output : scaled) output = output * scale;
+  }
+  std::vector<at::Tensor> grads;
+  {
+    detail::BackwardScope scope;
+    grads = torch::autograd::grad(scaled, inputs, options.grad_outputs, options.retain_graph, options.create_graph,
+                                  options.allow_unused);
+  }
+  if (scale != 1.0) {
+    for (auto& grad : grads) {
+      if (grad.defined()) grad = grad / scale;
+    }
+  }
+  return grads;
 }
 
 // A module marked for checkpointing that ran (its parameters have gradients) without a single

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "lightning/fabric/accelerators/accelerator.h"
+#include "lightning/fabric/backward_options.h"
 #include "lightning/fabric/callbacks/callback.h"
 #include "lightning/fabric/captured_step.h"
 #include "lightning/fabric/checkpoint/checkpoint_io.h"

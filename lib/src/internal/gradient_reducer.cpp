@@ -6,6 +6,8 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <set>
+
 namespace lightning::fabric::internal {
 
 struct GradientReducer::State : std::enable_shared_from_this<GradientReducer::State> {
@@ -19,6 +21,7 @@ struct GradientReducer::State : std::enable_shared_from_this<GradientReducer::St
   std::vector<at::Tensor> parameters;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // keeps the hooks alive
   std::vector<size_t> bucket_of;
+  std::vector<bool> excluded;  // by the current backward's inputs: reduced as zeros, never written
   std::vector<Bucket> buckets;
   std::shared_ptr<Collective> collective;
   std::mutex mutex;
@@ -53,7 +56,7 @@ struct GradientReducer::State : std::enable_shared_from_this<GradientReducer::St
       const at::Tensor& parameter = parameters[index];
       at::Tensor slot = bucket.flat.narrow(0, offset, parameter.numel());
       const at::Tensor& grad = parameter.grad();
-      if (grad.defined()) {
+      if (grad.defined() && !excluded[index]) {
         slot.copy_(grad.reshape({-1}));
       } else {
         slot.zero_();
@@ -75,6 +78,10 @@ struct GradientReducer::State : std::enable_shared_from_this<GradientReducer::St
       int64_t offset = 0;
       for (size_t index : bucket.parameters) {
         at::Tensor& parameter = parameters[index];
+        if (excluded[index]) {
+          offset += parameter.numel();
+          continue;
+        }
         if (!parameter.grad().defined()) parameter.mutable_grad() = at::zeros_like(parameter);
         at::Tensor grad = parameter.mutable_grad();
         grad.copy_(bucket.flat.narrow(0, offset, grad.numel()).view_as(grad));
@@ -140,12 +147,23 @@ GradientReducer::GradientReducer(const std::shared_ptr<torch::nn::Module>& modul
 
 size_t GradientReducer::bucket_count() const { return state_->buckets.size(); }
 
-void GradientReducer::arm() {
+void GradientReducer::arm(const std::vector<at::Tensor>& only) {
   std::lock_guard<std::mutex> lock(state_->mutex);
-  state_->armed = true;
-  state_->finishing_queued = false;
-  state_->next_to_start = 0;
-  for (auto& bucket : state_->buckets) bucket.pending = bucket.parameters.size();
+  State& state = *state_;
+  state.excluded.assign(state.parameters.size(), false);
+  for (auto& bucket : state.buckets) bucket.pending = bucket.parameters.size();
+  if (!only.empty()) {
+    std::set<const c10::TensorImpl*> chosen;
+    for (const auto& tensor : only) chosen.insert(tensor.unsafeGetTensorImpl());
+    for (size_t k = 0; k < state.parameters.size(); ++k) {
+      if (chosen.count(state.parameters[k].unsafeGetTensorImpl()) > 0) continue;
+      state.excluded[k] = true;  // no gradient will arrive: ready from the start
+      --state.buckets[state.bucket_of[k]].pending;
+    }
+  }
+  state.armed = true;
+  state.finishing_queued = false;
+  state.next_to_start = 0;
 }
 
 void GradientReducer::disarm() {

@@ -60,20 +60,26 @@ void DDPStrategy::before_forward(const torch::nn::Module& module) {
   group->broadcast_many_(buffers, 0, kBufferBroadcastBucketBytes);
 }
 
-void DDPStrategy::backward(at::Tensor& loss, torch::nn::Module* module) {
+void DDPStrategy::backward(at::Tensor& loss, torch::nn::Module* module, const BackwardOptions& options) {
   reducers_.erase(std::remove_if(reducers_.begin(), reducers_.end(), [](const auto& r) { return r->expired(); }),
                   reducers_.end());
   const std::shared_ptr<Collective> group = world_size() > 1 ? data_parallel_group() : nullptr;
   if (group != nullptr && group->world_size() > 1) {
+    LF_CHECK(!options.create_graph, ValueError, "fabric.backward(loss, BackwardOptions().higher_order()): strategy=\"",
+             name(), "\" averages the gradients of ", group->world_size(), " ranks in place as they arrive, which a graph "
+             "of the backward cannot follow (PyTorch's DDP does not support it either). For a gradient penalty or a "
+             "meta-learning inner step, take the gradient with fabric.grad(outputs, inputs, "
+             "GradOptions().higher_order()), build the penalty from it, and call fabric.backward on the loss that "
+             "includes it (docs/user-guide.md, \"Gradient penalties and double backward\").");
     for (auto& reducer : reducers_) {
-      if (syncs_gradients_of(reducer->module())) reducer->arm();
+      if (syncs_gradients_of(reducer->module())) reducer->arm(options.inputs);
     }
   }
   // Disarm even if backward throws, so that a later plain autograd call does not communicate.
   ScopeGuard disarm([this] {
     for (auto& reducer : reducers_) reducer->disarm();
   });
-  Strategy::backward(loss, module);
+  Strategy::backward(loss, module, options);
 }
 
 }  // namespace lightning::fabric

@@ -544,7 +544,7 @@ void FSDPStrategy::Engine::unit_before_forward(ShardedModule& sharded, Unit& uni
 }
 
 at::Tensor FSDPStrategy::Engine::unit_after_forward(ShardedModule& sharded, Unit& unit, at::Tensor output) {
-  if (!frees_parameters()) return output;
+  if (!frees_parameters() || keep_full_) return output;
   if (!output.requires_grad()) {
     free_full_parameters(sharded, unit);
     return output;
@@ -566,7 +566,7 @@ void FSDPStrategy::Engine::finish_unit_backward(ShardedModule& sharded, Unit& un
   if (unit.reduced) return;
   // Parameters first: the reduction needs only the gradients, so both are never full at once
   // with the communication buffer.
-  if (frees_parameters()) free_full_parameters(sharded, unit);
+  if (frees_parameters() && !keep_full_) free_full_parameters(sharded, unit);
   if (strategy_.syncs_gradients_of(sharded.address)) reduce_gradients(sharded, unit);  // else full gradients accumulate (no_backward_sync)
   unit.reduced = true;
 }
@@ -611,6 +611,10 @@ void FSDPStrategy::Engine::reduce_gradients(ShardedModule& sharded, Unit& unit) 
   offset = 0;
   for (size_t i : unit.parameters) {
     ShardedParameter& p = sharded.parameters[i];
+    if (!only_.empty() && only_.count(p.parameter.unsafeGetTensorImpl()) == 0) {
+      offset += p.chunk;  // outside the backward's inputs: its gradient stays as it was
+      continue;
+    }
     const at::Tensor slice = mine.narrow(0, offset, p.slice.length);
     if (p.shard.grad().defined()) {
       p.shard.mutable_grad().add_(slice);
@@ -621,10 +625,28 @@ void FSDPStrategy::Engine::reduce_gradients(ShardedModule& sharded, Unit& unit) 
   }
 }
 
-void FSDPStrategy::backward(at::Tensor& loss, torch::nn::Module* module) {
+void FSDPStrategy::backward(at::Tensor& loss, torch::nn::Module* module, const BackwardOptions& options) {
+  LF_CHECK(!options.create_graph, ValueError, "fabric.backward(loss, BackwardOptions().higher_order()): strategy=\"fsdp\" "
+           "reduce-scatters each unit's gradients and frees them as they arrive, which a graph of the backward cannot "
+           "follow (PyTorch's FSDP does not support it either). For a gradient penalty or a meta-learning inner step, "
+           "take the gradient with fabric.grad(outputs, inputs, GradOptions().higher_order()), build the penalty from "
+           "it, and call fabric.backward on the loss that includes it (docs/user-guide.md, \"Gradient penalties and "
+           "double backward\").");
   engine_->end_forwards();
-  Strategy::backward(loss, module);
+  engine_->begin_backward(options);
+  Strategy::backward(loss, module, options);
   engine_->finish_backward();
+}
+
+void FSDPStrategy::before_grad(bool create_graph) {
+  if (create_graph) engine_->keep_full_parameters();
+}
+
+void FSDPStrategy::Engine::begin_backward(const BackwardOptions& options) {
+  only_.clear();
+  for (const auto& tensor : options.inputs) only_.insert(tensor.unsafeGetTensorImpl());
+  retaining_ = options.retain_graph.value_or(options.create_graph);
+  if (retaining_) keep_full_ = true;
 }
 
 void FSDPStrategy::Engine::end_forwards() {
@@ -633,15 +655,30 @@ void FSDPStrategy::Engine::end_forwards() {
 
 void FSDPStrategy::Engine::finish_backward() {
   settle_prefetch(/*use=*/false);
+  const bool retained = retaining_;
+  retaining_ = false;
+  only_.clear();
   for (auto& sharded : modules_) {  // units the backward did not finish (unit 0, unused parameters), in order
     if (sharded->module.expired()) continue;
-    sharded->awaiting_backward = false;
+    sharded->awaiting_backward = retained;
     const std::string skipped = skipped_units_hint(*sharded->address, /*after_backward=*/true);
     LF_CHECK(skipped.empty(), RuntimeError, skipped);
     for (auto& unit : sharded->units) {
       finish_unit_backward(*sharded, unit);
       unit.reduced = false;
       unit.pending = 0;
+      if (!retained) continue;
+      // The retained graph's next backward owes every gradient again.
+      for (size_t i : unit.parameters) unit.pending += sharded->parameters[i].parameter.requires_grad() ? 1 : 0;
+    }
+  }
+  if (retained || !keep_full_) return;
+  keep_full_ = false;
+  if (!frees_parameters()) return;
+  for (auto& sharded : modules_) {
+    if (sharded->module.expired()) continue;
+    for (auto& unit : sharded->units) {
+      if (unit.materialized || unit.released) free_full_parameters(*sharded, unit);
     }
   }
 }

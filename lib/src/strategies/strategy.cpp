@@ -37,11 +37,11 @@ void Strategy::module_to_device(torch::nn::Module& module) const { module.to(roo
 
 void Strategy::materialize_meta_tensors(torch::nn::Module& module) { materialize_module(module); }
 
-void Strategy::backward(at::Tensor& loss, torch::nn::Module* module) {
+void Strategy::backward(at::Tensor& loss, torch::nn::Module* module, const BackwardOptions& options) {
   (void)module;
   const Precision& precision = *context_.precision;
   precision.pre_backward(loss);
-  precision.backward(loss);
+  precision.backward(loss, options);
   precision.post_backward(loss);
 }
 

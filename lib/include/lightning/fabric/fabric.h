@@ -29,6 +29,7 @@
 
 #include "lightning/fabric/checkpoint/state_dict.h"
 #include "lightning/fabric/accelerators/accelerator.h"
+#include "lightning/fabric/backward_options.h"
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/options.h"
 #include "lightning/fabric/plugins/precision/precision.h"
@@ -299,7 +300,18 @@ class LF_API Fabric {
   /// loss.backward() through the strategy and precision plugin. Call this instead of
   /// loss.backward() on anything computed by a FabricModule. Under ddp/fsdp with several ranks, a
   /// loss that depends on no set-up model is a RuntimeError (its gradients would not be averaged).
-  void backward(at::Tensor loss);
+  /// options: Python's retain_graph, create_graph (one process only) and inputs.
+  void backward(at::Tensor loss, const BackwardOptions& options = BackwardOptions());
+
+  /// torch::autograd::grad through the precision (under 16-mixed the outputs are scaled and the
+  /// gradients unscaled, in the graph) on outputs of set-up modules, which refuse a plain
+  /// autograd call. Local to this rank: nothing is averaged or reduced (the next fabric.backward
+  /// averages what a penalty built from the result contributes). A gradient penalty:
+  ///   auto g = fabric.grad({critic(mixed)}, {mixed}, GradOptions().higher_order())[0];
+  ///   fabric.backward(loss + 10 * (g.flatten(1).norm(2, 1) - 1).pow(2).mean());
+  /// Non-scalar outputs need grad_outputs (GradOptions::outputs_grad), as in Python.
+  std::vector<at::Tensor> grad(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
+                               const GradOptions& options = GradOptions());
 
   /// Clips the gradients of the optimizer's parameters, after the precision plugin unscaled them.
   /// Returns the total norm before clipping (max_norm), or nullopt (clip_val). The module is

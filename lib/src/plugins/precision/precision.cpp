@@ -25,7 +25,11 @@ ScopeGuard Precision::tensor_init_context() const {
   return ScopeGuard();
 }
 
-void Precision::backward(at::Tensor& loss) const { loss.backward(); }
+void Precision::backward(at::Tensor& loss, const BackwardOptions& options) const {
+  std::optional<at::TensorList> inputs;
+  if (!options.inputs.empty()) inputs = options.inputs;
+  loss.backward({}, options.retain_graph, options.create_graph, inputs);
+}
 
 namespace {
 // Floating tensors to the default dtype (float32), others unchanged.

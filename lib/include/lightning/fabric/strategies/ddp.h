@@ -62,7 +62,7 @@ class LF_API DDPStrategy : public ParallelStrategy {
 
   /// Broadcasts rank 0's parameters and buffers, then attaches a gradient reducer (collective).
   void setup_module(const std::shared_ptr<torch::nn::Module>& module) override;
-  void backward(at::Tensor& loss, torch::nn::Module* module) override;
+  void backward(at::Tensor& loss, torch::nn::Module* module, const BackwardOptions& options) override;
   /// broadcast_buffers: rank 0's buffers to every rank of the data-parallel group.
   void before_forward(const torch::nn::Module& module) override;
 

@@ -120,7 +120,8 @@ class LF_API FSDPStrategy : public ParallelStrategy {
   /// The dtypes in effect: FSDPOptions::mixed_precision with the unset fields filled from the
   /// precision plugin (nullopt: no cast).
   FSDPMixedPrecision effective_mixed_precision() const;
-  void backward(at::Tensor& loss, torch::nn::Module* module) override;
+  void backward(at::Tensor& loss, torch::nn::Module* module, const BackwardOptions& options) override;
+  void before_grad(bool create_graph) override;
   bool optimizer_step(torch::optim::Optimizer& optimizer,
                       const torch::optim::Optimizer::LossClosure& closure = nullptr,
                       StepKernel kernel = StepKernel::LibTorch) override;

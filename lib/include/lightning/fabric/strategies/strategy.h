@@ -112,7 +112,11 @@ class LF_API Strategy {
   virtual void setup_optimizer(torch::optim::Optimizer& optimizer) { (void)optimizer; }
 
   /// Backward through the precision plugin. module is the FabricModule's inner module, or null.
-  virtual void backward(at::Tensor& loss, torch::nn::Module* module);
+  /// A strategy refuses what it cannot do (ValueError naming the option and the fix).
+  virtual void backward(at::Tensor& loss, torch::nn::Module* module, const BackwardOptions& options);
+  /// Before Fabric::grad's autograd call. create_graph: the gradient will be differentiated again
+  /// in the next backward, so what its graph saved must stay valid until then. Default: nothing.
+  virtual void before_grad(bool create_graph) { (void)create_graph; }
   /// One optimizer step through the precision plugin, run by the given kernel (fused_step.h);
   /// false when the step was skipped.
   virtual bool optimizer_step(torch::optim::Optimizer& optimizer,

@@ -23,8 +23,10 @@ class GradientReducer {
  public:
   GradientReducer(const std::shared_ptr<torch::nn::Module>& module, std::shared_ptr<Collective> collective,
                   double first_bucket_mb, double bucket_mb);
-  /// Called by the strategy right before backward: the next backward averages this module.
-  void arm();
+  /// Called by the strategy right before backward: the next backward averages this module's
+  /// gradients; with `only` (a backward's inputs), only those of its parameters among them, the
+  /// others' gradients left as they are. Every rank must pass the same parameters.
+  void arm(const std::vector<at::Tensor>& only = {});
   /// After backward: hooks ignore further gradients until the next arm().
   void disarm();
   bool expired() const { return module_.expired(); }

@@ -95,8 +95,15 @@ class FSDPStrategy::Engine {
   void before_forward(const torch::nn::Module& module);
   /// A backward starts: unit forwards from now on are recomputes, not the forward's order.
   void end_forwards();
-  /// Reduces what the backward left unreduced, in unit order (collective).
+  /// A backward starts with these options: parameters outside a non-empty `inputs` keep their
+  /// gradients; retain_graph keeps every unit's full parameters for the next backward.
+  void begin_backward(const BackwardOptions& options);
+  /// Reduces what the backward left unreduced, in unit order (collective); frees the full
+  /// parameters kept for it unless the graph was retained.
   void finish_backward();
+  /// A gradient with a graph was taken (Fabric::grad): full parameters stay gathered until the
+  /// next backward that does not retain its graph has ended, since that graph saved them.
+  void keep_full_parameters() { keep_full_ = true; }
   void mark_stale();
   ScopeGuard summon(const torch::nn::Module& module);  // collective
   int64_t resident_bytes() const;
@@ -163,6 +170,9 @@ class FSDPStrategy::Engine {
   std::vector<std::unique_ptr<ShardedModule>> modules_;
   std::optional<Prefetch> prefetch_;
   uint64_t shard_version_ = 0;  // bumped whenever the shards change (a step, a load)
+  bool keep_full_ = false;      // no release or free until a backward without retain_graph ends
+  bool retaining_ = false;      // the current backward retains its graph
+  std::set<const c10::TensorImpl*> only_;  // the current backward's inputs (empty: every parameter)
 };
 
 }  // namespace lightning::fabric

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "lightning/fabric/backward_options.h"
 #include "lightning/fabric/plugins/plugin.h"
 #include "lightning/fabric/plugins/precision/loss_scaler.h"
 #include "lightning/fabric/registry.h"
@@ -42,9 +43,9 @@ class LF_API Precision : public Plugin {
   /// Active inside Fabric::init_module(): tensor_init_context by default.
   virtual ScopeGuard module_init_context() const { return tensor_init_context(); }
 
-  /// Backward in three steps; the default runs loss.backward().
+  /// Backward in three steps; the default runs loss.backward() with the options' arguments.
   virtual void pre_backward(at::Tensor& loss) const { (void)loss; }
-  virtual void backward(at::Tensor& loss) const;
+  virtual void backward(at::Tensor& loss, const BackwardOptions& options) const;
   virtual void post_backward(at::Tensor& loss) const { (void)loss; }
   /// Runs the optimizer's step with the given kernel (run_optimizer_step; a loss scaler may skip
   /// it); returns false when skipped. FabricOptimizer chooses the kernel.
