@@ -170,7 +170,7 @@ at::Tensor CapturedStep::operator()(const std::vector<at::Tensor>& inputs) {
     g.graph.replay();
   }
   for (const auto& advance : g.device_step.advance_host_counters) advance();
-  if (optimizer_.observer_) optimizer_.observer_->after_optimizer_step();  // the profiler counts replays too
+  optimizer_.after_step();  // replays are steps: the profiler counts them, callbacks see them
   return g.loss;
 #endif
 }

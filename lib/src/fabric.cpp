@@ -52,7 +52,7 @@ Fabric::Fabric(FabricOptions options) : Fabric(std::move(options), env::process_
 Fabric::Fabric(FabricOptions options, env::EnvLookup env)
     : connector_(std::make_unique<Connector>(Connector::build(options, env))),
       loggers_(options.loggers()),
-      callbacks_(options.callbacks()) {
+      callbacks_(std::make_shared<std::vector<std::shared_ptr<Callback>>>(options.callbacks())) {
   fused_optimizer_steps_ = options.fused_optimizer_steps();
   step_observer_ = make_step_observer(options, env);
   const env::Reader reader(env);
@@ -238,6 +238,15 @@ void Fabric::refuse_loss_from_unset_model(const at::Tensor& loss) const {
            "fabric.setup(net, optimizer)) and compute the loss with the returned model.");
 }
 
+void Fabric::after_setup(const std::shared_ptr<torch::nn::Module>& module, bool call_hook) {
+  if (auto callback = std::dynamic_pointer_cast<Callback>(module)) {
+    const bool known = std::any_of(callbacks_->begin(), callbacks_->end(),
+                                   [&](const std::shared_ptr<Callback>& c) { return c.get() == callback.get(); });
+    if (!known) callbacks_->push_back(callback);
+  }
+  if (call_hook) call("on_after_setup", HookArgs{{"fabric", this}, {"module", module}});
+}
+
 void Fabric::backward(at::Tensor loss, const BackwardOptions& options) {
   RECORD_USER_SCOPE("lf::backward");  // a profiler range (utilities/profiler.h); free when none runs
   refuse_loss_from_unset_model(loss);
@@ -385,7 +394,7 @@ std::optional<at::Tensor> Fabric::clip_optimizer_gradients(torch::optim::Optimiz
 }
 
 void Fabric::call(const std::string& name, const HookArgs& args) {
-  for (const auto& callback : callbacks_) invoke_hook(*callback, name, args);
+  for (const auto& callback : *callbacks_) invoke_hook(*callback, name, args);
 }
 
 void Fabric::log(const std::string& name, double value, std::optional<int64_t> step) {

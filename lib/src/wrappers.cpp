@@ -44,8 +44,16 @@ bool FabricOptimizer::step(const torch::optim::Optimizer::LossClosure& closure) 
     RECORD_USER_SCOPE("lf::optimizer_step");
     stepped = strategy_->optimizer_step(*optimizer_, closure, fused() ? StepKernel::Fused : StepKernel::LibTorch);
   }
-  if (observer_) observer_->after_optimizer_step();
+  after_step();
   return stepped;
+}
+
+void FabricOptimizer::after_step() {
+  if (observer_) observer_->after_optimizer_step();
+  if (callbacks_ == nullptr) return;
+  for (const auto& callback : *callbacks_) {
+    invoke_hook(*callback, "on_after_optimizer_step", HookArgs{{"strategy", strategy_.get()}, {"optimizer", optimizer_.get()}});
+  }
 }
 
 std::optional<std::string> FabricOptimizer::why_not_fused() const {

@@ -38,6 +38,15 @@ const std::vector<std::pair<std::string, Hook>>& hooks() {
   };
   return table;
 }
+
+// The hooks Fabric calls itself.
+const std::vector<std::pair<std::string, Hook>>& fabric_hooks() {
+  static const std::vector<std::pair<std::string, Hook>> table = {
+      {"on_after_setup", &Callback::on_after_setup},
+      {"on_after_optimizer_step", &Callback::on_after_optimizer_step},
+  };
+  return table;
+}
 }  // namespace
 
 HookArgs::HookArgs(std::initializer_list<std::pair<const std::string, std::any>> values) {
@@ -53,7 +62,11 @@ std::string HookArgs::names() const {
 }
 
 void invoke_hook(Callback& callback, const std::string& name, const HookArgs& args) {
-  static const std::unordered_map<std::string, Hook> by_name(hooks().begin(), hooks().end());
+  static const std::unordered_map<std::string, Hook> by_name = [] {
+    std::unordered_map<std::string, Hook> all(hooks().begin(), hooks().end());
+    all.insert(fabric_hooks().begin(), fabric_hooks().end());
+    return all;
+  }();
   auto found = by_name.find(name);
   if (found != by_name.end()) {
     (callback.*(found->second))(args);

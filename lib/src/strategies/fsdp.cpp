@@ -523,7 +523,8 @@ void FSDPStrategy::Engine::before_forward(const torch::nn::Module& module) {
   sharded->last_order = std::move(sharded->order);
   sharded->order.clear();
   sharded->in_forward = true;
-  sharded->awaiting_backward = torch::GradMode::is_enabled();
+  // A no-grad forward (a metric) between a forward and its backward leaves the flag set.
+  sharded->awaiting_backward = sharded->awaiting_backward || torch::GradMode::is_enabled();
   Unit& own = sharded->units.front();
   if (!own.materialized || own.stale) gather(*sharded, own);
 }
@@ -546,7 +547,13 @@ void FSDPStrategy::Engine::unit_before_forward(ShardedModule& sharded, Unit& uni
 at::Tensor FSDPStrategy::Engine::unit_after_forward(ShardedModule& sharded, Unit& unit, at::Tensor output) {
   if (!frees_parameters() || keep_full_) return output;
   if (!output.requires_grad()) {
-    free_full_parameters(sharded, unit);
+    // Tensors an earlier forward's graph saved share these parameters: give the memory back
+    // but keep the storage for its backward to refill.
+    if (sharded.awaiting_backward) {
+      release_full_parameters(sharded, unit);
+    } else {
+      free_full_parameters(sharded, unit);
+    }
     return output;
   }
   release_full_parameters(sharded, unit);

@@ -165,7 +165,8 @@ class LF_API Fabric {
   const std::shared_ptr<Precision>& precision() const;
   const ResolvedConfig& config() const;
   const std::vector<std::shared_ptr<Logger>>& loggers() const { return loggers_; }
-  const std::vector<std::shared_ptr<Callback>>& callbacks() const { return callbacks_; }
+  /// FabricOptions' callbacks, then each set-up module that derives from lf::Callback.
+  const std::vector<std::shared_ptr<Callback>>& callbacks() const { return *callbacks_; }
   /// The first logger (Python's fabric.logger), or null without loggers.
   std::shared_ptr<Logger> logger() const { return loggers_.empty() ? nullptr : loggers_.front(); }
 
@@ -216,7 +217,9 @@ class LF_API Fabric {
       validate_setup(impl, optimizers);
       prepare_module(impl, options);
       for (auto* optimizer : optimizers) prepare_optimizer(*optimizer);
-      return wrap_results(options, FabricModule<typename Arg::impl>(impl, strategy()), std::forward<Rest>(rest)...);
+      auto results = wrap_results(options, FabricModule<typename Arg::impl>(impl, strategy()), std::forward<Rest>(rest)...);
+      after_setup(impl, /*call_hook=*/true);
+      return results;
     }
   }
 
@@ -239,6 +242,7 @@ class LF_API Fabric {
       std::shared_ptr<typename Arg::impl> impl = Arg::get(module);
       validate_setup(impl, {});
       prepare_module(impl, options);
+      after_setup(impl, /*call_hook=*/false);  // Python calls on_after_setup from setup() only
       return FabricModule<typename Arg::impl>(impl, strategy());
     }
   }
@@ -475,7 +479,7 @@ class LF_API Fabric {
       return arg;
     } else if constexpr (detail::is_optimizer_arg<T>) {
       return FabricOptimizer(detail::share(std::forward<T>(arg)), strategy(),
-                             options.fuse_optimizer_steps.value_or(fused_optimizer_steps_), step_observer_);
+                             options.fuse_optimizer_steps.value_or(fused_optimizer_steps_), step_observer_, callbacks_);
     } else {
       return std::forward<T>(arg);
     }
@@ -494,6 +498,9 @@ class LF_API Fabric {
                       const std::vector<torch::optim::Optimizer*>& optimizers);
   void prepare_module(const std::shared_ptr<torch::nn::Module>& module, const SetupOptions& options);
   void prepare_optimizer(torch::optim::Optimizer& optimizer);
+  /// A module deriving from lf::Callback joins the callbacks (as Python adds a LightningModule);
+  /// call_hook: then on_after_setup runs.
+  void after_setup(const std::shared_ptr<torch::nn::Module>& module, bool call_hook);
   void ensure_environment_ready();
   std::shared_ptr<StepObserver> make_step_observer(const FabricOptions& options, const env::EnvLookup& env) const;
   [[noreturn]] void refuse_wrapped_module() const;
@@ -512,7 +519,7 @@ class LF_API Fabric {
   std::shared_ptr<StepObserver> step_observer_;  // the profiler switch's StepProfiler, when on for this rank
   bool environment_ready_ = false;
   std::vector<std::shared_ptr<Logger>> loggers_;
-  std::vector<std::shared_ptr<Callback>> callbacks_;
+  std::shared_ptr<std::vector<std::shared_ptr<Callback>>> callbacks_;  // shared with the FabricOptimizers
   // What this Fabric set up, by identity; expired entries are objects the user has destroyed,
   // whose addresses may be reused by new ones.
   struct OptimizerRecord {

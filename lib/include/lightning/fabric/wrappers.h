@@ -21,6 +21,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "lightning/fabric/callbacks/callback.h"
 #include "lightning/fabric/checkpoint/state_dict.h"
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/strategies/strategy.h"
@@ -58,6 +59,31 @@ class FabricModule {
 
   template <class... Args>
   decltype(auto) forward(Args&&... args) {
+    auto forward_of = [](ModuleImpl& module, auto&&... prepared) -> decltype(auto) {
+      return module.forward(std::forward<decltype(prepared)>(prepared)...);
+    };
+    return invoke</*is_forward=*/true>(forward_of, std::forward<Args>(args)...);
+  }
+
+  /// Runs another entry point of the module the way forward runs (Python's
+  /// mark_forward_method): inputs moved to the device and cast, the strategy's preparation (fsdp
+  /// gathers the parameters), the precision's autocast, outputs cast back and guarded. method is
+  /// a member function of the module or any callable taking (ModuleImpl&, args...):
+  ///   auto tokens = model.call(&GptImpl::generate, prompt, 20);
+  ///   auto score = model.call([](NetImpl& net, const at::Tensor& x) { return net.score(x, 3); }, x);
+  /// Calling model->generate(x) directly bypasses all of that (under fsdp it would see 0-element
+  /// parameters). strategy "dp" splits forward only, and refuses call().
+  template <class Method, class... Args>
+  decltype(auto) call(Method&& method, Args&&... args) {
+    return invoke</*is_forward=*/false>(std::forward<Method>(method), std::forward<Args>(args)...);
+  }
+
+  template <class... Args>
+  decltype(auto) operator()(Args&&... args) { return forward(std::forward<Args>(args)...); }
+
+ private:
+  template <bool IsForward, class Method, class... Args>
+  decltype(auto) invoke(Method&& method, Args&&... args) {
     RECORD_USER_SCOPE("lf::forward");  // a profiler range (utilities/profiler.h); free when none runs
     const Precision& precision = *strategy_->precision();
     const torch::Device device = strategy_->root_device();
@@ -65,11 +91,11 @@ class FabricModule {
     auto prepare = [&](const at::Tensor& tensor) {
       return strategy_->convert_input(precision.convert_input(tensor.device() == device ? tensor : tensor.to(device)));
     };
-    using Output = decltype(module_->forward(apply_to_tensors(std::forward<Args>(args), prepare)...));
+    using Output = decltype(std::invoke(method, *module_, apply_to_tensors(std::forward<Args>(args), prepare)...));
     if constexpr (std::is_void_v<Output>) {
       auto context = precision.forward_context();
       try {
-        module_->forward(apply_to_tensors(std::forward<Args>(args), prepare)...);
+        std::invoke(method, *module_, apply_to_tensors(std::forward<Args>(args), prepare)...);
       } catch (const std::exception& error) {
         strategy_->annotate_forward_error(*module_, error);
         throw;
@@ -82,9 +108,15 @@ class FabricModule {
         const auto& split_devices = strategy_->data_parallel_devices();
         try {
           if (split_devices.size() > 1) {
-            output.emplace(data_parallel_forward<std::decay_t<Output>>(split_devices, prepare, std::forward<Args>(args)...));
+            if constexpr (IsForward) {
+              output.emplace(data_parallel_forward<std::decay_t<Output>>(split_devices, prepare, std::forward<Args>(args)...));
+            } else {
+              throw ValueError(
+                  "FabricModule::call: strategy=\"dp\" splits a batch over devices for forward only (LibTorch's "
+                  "data_parallel replicates forward). Run this method through forward, or use strategy=\"ddp\".");
+            }
           } else {
-            output.emplace(module_->forward(apply_to_tensors(std::forward<Args>(args), prepare)...));
+            output.emplace(std::invoke(method, *module_, apply_to_tensors(std::forward<Args>(args), prepare)...));
           }
         } catch (const std::exception& error) {
           strategy_->annotate_forward_error(*module_, error);
@@ -101,10 +133,6 @@ class FabricModule {
     }
   }
 
-  template <class... Args>
-  decltype(auto) operator()(Args&&... args) { return forward(std::forward<Args>(args)...); }
-
- private:
   // strategy "dp": scatter the batch over the devices, replicas forward, gather on the first.
   template <class Output, class Prepare, class... Args>
   Output data_parallel_forward(const std::vector<torch::Device>& devices, Prepare& prepare, Args&&... args) {
@@ -155,11 +183,14 @@ class FabricModule {
 /// (utilities/fused_step.h: Adam, AdamW, SGD, Adagrad), unless fusing was turned off at setup.
 class LF_API FabricOptimizer {
  public:
+  using Callbacks = std::vector<std::shared_ptr<Callback>>;
   /// observer (may be null) is told of every step: Fabric's profiler switch counts them.
+  /// callbacks (may be null): the Fabric's, whose on_after_optimizer_step follows every step.
   FabricOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<Strategy> strategy,
-                  bool fuse_steps = true, std::shared_ptr<StepObserver> observer = nullptr)
+                  bool fuse_steps = true, std::shared_ptr<StepObserver> observer = nullptr,
+                  std::shared_ptr<const Callbacks> callbacks = nullptr)
       : optimizer_(std::move(optimizer)), strategy_(std::move(strategy)), fuse_steps_(fuse_steps),
-        observer_(std::move(observer)) {}
+        observer_(std::move(observer)), callbacks_(std::move(callbacks)) {}
 
   /// One optimizer step; returns false when the precision plugin skipped it.
   bool step(const torch::optim::Optimizer::LossClosure& closure = nullptr);
@@ -182,10 +213,13 @@ class LF_API FabricOptimizer {
   std::shared_ptr<Strategy> strategy_;
   bool fuse_steps_;
   std::shared_ptr<StepObserver> observer_;
+  std::shared_ptr<const Callbacks> callbacks_;
+  /// What follows every step, a CapturedStep's replays included: the observer, then the callbacks.
+  void after_step();
   /// True while a CapturedStep runs its user's step function, which must leave step() and
   /// zero_grad() to it: both refuse then (ValueError naming the fix).
   bool inside_captured_step_ = false;
-  friend class CapturedStep;  // its replays are steps too: it tells observer_
+  friend class CapturedStep;  // its replays are steps too: it calls after_step()
 };
 
 /// A data loader whose batches arrive on the strategy's device. Iterate it as the inner loader.

@@ -72,6 +72,15 @@ class LF_API Callback {
   virtual void on_validation_batch_start(const HookArgs&) {}
   virtual void on_validation_batch_end(const HookArgs&) {}
 
+  // Hooks Fabric itself calls, where Python Fabric calls them.
+  /// At the end of Fabric::setup(module, ...): {"fabric": Fabric*, "module":
+  /// std::shared_ptr<torch::nn::Module>} (the original module; Python passes the wrapped one).
+  virtual void on_after_setup(const HookArgs&) {}
+  /// After every FabricOptimizer::step (also one the loss scaler skipped, and each CapturedStep
+  /// replay): {"strategy": Strategy*, "optimizer": torch::optim::Optimizer*}. The optimizer holds
+  /// what it steps: under fsdp, this rank's shards. EMA and gradient-statistics callbacks use it.
+  virtual void on_after_optimizer_step(const HookArgs&) {}
+
   /// Every other hook name (user-defined hooks) arrives here; the default ignores it.
   virtual void on_hook(const std::string& name, const HookArgs& args) { (void)name, (void)args; }
 };

@@ -1,5 +1,5 @@
-// Backward options and Fabric::grad against one process's plain LibTorch over the global batch:
-//   lf_autograd_checks single|ddp|fsdp [PRECISION | bf16-mixed-scaled]
+// What research loops need, against one process's plain LibTorch over the global batch:
+//   lf_research_loop_checks single|ddp|fsdp [PRECISION | bf16-mixed-scaled]
 // single runs in one process over the whole batch; ddp and fsdp (FULL_SHARD, the critic's two
 // larger layers as sharding units) run under lightning-run, rank r holding rows [4r, 4r + 4).
 // Checks, each on a fresh critic (MLP 6-32-32-1 with tanh) and one SGD step (lr 0.1), weights
@@ -11,9 +11,15 @@
 //     take the scale out of the penalty's gradient; no step may be skipped;
 //   - retain_graph: two fabric.backward on one loss give twice the gradient;
 //   - inputs: only the named parameter moves;
+//   - a no-grad forward between a forward and its backward changes nothing;
 //   - create_graph in fabric.backward: a differentiable gradient on one process, refused with the
-//     fix under ddp and fsdp.
+//     fix under ddp and fsdp;
+//   - a forward method (FabricModule::call, by member pointer and by callable) runs with full
+//     parameters and the precision's autocast, and equals the plain module's result;
+//   - hooks: on_after_setup and on_after_optimizer_step reach the callbacks and a set-up module
+//     that derives from lf::Callback, with the documented arguments.
 // Each rank prints "FAIL: ..." per failed check and exits 1 if any failed.
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <iostream>
@@ -27,6 +33,25 @@ namespace {
 using checks::expect;
 
 constexpr int64_t kLocalRows = 4;
+
+// Counts Fabric's own hooks and keeps their arguments.
+struct HookRecorder : lf::Callback {
+  int setups = 0, steps = 0;
+  std::shared_ptr<torch::nn::Module> module;
+  lf::Fabric* fabric = nullptr;
+  torch::optim::Optimizer* optimizer = nullptr;
+  lf::Strategy* strategy = nullptr;
+  void on_after_setup(const lf::HookArgs& args) override {
+    ++setups;
+    fabric = args.get<lf::Fabric*>("fabric");
+    module = args.get<std::shared_ptr<torch::nn::Module>>("module");
+  }
+  void on_after_optimizer_step(const lf::HookArgs& args) override {
+    ++steps;
+    strategy = args.get<lf::Strategy*>("strategy");
+    optimizer = args.get<torch::optim::Optimizer*>("optimizer");
+  }
+};
 constexpr double kLearningRate = 0.1;
 
 torch::nn::Sequential make_critic() {
@@ -41,6 +66,7 @@ struct Run {
   std::string precision;
   double tolerance;
   torch::Tensor real, fake, alpha;  // the global batch, alike on every rank
+  std::shared_ptr<struct HookRecorder> recorder;
 
   int64_t offset() const { return strategy == "single" ? 0 : fabric.global_rank() * kLocalRows; }
   int64_t rows() const { return strategy == "single" ? real.size(0) : kLocalRows; }
@@ -111,7 +137,7 @@ void check_gradient_penalty(Run& run) {
   });
   with_critic(run, [&](torch::nn::Sequential& critic, auto& model, auto& optimizer) {
     const auto real = run.mine(run.real), fake = run.mine(run.fake), alpha = run.mine(run.alpha);
-    const auto d_real = model(real), d_fake = model(fake);
+    const auto d_real = model(real);  // one forward before the gradient, one after it (below)
     const auto mixed = (alpha * real + (1 - alpha) * fake).requires_grad_();
     const auto d_mixed = model(mixed);
     bool refused = false;
@@ -124,6 +150,11 @@ void check_gradient_penalty(Run& run) {
     const auto gradient = run.fabric.grad({d_mixed}, {mixed},
                                           lf::GradOptions().outputs_grad({torch::ones_like(d_mixed)}).higher_order())[0];
     expect(gradient.requires_grad(), "fabric.grad(create_graph) returns a differentiable gradient");
+    const auto d_fake = model(fake);  // under fsdp, must not free what the gradient's graph saved
+    {
+      torch::NoGradGuard no_grad;  // a metric's forward in between: fsdp would free full parameters after it
+      model(fake);
+    }
     run.fabric.backward(penalty_loss(d_real, d_fake, gradient));
     optimizer.step();
     optimizer.zero_grad();
@@ -145,6 +176,23 @@ void check_retain_graph(Run& run) {
     optimizer.step();
     optimizer.zero_grad();
     expect_weights(run, critic, expected, "two backward passes over a retained graph");
+  });
+}
+
+// A no-grad forward (a metric) between a forward and its backward: fsdp must keep what the
+// backward needs.
+void check_forward_without_gradients_before_backward(Run& run) {
+  const auto expected = reference_step([&](torch::nn::Sequential& critic) { return critic->forward(run.real).pow(2).mean(); });
+  with_critic(run, [&](torch::nn::Sequential& critic, auto& model, auto& optimizer) {
+    const auto loss = model(run.mine(run.real)).pow(2).mean();
+    {
+      torch::NoGradGuard no_grad;
+      model(run.mine(run.fake));
+    }
+    run.fabric.backward(loss);
+    optimizer.step();
+    optimizer.zero_grad();
+    expect_weights(run, critic, expected, "a no-grad forward between a forward and its backward");
   });
 }
 
@@ -174,6 +222,7 @@ void check_create_graph(Run& run) {
     if (run.strategy == "single") {
       run.fabric.backward(loss, options);
       expect(critic->parameters()[0].grad().requires_grad(), "create_graph: the gradient is differentiable");
+      for (auto& p : critic->parameters()) p.mutable_grad().reset();  // breaks the gradient's cycle with its graph
       return;
     }
     std::string message;
@@ -186,6 +235,74 @@ void check_create_graph(Run& run) {
                message.find(run.strategy) != std::string::npos,
            "create_graph under " + run.strategy + " is refused with the fix, got: " + message);
   });
+}
+// A module with a second entry point that calls forward several times, as a generate() does,
+// noting what it saw; it is a callback too.
+struct RefinerImpl : torch::nn::Module, lf::Callback {
+  RefinerImpl() : fc(register_module("fc", torch::nn::Linear(6, 6))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return fc(x); }
+  torch::Tensor refine(const torch::Tensor& x, int64_t times) {
+    saw_autocast = at::autocast::is_autocast_enabled(at::kCPU);
+    saw_weight_elements = fc->weight.numel();
+    torch::Tensor y = x;
+    for (int64_t i = 0; i < times; ++i) y = torch::tanh(forward(y));
+    return y;
+  }
+  void on_after_optimizer_step(const lf::HookArgs&) override { ++steps_seen; }
+  torch::nn::Linear fc;
+  bool saw_autocast = false;
+  int64_t saw_weight_elements = 0;
+  int steps_seen = 0;
+};
+TORCH_MODULE(Refiner);
+
+Refiner make_refiner() {
+  torch::manual_seed(13);
+  return Refiner();
+}
+
+void check_forward_methods(Run& run) {
+  auto reference = make_refiner();
+  auto refiner = make_refiner();
+  auto model = run.fabric.setup_module(refiner);
+  const auto x = run.mine(run.real);
+  torch::NoGradGuard no_grad;  // as a generate() runs
+  const auto expected = reference->refine(x, 3);
+  const bool mixed = run.precision != "32-true";
+  const auto by_member = model.call(&RefinerImpl::refine, x, int64_t{3});
+  expect(refiner->saw_autocast == mixed, "call(&RefinerImpl::refine): autocast " +
+                                             std::string(refiner->saw_autocast ? "on" : "off") + " under " + run.precision);
+  expect(refiner->saw_weight_elements == 36, "call(&RefinerImpl::refine): the method saw a weight of " +
+                                                 std::to_string(refiner->saw_weight_elements) + " elements, not 36");
+  const double error = ((by_member - expected).abs().max() / expected.abs().max()).item<double>();
+  expect(by_member.scalar_type() == at::kFloat && error <= run.tolerance,
+         "call(&RefinerImpl::refine) differs from the plain module's by " + std::to_string(error));
+  refiner->saw_weight_elements = 0;
+  const auto by_callable = model.call([](RefinerImpl& net, const torch::Tensor& input) { return net.refine(input, 3); }, x);
+  expect(refiner->saw_weight_elements == 36 && torch::equal(by_callable, by_member),
+         "call(callable) runs like call(member) with full parameters");
+}
+
+void check_hooks(Run& run) {
+  HookRecorder& recorder = *run.recorder;
+  const int setups = recorder.setups, steps = recorder.steps;
+  auto refiner = make_refiner();
+  auto optimizer = std::make_shared<torch::optim::SGD>(refiner->parameters(), torch::optim::SGDOptions(kLearningRate));
+  auto [model, fabric_optimizer] = run.fabric.setup(refiner, optimizer);
+  expect(recorder.setups == setups + 1 && recorder.fabric == &run.fabric && recorder.module.get() == refiner.ptr().get(),
+         "on_after_setup: called once with the Fabric and the original module");
+  const bool registered = std::any_of(run.fabric.callbacks().begin(), run.fabric.callbacks().end(),
+                                      [&](const auto& c) { return c.get() == static_cast<lf::Callback*>(refiner.ptr().get()); });
+  expect(registered, "a set-up module deriving from lf::Callback joins fabric.callbacks()");
+  for (int step = 0; step < 2; ++step) {
+    run.fabric.backward(model(run.mine(run.real)).pow(2).mean());
+    fabric_optimizer.step();
+    fabric_optimizer.zero_grad();
+  }
+  expect(recorder.steps == steps + 2 && recorder.optimizer == optimizer.get() && recorder.strategy == run.fabric.strategy().get(),
+         "on_after_optimizer_step: after every step, with the strategy and the optimizer");
+  expect(refiner->steps_seen == 2, "the module's own on_after_optimizer_step ran " + std::to_string(refiner->steps_seen) +
+                                       " times, not 2");
 }
 }  // namespace
 
@@ -205,17 +322,22 @@ int main(int argc, char** argv) {
   } else {
     options.strategy(strategy == "single" ? "single_device" : strategy);
   }
+  auto recorder = std::make_shared<HookRecorder>();
+  options.callback(recorder);
   lf::Fabric fabric(options);
   torch::manual_seed(3);
   const int64_t rows = kLocalRows * (strategy == "single" ? 2 : fabric.world_size());
   Run run{fabric, strategy, precision, precision == "32-true" ? 1e-5 : 3e-2, torch::randn({rows, 6}),
-          torch::randn({rows, 6}) + 1, torch::rand({rows, 1})};
+          torch::randn({rows, 6}) + 1, torch::rand({rows, 1}), recorder};
   check_gradient_penalty(run);
   check_retain_graph(run);
+  check_forward_without_gradients_before_backward(run);
   check_inputs(run);
   check_create_graph(run);
+  check_forward_methods(run);
+  check_hooks(run);
   if (checks::failures() > 0) return 1;
-  std::cout << "rank " << fabric.global_rank() << ": backward options and fabric.grad equal one process's "
-            << strategy << " " << precision << std::endl;
+  std::cout << "rank " << fabric.global_rank() << ": research loop checks pass under " << strategy << " " << precision
+            << std::endl;
   return 0;
 }
