@@ -11,6 +11,7 @@
 #include <exception>
 #include <filesystem>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <unordered_set>
@@ -19,6 +20,8 @@
 #include "lightning/fabric/checkpoint/checkpoint_io.h"
 #include "lightning/fabric/connector.h"
 #include "lightning/fabric/internal/step_times.h"
+#include "lightning/fabric/plugins/collectives/collective.h"
+#include "lightning/fabric/strategies/parallel.h"
 #include "lightning/fabric/utilities/empty_init.h"
 #include "lightning/fabric/utilities/meta_init.h"
 #include "lightning/fabric/utilities/error_file.h"
@@ -355,16 +358,98 @@ ScopeGuard Fabric::rank_zero_first(bool local) {
   });
 }
 
-at::Tensor Fabric::all_gather(const at::Tensor& tensor) {
+namespace {
+// all_gather whose backward sends each rank the sum, over the group, of the gradient of its slice
+// (a reduce-scatter), as torch.distributed.nn's all_gather. The group must outlive the backward.
+struct GatherWithGradients : torch::autograd::Function<GatherWithGradients> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& tensor, Collective* group) {
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
+    ctx->saved_data["shape"] = tensor.sizes().vec();
+    return group->all_gather(tensor);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* group = reinterpret_cast<Collective*>(ctx->saved_data["group"].toInt());
+    const at::Tensor rows = grads[0].contiguous().reshape({group->world_size(), -1});
+    return {group->reduce_scatter_rows(rows).reshape(ctx->saved_data["shape"].toIntVector()), at::Tensor()};
+  }
+};
+}  // namespace
+
+std::shared_ptr<ProcessGroup> Fabric::new_group(std::vector<int> ranks) {
+  ensure_environment_ready();
+  const int world = world_size();
+  LF_CHECK(!ranks.empty(), ValueError, "fabric.new_group(ranks): no ranks given; name global ranks in 0..", world - 1, ".");
+  std::sort(ranks.begin(), ranks.end());
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    LF_CHECK(ranks[i] >= 0 && ranks[i] < world, ValueError, "fabric.new_group(ranks): rank ", ranks[i],
+             " is not a rank of this job; valid global ranks are 0..", world - 1, ".");
+    LF_CHECK(i == 0 || ranks[i] != ranks[i - 1], ValueError, "fabric.new_group(ranks): rank ", ranks[i],
+             " is named twice; name each member once.");
+  }
+  const auto at = std::find(ranks.begin(), ranks.end(), global_rank());
+  const int rank = at == ranks.end() ? -1 : static_cast<int>(at - ranks.begin());
+  if (world == 1) return std::make_shared<ProcessGroup>(std::move(ranks), rank, nullptr);
+  auto* parallel = dynamic_cast<ParallelStrategy*>(connector_->strategy.get());
+  LF_CHECK(parallel != nullptr, ValueError, "fabric.new_group: strategy \"", connector_->strategy->name(),
+           "\" runs ", world, " ranks without a process group of its own; use ddp, fsdp or model_parallel.");
+  // Every rank takes the next name, members or not, so later groups agree on theirs.
+  const std::string name = parallel->collective().next_group_name("fabric-group");
+  std::shared_ptr<Collective> collective;
+  if (rank >= 0 && ranks.size() > 1) collective = std::make_shared<Collective>(parallel->collective(), name, ranks);
+  return std::make_shared<ProcessGroup>(std::move(ranks), rank, std::move(collective));
+}
+
+at::Tensor Fabric::all_gather(const at::Tensor& tensor, const AllGatherOptions& options) {
   ensure_environment_ready();
   connector_->strategy->settle_background_save(/*wait=*/false);
-  return connector_->strategy->all_gather(tensor);
+  LF_CHECK(!options.sync_grads || tensor.is_floating_point() || tensor.is_complex(), ValueError,
+           "fabric.all_gather(tensor, AllGatherOptions().with_gradients()): the tensor is ", c10::toString(tensor.scalar_type()),
+           ", which has no gradients; gather it without with_gradients(), or gather a floating-point tensor.");
+  Collective* group = nullptr;
+  if (options.group) {
+    group = options.group->communicator("fabric.all_gather", global_rank());
+    if (group == nullptr) return world_size() == 1 ? tensor : tensor.unsqueeze(0);  // a group of one process
+  } else if (world_size() > 1) {
+    auto* parallel = dynamic_cast<ParallelStrategy*>(connector_->strategy.get());
+    if (parallel == nullptr || !options.sync_grads) return connector_->strategy->all_gather(tensor);
+    group = &parallel->collective();
+  } else {
+    return connector_->strategy->all_gather(tensor);
+  }
+  return options.sync_grads ? GatherWithGradients::apply(tensor, group) : group->all_gather(tensor);
+}
+
+std::vector<at::Tensor> Fabric::all_gather(const std::vector<at::Tensor>& tensors, const AllGatherOptions& options) {
+  std::vector<at::Tensor> gathered;
+  gathered.reserve(tensors.size());
+  for (const auto& tensor : tensors) gathered.push_back(all_gather(tensor, options));
+  return gathered;
+}
+
+at::Tensor Fabric::all_reduce(const at::Tensor& tensor, ReduceOp op, const ProcessGroup& group) {
+  ensure_environment_ready();
+  connector_->strategy->settle_background_save(/*wait=*/false);
+  Collective* collective = group.communicator("fabric.all_reduce", global_rank());
+  at::Tensor result = tensor.contiguous();  // in place when it is, as the world's all_reduce (and Python's)
+  if (collective != nullptr) collective->all_reduce_(result, op);
+  return result;
 }
 
 at::Tensor Fabric::broadcast(const at::Tensor& tensor, int src) {
   ensure_environment_ready();
   connector_->strategy->settle_background_save(/*wait=*/false);
   return connector_->strategy->broadcast(tensor, src);
+}
+
+at::Tensor Fabric::broadcast(const at::Tensor& tensor, int src, const ProcessGroup& group) {
+  ensure_environment_ready();
+  connector_->strategy->settle_background_save(/*wait=*/false);
+  Collective* collective = group.communicator("fabric.broadcast", global_rank());
+  const int root = group.group_rank_of(src, "fabric.broadcast");
+  at::Tensor result = tensor.clone().contiguous();
+  if (collective != nullptr) collective->broadcast_(result, root);
+  return result;
 }
 
 uint64_t Fabric::seed_everything(std::optional<uint64_t> seed, bool workers) {

@@ -3,7 +3,8 @@
 // single runs in one process over the whole batch; ddp and fsdp (FULL_SHARD, the critic's two
 // larger layers as sharding units) run under lightning-run, rank r holding rows [4r, 4r + 4).
 // Checks, each on a fresh critic (MLP 6-32-32-1 with tanh) and one SGD step (lr 0.1), weights
-// compared after the step on every rank:
+// compared after the step on every rank (error relative to each parameter's largest magnitude,
+// at least 0.01):
 //   - a WGAN-GP step: the gradient penalty through fabric.grad(create_graph) plus the critic's
 //     loss, one fabric.backward (1e-5 relative in 32-true; 3e-2 in the mixed precisions, where
 //     the critic computes in 16 bits). bf16-mixed-scaled adds a loss scaler (16-mixed's, which
@@ -16,6 +17,9 @@
 //     fix under ddp and fsdp;
 //   - a forward method (FabricModule::call, by member pointer and by callable) runs with full
 //     parameters and the precision's autocast, and equals the plain module's result;
+//   - a contrastive loss over the global batch through all_gather(sync_grads) (ranks' embeddings);
+//   - groups (fabric.new_group): all_reduce, broadcast and all_gather among members, refusals for
+//     non-members and bad ranks;
 //   - hooks: on_after_setup and on_after_optimizer_step reach the callbacks and a set-up module
 //     that derives from lf::Callback, with the documented arguments.
 // Each rank prints "FAIL: ..." per failed check and exits 1 if any failed.
@@ -93,16 +97,20 @@ void expect_weights(Run& run, torch::nn::Sequential& critic, const std::vector<t
   const auto ours = weights(run, critic);
   expect(ours.size() == expected.size(), what + ": parameter count differs");
   for (size_t i = 0; i < std::min(ours.size(), expected.size()); ++i) {
-    const double error = ((ours[i] - expected[i]).abs().max() / expected[i].abs().max().clamp_min(1e-6)).item<double>();
+    // Relative to the parameter's largest magnitude, at least 0.01: a bias that a step brought
+    // near zero would otherwise turn float rounding into a large relative error.
+    const double error = ((ours[i] - expected[i]).abs().max() / expected[i].abs().max().clamp_min(1e-2)).item<double>();
     expect(error <= run.tolerance, what + ": parameter " + std::to_string(i) + " differs from one process's by " +
-                                       std::to_string(error) + " (tolerance " + std::to_string(run.tolerance) + ")");
+                                       std::to_string(error) + " (tolerance " + std::to_string(run.tolerance) +
+                                       ", largest magnitude " + std::to_string(expected[i].abs().max().item<double>()) + ")");
   }
 }
 
 // Plain LibTorch over the global batch: SGD applied by hand to a copy of the critic.
 std::vector<torch::Tensor> reference_step(const std::function<torch::Tensor(torch::nn::Sequential&)>& loss_of,
-                                          double gradient_factor = 1.0, int only = -1) {
-  auto critic = make_critic();
+                                          double gradient_factor = 1.0, int only = -1,
+                                          const std::function<torch::nn::Sequential()>& make = make_critic) {
+  auto critic = make();
   loss_of(critic).backward();
   std::vector<torch::Tensor> out;
   const auto parameters = critic->parameters();
@@ -115,8 +123,8 @@ std::vector<torch::Tensor> reference_step(const std::function<torch::Tensor(torc
 }
 
 template <class Body>
-void with_critic(Run& run, Body&& body) {
-  auto critic = make_critic();
+void with_critic(Run& run, Body&& body, const std::function<torch::nn::Sequential()>& make = make_critic) {
+  auto critic = make();
   auto optimizer = std::make_shared<torch::optim::SGD>(critic->parameters(), torch::optim::SGDOptions(kLearningRate));
   auto [model, fabric_optimizer] = run.fabric.setup(critic, optimizer);
   body(critic, model, fabric_optimizer);
@@ -236,6 +244,99 @@ void check_create_graph(Run& run) {
            "create_graph under " + run.strategy + " is refused with the fix, got: " + message);
   });
 }
+torch::nn::Sequential make_encoder() {
+  torch::manual_seed(17);
+  return torch::nn::Sequential(torch::nn::Linear(6, 16), torch::nn::Tanh(), torch::nn::Linear(16, 8));
+}
+
+// A SimCLR-style loss: rows 2k and 2k + 1 are two views of one sample, each row's positive the
+// other, every other row of the batch a negative.
+torch::Tensor contrastive_loss(const torch::Tensor& embeddings) {
+  namespace F = torch::nn::functional;
+  const auto z = F::normalize(embeddings, F::NormalizeFuncOptions().dim(1));
+  const int64_t n = z.size(0);
+  const auto logits = z.matmul(z.t()) / 0.5 - 1e4 * torch::eye(n);
+  return F::cross_entropy(logits, torch::arange(n).bitwise_xor(1));
+}
+
+// The loss over the global batch on every rank: the ranks' embeddings gathered with gradients.
+void check_contrastive_loss(Run& run) {
+  const auto expected = reference_step([&](torch::nn::Sequential& encoder) { return contrastive_loss(encoder->forward(run.real)); },
+                                       1.0, -1, make_encoder);
+  with_critic(run, [&](torch::nn::Sequential& encoder, auto& model, auto& optimizer) {
+    const auto mine = model(run.mine(run.real));
+    const auto all = run.fabric.all_gather(mine, lf::AllGatherOptions().with_gradients()).reshape({-1, mine.size(1)});
+    run.fabric.backward(contrastive_loss(all));
+    optimizer.step();
+    optimizer.zero_grad();
+    expect_weights(run, encoder, expected, "a contrastive loss over all_gather(sync_grads)");
+  }, make_encoder);
+}
+
+template <class Fn>
+std::string refusal(Fn&& fn) {
+  try {
+    fn();
+  } catch (const lf::ValueError& error) {
+    return error.what();
+  }
+  return "(nothing thrown)";
+}
+
+void check_groups(Run& run) {
+  lf::Fabric& fabric = run.fabric;
+  const int world = fabric.world_size(), rank = fabric.global_rank();
+  const auto value = torch::full({3}, static_cast<double>(rank + 1));
+  std::vector<int> descending;
+  for (int r = world - 1; r >= 0; --r) descending.push_back(r);
+  const auto everyone = fabric.new_group(descending);
+  expect(everyone->rank() == rank && everyone->size() == world, "new_group orders members by global rank");
+  expect(torch::equal(fabric.all_reduce(value.clone(), "sum", *everyone), fabric.all_reduce(value.clone(), "sum")),
+         "all_reduce over a group of every rank equals the world's");
+  const auto last = fabric.new_group({world - 1});
+  if (rank == world - 1) {
+    const auto alone = fabric.all_gather(value, lf::AllGatherOptions().in(last));
+    expect(torch::equal(alone, world == 1 ? value : value.unsqueeze(0)), "all_gather in a group of one process");
+  } else {
+    const auto message = refusal([&] { fabric.all_gather(value, lf::AllGatherOptions().in(last)); });
+    expect(message.find("is not in the group of ranks [" + std::to_string(world - 1) + "]") != std::string::npos,
+           "a non-member's all_gather is refused naming the group, got: " + message);
+  }
+  if (world > 1) {
+    std::vector<int> odd;
+    for (int r = 1; r < world; r += 2) odd.push_back(r);
+    const auto odd_ranks = fabric.new_group(odd);
+    if (odd_ranks->is_member()) {
+      double sum = 0;
+      for (int r : odd) sum += r + 1;
+      expect(torch::allclose(fabric.all_reduce(value.clone(), "sum", *odd_ranks), torch::full({3}, sum)),
+             "all_reduce within the odd ranks");
+      const int source = odd.back();
+      expect(torch::equal(fabric.broadcast(value, source, *odd_ranks), torch::full({3}, static_cast<double>(source + 1))),
+             "broadcast within the odd ranks, from a global rank");
+      const auto gathered = fabric.all_gather(value, lf::AllGatherOptions().in(odd_ranks));
+      bool rows = gathered.size(0) == static_cast<int64_t>(odd.size());
+      for (size_t i = 0; rows && i < odd.size(); ++i) rows = gathered[i].eq(odd[i] + 1).all().item<bool>();
+      expect(rows, "all_gather within the odd ranks: one row per member, in rank order");
+      const auto message = refusal([&] { fabric.broadcast(value, 0, *odd_ranks); });
+      expect(message.find("source rank 0 is not in the group") != std::string::npos,
+             "broadcast from a non-member is refused, got: " + message);
+    } else {
+      const auto message = refusal([&] { fabric.all_reduce(value, "sum", *odd_ranks); });
+      expect(message.find("fabric.all_reduce") != std::string::npos && message.find("is_member") != std::string::npos,
+             "a non-member's all_reduce is refused with the fix, got: " + message);
+    }
+  }
+  expect(refusal([&] { fabric.new_group({world}); }).find("rank " + std::to_string(world) + " is not a rank of this job") !=
+             std::string::npos,
+         "new_group refuses a rank outside the job");
+  expect(refusal([&] { fabric.new_group({0, 0}); }).find("named twice") != std::string::npos,
+         "new_group refuses a rank named twice");
+  expect(refusal([&] { fabric.all_gather(torch::ones({2}, torch::kLong), lf::AllGatherOptions().with_gradients()); })
+                 .find("has no gradients") != std::string::npos,
+         "all_gather(sync_grads) refuses an integer tensor");
+}
+
 // A module with a second entry point that calls forward several times, as a generate() does,
 // noting what it saw; it is a callback too.
 struct RefinerImpl : torch::nn::Module, lf::Callback {
@@ -334,6 +435,8 @@ int main(int argc, char** argv) {
   check_forward_without_gradients_before_backward(run);
   check_inputs(run);
   check_create_graph(run);
+  check_contrastive_loss(run);
+  check_groups(run);
   check_forward_methods(run);
   check_hooks(run);
   if (checks::failures() > 0) return 1;

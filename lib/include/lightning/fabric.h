@@ -23,6 +23,7 @@
 #include "lightning/fabric/plugins/precision/loss_scaler.h"
 #include "lightning/fabric/plugins/plugin.h"
 #include "lightning/fabric/plugins/precision/precision.h"
+#include "lightning/fabric/process_group.h"
 #include "lightning/fabric/reduce_op.h"
 #include "lightning/fabric/registry.h"
 #include "lightning/fabric/strategies/ddp.h"

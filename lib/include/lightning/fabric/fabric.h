@@ -33,6 +33,7 @@
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/options.h"
 #include "lightning/fabric/plugins/precision/precision.h"
+#include "lightning/fabric/process_group.h"
 #include "lightning/fabric/resolved_config.h"
 #include "lightning/fabric/strategies/strategy.h"
 #include "lightning/fabric/utilities/data.h"
@@ -401,9 +402,26 @@ class LF_API Fabric {
   T all_reduce(const T& data, const std::string& reduce_op = "mean") {
     return all_reduce(data, parse_reduce_op(reduce_op));
   }
-  /// Gathers from every rank into a new leading dimension of size world_size() (none with one process).
-  at::Tensor all_gather(const at::Tensor& tensor);
+  /// Gathers from every rank into a new leading dimension of size world_size() (none with one
+  /// process); with options.group, from its members into a dimension of the group's size (every
+  /// member calls it). options.sync_grads: differentiable, as Python's sync_grads=True (a
+  /// contrastive loss over the global batch). Every rank passes the same shape and dtype.
+  at::Tensor all_gather(const at::Tensor& tensor, const AllGatherOptions& options = AllGatherOptions());
+  /// Each tensor gathered as above, in order.
+  std::vector<at::Tensor> all_gather(const std::vector<at::Tensor>& tensors,
+                                     const AllGatherOptions& options = AllGatherOptions());
+  /// all_reduce over a group's members (each member calls it); ValueError on a non-member.
+  at::Tensor all_reduce(const at::Tensor& tensor, ReduceOp op, const ProcessGroup& group);
+  at::Tensor all_reduce(const at::Tensor& tensor, const std::string& reduce_op, const ProcessGroup& group) {
+    return all_reduce(tensor, parse_reduce_op(reduce_op), group);
+  }
   at::Tensor broadcast(const at::Tensor& tensor, int src = 0);
+  /// broadcast from global rank src to the group's members (each member calls it).
+  at::Tensor broadcast(const at::Tensor& tensor, int src, const ProcessGroup& group);
+  /// A group of some of the job's ranks (torch.distributed.new_group): collective over EVERY rank,
+  /// members or not, called in the same order everywhere. ranks: global ranks, each once; the
+  /// group ranks follow their ascending order. ValueError naming the bad rank and the valid range.
+  std::shared_ptr<ProcessGroup> new_group(std::vector<int> ranks);
   /// Any serialisable value as bytes: strings, JSON dumps, pickled state.
   std::string broadcast(const std::string& value, int src = 0);
   std::string broadcast(const char* value, int src = 0) { return broadcast(std::string(value), src); }

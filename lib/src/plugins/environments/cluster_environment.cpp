@@ -34,6 +34,15 @@ std::string required_text(const env::EnvLookup& env, const std::string& name, co
   return *value;
 }
 
+// A text variable with a fallback when unset: set but empty is a RuntimeError naming it (an empty
+// address would fail later, far from its cause).
+std::optional<std::string> optional_text(const env::EnvLookup& env, const std::string& name, const std::string& who) {
+  auto value = env(name);
+  LF_CHECK(!value || !value->empty(), RuntimeError, who, " environment: ", name, " is empty. Set it to rank 0's host ",
+           "name or address, or unset it for the default.");
+  return value;
+}
+
 // "2(x3),1" -> {2, 2, 2, 1}: Slurm's compressed per-node task counts; empty when malformed.
 std::vector<int> expand_task_counts(const std::string& value) {
   std::vector<int> counts;
@@ -85,7 +94,7 @@ LightningEnvironment::LightningEnvironment(env::EnvLookup env) : env_(std::move(
 bool LightningEnvironment::creates_processes_externally() const { return env_(env::kLocalRank).has_value(); }
 
 std::string LightningEnvironment::main_address() const {
-  return env_(env::kMasterAddr).value_or("127.0.0.1");
+  return optional_text(env_, env::kMasterAddr, "lightning").value_or("127.0.0.1");
 }
 
 int LightningEnvironment::main_port() const { return int_var(env_, env::kMasterPort).value_or(29400); }
@@ -109,7 +118,7 @@ bool TorchElasticEnvironment::detect(const env::EnvLookup& env) {
 // Without MASTER_ADDR / MASTER_PORT / GROUP_RANK: Python Lightning's defaults (127.0.0.1, 12910,
 // node 0), the first two with its warning.
 std::string TorchElasticEnvironment::main_address() const {
-  if (auto address = env_(env::kMasterAddr)) return *address;
+  if (auto address = optional_text(env_, env::kMasterAddr, "torchelastic")) return *address;
   rank_zero_warn("torchelastic environment: MASTER_ADDR is not set; using 127.0.0.1.");
   return "127.0.0.1";
 }
@@ -197,7 +206,7 @@ bool SLURMEnvironment::detect(const env::EnvLookup& env) {
 }
 
 std::string SLURMEnvironment::main_address() const {
-  if (auto address = env_(env::kMasterAddr)) return *address;
+  if (auto address = optional_text(env_, env::kMasterAddr, "slurm")) return *address;
   auto nodes = env_("SLURM_STEP_NODELIST");
   if (!nodes) nodes = env_("SLURM_NODELIST");
   if (!nodes) nodes = env_("SLURM_JOB_NODELIST");
@@ -280,7 +289,7 @@ std::vector<std::string> LSFEnvironment::compute_hosts() const {
 }
 
 std::string LSFEnvironment::main_address() const {
-  if (auto address = env_(env::kMasterAddr)) return *address;
+  if (auto address = optional_text(env_, env::kMasterAddr, "lsf")) return *address;
   return compute_hosts().front();
 }
 
@@ -330,7 +339,7 @@ bool MPIEnvironment::single_node() const {
 }
 
 std::string MPIEnvironment::main_address() const {
-  if (auto address = env_(env::kMasterAddr)) return *address;
+  if (auto address = optional_text(env_, env::kMasterAddr, "mpi")) return *address;
   LF_CHECK(single_node(), RuntimeError, "mpi environment: the job spans ", launched_num_nodes().value_or(0),
            " nodes and MASTER_ADDR is not set. Export rank 0's host name or address to every rank, e.g. ",
            "mpirun -x MASTER_ADDR=$(hostname) -x MASTER_PORT=29500 ... (run from the node of rank 0).");
@@ -354,12 +363,18 @@ int MPIEnvironment::main_port() const {
 
 int MPIEnvironment::world_size() const {
   if (auto size = int_var(env_, "OMPI_COMM_WORLD_SIZE")) return *size;
-  return required_int(env_, "PMI_SIZE", "mpi");
+  if (auto size = int_var(env_, "PMI_SIZE")) return *size;
+  LF_CHECK(false, RuntimeError, "mpi environment: neither OMPI_COMM_WORLD_SIZE (Open MPI) nor PMI_SIZE (MPICH, Intel "
+           "MPI) is set. Start the ranks with mpirun, which sets them.");
+  return 0;
 }
 
 int MPIEnvironment::global_rank() const {
   if (auto rank = int_var(env_, "OMPI_COMM_WORLD_RANK")) return *rank;
-  return required_int(env_, "PMI_RANK", "mpi");
+  if (auto rank = int_var(env_, "PMI_RANK")) return *rank;
+  LF_CHECK(false, RuntimeError, "mpi environment: neither OMPI_COMM_WORLD_RANK (Open MPI) nor PMI_RANK (MPICH, Intel "
+           "MPI) is set. Start the ranks with mpirun, which sets them.");
+  return 0;
 }
 
 int MPIEnvironment::local_rank() const {

@@ -10,6 +10,8 @@
 
 #include <cstdio>
 #include <fstream>
+#include <functional>
+#include <type_traits>
 #include <unistd.h>
 
 namespace lf = lightning::fabric;
@@ -197,6 +199,81 @@ TEST_CASE("a variable an environment needs, missing or empty, is named in the er
   lf::LSFEnvironment without_hosts(lf::env::map_env(lsf));
   CHECK_THROWS_WITH(without_hosts.main_address(), Contains("lsf environment: LSB_HOSTS is not set"));
   CHECK_THROWS_WITH(without_hosts.node_rank(), Contains("lsf environment: LSB_HOSTS is not set"));
+}
+
+// Every accessor that worked with the whole environment, with one variable removed or emptied:
+// it returns (a default, as Python's) or throws an lf::Error naming that variable. Never another
+// exception type (bad_alloc, a crash under the sanitizers).
+TEST_CASE("every environment: each variable missing or empty gives a default or an error naming it", "[environments]") {
+  using Make = std::function<std::shared_ptr<lf::ClusterEnvironment>(const Env&)>;
+  auto of = [](auto tag) -> Make {
+    using T = typename decltype(tag)::type;
+    return [](const Env& env) { return std::make_shared<T>(lf::env::map_env(env)); };
+  };
+  struct Case {
+    std::string name;
+    Env whole;
+    Make make;
+  };
+  const std::vector<Case> cases = {
+      {"lightning", {{"MASTER_ADDR", "10.0.0.2"}, {"MASTER_PORT", "2345"}, {"LOCAL_RANK", "1"}, {"NODE_RANK", "1"},
+                     {"WORLD_SIZE", "4"}, {"RANK", "3"}}, of(std::common_type<lf::LightningEnvironment>())},
+      {"torchelastic", {{"TORCHELASTIC_RUN_ID", "x"}, {"RANK", "1"}, {"GROUP_RANK", "0"}, {"LOCAL_RANK", "1"},
+                        {"LOCAL_WORLD_SIZE", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "10.0.0.2"}, {"MASTER_PORT", "2345"}},
+       of(std::common_type<lf::TorchElasticEnvironment>())},
+      {"slurm", {{"SLURM_PROCID", "1"}, {"SLURM_STEP_ID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "1"},
+                 {"SLURM_NODEID", "0"}, {"SLURM_NODELIST", "node[1-2]"}, {"SLURM_JOB_ID", "1234"},
+                 {"SLURM_TASKS_PER_NODE", "2"}, {"SLURM_NNODES", "1"}}, of(std::common_type<lf::SLURMEnvironment>())},
+      {"lsf", {{"LSB_JOBID", "4321"}, {"JSM_NAMESPACE_SIZE", "4"}, {"JSM_NAMESPACE_RANK", "0"},
+               {"JSM_NAMESPACE_LOCAL_RANK", "0"}, {"LSB_HOSTS", "batch a a b b"}}, of(std::common_type<lf::LSFEnvironment>())},
+      {"mpi", {{"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+               {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"OMPI_COMM_WORLD_NODE_RANK", "0"}, {"MASTER_ADDR", "10.0.0.2"},
+               {"MASTER_PORT", "2345"}}, of(std::common_type<lf::MPIEnvironment>())},
+      {"kubeflow", {{"KUBERNETES_PORT", "tcp://10.0.0.1:443"}, {"MASTER_ADDR", "10.0.0.2"}, {"MASTER_PORT", "2345"},
+                    {"WORLD_SIZE", "2"}, {"RANK", "1"}}, of(std::common_type<lf::KubeflowEnvironment>())},
+  };
+  using Accessor = std::function<std::string(lf::ClusterEnvironment&)>;
+  const std::vector<std::pair<std::string, Accessor>> accessors = {
+      {"main_address", [](lf::ClusterEnvironment& e) { return e.main_address(); }},
+      {"main_port", [](lf::ClusterEnvironment& e) { return std::to_string(e.main_port()); }},
+      {"world_size", [](lf::ClusterEnvironment& e) { return std::to_string(e.world_size()); }},
+      {"global_rank", [](lf::ClusterEnvironment& e) { return std::to_string(e.global_rank()); }},
+      {"local_rank", [](lf::ClusterEnvironment& e) { return std::to_string(e.local_rank()); }},
+      {"node_rank", [](lf::ClusterEnvironment& e) { return std::to_string(e.node_rank()); }},
+  };
+  for (const auto& c : cases) {
+    std::vector<std::pair<std::string, Accessor>> working;  // with the whole environment
+    for (const auto& accessor : accessors) {
+      auto environment = c.make(c.whole);
+      try {
+        accessor.second(*environment);
+        working.push_back(accessor);
+      } catch (const lf::Error&) {
+      }
+    }
+    CHECK(working.size() >= 4);
+    for (const auto& [variable, value] : c.whole) {
+      for (const bool empty : {false, true}) {
+        Env changed = c.whole;
+        if (empty) {
+          changed[variable] = "";
+        } else {
+          changed.erase(variable);
+        }
+        for (const auto& [call, accessor] : working) {
+          INFO(c.name << " environment, " << variable << (empty ? " empty" : " unset") << ", " << call << "()");
+          auto environment = c.make(changed);
+          try {
+            accessor(*environment);
+          } catch (const lf::Error& error) {
+            CHECK_THAT(error.what(), Contains(variable));
+          } catch (const std::exception& error) {
+            FAIL("not an lf::Error: " << error.what());
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST_CASE("env::Reader: typed values, each spelling launchers write", "[environments]") {
