@@ -8,6 +8,7 @@
 
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/plugins/collectives/collective.h"
+#include "lightning/fabric/registry.h"
 
 namespace lightning::fabric {
 
@@ -185,6 +186,77 @@ at::Tensor SyncBatchNormImpl::forward(const at::Tensor& input) {
   }
   return SyncBatchNormFunction::apply(input, weight, bias, mean_buffer, var_buffer, options.eps, factor,
                                       reinterpret_cast<int64_t>(group_.get()));
+}
+
+void SyncBatchNormImpl::bind(const std::shared_ptr<Collective>& strategy_group, int global_rank) {
+  if (process_group_ == nullptr) {
+    group_ = strategy_group;
+    return;
+  }
+  Collective* chosen = process_group_->communicator("SyncBatchNorm (set_process_group)", global_rank);
+  group_ = chosen == nullptr ? nullptr : std::shared_ptr<Collective>(process_group_, chosen);  // keeps the group alive
+}
+
+namespace {
+bool is_batch_norm(const torch::nn::Module& module) {
+  return dynamic_cast<const torch::nn::BatchNorm1dImpl*>(&module) != nullptr ||
+         dynamic_cast<const torch::nn::BatchNorm2dImpl*>(&module) != nullptr ||
+         dynamic_cast<const torch::nn::BatchNorm3dImpl*>(&module) != nullptr;
+}
+
+std::shared_ptr<SyncBatchNormImpl> sync_copy_of(const torch::nn::Module& module, const std::shared_ptr<ProcessGroup>& group) {
+  std::shared_ptr<SyncBatchNormImpl> converted;
+  if (auto* norm = dynamic_cast<const torch::nn::BatchNorm1dImpl*>(&module)) converted = std::make_shared<SyncBatchNormImpl>(*norm);
+  if (auto* norm = dynamic_cast<const torch::nn::BatchNorm2dImpl*>(&module)) converted = std::make_shared<SyncBatchNormImpl>(*norm);
+  if (auto* norm = dynamic_cast<const torch::nn::BatchNorm3dImpl*>(&module)) converted = std::make_shared<SyncBatchNormImpl>(*norm);
+  converted->train(module.is_training());
+  converted->set_process_group(group);
+  return converted;
+}
+
+// BatchNorms under module (path-prefixed) that no Sequential holds directly.
+void collect_unreachable(const torch::nn::Module& module, const std::string& path, std::vector<std::string>& out) {
+  const bool sequential = dynamic_cast<const torch::nn::SequentialImpl*>(&module) != nullptr;
+  for (const auto& item : module.named_children()) {
+    const std::string name = path.empty() ? item.key() : path + "." + item.key();
+    if (is_batch_norm(*item.value())) {
+      if (!sequential) out.push_back("'" + name + "'");
+    } else {
+      collect_unreachable(*item.value(), name, out);
+    }
+  }
+}
+
+// Replaces, in place, each BatchNorm that a Sequential (or a subclass of one) anywhere under module
+// holds: its entry in the Sequential's list of layers and its registered child alike.
+void convert_in_sequentials(torch::nn::Module& module, const std::shared_ptr<ProcessGroup>& group) {
+  for (const auto& child : module.modules(/*include_self=*/true)) {
+    auto* sequential = dynamic_cast<torch::nn::SequentialImpl*>(child.get());
+    if (sequential == nullptr) continue;
+    const auto names = sequential->named_children();
+    for (size_t i = 0; i < sequential->size(); ++i) {
+      const auto layer = sequential->ptr(i);
+      if (!is_batch_norm(*layer)) continue;
+      auto converted = sync_copy_of(*layer, group);
+      *(sequential->begin() + static_cast<std::ptrdiff_t>(i)) = torch::nn::AnyModule(converted);
+      sequential->replace_module(names[i].key(), converted);
+    }
+  }
+}
+}  // namespace
+
+std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(const std::shared_ptr<torch::nn::Module>& module,
+                                                          std::shared_ptr<ProcessGroup> group) {
+  LF_CHECK(module != nullptr, ValueError, "convert_sync_batchnorm: the module is null.");
+  if (is_batch_norm(*module)) return sync_copy_of(*module, group);
+  std::vector<std::string> unreachable;
+  collect_unreachable(*module, "", unreachable);
+  LF_CHECK(unreachable.empty(), ValueError, "convert_sync_batchnorm: the BatchNorm layers ", join_names(unreachable),
+           " are held by a parent other than a torch::nn::Sequential. A LibTorch parent calls a child through its own "
+           "typed member, which no converter can re-point: declare those layers as lf::SyncBatchNorm (or build "
+           "lf::SyncBatchNorm(existing_batch_norm)), or hold them in a torch::nn::Sequential.");
+  convert_in_sequentials(*module, group);
+  return module;
 }
 
 }  // namespace lightning::fabric

@@ -330,8 +330,34 @@ void check_activation_checkpointing(lf::Fabric& fabric) {
              " forwards in " + std::to_string(steps) + " steps)");
 }
 
+// DDPOptions::broadcast_buffers off: each rank keeps its own statistics, and a forward sends nothing.
+int check_buffers_off() {
+  lf::DDPOptions settings;
+  settings.broadcast_buffers = false;
+  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").strategy(lf::ddp_strategy(settings)));
+  auto& ddp = fabric.strategy_as<lf::DDPStrategy>();
+  NormNet net;
+  torch::optim::SGD sgd(net->parameters(), 0.05);
+  auto [model, optimizer] = fabric.setup(net, sgd);
+  torch::manual_seed(3000 + fabric.global_rank());
+  for (int step = 0; step < 3; ++step) {
+    optimizer.zero_grad();
+    fabric.backward(model(torch::randn({6, 16}) * (1.0 + fabric.global_rank())).pow(2).mean());
+    optimizer.step();
+  }
+  net->eval();
+  const uint64_t before = ddp.collective().operation_count();
+  model(torch::randn({6, 16}));  // with gradients: broadcast_buffers on would send rank 0's buffers first
+  expect(ddp.collective().operation_count() == before, "broadcast_buffers off: a forward issues no collective");
+  const auto means = fabric.all_gather(net->norm->running_mean.clone());
+  expect(!torch::equal(means[0], means[1]), "broadcast_buffers off: each rank keeps its own running statistics");
+  if (checks::failures() == 0) std::cout << "rank " << fabric.global_rank() << ": all DDP checks passed" << std::endl;
+  return checks::failures() == 0 ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "timeout") return check_timeout();
+  if (argc > 1 && std::string(argv[1]) == "buffers_off") return check_buffers_off();
   if (argc > 1 && std::string(argv[1]) == "checkpointing") {
     lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").strategy("ddp"));
     check_activation_checkpointing(fabric);

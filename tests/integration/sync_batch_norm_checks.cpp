@@ -2,7 +2,8 @@
 // torch::nn::BatchNorm over the concatenated batch, rank r holding 2 + r samples: outputs, input
 // gradients, parameter gradients (after ddp's averaging) and running statistics within 1e-5 on
 // every rank, for [N, C] and [N, C, L] (1-D), 2-D and 3-D inputs, over two training steps and an
-// evaluation forward. Each rank prints "FAIL: ..." per failed check and exits 1 if any failed.
+// evaluation forward; convert_sync_batchnorm on nested Sequentials (and its refusal of a typed
+// member); set_process_group over pairs of ranks. Each rank prints "FAIL: ..." per failed check and exits 1 if any failed.
 #include <torch/torch.h>
 
 #include <iostream>
@@ -73,6 +74,83 @@ void check_shape(lf::Fabric& fabric, Norm reference, const std::vector<int64_t>&
   expect_close(model(inputs.narrow(0, offset, mine)), reference(inputs).narrow(0, offset, mine),
                name + ": the evaluation output (running statistics)");
 }
+// A nested Sequential, as LibTorch allows one: a subclass with a forward of its own.
+struct BlockImpl : torch::nn::SequentialImpl {
+  using SequentialImpl::SequentialImpl;
+  torch::Tensor forward(torch::Tensor x) { return SequentialImpl::forward(std::move(x)); }
+};
+TORCH_MODULE(Block);
+
+// convert_sync_batchnorm on a Sequential holding a nested block, trained under ddp, against the
+// plain model in one process over the whole batch (outputs and running statistics); a typed
+// member is refused by name; a BatchNorm root comes back as a SyncBatchNorm.
+void check_converter(lf::Fabric& fabric) {
+  const int world = fabric.world_size(), rank = fabric.global_rank();
+  auto build = [] {
+    torch::manual_seed(5);
+    return torch::nn::Sequential(torch::nn::Linear(6, 4), torch::nn::BatchNorm1d(4), torch::nn::ReLU(),
+                                 Block(torch::nn::Linear(4, 3), torch::nn::BatchNorm1d(3)));
+  };
+  auto reference = build();
+  auto original = build();
+  auto converted = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(lf::convert_sync_batchnorm(original.ptr()));
+  expect(converted == original.ptr() && converted->named_modules().size() == reference->named_modules().size(),
+         "convert_sync_batchnorm converts a Sequential in place and returns it");
+  int synced = 0;
+  for (const auto& module : converted->modules()) synced += dynamic_cast<lf::SyncBatchNormImpl*>(module.get()) ? 1 : 0;
+  expect(synced == 2, "convert_sync_batchnorm replaced both BatchNorms (" + std::to_string(synced) + ")");
+  auto model = fabric.setup_module(converted);
+  const auto inputs = torch::randn({4 * world, 6});
+  const auto mine = inputs.narrow(0, 4 * rank, 4);
+  torch::NoGradGuard no_grad;
+  const auto ours = model(mine);
+  const auto whole = reference->forward(inputs);
+  expect_close(ours, whole.narrow(0, 4 * rank, 4), "converted model: the output");
+  const auto& ours_bn = *std::dynamic_pointer_cast<lf::SyncBatchNormImpl>(converted->ptr<BlockImpl>(3)->ptr(1));
+  const auto& reference_bn = *std::dynamic_pointer_cast<torch::nn::BatchNorm1dImpl>(reference->ptr<BlockImpl>(3)->ptr(1));
+  expect_close(ours_bn.running_mean, reference_bn.running_mean, "converted model: the nested layer's running mean");
+  expect_close(ours_bn.running_var, reference_bn.running_var, "converted model: the nested layer's running variance");
+
+  struct Typed : torch::nn::Module {
+    torch::nn::BatchNorm2d bn{register_module("bn", torch::nn::BatchNorm2d(3))};
+  };
+  std::string message;
+  try {
+    lf::convert_sync_batchnorm(std::make_shared<Typed>());
+  } catch (const lf::ValueError& error) {
+    message = error.what();
+  }
+  expect(message.find("'bn'") != std::string::npos && message.find("declare those layers as lf::SyncBatchNorm") != std::string::npos,
+         "convert_sync_batchnorm refuses a typed member by name, got: " + message);
+  auto root = lf::convert_sync_batchnorm(torch::nn::BatchNorm2d(3).ptr());
+  expect(std::dynamic_pointer_cast<lf::SyncBatchNormImpl>(root) != nullptr, "a BatchNorm root becomes a SyncBatchNorm");
+}
+
+// set_process_group: ranks in pairs ({0, 1}, {2, 3}; alone on 2 ranks) normalise over their
+// pair's rows only, against one process's BatchNorm over those rows.
+void check_subgroup(lf::Fabric& fabric) {
+  const int world = fabric.world_size(), rank = fabric.global_rank();
+  const int pair_size = world >= 4 ? 2 : 1;
+  std::shared_ptr<lf::ProcessGroup> mine;
+  for (int first = 0; first < world; first += pair_size) {
+    std::vector<int> ranks;
+    for (int r = first; r < first + pair_size; ++r) ranks.push_back(r);
+    auto group = fabric.new_group(ranks);  // every rank makes every pair, in the same order
+    if (group->is_member()) mine = group;
+  }
+  torch::manual_seed(9);
+  torch::nn::BatchNorm1d reference(3);
+  auto norm = std::make_shared<lf::SyncBatchNormImpl>(*reference);
+  norm->set_process_group(mine);
+  auto model = fabric.setup_module(norm);
+  const auto inputs = torch::randn({2 * world, 3}) * 3 + 1;
+  const int first = mine->ranks().front();
+  const auto output = model(inputs.narrow(0, 2 * rank, 2));
+  const auto pair_output = reference(inputs.narrow(0, 2 * first, 2 * pair_size));
+  expect_close(output, pair_output.narrow(0, 2 * (rank - first), 2), "set_process_group: the output over the pair's rows");
+  expect_close(norm->running_mean, reference->running_mean, "set_process_group: the running mean over the pair's rows");
+}
+
 }  // namespace
 
 int main() {
@@ -83,6 +161,8 @@ int main() {
   check_shape(fabric, torch::nn::BatchNorm2d(4), {3, 2}, "[N, C, H, W]");
   check_shape(fabric, torch::nn::BatchNorm3d(torch::nn::BatchNormOptions(2).momentum(std::nullopt)), {2, 2, 3},
               "[N, C, D, H, W] (cumulative average)");
+  check_converter(fabric);
+  check_subgroup(fabric);
   if (checks::failures() > 0) return 1;
   std::cout << "rank " << fabric.global_rank() << ": SyncBatchNorm equals one process's BatchNorm" << std::endl;
   return 0;

@@ -36,7 +36,7 @@ void DDPStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module)
   broadcast_module_from_rank_zero(*module, {}, group.get());
   skip_next_buffer_broadcast_.erase(module.get());  // a module freed before may have had this address
   for (const auto& child : module->modules()) {  // SyncBatchNorm: its statistics over the data-parallel group
-    if (auto* norm = dynamic_cast<SyncBatchNormImpl*>(child.get())) norm->set_group(group);
+    if (auto* norm = dynamic_cast<SyncBatchNormImpl*>(child.get())) norm->bind(group, global_rank());
   }
   reducers_.push_back(std::make_unique<internal::GradientReducer>(module, group, options_.first_bucket_mb,
                                                                    options_.bucket_cap_mb));

@@ -545,6 +545,9 @@ void FSDPStrategy::Engine::unit_before_forward(ShardedModule& sharded, Unit& uni
 }
 
 at::Tensor FSDPStrategy::Engine::unit_after_forward(ShardedModule& sharded, Unit& unit, at::Tensor output) {
+  // keep_full_: a gradient's graph saved these parameters. (Releasing would also work as long as
+  // the backward reaches this output's hook before the nodes of that graph, which autograd's
+  // ordering gives on one device thread; keeping them does not depend on it.)
   if (!frees_parameters() || keep_full_) return output;
   if (!output.requires_grad()) {
     // Tensors an earlier forward's graph saved share these parameters: give the memory back

@@ -11,23 +11,28 @@
 //   };
 //   norm = lf::SyncBatchNorm(existing_batch_norm_2d);  // or from a BatchNorm1d/2d/3d, weights and statistics kept
 //
-// fabric.setup binds the group: ddp's world, model_parallel's data group. Its parameters and
+// fabric.setup binds the group: ddp's world, model_parallel's data group, or the subgroup given
+// with set_process_group (Python's process_group=; from fabric.new_group). Its parameters and
 // buffers have BatchNorm's names, so checkpoints move between the two. Collective: every rank of
 // the group runs each training forward and backward through it in the same order.
 //
-// Why no tree converter (Python's convert_sync_batchnorm): a LibTorch parent calls a child
-// through its own typed member (torch::nn::BatchNorm2d), which replacing the registered child
-// cannot re-point; declare the layer as lf::SyncBatchNorm, or build one from the BatchNorm.
+// convert_sync_batchnorm (Python's) converts what LibTorch lets it re-point: a BatchNorm root, and
+// the BatchNorm layers of every torch::nn::Sequential (or subclass) in the tree, in place. A
+// BatchNorm that a parent holds in a typed member (torch::nn::BatchNorm2d bn) cannot be re-pointed
+// from outside: it refuses naming each one; declare those as lf::SyncBatchNorm.
 #pragma once
 
 #include "lightning/fabric/export.h"
 
 #include <torch/nn/cloneable.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/pimpl.h>
 
 #include <memory>
 #include <optional>
+
+#include "lightning/fabric/process_group.h"
 
 namespace lightning::fabric {
 
@@ -59,6 +64,13 @@ class LF_API SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> 
   /// The group the statistics are summed over; fabric.setup sets it. Null: this process alone.
   void set_group(std::shared_ptr<Collective> group) { group_ = std::move(group); }
   const std::shared_ptr<Collective>& group() const { return group_; }
+  /// Sum the statistics over these ranks instead of the strategy's data-parallel group (set before
+  /// fabric.setup; every rank that runs this layer must be a member). Null: the strategy's group.
+  void set_process_group(std::shared_ptr<ProcessGroup> group) { process_group_ = std::move(group); }
+  const std::shared_ptr<ProcessGroup>& process_group() const { return process_group_; }
+  /// What fabric.setup calls: binds process_group() when set (ValueError for a non-member), else
+  /// the strategy's group.
+  void bind(const std::shared_ptr<Collective>& strategy_group, int global_rank);
 
   SyncBatchNormOptions options;
   at::Tensor weight, bias;                                   // [C] when affine
@@ -68,7 +80,16 @@ class LF_API SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> 
   template <class Norm>
   void copy_from(const Norm& norm);
   std::shared_ptr<Collective> group_;
+  std::shared_ptr<ProcessGroup> process_group_;
 };
 TORCH_MODULE(SyncBatchNorm);
+
+/// Python's SyncBatchNorm.convert_sync_batchnorm: every BatchNorm1d/2d/3d of module replaced, in
+/// place, by an lf::SyncBatchNorm (options, weights, statistics and training mode kept; group: its
+/// process group, null for the strategy's). Returns module, or the new layer when module itself is
+/// a BatchNorm. ValueError naming every BatchNorm it cannot re-point (held by a parent other than a
+/// torch::nn::Sequential or a subclass of one) and the fix; then nothing is changed.
+LF_API std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(const std::shared_ptr<torch::nn::Module>& module,
+                                                                 std::shared_ptr<ProcessGroup> group = nullptr);
 
 }  // namespace lightning::fabric
