@@ -289,9 +289,18 @@ struct BlocksImpl : torch::nn::Module {
 };
 TORCH_MODULE(Blocks);
 
+// The same blocks called directly: a checkpointing policy that matches them recomputes nothing.
+struct DirectBlocksImpl : torch::nn::Module {
+  DirectBlocksImpl() : first(register_module("first", DropBlock())), second(register_module("second", DropBlock())) {}
+  torch::Tensor forward(torch::Tensor x) { return second(first(x)); }
+  DropBlock first, second;
+};
+TORCH_MODULE(DirectBlocks);
+
 // Two replicas of one model trained side by side, one with its blocks checkpointed
 // (SetupOptions::activation_checkpointing): the same dropout masks, the same averaged gradients,
-// bitwise-equal weights after 20 steps; the checkpointed blocks run forward twice per step.
+// bitwise-equal weights after 20 steps; the checkpointed blocks run forward twice per step. A
+// policy matching blocks the parent calls directly is refused at the first backward, on every rank.
 void check_activation_checkpointing(lf::Fabric& fabric) {
   torch::manual_seed(21);
   Blocks plain;
@@ -328,6 +337,16 @@ void check_activation_checkpointing(lf::Fabric& fabric) {
   expect(plain->first->forwards == steps && checkpointed->first->forwards == 2 * steps,
          "checkpointed blocks run forward again in backward (" + std::to_string(checkpointed->first->forwards) +
              " forwards in " + std::to_string(steps) + " steps)");
+  DirectBlocks direct;
+  auto model_direct = fabric.setup_module(options, direct);
+  std::string message;
+  try {
+    fabric.backward(model_direct(torch::randn({6, 16})).pow(2).mean());
+  } catch (const lf::ValueError& error) {
+    message = error.what();
+  }
+  expect(message.find("'first', 'second'") != std::string::npos && message.find("lf::call(block, x)") != std::string::npos,
+         "ddp: a policy matching blocks called directly is refused at the first backward, got: " + message);
 }
 
 // DDPOptions::broadcast_buffers off: each rank keeps its own statistics, and a forward sends nothing.
