@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <numeric>
 #include <climits>
 #include <exception>
 #include <filesystem>
@@ -195,8 +196,21 @@ void Fabric::refuse_prebuilt_loader() const {
       "setup_dataloaders(loader): this job runs " + std::to_string(world_size()) +
       " processes, and a ready-made LibTorch loader cannot have its sampler replaced, so every rank would read "
       "the whole dataset. Pass the dataset and DataLoaderOptions instead (Fabric builds a distributed "
-      "sampler), or set DataLoaderSettings::use_distributed_sampler=false if your sampler already splits the "
+      "sampler), or the dataset, your sampler and DataLoaderOptions (Fabric distributes your sampler's order), or set DataLoaderSettings::use_distributed_sampler=false if your sampler already splits the "
       "data per rank.");
+}
+
+void Fabric::refuse_unsized_dataset() const {
+  throw ValueError("setup_dataloaders(dataset, options): dataset.size() is empty, so its indices cannot be split over "
+                   "the ranks. A dataset without a size is a stream: derive it from "
+                   "torch::data::datasets::StatefulDataset (get_batch returns std::nullopt at its end), and each rank "
+                   "then reads every " + std::to_string(strategy()->sampler_share().replicas) + "-th item.");
+}
+
+void Fabric::refuse_shuffled_stream(bool shuffle) const {
+  LF_CHECK(!shuffle, ValueError, "setup_dataloaders(stream, options, DataLoaderSettings{shuffle=true}): a stream (a "
+           "StatefulDataset) has no indices to shuffle. Shuffle inside the stream, seeded by the epoch it gets through "
+           "a set_epoch(int64_t) method (Fabric calls it each epoch), and pass shuffle=false.");
 }
 
 void Fabric::refuse_if_joint_setup_required(const char* call) const {
@@ -371,7 +385,7 @@ struct GatherWithGradients : torch::autograd::Function<GatherWithGradients> {
                                                  torch::autograd::variable_list grads) {
     auto* group = reinterpret_cast<Collective*>(ctx->saved_data["group"].toInt());
     const at::Tensor rows = grads[0].contiguous().reshape({group->world_size(), -1});
-    return {group->reduce_scatter_rows(rows).reshape(ctx->saved_data["shape"].toIntVector()), at::Tensor()};
+    return {group->reduce_scatter(rows, ReduceOp::Sum).reshape(ctx->saved_data["shape"].toIntVector()), at::Tensor()};
   }
 };
 }  // namespace
@@ -400,23 +414,34 @@ std::shared_ptr<ProcessGroup> Fabric::new_group(std::vector<int> ranks) {
   return std::make_shared<ProcessGroup>(std::move(ranks), rank, std::move(collective));
 }
 
-at::Tensor Fabric::all_gather(const at::Tensor& tensor, const AllGatherOptions& options) {
+ProcessGroup Fabric::world_group() {
+  ensure_environment_ready();
+  std::vector<int> ranks(static_cast<size_t>(world_size()));
+  std::iota(ranks.begin(), ranks.end(), 0);
+  std::shared_ptr<Collective> collective;
+  if (world_size() > 1) {
+    auto* parallel = dynamic_cast<ParallelStrategy*>(connector_->strategy.get());
+    LF_CHECK(parallel != nullptr, ValueError, "fabric: strategy \"", connector_->strategy->name(), "\" runs ", world_size(),
+             " ranks without a process group of its own; use ddp, fsdp or model_parallel for collectives.");
+    collective = std::shared_ptr<Collective>(std::shared_ptr<Collective>(), &parallel->collective());  // not owned
+  }
+  return ProcessGroup(std::move(ranks), global_rank(), std::move(collective));
+}
+
+Collective* Fabric::participants(const ProcessGroup& group, const char* call) {
   ensure_environment_ready();
   connector_->strategy->settle_background_save(/*wait=*/false);
+  return group.communicator(call, global_rank());
+}
+
+at::Tensor Fabric::all_gather(const at::Tensor& tensor, const AllGatherOptions& options) {
   LF_CHECK(!options.sync_grads || tensor.is_floating_point() || tensor.is_complex(), ValueError,
            "fabric.all_gather(tensor, AllGatherOptions().with_gradients()): the tensor is ", c10::toString(tensor.scalar_type()),
            ", which has no gradients; gather it without with_gradients(), or gather a floating-point tensor.");
-  Collective* group = nullptr;
-  if (options.group) {
-    group = options.group->communicator("fabric.all_gather", global_rank());
-    if (group == nullptr) return world_size() == 1 ? tensor : tensor.unsqueeze(0);  // a group of one process
-  } else if (world_size() > 1) {
-    auto* parallel = dynamic_cast<ParallelStrategy*>(connector_->strategy.get());
-    if (parallel == nullptr || !options.sync_grads) return connector_->strategy->all_gather(tensor);
-    group = &parallel->collective();
-  } else {
-    return connector_->strategy->all_gather(tensor);
-  }
+  if (!options.group && world_size() == 1) return connector_->strategy->all_gather(tensor);  // no new dimension
+  Collective* group = participants(options.group ? *options.group : world_group(), "fabric.all_gather");
+  if (group == nullptr) return tensor.unsqueeze(0);  // a group of this process alone
+  group->check_same_shapes("fabric.all_gather", tensor);
   return options.sync_grads ? GatherWithGradients::apply(tensor, group) : group->all_gather(tensor);
 }
 
@@ -428,9 +453,7 @@ std::vector<at::Tensor> Fabric::all_gather(const std::vector<at::Tensor>& tensor
 }
 
 at::Tensor Fabric::all_reduce(const at::Tensor& tensor, ReduceOp op, const ProcessGroup& group) {
-  ensure_environment_ready();
-  connector_->strategy->settle_background_save(/*wait=*/false);
-  Collective* collective = group.communicator("fabric.all_reduce", global_rank());
+  Collective* collective = participants(group, "fabric.all_reduce");
   at::Tensor result = tensor.contiguous();  // in place when it is, as the world's all_reduce (and Python's)
   if (collective != nullptr) collective->all_reduce_(result, op);
   return result;
@@ -443,13 +466,79 @@ at::Tensor Fabric::broadcast(const at::Tensor& tensor, int src) {
 }
 
 at::Tensor Fabric::broadcast(const at::Tensor& tensor, int src, const ProcessGroup& group) {
-  ensure_environment_ready();
-  connector_->strategy->settle_background_save(/*wait=*/false);
-  Collective* collective = group.communicator("fabric.broadcast", global_rank());
+  Collective* collective = participants(group, "fabric.broadcast");
   const int root = group.group_rank_of(src, "fabric.broadcast");
   at::Tensor result = tensor.clone().contiguous();
   if (collective != nullptr) collective->broadcast_(result, root);
   return result;
+}
+
+// Python's torch.distributed collectives: each world version is its group version over world_group().
+void Fabric::send(const at::Tensor& tensor, int dst) { send(tensor, dst, world_group()); }
+void Fabric::send(const at::Tensor& tensor, int dst, const ProcessGroup& group) {
+  Collective* collective = participants(group, "fabric.send");
+  const int peer = group.group_rank_of(dst, "fabric.send");
+  LF_CHECK(collective != nullptr && peer != group.rank(), ValueError, "fabric.send: rank ", dst, " is this process; "
+           "send to another rank (it calls fabric.recv).");
+  collective->send(tensor, peer);
+}
+
+at::Tensor Fabric::recv(at::Tensor tensor, int src) { return recv(std::move(tensor), src, world_group()); }
+at::Tensor Fabric::recv(at::Tensor tensor, int src, const ProcessGroup& group) {
+  Collective* collective = participants(group, "fabric.recv");
+  const int peer = group.group_rank_of(src, "fabric.recv");
+  LF_CHECK(collective != nullptr && peer != group.rank(), ValueError, "fabric.recv: rank ", src, " is this process; "
+           "receive from another rank (it calls fabric.send).");
+  collective->recv_(tensor, peer);
+  return tensor;
+}
+
+at::Tensor Fabric::reduce(const at::Tensor& tensor, int dst, ReduceOp op) { return reduce(tensor, dst, op, world_group()); }
+at::Tensor Fabric::reduce(const at::Tensor& tensor, int dst, ReduceOp op, const ProcessGroup& group) {
+  Collective* collective = participants(group, "fabric.reduce");
+  const int root = group.group_rank_of(dst, "fabric.reduce");
+  return collective != nullptr ? collective->reduce(tensor, root, op) : tensor.clone();
+}
+
+at::Tensor Fabric::gather(const at::Tensor& tensor, int dst) { return gather(tensor, dst, world_group()); }
+at::Tensor Fabric::gather(const at::Tensor& tensor, int dst, const ProcessGroup& group) {
+  Collective* collective = participants(group, "fabric.gather");
+  const int root = group.group_rank_of(dst, "fabric.gather");
+  if (collective == nullptr) return tensor.unsqueeze(0).clone();
+  collective->check_same_shapes("fabric.gather", tensor);
+  return collective->gather(tensor, root);
+}
+
+at::Tensor Fabric::scatter(at::Tensor output, const at::Tensor& rows, int src) {
+  return scatter(std::move(output), rows, src, world_group());
+}
+at::Tensor Fabric::scatter(at::Tensor output, const at::Tensor& rows, int src, const ProcessGroup& group) {
+  Collective* collective = participants(group, "fabric.scatter");
+  const int root = group.group_rank_of(src, "fabric.scatter");
+  if (collective == nullptr) {
+    LF_CHECK(rows.defined() && rows.dim() >= 1 && rows.size(0) == 1 && rows[0].sizes() == output.sizes(), ValueError,
+             "fabric.scatter: with one participant, rows must be [1, ", output.sizes(), "], got ",
+             rows.defined() ? c10::str(rows.sizes()) : std::string("none"), ".");
+    return output.copy_(rows[0]);
+  }
+  return collective->scatter_(output, rows, root);
+}
+
+at::Tensor Fabric::reduce_scatter(const at::Tensor& rows, ReduceOp op) { return reduce_scatter(rows, op, world_group()); }
+at::Tensor Fabric::reduce_scatter(const at::Tensor& rows, ReduceOp op, const ProcessGroup& group) {
+  Collective* collective = participants(group, "fabric.reduce_scatter");
+  LF_CHECK(rows.dim() >= 1 && rows.size(0) == group.size(), ValueError, "fabric.reduce_scatter: rows must have one "
+           "row per participant (", group.size(), ") in their first dimension, got shape ", rows.sizes(), ".");
+  return collective != nullptr ? collective->reduce_scatter(rows, op) : rows[0].clone();
+}
+
+at::Tensor Fabric::all_to_all(const at::Tensor& tensor) { return all_to_all(tensor, world_group()); }
+at::Tensor Fabric::all_to_all(const at::Tensor& tensor, const ProcessGroup& group) {
+  Collective* collective = participants(group, "fabric.all_to_all");
+  LF_CHECK(tensor.dim() >= 1 && tensor.size(0) % group.size() == 0, ValueError, "fabric.all_to_all: the first "
+           "dimension (shape ", tensor.sizes(), ") must split into ", group.size(), " equal blocks, one per participant.");
+  if (collective == nullptr) return tensor.clone();
+  return collective->all_to_all(tensor).view(tensor.sizes());
 }
 
 uint64_t Fabric::seed_everything(std::optional<uint64_t> seed, bool workers) {

@@ -11,6 +11,10 @@ namespace {
 std::string member_list(const std::vector<int>& ranks) {
   std::ostringstream out;
   out << "[";
+  if (ranks.size() > 3 && ranks.back() - ranks.front() + 1 == static_cast<int>(ranks.size())) {
+    out << ranks.front() << ".." << ranks.back() << "]";  // every rank between: the world, a node
+    return out.str();
+  }
   for (size_t i = 0; i < ranks.size(); ++i) out << (i ? ", " : "") << ranks[i];
   out << "]";
   return out.str();
@@ -33,7 +37,7 @@ int ProcessGroup::group_rank_of(int global_rank, const char* call) const {
   for (size_t i = 0; i < ranks_.size(); ++i) {
     if (ranks_[i] == global_rank) return static_cast<int>(i);
   }
-  LF_CHECK(false, ValueError, call, ": source rank ", global_rank, " is not in the group of ranks ", member_list(ranks_),
+  LF_CHECK(false, ValueError, call, ": rank ", global_rank, " is not in the group of ranks ", member_list(ranks_),
            "; name one of its members (a global rank).");
   return -1;
 }

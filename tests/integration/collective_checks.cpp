@@ -149,7 +149,7 @@ TEST_CASE("every Fabric collective, and save/load, under ddp", "[.][ddp]") {
   at::Tensor flag = torch::full({}, rank == world - 1 ? 1.0f : 0.0f);
   collective.all_reduce_(flag, lf::ReduceOp::Max);
   CHECK(flag.item<float>() == 1.0f);
-  CHECK(torch::equal(collective.reduce_scatter_rows(torch::ones({world, 5})), torch::full({5}, static_cast<float>(world))));
+  CHECK(torch::equal(collective.reduce_scatter(torch::ones({world, 5}), lf::ReduceOp::Sum), torch::full({5}, static_cast<float>(world))));
   fabric.barrier();
   check_save_load_round_trip(fabric, scratch("ddp.ckpt"));
   fabric.barrier();

@@ -63,6 +63,14 @@ case "$case" in
     expect_hang_files
     grep -q "sleep_forever_on_purpose" "$dir/logs/attempt_0/hang/rank_1.stack.txt" || fail "rank 1's stack does not show where it sleeps"
     ;;
+  launcher_recv_never_sent|launcher_recv_never_sent_gloo)
+    # A recv whose peer never sends is named like any collective (shm: over the pair's gloo group).
+    if [[ $case == *_gloo ]]; then launch recv_never_sent --process-group-backend gloo; else launch recv_never_sent; fi
+    [[ $code == 86 ]] || fail "exit code $code, expected 86"
+    in_time
+    expect "likely cause: the ranks are inside different collectives (rank 0 in #9 barrier, rank 1 in #9 recv)"
+    expect_hang_files
+    ;;
   launcher_mismatched_shapes)
     # gloo aborts the rank that receives more than it expects; the report says why.
     launch mismatched_shapes --process-group-backend gloo

@@ -8,6 +8,7 @@
 //   mismatched_shapes     rank 1 all_reduces 8 elements where rank 0 passes 4
 //   unset_model           a loss from a model that was never set up goes to fabric.backward
 //   rank_zero_first_throws rank 0 throws inside rank_zero_first; the error must propagate
+//   recv_never_sent       rank 1 waits in recv from rank 0, which never sends and goes to the barrier
 //   hang_program MODE
 #include <torch/torch.h>
 
@@ -53,6 +54,9 @@ int main(int argc, char** argv) {
     fabric.all_reduce(torch::ones({4}), "sum");
   } else if (mode == "stuck_before_barrier") {
     if (rank == 1) sleep_forever_on_purpose();
+    fabric.barrier();
+  } else if (mode == "recv_never_sent") {
+    if (rank == 1) fabric.recv(torch::empty({4}), 0);
     fabric.barrier();
   } else if (mode == "mismatched_shapes") {
     fabric.all_reduce(torch::ones({rank == 1 ? 8 : 4}), "sum");

@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
       const at::Tensor x = input_for(rank, count, at::kBFloat16, ++salt);
       compare(shm.all_gather(x), gloo.all_gather(x), true, "all_gather [" + std::to_string(count) + "]");
       const at::Tensor rows = input_for(rank, world * count, at::kFloat, ++salt).view({world, count});
-      compare(shm.reduce_scatter_rows(rows), gloo.reduce_scatter_rows(rows), world == 2,
+      compare(shm.reduce_scatter(rows, lf::ReduceOp::Sum), gloo.reduce_scatter(rows, lf::ReduceOp::Sum), world == 2,
               "reduce_scatter [" + std::to_string(count) + "]");
       const at::Tensor parts = input_for(rank, world * count, at::kDouble, ++salt);
       const at::Tensor exchanged = shm.all_to_all(parts);

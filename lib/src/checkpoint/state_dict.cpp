@@ -495,14 +495,16 @@ StateDict optimizer_state_by_index(const StateDict& named, const std::vector<std
   };
   StateDict out = make_state_dict();
   for (const auto& item : named) out.insert(item.key(), item.value());
+  // A folder keeps only leaves, so an optimizer with no state yet (SGD without momentum, or
+  // before its first step) comes back without "state" (as in Python's DCP): empty, then.
+  c10::impl::GenericDict per_parameter(c10::IntType::get(), c10::AnyType::get());
   if (named.contains("state")) {
-    c10::impl::GenericDict per_parameter(c10::IntType::get(), c10::AnyType::get());
     for (const auto& item : named.at("state").toGenericDict()) {
       const int64_t i = item.key().isInt() ? item.key().toInt() : index(item.key().toStringRef());
       if (i >= 0) per_parameter.insert(i, item.value());
     }
-    out.insert_or_assign("state", per_parameter);
   }
+  if (named.contains("param_groups")) out.insert_or_assign("state", per_parameter);
   if (named.contains("param_groups")) {
     c10::impl::GenericList groups(c10::AnyType::get());
     for (const c10::IValue group : named.at("param_groups").toList()) {

@@ -613,7 +613,7 @@ void FSDPStrategy::Engine::reduce_gradients(ShardedModule& sharded, Unit& unit) 
   // pre- and post-divide factors); other dtypes divide once, after.
   const double pre = reduce_dtype == at::kHalf ? std::sqrt(static_cast<double>(world)) : 1.0;
   if (pre != 1.0) rows.div_(pre);
-  at::Tensor mine = parts > 1 ? strategy_.shard_group().reduce_scatter_rows(rows) : rows[0].clone();
+  at::Tensor mine = parts > 1 ? strategy_.shard_group().reduce_scatter(rows, ReduceOp::Sum) : rows[0].clone();
   if (parts == 1 && world > 1) strategy_.collective().all_reduce_(mine, ReduceOp::Sum);  // NO_SHARD: DDP
   Collective* replicas = strategy_.replica_group();
   if (replicas != nullptr && replicas->world_size() > 1) replicas->all_reduce_(mine, ReduceOp::Sum);
@@ -701,6 +701,30 @@ bool FSDPStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
 }
 
 ScopeGuard FSDPStrategy::summon_full_parameters(const torch::nn::Module& module) { return engine_->summon(module); }
+
+std::vector<FSDPStrategy::LocalShard> FSDPStrategy::local_shards(const torch::nn::Module& module) {
+  Engine::ShardedModule* sharded = engine_->find(module);
+  LF_CHECK(sharded != nullptr, ValueError, "local_shards: this module was not set up with strategy=\"fsdp\". Pass the "
+           "module given to fabric.setup.");
+  std::vector<LocalShard> shards;
+  for (const auto& parameter : sharded->parameters) {
+    shards.push_back({parameter.name, parameter.shape, parameter.slice.begin, parameter.shard});
+  }
+  return shards;
+}
+
+at::Tensor FSDPStrategy::gather_full(const LocalShard& parameter, const at::Tensor& values) {
+  const int64_t numel = c10::multiply_integers(parameter.shape);
+  LF_CHECK(values.numel() == parameter.shard.numel(), ValueError, "gather_full: ", values.numel(), " values for ",
+           parameter.name, ", whose shard on this rank holds ", parameter.shard.numel(), ".");
+  const int parts = shard_group_size();
+  if (parts == 1) return values.reshape(parameter.shape).clone();
+  at::Tensor slot = at::zeros({(numel + parts - 1) / parts}, values.options());
+  slot.narrow(0, 0, values.numel()).copy_(values.reshape(-1));
+  return shard_group().all_gather(slot).reshape(-1).narrow(0, 0, numel).view(parameter.shape).clone();
+}
+
+void FSDPStrategy::shards_changed() { engine_->mark_stale(); }
 
 ScopeGuard FSDPStrategy::Engine::summon(const torch::nn::Module& module) {
   ShardedModule* sharded = find(module);

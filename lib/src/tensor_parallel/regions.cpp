@@ -40,7 +40,7 @@ at::Tensor reduce_scattered(const at::Tensor& full, Collective& group, int64_t d
   for (const auto& part : full.chunk(size, dim)) rows.push_back(part.contiguous().view(-1));
   std::vector<int64_t> shape = full.sizes().vec();
   shape[dim] /= size;
-  return group.reduce_scatter_rows(at::stack(rows)).view(shape);
+  return group.reduce_scatter(at::stack(rows), ReduceOp::Sum).view(shape);
 }
 
 at::Tensor move(Move how, const at::Tensor& tensor, Collective& group, int64_t dim) {

@@ -26,6 +26,14 @@ DistributedSampler::DistributedSampler(size_t dataset_size, int num_replicas, in
   build_indices();
 }
 
+DistributedSampler::DistributedSampler(OrderSource source, int num_replicas, int rank, bool shuffle, uint64_t seed,
+                                       bool drop_last)
+    : DistributedSampler(0, num_replicas, rank, shuffle, seed, drop_last) {
+  LF_CHECK(source != nullptr, ValueError, "DistributedSampler: no order source given.");
+  source_ = std::move(source);
+  build_indices();
+}
+
 size_t DistributedSampler::num_samples() const {
   const size_t replicas = static_cast<size_t>(num_replicas_);
   if (drop_last_) return dataset_size_ / replicas;
@@ -33,6 +41,11 @@ size_t DistributedSampler::num_samples() const {
 }
 
 void DistributedSampler::build_indices() {
+  std::vector<size_t> drawn;  // the source's indices, in its order; positions into it below
+  if (source_) {
+    drawn = source_(epoch_);
+    dataset_size_ = drawn.size();
+  }
   std::vector<size_t> order(dataset_size_);
   if (shuffle_ && dataset_size_ > 0) {
     auto generator = at::make_generator<at::CPUGeneratorImpl>(seed_ + static_cast<uint64_t>(epoch_));
@@ -41,6 +54,9 @@ void DistributedSampler::build_indices() {
     std::copy(data, data + dataset_size_, order.begin());
   } else {
     std::iota(order.begin(), order.end(), size_t{0});
+  }
+  if (source_) {
+    for (size_t& position : order) position = drawn[position];
   }
   const size_t total = num_samples() * static_cast<size_t>(num_replicas_);
   if (total > order.size() && !order.empty()) {  // pad by wrapping around, as PyTorch does

@@ -274,21 +274,54 @@ class LF_API Fabric {
   /// from the strategy's sampler_share(): world_size() and global_rank(), or the data-parallel size
   /// and rank under model_parallel; seeded from PL_GLOBAL_SEED) unless
   /// use_distributed_sampler is false, and batches moved to device() unless move_to_device is false.
+  /// A dataset with no size, a LibTorch StatefulDataset (a stream), is split item by item instead:
+  /// rank r reads items r, r + W, ... (ShardedStream), with no padding and no batch count.
   template <class Dataset>
   auto setup_dataloaders(Dataset dataset, torch::data::DataLoaderOptions options,
                          DataLoaderSettings settings = DataLoaderSettings()) {
-    const size_t size = dataset.size().value();
     const auto share = strategy()->sampler_share();
     const int replicas = settings.use_distributed_sampler ? share.replicas : 1;
     const int rank = settings.use_distributed_sampler ? share.rank : 0;
-    DistributedSampler sampler(size, replicas, rank, settings.shuffle, global_seed(), settings.drop_uneven_tail);
-    const size_t per_rank = sampler.num_samples();
-    const size_t batch = options.batch_size();
-    const size_t batches = options.drop_last() ? per_rank / batch : (per_rank + batch - 1) / batch;
-    auto set_epoch = [control = sampler](int64_t epoch) mutable { control.set_epoch(epoch); };  // shares the setting
-    auto loader = torch::data::make_data_loader(std::move(dataset), std::move(sampler), std::move(options));
-    using Loader = typename decltype(loader)::element_type;
-    return FabricDataLoader<Loader>(std::move(loader), loader_device(settings), batches, std::move(set_epoch));
+    if constexpr (Dataset::is_stateful) {
+      refuse_shuffled_stream(settings.shuffle);
+      ShardedStream<Dataset> stream(std::move(dataset), replicas, rank);
+      auto set_epoch = [control = stream](int64_t epoch) mutable { control.set_epoch(epoch); };  // shares the source
+      auto loader = torch::data::make_data_loader(std::move(stream), std::move(options));
+      using Loader = typename decltype(loader)::element_type;
+      return FabricDataLoader<Loader>(std::move(loader), loader_device(settings), std::nullopt, std::move(set_epoch));
+    } else {
+      const auto size = dataset.size();
+      if (!size) refuse_unsized_dataset();
+      DistributedSampler sampler(*size, replicas, rank, settings.shuffle, global_seed(), settings.drop_uneven_tail);
+      return loader_over(std::move(dataset), std::move(sampler), std::move(options), settings);
+    }
+  }
+  /// Over the indices your sampler yields, distributed as Python's DistributedSamplerWrapper does:
+  /// each epoch the sampler's list (drawn alike on every rank) is split over the ranks like a
+  /// dataset's indices, padded and, with settings.shuffle, permuted by position
+  /// (distribute_sampler). With use_distributed_sampler false or one rank, the list is used as is.
+  ///   auto loader = fabric.setup_dataloaders(dataset, EvenThenOdd(n), torch::data::DataLoaderOptions(8));
+  template <class Dataset, class Sampler,
+            std::enable_if_t<std::is_base_of_v<torch::data::samplers::Sampler<>, Sampler>, int> = 0>
+  auto setup_dataloaders(Dataset dataset, Sampler sampler, torch::data::DataLoaderOptions options,
+                         DataLoaderSettings settings = DataLoaderSettings()) {
+    const auto share = strategy()->sampler_share();
+    const int replicas = settings.use_distributed_sampler ? share.replicas : 1;
+    const int rank = settings.use_distributed_sampler ? share.rank : 0;
+    DistributedSampler distributed = distribute_sampler(std::move(sampler), replicas, rank, settings.shuffle, global_seed(),
+                                                        settings.drop_uneven_tail);
+    return loader_over(std::move(dataset), std::move(distributed), std::move(options), settings);
+  }
+  /// Several datasets at once (Python's setup_dataloaders(*dataloaders)), each as above with the
+  /// same options and settings; a tuple of loaders, in order:
+  ///   auto [train, val] = fabric.setup_dataloaders(std::make_tuple(train_set, val_set), DataLoaderOptions(32));
+  /// Call once per dataset for different batch sizes or settings.
+  template <class... Datasets>
+  auto setup_dataloaders(std::tuple<Datasets...> datasets, torch::data::DataLoaderOptions options,
+                         DataLoaderSettings settings = DataLoaderSettings()) {
+    static_assert(sizeof...(Datasets) > 0, "Fabric::setup_dataloaders: the tuple holds no dataset");
+    return std::apply([&](auto&... each) { return std::make_tuple(setup_dataloaders(std::move(each), options, settings)...); },
+                      datasets);
   }
 
   /// Wraps a loader the user built: batches are moved to the device; its sampler is kept. With
@@ -418,6 +451,35 @@ class LF_API Fabric {
   at::Tensor broadcast(const at::Tensor& tensor, int src = 0);
   /// broadcast from global rank src to the group's members (each member calls it).
   at::Tensor broadcast(const at::Tensor& tensor, int src, const ProcessGroup& group);
+  // Python's torch.distributed collectives beyond Fabric's own (as TorchCollective has them).
+  // Ranks (dst, src) are global ranks; with a group, its members call and the ranks must be
+  // members. Tensors of any device; every participant passes the same dtype and shape. Blocking.
+  /// Sends tensor to rank dst, which calls recv; dst is another rank.
+  void send(const at::Tensor& tensor, int dst);
+  void send(const at::Tensor& tensor, int dst, const ProcessGroup& group);
+  /// Fills tensor (its shape and dtype are what src sends) from rank src; returns it.
+  at::Tensor recv(at::Tensor tensor, int src);
+  at::Tensor recv(at::Tensor tensor, int src, const ProcessGroup& group);
+  /// The op over every participant's tensor, on rank dst (a new tensor); the other ranks get their
+  /// tensor back unchanged.
+  at::Tensor reduce(const at::Tensor& tensor, int dst, ReduceOp op = ReduceOp::Sum);
+  at::Tensor reduce(const at::Tensor& tensor, int dst, ReduceOp op, const ProcessGroup& group);
+  /// On rank dst every participant's tensor stacked in a new leading dimension (group-rank order);
+  /// an undefined tensor on the others.
+  at::Tensor gather(const at::Tensor& tensor, int dst);
+  at::Tensor gather(const at::Tensor& tensor, int dst, const ProcessGroup& group);
+  /// Fills output with rows[i] on the participant i (group-rank order) and returns it. rows:
+  /// [participants, output's shape] on rank src, ignored (pass {}) on the others.
+  at::Tensor scatter(at::Tensor output, const at::Tensor& rows, int src);
+  at::Tensor scatter(at::Tensor output, const at::Tensor& rows, int src, const ProcessGroup& group);
+  /// rows: [participants, ...]; returns on participant i the op over every participant's rows[i].
+  at::Tensor reduce_scatter(const at::Tensor& rows, ReduceOp op = ReduceOp::Sum);
+  at::Tensor reduce_scatter(const at::Tensor& rows, ReduceOp op, const ProcessGroup& group);
+  /// torch.distributed.all_to_all_single with equal splits: tensor's first dimension in as many
+  /// equal blocks as participants, block i sent to participant i; returns the blocks received,
+  /// in group-rank order, in a tensor of tensor's shape.
+  at::Tensor all_to_all(const at::Tensor& tensor);
+  at::Tensor all_to_all(const at::Tensor& tensor, const ProcessGroup& group);
   /// A group of some of the job's ranks (torch.distributed.new_group): collective over EVERY rank,
   /// members or not, called in the same order everywhere. ranks: global ranks, each once; the
   /// group ranks follow their ascending order. ValueError naming the bad rank and the valid range.
@@ -520,6 +582,26 @@ class LF_API Fabric {
   /// call_hook: then on_after_setup runs.
   void after_setup(const std::shared_ptr<torch::nn::Module>& module, bool call_hook);
   void ensure_environment_ready();
+  /// The loader setup_dataloaders returns for a sized dataset and its distributed sampler.
+  template <class Dataset>
+  auto loader_over(Dataset dataset, DistributedSampler sampler, torch::data::DataLoaderOptions options,
+                   const DataLoaderSettings& settings) {
+    const size_t per_rank = sampler.num_samples();
+    const size_t batch = options.batch_size();
+    const size_t batches = options.drop_last() ? per_rank / batch : (per_rank + batch - 1) / batch;
+    auto set_epoch = [control = sampler](int64_t epoch) mutable { control.set_epoch(epoch); };  // shares the setting
+    auto loader = torch::data::make_data_loader(std::move(dataset), std::move(sampler), std::move(options));
+    using Loader = typename decltype(loader)::element_type;
+    return FabricDataLoader<Loader>(std::move(loader), loader_device(settings), batches, std::move(set_epoch));
+  }
+  [[noreturn]] void refuse_unsized_dataset() const;
+  void refuse_shuffled_stream(bool shuffle) const;
+  /// Every rank of the job as a group (Python's group.WORLD); its communicator is the strategy's.
+  /// ValueError when several ranks run without a process group (a strategy that has none).
+  ProcessGroup world_group();
+  /// For a collective named call: readies the environment, settles a background save, and returns
+  /// group's communicator: null when only this process takes part, ValueError for a non-member.
+  Collective* participants(const ProcessGroup& group, const char* call);
   std::shared_ptr<StepObserver> make_step_observer(const FabricOptions& options, const env::EnvLookup& env) const;
   [[noreturn]] void refuse_wrapped_module() const;
   // Under ddp/fsdp with several ranks: a loss that reaches no set-up model's parameter is an error.

@@ -5,6 +5,7 @@
 #include <ATen/record_function.h>
 
 #include <algorithm>
+#include <map>
 #include <sstream>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -55,6 +56,7 @@ struct Collective::Impl {
   bool ops_run_in_call = false;               // the backend (shm) completes each op inside its call
   internal::HostLayout layout;                // from the host vote; one host when there was none
   int group_names = 0;                        // next_group_name calls so far
+  std::map<int, std::unique_ptr<Collective>> pairs;  // pair_with's groups, by peer
 };
 
 namespace {
@@ -169,7 +171,7 @@ struct Staged {
 
 namespace {
 // What check_call compares: the op, then dtype, rank and up to five sizes of its tensor.
-enum CallOp { kAllReduce = 1, kAllGather, kReduceScatter, kBroadcast, kBarrier };
+enum CallOp { kAllReduce = 1, kAllGather, kReduceScatter, kBroadcast, kBarrier, kReduce, kGather, kScatter, kAllToAll };
 const char* op_name(int64_t op) {
   switch (op) {
     case kAllReduce: return "all_reduce";
@@ -177,6 +179,10 @@ const char* op_name(int64_t op) {
     case kReduceScatter: return "reduce_scatter";
     case kBroadcast: return "broadcast";
     case kBarrier: return "barrier";
+    case kReduce: return "reduce";
+    case kGather: return "gather";
+    case kScatter: return "scatter";
+    case kAllToAll: return "all_to_all";
   }
   return "?";
 }
@@ -268,7 +274,17 @@ c10::intrusive_ptr<c10d::Work> issue_recorded(flight::Recorder* recorder, uint64
 }  // namespace
 
 void Collective::check_call(int op, const at::Tensor* tensor) {
-  if (!impl_->options.settings.check_collectives || impl_->world_size < 2) return;
+  if (impl_->options.settings.check_collectives) compare_calls(op, tensor, "");
+}
+
+void Collective::check_same_shapes(const std::string& call, const at::Tensor& tensor) {
+  ++impl_->operations;
+  auto scope = record(impl_->recorder, "all_gather", impl_->name, nullptr);
+  compare_calls(kAllGather, &tensor, call);
+}
+
+void Collective::compare_calls(int op, const at::Tensor* tensor, const std::string& call) {
+  if (impl_->world_size < 2) return;
   at::Tensor mine = at::full({kCallFields}, -1, at::kLong);
   int64_t* fields = mine.data_ptr<int64_t>();
   fields[0] = op;
@@ -290,6 +306,11 @@ void Collective::check_call(int op, const at::Tensor* tensor) {
   if (same) return;
   std::ostringstream ranks;
   for (int r = 0; r < impl_->world_size; ++r) ranks << (r ? "; " : "") << "rank " << r << ": " << call_text(rows + r * kCallFields);
+  if (!call.empty()) {
+    throw ValueError(call + ": every member of group " + impl_->name + " must pass a tensor of the same dtype and shape, "
+                     "but they differ (" + ranks.str() + "). Pad each rank's tensor to the largest shape (gather the "
+                     "sizes first to know it), or gather a list of equal-shaped pieces.");
+  }
   const uint64_t seq = impl_->recorder ? impl_->recorder->header().entered.load() : 0;
   throw ValueError("Collective mismatch on group " + impl_->name + (seq ? " at collective #" + std::to_string(seq) : "") +
                    " (" + ranks.str() + "). Every rank must issue the same collectives in the same order, with the "
@@ -458,19 +479,165 @@ std::function<at::Tensor()> Collective::all_gather_start(const at::Tensor& tenso
   };
 }
 
-at::Tensor Collective::reduce_scatter_rows(const at::Tensor& rows) {
-  LF_CHECK(rows.dim() == 2 && rows.size(0) == impl_->world_size, ValueError,
-           "reduce_scatter_rows: expected a [world_size, n] tensor, got ", rows.sizes(), ".");
+namespace {
+// Mean as the sum divided by the group's size: c10d's AVG is NCCL's alone for reduce and
+// reduce-scatter. Integer tensors have no mean here (as in all_reduce on gloo).
+c10d::ReduceOp summed_for_mean(ReduceOp op, const at::Tensor& tensor, const char* call) {
+  LF_CHECK(op != ReduceOp::Mean || tensor.is_floating_point() || tensor.is_complex(), ValueError, call, ": mean of a ",
+           c10::toString(tensor.scalar_type()), " tensor; use sum (and divide) or pass a floating-point tensor.");
+  return op == ReduceOp::Mean ? c10d::ReduceOp(c10d::ReduceOp::SUM) : to_c10d(op);
+}
+}  // namespace
+
+at::Tensor Collective::reduce_scatter(const at::Tensor& rows, ReduceOp op) {
+  LF_CHECK(rows.dim() >= 1 && rows.size(0) == impl_->world_size, ValueError, "reduce_scatter: expected a tensor of ",
+           impl_->world_size, " rows (one per rank of the group) in its first dimension, got shape ", rows.sizes(), ".");
+  const c10d::ReduceOp reduce_op = summed_for_mean(op, rows, "reduce_scatter");
   if (impl_->world_size == 1) return rows[0].clone();
   at::Tensor input = rows.to(impl_->device).contiguous().view(-1);  // c10d wants it flat
-  at::Tensor output = at::empty({rows.size(1)}, input.options());
+  at::Tensor output = at::empty(rows[0].sizes(), input.options());
+  at::Tensor flat_output = output.view(-1);
   ++impl_->operations;
   {
     auto scope = record(impl_->recorder, "reduce_scatter", impl_->name, &rows);
     check_call(kReduceScatter, &rows);
-    impl_->group->_reduce_scatter_base(output, input)->wait();
+    c10d::ReduceScatterOptions options;
+    options.reduceOp = reduce_op;
+    impl_->group->_reduce_scatter_base(flat_output, input, options)->wait();
   }
+  if (op == ReduceOp::Mean) output.div_(impl_->world_size);
   return output.to(rows.device());
+}
+
+at::Tensor Collective::reduce(const at::Tensor& tensor, int dst, ReduceOp op) {
+  LF_CHECK(dst >= 0 && dst < impl_->world_size, ValueError, "reduce: destination ", dst, " is not a rank of the group (0..",
+           impl_->world_size - 1, ").");
+  const c10d::ReduceOp reduce_op = summed_for_mean(op, tensor, "reduce");
+  at::Tensor work = tensor.to(impl_->device).contiguous().clone();
+  if (impl_->world_size > 1) {
+    ++impl_->operations;
+    auto scope = record(impl_->recorder, "reduce", impl_->name, &work);
+    check_call(kReduce, &work);
+    std::vector<at::Tensor> one{work};
+    if (impl_->backend == ProcessGroupBackend::Shm) {  // shm has no reduce: all ranks get the result
+      c10d::AllreduceOptions options;
+      options.reduceOp = reduce_op;
+      impl_->group->allreduce(one, options)->wait();
+    } else {
+      c10d::ReduceOptions options;
+      options.reduceOp = reduce_op;
+      options.rootRank = dst;
+      impl_->group->reduce(one, options)->wait();
+    }
+  }
+  if (impl_->rank != dst) return tensor;
+  if (op == ReduceOp::Mean) work.div_(impl_->world_size);
+  return work.to(tensor.device());
+}
+
+at::Tensor Collective::gather(const at::Tensor& tensor, int dst) {
+  LF_CHECK(dst >= 0 && dst < impl_->world_size, ValueError, "gather: destination ", dst, " is not a rank of the group (0..",
+           impl_->world_size - 1, ").");
+  if (impl_->world_size == 1 || impl_->backend == ProcessGroupBackend::Shm || tensor.numel() == 0) {
+    at::Tensor all = all_gather(tensor);  // shm has no gather: every rank gathers, dst keeps it
+    return impl_->rank == dst ? all : at::Tensor();
+  }
+  at::Tensor input = tensor.to(impl_->device).contiguous();
+  std::vector<at::Tensor> inputs{input};
+  std::vector<std::vector<at::Tensor>> outputs;
+  at::Tensor stacked;
+  if (impl_->rank == dst) {
+    std::vector<int64_t> shape{impl_->world_size};
+    shape.insert(shape.end(), tensor.sizes().begin(), tensor.sizes().end());
+    stacked = at::empty(shape, input.options());
+    outputs.emplace_back(stacked.unbind(0));
+  }
+  ++impl_->operations;
+  {
+    auto scope = record(impl_->recorder, "gather", impl_->name, &input);
+    check_call(kGather, &input);
+    c10d::GatherOptions options;
+    options.rootRank = dst;
+    impl_->group->gather(outputs, inputs, options)->wait();
+  }
+  return impl_->rank == dst ? stacked.to(tensor.device()) : at::Tensor();
+}
+
+at::Tensor& Collective::scatter_(at::Tensor& output, const at::Tensor& rows, int src) {
+  LF_CHECK(src >= 0 && src < impl_->world_size, ValueError, "scatter: source ", src, " is not a rank of the group (0..",
+           impl_->world_size - 1, ").");
+  if (impl_->rank == src) {
+    std::vector<int64_t> shape{impl_->world_size};
+    shape.insert(shape.end(), output.sizes().begin(), output.sizes().end());
+    LF_CHECK(rows.defined() && rows.sizes() == at::IntArrayRef(shape) && rows.scalar_type() == output.scalar_type(),
+             ValueError, "scatter: the source rank's rows must be ", c10::toString(output.scalar_type()), shape,
+             " (one row shaped like the output per rank of the group), got ",
+             rows.defined() ? c10::str(c10::toString(rows.scalar_type()), rows.sizes()) : std::string("none"), ".");
+  }
+  if (impl_->world_size == 1 || output.numel() == 0) {
+    if (impl_->world_size == 1) output.copy_(rows[0]);
+    return output;
+  }
+  Staged stage(output, impl_->device);
+  if (impl_->backend == ProcessGroupBackend::Shm) {  // shm has no scatter: every rank gets the rows, keeps its own
+    at::Tensor all = impl_->rank == src ? rows.to(impl_->device).contiguous().clone()
+                                        : at::empty({impl_->world_size * output.numel()}, stage.work.options());
+    all = all.view({impl_->world_size, -1});
+    broadcast_(all, src);
+    stage.work.view(-1).copy_(all[impl_->rank]);
+  } else {
+    std::vector<at::Tensor> outputs{stage.work};
+    std::vector<std::vector<at::Tensor>> inputs;
+    if (impl_->rank == src) inputs.emplace_back(rows.to(impl_->device).contiguous().unbind(0));
+    ++impl_->operations;
+    auto scope = record(impl_->recorder, "scatter", impl_->name, &stage.work);
+    check_call(kScatter, &stage.work);
+    c10d::ScatterOptions options;
+    options.rootRank = src;
+    impl_->group->scatter(outputs, inputs, options)->wait();
+  }
+  stage.write_back();
+  return output;
+}
+
+Collective& Collective::pair_with(int peer) {
+  auto& pair = impl_->pairs[peer];
+  if (!pair) {
+    const int low = std::min(impl_->rank, peer);
+    const int high = std::max(impl_->rank, peer);
+    pair = std::make_unique<Collective>(*this, "p2p-" + std::to_string(low) + "-" + std::to_string(high),
+                                        std::vector<int>{low, high}, ProcessGroupBackend::Gloo);
+  }
+  return *pair;
+}
+
+c10::intrusive_ptr<c10d::Work> Collective::point_to_point(
+    int peer, const std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend&, int)>& issue) {
+  if (impl_->backend != ProcessGroupBackend::Shm) return issue(*impl_->group, peer);
+  Collective& pair = pair_with(peer);
+  return issue(*pair.impl_->group, peer > impl_->rank ? 1 : 0);
+}
+
+void Collective::send(const at::Tensor& tensor, int dst) {
+  LF_CHECK(dst >= 0 && dst < impl_->world_size && dst != impl_->rank, ValueError, "send: destination ", dst,
+           " must be another rank of the group (0..", impl_->world_size - 1, ", not this rank ", impl_->rank, ").");
+  std::vector<at::Tensor> one{tensor.to(impl_->device).contiguous()};
+  ++impl_->operations;
+  auto scope = record(impl_->recorder, "send", impl_->name, &one[0]);
+  point_to_point(dst, [&](c10d::Backend& group, int peer) { return group.send(one, peer, 0); })->wait();
+}
+
+void Collective::recv_(at::Tensor& tensor, int src) {
+  LF_CHECK(src >= 0 && src < impl_->world_size && src != impl_->rank, ValueError, "recv: source ", src,
+           " must be another rank of the group (0..", impl_->world_size - 1, ", not this rank ", impl_->rank, ").");
+  Staged stage(tensor, impl_->device);
+  std::vector<at::Tensor> one{stage.work};
+  ++impl_->operations;
+  {
+    auto scope = record(impl_->recorder, "recv", impl_->name, &stage.work);
+    point_to_point(src, [&](c10d::Backend& group, int peer) { return group.recv(one, peer, 0); })->wait();
+  }
+  stage.write_back();
 }
 
 void Collective::broadcast_(at::Tensor& tensor, int src) {
@@ -534,6 +701,7 @@ at::Tensor Collective::all_to_all(const at::Tensor& tensor) {
     std::vector<int64_t> equal;
     ++impl_->operations;
     auto scope = record(impl_->recorder, "all_to_all", impl_->name, &input);
+    check_call(kAllToAll, &input);
     impl_->group->alltoall_base(output, input, equal, equal)->wait();
   }
   return output.to(tensor.device());

@@ -378,32 +378,41 @@ void ShmBackend::wait_for_peers() {
 
 // Rank r's share [lo, hi) of a chunk of `count` elements: the result area gets rank 0's values,
 // then rank 1's are combined in, and so on (the same order everywhere).
+namespace {
+// out = op(out, in) elementwise, for the ops the shm backend supports (AVG adds; the caller divides).
+void combine(at::Tensor& out, const at::Tensor& in, c10d::ReduceOp op) {
+  switch (op) {
+    case c10d::ReduceOp::SUM:
+    case c10d::ReduceOp::AVG:
+      out.add_(in);
+      break;
+    case c10d::ReduceOp::PRODUCT:
+      out.mul_(in);
+      break;
+    case c10d::ReduceOp::MAX:
+      at::maximum_out(out, out, in);
+      break;
+    case c10d::ReduceOp::MIN:
+      at::minimum_out(out, out, in);
+      break;
+    default:
+      break;  // refused before any barrier
+  }
+}
+
+bool supported(c10d::ReduceOp::RedOpType op) {
+  return op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::AVG || op == c10d::ReduceOp::MAX ||
+         op == c10d::ReduceOp::MIN || op == c10d::ReduceOp::PRODUCT;
+}
+}  // namespace
+
 void ShmBackend::reduce_share(const at::Tensor& like, int64_t count, c10d::ReduceOp op) {
   const int size = segment_->size, rank = segment_->rank;
   const int64_t lo = count * rank / size, hi = count * (rank + 1) / size;
   if (hi == lo) return;
   at::Tensor out = area_tensor(result_area(), count, like).slice(0, lo, hi);
   out.copy_(area_tensor(area(0), count, like).slice(0, lo, hi));
-  for (int peer = 1; peer < size; ++peer) {
-    const at::Tensor in = area_tensor(area(peer), count, like).slice(0, lo, hi);
-    switch (op) {
-      case c10d::ReduceOp::SUM:
-      case c10d::ReduceOp::AVG:
-        out.add_(in);
-        break;
-      case c10d::ReduceOp::PRODUCT:
-        out.mul_(in);
-        break;
-      case c10d::ReduceOp::MAX:
-        at::maximum_out(out, out, in);
-        break;
-      case c10d::ReduceOp::MIN:
-        at::minimum_out(out, out, in);
-        break;
-      default:
-        break;  // refused before any barrier
-    }
-  }
+  for (int peer = 1; peer < size; ++peer) combine(out, area_tensor(area(peer), count, like).slice(0, lo, hi), op);
   if (op == c10d::ReduceOp::AVG) out.div_(size);
 }
 
@@ -413,9 +422,7 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::allreduce(std::vector<at::Tensor>& te
   at::Tensor& tensor = tensors[0];
   check_tensor(tensor, "allreduce");
   const c10d::ReduceOp::RedOpType op = opts.reduceOp;
-  LF_CHECK(op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::AVG || op == c10d::ReduceOp::MAX ||
-               op == c10d::ReduceOp::MIN || op == c10d::ReduceOp::PRODUCT,
-           ValueError, "shm backend allreduce: this reduce op is not supported; use sum, avg, max, min or product.");
+  LF_CHECK(supported(op), ValueError, "shm backend allreduce: this reduce op is not supported; use sum, avg, max, min or product.");
   LF_CHECK(op != c10d::ReduceOp::AVG || at::isFloatingType(tensor.scalar_type()), ValueError,
            "shm backend allreduce: avg of ", tensor.scalar_type(), " tensors is not defined; use sum and divide.");
   begin(c10d::OpType::ALLREDUCE, &tensor, static_cast<int64_t>(op));
@@ -495,8 +502,12 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::_reduce_scatter_base(at::Tensor& outp
   const int64_t n = output.numel();
   LF_CHECK(input.numel() == n * size, ValueError,
            "shm backend reduce_scatter: the input must hold world_size x the output's elements.");
-  LF_CHECK(opts.reduceOp == c10d::ReduceOp::SUM, ValueError, "shm backend reduce_scatter: only sum is supported.");
-  begin(c10d::OpType::_REDUCE_SCATTER_BASE, &input, 0);
+  const c10d::ReduceOp::RedOpType op = opts.reduceOp;
+  LF_CHECK(supported(op), ValueError, "shm backend reduce_scatter: this reduce op is not supported; use sum, avg, max, "
+           "min or product.");
+  LF_CHECK(op != c10d::ReduceOp::AVG || at::isFloatingType(input.scalar_type()), ValueError,
+           "shm backend reduce_scatter: avg of ", input.scalar_type(), " tensors is not defined; use sum and divide.");
+  begin(c10d::OpType::_REDUCE_SCATTER_BASE, &input, static_cast<int64_t>(op));
   const int64_t element = input.element_size();
   const int64_t chunk = static_cast<int64_t>(kChunkBytes) / element / size;  // each area holds size pieces
   const char* in = bytes_of(input);
@@ -507,7 +518,8 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::_reduce_scatter_base(at::Tensor& outp
     wait_all();
     at::Tensor out = flat_out.slice(0, offset, offset + count);
     out.copy_(area_tensor(area(0) + rank * count * element, count, input));
-    for (int peer = 1; peer < size; ++peer) out.add_(area_tensor(area(peer) + rank * count * element, count, input));
+    for (int peer = 1; peer < size; ++peer) combine(out, area_tensor(area(peer) + rank * count * element, count, input), op);
+    if (op == c10d::ReduceOp::AVG) out.div_(size);
     wait_all();
   }
   return finished(c10d::OpType::_REDUCE_SCATTER_BASE);

@@ -71,6 +71,29 @@ c10::intrusive_ptr<c10d::Work> ShmGlooBackend::alltoall_base(at::Tensor& output,
   return world_->alltoall_base(output, input, output_splits, input_splits, opts);
 }
 
+c10::intrusive_ptr<c10d::Work> ShmGlooBackend::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
+  return world_->reduce(tensors, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> ShmGlooBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
+  return world_->gather(outputs, inputs, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> ShmGlooBackend::scatter(std::vector<at::Tensor>& outputs,
+                                                      std::vector<std::vector<at::Tensor>>& inputs,
+                                                      const c10d::ScatterOptions& opts) {
+  return world_->scatter(outputs, inputs, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> ShmGlooBackend::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
+  return world_->send(tensors, dst, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> ShmGlooBackend::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
+  return world_->recv(tensors, src, tag);
+}
+
 c10::intrusive_ptr<c10d::Work> ShmGlooBackend::barrier(const c10d::BarrierOptions& opts) {
   host_->barrier(c10d::BarrierOptions());  // after the all-reduces issued before it
   return world_->barrier(opts);

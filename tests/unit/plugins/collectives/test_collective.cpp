@@ -63,7 +63,7 @@ TEST_CASE("collective: two gloo ranks reduce, gather, broadcast and scatter", "[
     CHECK(at::equal(sent, at::arange(4.0)));
     CHECK(group.broadcast_bytes(rank == 0 ? "from rank 0" : "", 0) == "from rank 0");
     const at::Tensor rows = at::arange(4.0).view({2, 2}) + rank;  // rank r keeps row r summed over ranks
-    const at::Tensor mine = group.reduce_scatter_rows(rows);
+    const at::Tensor mine = group.reduce_scatter(rows, lf::ReduceOp::Sum);
     CHECK(at::equal(mine, rank == 0 ? at::tensor({1.0, 3.0}) : at::tensor({5.0, 7.0})));
     CHECK(group.operation_count() > 0);
   });

@@ -145,6 +145,25 @@ class LF_API FSDPStrategy : public ParallelStrategy {
   /// and optimizers (benchmark P6).
   int64_t resident_bytes() const;
 
+  /// This rank's part of one parameter: `shard` (1-D, what the optimizer steps, in the master
+  /// dtype) holds elements [offset, offset + shard.numel()) of the flattened full parameter.
+  struct LocalShard {
+    std::string name;            // as in the set-up module's named_parameters()
+    std::vector<int64_t> shape;  // the full parameter's
+    int64_t offset = 0;
+    at::Tensor shard;
+  };
+  /// The shards of a set-up module's parameters, in named_parameters() order (ValueError for a
+  /// module not set up with this strategy). Not collective.
+  std::vector<LocalShard> local_shards(const torch::nn::Module& module);
+  /// The full value of a per-shard tensor (values: shaped like that parameter's shard, e.g. a
+  /// moving average of it), gathered over the shard group into the parameter's shape. Collective
+  /// over the shard group, in the same order on every rank.
+  at::Tensor gather_full(const LocalShard& parameter, const at::Tensor& values);
+  /// Shards written outside an optimizer step (e.g. averaged weights swapped in): the next
+  /// forward or summon_full_parameters gathers them again. Not collective.
+  void shards_changed();
+
  private:
   CheckpointWrite prepare_checkpoint(const std::string& call, const std::filesystem::path& path, const State& state,
                                      const StateFilter& filter, bool host_copy) override;

@@ -1,14 +1,21 @@
 // Data loading helpers behind Fabric::setup_dataloaders: the distributed sampler every rank uses
-// to read its own share of a dataset, reshuffled each epoch.
+// to read its own share of a dataset (of its indices, or of the order a sampler of yours draws),
+// reshuffled each epoch, and the split of a stream (a dataset with no size) over the ranks.
 #pragma once
 
 #include "lightning/fabric/export.h"
 
+#include <torch/data/datasets/stateful.h>
 #include <torch/data/samplers/base.h>
 
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace lightning::fabric {
@@ -22,6 +29,13 @@ class LF_API DistributedSampler : public torch::data::samplers::Sampler<> {
  public:
   DistributedSampler(size_t dataset_size, int num_replicas, int rank, bool shuffle = true,
                      uint64_t seed = 0, bool drop_last = false);
+  /// The epoch's indices in the order source(epoch) draws them (Python's DistributedSamplerWrapper
+  /// over your sampler): the list is split, padded and (with shuffle) permuted by position as the
+  /// indices 0..N-1 are above. Drawn at construction and at every reset; every rank must draw the
+  /// same list for an epoch. See distribute_sampler.
+  using OrderSource = std::function<std::vector<size_t>(int64_t epoch)>;
+  DistributedSampler(OrderSource source, int num_replicas, int rank, bool shuffle = false, uint64_t seed = 0,
+                     bool drop_last = false);
 
   void reset(c10::optional<size_t> new_size = c10::nullopt) override;
   c10::optional<std::vector<size_t>> next(size_t batch_size) override;
@@ -42,6 +56,7 @@ class LF_API DistributedSampler : public torch::data::samplers::Sampler<> {
  private:
   void build_indices();
 
+  OrderSource source_;  // null: the indices 0..dataset_size_-1
   size_t dataset_size_;
   int num_replicas_;
   int rank_;
@@ -53,6 +68,124 @@ class LF_API DistributedSampler : public torch::data::samplers::Sampler<> {
   bool started_ = false;
   size_t cursor_ = 0;
   std::vector<size_t> indices_;
+};
+
+namespace detail {
+template <class T, class = void> struct HasSetEpoch : std::false_type {};
+template <class T>
+struct HasSetEpoch<T, std::void_t<decltype(std::declval<T&>().set_epoch(int64_t{}))>> : std::true_type {};
+template <class T> struct IsVector : std::false_type {};
+template <class T, class A> struct IsVector<std::vector<T, A>> : std::true_type {};
+}  // namespace detail
+
+/// A DistributedSampler over the indices your sampler yields (Python wraps any sampler so): at
+/// each epoch it calls sampler.set_epoch(epoch) when the sampler has one, then reset() and next()
+/// until the sampler is exhausted. The sampler must yield the same indices on every rank (seed
+/// any randomness from the epoch), and must end.
+template <class Sampler>
+DistributedSampler distribute_sampler(Sampler sampler, int num_replicas, int rank, bool shuffle = false,
+                                      uint64_t seed = 0, bool drop_last = false) {
+  static_assert(std::is_base_of_v<torch::data::samplers::Sampler<>, Sampler>,
+                "distribute_sampler: the sampler must derive from torch::data::samplers::Sampler<> (index batches)");
+  auto inner = std::make_shared<Sampler>(std::move(sampler));
+  auto draw = [inner](int64_t epoch) {
+    if constexpr (detail::HasSetEpoch<Sampler>::value) inner->set_epoch(epoch);
+    inner->reset(std::nullopt);
+    std::vector<size_t> order;
+    while (auto batch = inner->next(1024)) order.insert(order.end(), batch->begin(), batch->end());
+    return order;
+  };
+  return DistributedSampler(DistributedSampler::OrderSource(std::move(draw)), num_replicas, rank, shuffle, seed, drop_last);
+}
+
+/// A stream (a LibTorch StatefulDataset: no size, batches until it runs out) split over ranks:
+/// rank r keeps items r, r + W, r + 2W, ... of the source's sequence (W: num_replicas), so every
+/// item is read by exactly one rank and nothing is padded: ranks may get different counts (at
+/// most one item apart). An item is an element of the source's batch when that is a std::vector,
+/// else a whole batch. Each reset() starts an epoch: the source gets set_epoch(epoch) (when it has
+/// one) and reset(). Copies share one source, which may be read from several worker threads.
+template <class Source>
+class ShardedStream
+    : public torch::data::datasets::StatefulDataset<ShardedStream<Source>, typename Source::BatchType::value_type, size_t> {
+ public:
+  using SourceBatch = typename Source::BatchType::value_type;
+
+  ShardedStream(Source source, int num_replicas, int rank) : shared_(std::make_shared<Shared>(std::move(source))) {
+    shared_->replicas = num_replicas;
+    shared_->rank = rank;
+  }
+
+  std::optional<SourceBatch> get_batch(size_t batch_size) override {
+    std::lock_guard<std::mutex> lock(shared_->mutex);
+    if constexpr (detail::IsVector<SourceBatch>::value) {
+      SourceBatch batch;
+      while (batch.size() < batch_size) {
+        if (shared_->pending.empty() && !pull(batch_size)) break;
+        batch.push_back(std::move(shared_->pending.front()));
+        shared_->pending.pop_front();
+      }
+      if (batch.empty()) return std::nullopt;
+      return batch;
+    } else {
+      if (shared_->pending.empty() && !pull(batch_size)) return std::nullopt;
+      SourceBatch batch = std::move(shared_->pending.front());
+      shared_->pending.pop_front();
+      return batch;
+    }
+  }
+  std::optional<size_t> size() const override { return std::nullopt; }
+  void reset() override {
+    std::lock_guard<std::mutex> lock(shared_->mutex);
+    if (shared_->next_epoch) {
+      shared_->epoch = *shared_->next_epoch;
+      shared_->next_epoch.reset();
+    } else if (shared_->started) {
+      ++shared_->epoch;
+    }
+    shared_->started = true;
+    if constexpr (detail::HasSetEpoch<Source>::value) shared_->source.set_epoch(shared_->epoch);
+    shared_->source.reset();
+    shared_->position = 0;
+    shared_->pending.clear();
+  }
+  void save(torch::serialize::OutputArchive& archive) const override { shared_->source.save(archive); }
+  void load(torch::serialize::InputArchive& archive) override { shared_->source.load(archive); }
+  /// The next epoch (reset) is `epoch` instead of the one after the current. Shared by copies.
+  void set_epoch(int64_t epoch) {
+    std::lock_guard<std::mutex> lock(shared_->mutex);
+    shared_->next_epoch = epoch;
+  }
+
+ private:
+  using Item = std::conditional_t<detail::IsVector<SourceBatch>::value, typename SourceBatch::value_type, SourceBatch>;
+  struct Shared {
+    explicit Shared(Source value) : source(std::move(value)) {}
+    Source source;
+    int replicas = 1, rank = 0;
+    int64_t position = 0;  // items of the source's sequence read so far this epoch
+    int64_t epoch = 0;
+    std::optional<int64_t> next_epoch;
+    bool started = false;
+    std::deque<Item> pending;  // this rank's items read but not yet handed out
+    std::mutex mutex;
+  };
+  // Reads source batches until one of this rank's items is pending; false when the source ended.
+  bool pull(size_t batch_size) {
+    while (shared_->pending.empty()) {
+      auto batch = shared_->source.get_batch(batch_size);
+      if (!batch) return false;
+      if constexpr (detail::IsVector<SourceBatch>::value) {
+        for (auto& item : *batch) keep(std::move(item));
+      } else {
+        keep(std::move(*batch));
+      }
+    }
+    return true;
+  }
+  void keep(Item item) {
+    if (shared_->position++ % shared_->replicas == shared_->rank) shared_->pending.push_back(std::move(item));
+  }
+  std::shared_ptr<Shared> shared_;
 };
 
 }  // namespace lightning::fabric

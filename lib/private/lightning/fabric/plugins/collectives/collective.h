@@ -26,6 +26,7 @@
 #include "lightning/fabric/reduce_op.h"
 
 namespace c10d {
+class Backend;
 class Store;
 class Work;
 }  // namespace c10d
@@ -95,9 +96,6 @@ class Collective {
   /// every rank must issue the same ops in the same order. On shm the gather runs on the group's
   /// background thread (shm_backend.h), on gloo and nccl in their own.
   std::function<at::Tensor()> all_gather_start(const at::Tensor& tensor);
-  /// Reduce-scatter (sum): rows is [world_size, n]; returns the sum over ranks of their row r, on
-  /// rank r, on rows' device. Moves (N-1)/N of the data, half of an all-reduce.
-  at::Tensor reduce_scatter_rows(const at::Tensor& rows);
   /// In place on a contiguous tensor of any device.
   void broadcast_(at::Tensor& tensor, int src);
   /// broadcast_ of many tensors (any layout and dtype) in few operations: consecutive tensors on
@@ -107,6 +105,27 @@ class Collective {
   /// Equal-split all-to-all: tensor's elements in world_size equal parts, part p goes to rank p;
   /// returns, in rank order, the part each rank sent to this one (a new tensor, tensor's device).
   at::Tensor all_to_all(const at::Tensor& tensor);
+  /// Point-to-point (blocking, as torch.distributed.send/recv): tensor's elements to group rank
+  /// dst; recv_ fills tensor (any device, staged like broadcast_) from group rank src. On shm the
+  /// pair talks over a gloo group of the two ranks, made by their first send/recv between them.
+  void send(const at::Tensor& tensor, int dst);
+  void recv_(at::Tensor& tensor, int src);
+  /// The op's result on group rank dst (a new tensor, tensor's device); tensor unchanged
+  /// elsewhere, which get tensor back. Mean: the sum divided by the group's size.
+  at::Tensor reduce(const at::Tensor& tensor, int dst, ReduceOp op);
+  /// On group rank dst every rank's tensor stacked in a new leading dimension of world size; an
+  /// undefined tensor elsewhere.
+  at::Tensor gather(const at::Tensor& tensor, int dst);
+  /// Fills output with rows[r] on group rank r: rows is [world_size, output's shape] on src,
+  /// unused (may be undefined) elsewhere. Returns output.
+  at::Tensor& scatter_(at::Tensor& output, const at::Tensor& rows, int src);
+  /// rows is [world_size, ...]: returns the op over ranks of their row r on rank r (row's shape,
+  /// rows' device). Sum moves (N-1)/N of the data, half of an all-reduce.
+  at::Tensor reduce_scatter(const at::Tensor& rows, ReduceOp op);
+  /// Checks that every rank of the group calls `call` with a tensor of the same dtype and shape
+  /// (one small all_gather); a ValueError naming `call`, each rank's dtype and shape, and the fix
+  /// otherwise, on every rank. Fabric::all_gather runs it before gathering.
+  void check_same_shapes(const std::string& call, const at::Tensor& tensor);
   /// src's bytes on every rank (the size first, then the bytes, both through device()).
   std::string broadcast_bytes(const std::string& bytes, int src);
   /// Checks that every rank passes tensors of the same count, dtypes and shapes (one small
@@ -117,6 +136,15 @@ class Collective {
  private:
   void create_group();
   void check_call(int op, const at::Tensor* tensor);
+  /// check_call's comparison, run whatever check_collectives says; `call` names the caller's API
+  /// in the error (empty: the generic LT_CHECK_COLLECTIVES message).
+  void compare_calls(int op, const at::Tensor* tensor, const std::string& call);
+  /// The gloo group of this rank and peer (ranks of this group) for point-to-point on shm.
+  Collective& pair_with(int peer);
+  /// Issues a point-to-point op with peer (a rank of this group) on the group that carries it:
+  /// this one, or on shm pair_with(peer)'s, with peer's rank there.
+  c10::intrusive_ptr<c10d::Work> point_to_point(int peer,
+                                                const std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend&, int)>& issue);
   /// Counts, records and checks (check_collectives) an op about to be issued asynchronously;
   /// returns its flight record (0 without a recorder), ended as failed when the check throws.
   uint64_t begin_async(int op, const at::Tensor& tensor);

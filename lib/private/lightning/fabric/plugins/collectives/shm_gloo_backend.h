@@ -9,8 +9,8 @@
 // tensor per rank across the network, and nothing of it between its own ranks. Every rank gets
 // bitwise the same result: each piece is summed in one order by its column, then copied.
 //
-// Every other collective (max, min, product, broadcast, all-gather, reduce-scatter, all-to-all)
-// runs on the world gloo group. All-reduces run on the shm group's background thread, one at a
+// Every other collective (max, min, product, broadcast, all-gather, reduce-scatter, all-to-all,
+// reduce, gather, scatter) and point-to-point send and recv run on the world gloo group. All-reduces run on the shm group's background thread, one at a
 // time in the order they were issued, so they overlap the caller's work as gloo's do; barrier()
 // first waits for them. Not thread-safe: ops are issued from one thread, as with every collective.
 #pragma once
@@ -44,6 +44,13 @@ class ShmGlooBackend : public c10d::Backend {
                                                       const c10d::ReduceScatterOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
                                                std::vector<int64_t>& input_splits, const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
  private:

@@ -1,0 +1,221 @@
+// setup_dataloaders' distributed forms, under lightning-run (ddp, 2 or 4 ranks):
+//   lf_loader_checks
+// For each form, over three epochs (the third chosen by set_epoch), every sample must be read
+// exactly once per epoch across the ranks (counts all-reduced), and each rank's order must be
+// the documented one:
+//   - a dataset of 24 indices, without and with shuffling (shuffled orders differ per epoch;
+//     set_epoch(1) repeats epoch 1's order);
+//   - two datasets at once (a tuple), of 24 and 16 samples;
+//   - your sampler (evens then odds, rotated by the epoch it gets through set_epoch), wrapped as
+//     Python's DistributedSamplerWrapper: rank r takes positions r, r + W, ... of its order;
+//     with shuffling, the positions are permuted, still once each;
+//   - a stream of 13 items (a StatefulDataset, rotated by its epoch): rank r reads items r, r + W,
+//     ... of the stream, with no padding (counts differ by at most one).
+// Refusals: a shuffled stream; an unsized dataset that is not a stream.
+// Each rank prints "FAIL: ..." per failed check and exits 1 if any failed.
+#include <torch/torch.h>
+
+#include <iostream>
+#include <numeric>
+
+#include "expect.h"
+#include "lightning/fabric.h"
+
+namespace lf = lightning::fabric;
+
+namespace {
+using checks::expect;
+using Batch = std::vector<torch::data::Example<>>;
+
+struct Range : torch::data::datasets::Dataset<Range> {
+  explicit Range(size_t n) : n(n), reported(n) {}
+  torch::data::Example<> get(size_t index) override {
+    return {torch::tensor({static_cast<int64_t>(index)}), torch::tensor({static_cast<int64_t>(index)})};
+  }
+  std::optional<size_t> size() const override { return reported; }
+  size_t n;
+  std::optional<size_t> reported;
+};
+
+// Evens then odds, rotated by 3 * epoch: the same list on every rank for an epoch.
+struct EvenThenOdd : torch::data::samplers::Sampler<> {
+  explicit EvenThenOdd(size_t n) : n(n) {}
+  std::vector<size_t> order() const {
+    std::vector<size_t> list;
+    for (size_t i = 0; i < n; i += 2) list.push_back(i);
+    for (size_t i = 1; i < n; i += 2) list.push_back(i);
+    std::rotate(list.begin(), list.begin() + static_cast<std::ptrdiff_t>((3 * epoch) % n), list.end());
+    return list;
+  }
+  void set_epoch(int64_t value) { epoch = static_cast<size_t>(value); }
+  void reset(std::optional<size_t>) override { cursor = 0; }
+  std::optional<std::vector<size_t>> next(size_t batch) override {
+    const auto list = order();
+    if (cursor >= list.size()) return std::nullopt;
+    const size_t end = std::min(list.size(), cursor + batch);
+    std::vector<size_t> out(list.begin() + static_cast<std::ptrdiff_t>(cursor), list.begin() + static_cast<std::ptrdiff_t>(end));
+    cursor = end;
+    return out;
+  }
+  void save(torch::serialize::OutputArchive&) const override {}
+  void load(torch::serialize::InputArchive&) override {}
+  size_t n, cursor = 0, epoch = 0;
+};
+
+// Items (i + 5 * epoch) mod n, i = 0..n-1, in batches of the requested size.
+struct Stream : torch::data::datasets::StatefulDataset<Stream> {
+  explicit Stream(int64_t n) : n(n) {}
+  std::optional<Batch> get_batch(size_t size) override {
+    if (next >= n) return std::nullopt;
+    Batch batch;
+    for (; next < n && batch.size() < size; ++next) {
+      const int64_t item = (next + 5 * epoch) % n;
+      batch.push_back({torch::tensor({item}), torch::tensor({item})});
+    }
+    return batch;
+  }
+  std::optional<size_t> size() const override { return std::nullopt; }
+  void reset() override { next = 0; }
+  void set_epoch(int64_t value) { epoch = value; }
+  void save(torch::serialize::OutputArchive&) const override {}
+  void load(torch::serialize::InputArchive&) override {}
+  int64_t n, next = 0, epoch = 0;
+};
+
+template <class Loader>
+std::vector<int64_t> read_epoch(Loader& loader) {
+  std::vector<int64_t> seen;
+  for (auto& batch : loader) {
+    for (auto& example : batch) seen.push_back(example.data.template item<int64_t>());
+  }
+  return seen;
+}
+
+// Every index in [0, n) read once across the ranks.
+bool once_each(lf::Fabric& fabric, const std::vector<int64_t>& seen, int64_t n) {
+  auto counts = torch::zeros({n}, torch::kLong);
+  for (int64_t index : seen) {
+    if (index < 0 || index >= n) return false;
+    counts[index] += 1;
+  }
+  counts = fabric.all_reduce(counts, lf::ReduceOp::Sum);
+  return counts.eq(1).all().item<bool>();
+}
+
+// Rank r's positions r, r + W, ... of list padded (by wrapping) to a multiple of W.
+std::vector<int64_t> strided(const std::vector<size_t>& list, int world, int rank) {
+  std::vector<int64_t> out;
+  const size_t total = (list.size() + world - 1) / world * world;
+  for (size_t i = static_cast<size_t>(rank); i < total; i += static_cast<size_t>(world)) {
+    out.push_back(static_cast<int64_t>(list[i % list.size()]));
+  }
+  return out;
+}
+
+std::string text(const std::vector<int64_t>& values) {
+  std::string out;
+  for (int64_t value : values) out += (out.empty() ? "" : " ") + std::to_string(value);
+  return out;
+}
+
+void check_dataset(lf::Fabric& fabric, bool shuffle) {
+  const std::string form = shuffle ? "a shuffled dataset" : "a dataset";
+  auto loader = fabric.setup_dataloaders(Range(24), torch::data::DataLoaderOptions(5), lf::DataLoaderSettings{shuffle});
+  std::vector<std::vector<int64_t>> epochs;
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    epochs.push_back(read_epoch(loader));
+    expect(once_each(fabric, epochs.back(), 24), form + ": every sample once in epoch " + std::to_string(epoch));
+  }
+  if (shuffle) {
+    expect(epochs[0] != epochs[1], form + ": epochs 0 and 1 are shuffled differently");
+  } else {
+    std::vector<size_t> all(24);
+    std::iota(all.begin(), all.end(), size_t{0});
+    expect(epochs[0] == strided(all, fabric.world_size(), fabric.global_rank()), form + ": rank r reads r, r + W, ...");
+  }
+  loader.set_epoch(1);
+  expect(read_epoch(loader) == epochs[1], form + ": set_epoch(1) repeats epoch 1's order");
+}
+
+void check_several(lf::Fabric& fabric) {
+  auto [first, second] = fabric.setup_dataloaders(std::make_tuple(Range(24), Range(16)), torch::data::DataLoaderOptions(4));
+  expect(first.size() == std::optional<size_t>((24 / fabric.world_size() + 3) / 4), "the first loader's batch count");
+  expect(once_each(fabric, read_epoch(first), 24), "two datasets at once: the first, every sample once");
+  expect(once_each(fabric, read_epoch(second), 16), "two datasets at once: the second, every sample once");
+}
+
+void check_sampler(lf::Fabric& fabric, bool shuffle) {
+  const std::string form = shuffle ? "your sampler, shuffled" : "your sampler";
+  auto loader = fabric.setup_dataloaders(Range(24), EvenThenOdd(24), torch::data::DataLoaderOptions(5),
+                                         lf::DataLoaderSettings{shuffle});
+  for (int64_t epoch : {0, 1}) {
+    const auto seen = read_epoch(loader);
+    expect(once_each(fabric, seen, 24), form + ": every sample once in epoch " + std::to_string(epoch));
+    if (!shuffle) {
+      EvenThenOdd reference(24);
+      reference.set_epoch(epoch);
+      const auto expected = strided(reference.order(), fabric.world_size(), fabric.global_rank());
+      expect(seen == expected, form + ": epoch " + std::to_string(epoch) + " reads " + text(seen) + ", expected " + text(expected));
+    }
+  }
+  loader.set_epoch(5);
+  const auto seen = read_epoch(loader);
+  expect(once_each(fabric, seen, 24), form + ": every sample once after set_epoch(5)");
+  if (!shuffle) {
+    EvenThenOdd reference(24);
+    reference.set_epoch(5);
+    expect(seen == strided(reference.order(), fabric.world_size(), fabric.global_rank()),
+           form + ": set_epoch(5) reaches the sampler");
+  }
+}
+
+void check_stream(lf::Fabric& fabric) {
+  const int world = fabric.world_size(), rank = fabric.global_rank();
+  constexpr int64_t n = 13;
+  auto loader = fabric.setup_dataloaders(Stream(n), torch::data::DataLoaderOptions(3));
+  expect(!loader.size().has_value(), "a stream has no batch count");
+  for (int64_t epoch : {0, 1}) {
+    const auto seen = read_epoch(loader);
+    expect(once_each(fabric, seen, n), "a stream: every item once in epoch " + std::to_string(epoch));
+    std::vector<int64_t> expected;
+    for (int64_t i = rank; i < n; i += world) expected.push_back((i + 5 * epoch) % n);
+    expect(seen == expected, "a stream, epoch " + std::to_string(epoch) + ": rank reads " + text(seen) + ", expected " + text(expected));
+  }
+  loader.set_epoch(4);
+  const auto seen = read_epoch(loader);
+  expect(!seen.empty() && seen.front() == (rank + 20) % n, "a stream: set_epoch(4) reaches the source");
+}
+
+template <class Fn>
+std::string refusal(Fn&& fn) {
+  try {
+    fn();
+  } catch (const lf::ValueError& error) {
+    return error.what();
+  }
+  return "(nothing thrown)";
+}
+
+void check_refusals(lf::Fabric& fabric) {
+  const auto shuffled = refusal([&] { fabric.setup_dataloaders(Stream(4), torch::data::DataLoaderOptions(2), lf::DataLoaderSettings{true}); });
+  expect(shuffled.find("no indices to shuffle") != std::string::npos, "a shuffled stream is refused, got: " + shuffled);
+  Range no_size(4);
+  no_size.reported.reset();
+  const auto message = refusal([&] { fabric.setup_dataloaders(no_size, torch::data::DataLoaderOptions(2)); });
+  expect(message.find("StatefulDataset") != std::string::npos, "an unsized dataset that is not a stream is refused, got: " + message);
+}
+}  // namespace
+
+int main() {
+  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").strategy("ddp"));
+  check_dataset(fabric, false);
+  check_dataset(fabric, true);
+  check_several(fabric);
+  check_sampler(fabric, false);
+  check_sampler(fabric, true);
+  check_stream(fabric);
+  check_refusals(fabric);
+  if (checks::failures() > 0) return 1;
+  std::cout << "rank " << fabric.global_rank() << " of " << fabric.world_size() << ": loader checks pass" << std::endl;
+  return 0;
+}
