@@ -374,18 +374,30 @@ ScopeGuard Fabric::rank_zero_first(bool local) {
 
 namespace {
 // all_gather whose backward sends each rank the sum, over the group, of the gradient of its slice
-// (a reduce-scatter), as torch.distributed.nn's all_gather. The group must outlive the backward.
+// (a reduce-scatter), as torch.distributed.nn's all_gather. The graph keeps the group alive
+// (a user group may be dropped before the backward; the world's lives with the strategy).
+struct HeldGroup : torch::CustomClassHolder {
+  Collective* collective = nullptr;
+  std::shared_ptr<ProcessGroup> owner;  // null for the world's
+};
+
 struct GatherWithGradients : torch::autograd::Function<GatherWithGradients> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& tensor, Collective* group) {
-    ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& tensor, Collective* group,
+                            std::shared_ptr<ProcessGroup> owner) {
+    auto held = c10::make_intrusive<HeldGroup>();
+    held->collective = group;
+    held->owner = std::move(owner);
+    ctx->saved_data["group"] = c10::IValue::make_capsule(held);
     ctx->saved_data["shape"] = tensor.sizes().vec();
     return group->all_gather(tensor);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    auto* group = reinterpret_cast<Collective*>(ctx->saved_data["group"].toInt());
+    auto held = c10::static_intrusive_pointer_cast<HeldGroup>(ctx->saved_data["group"].toCapsule());
+    Collective* group = held->collective;
     const at::Tensor rows = grads[0].contiguous().reshape({group->world_size(), -1});
-    return {group->reduce_scatter(rows, ReduceOp::Sum).reshape(ctx->saved_data["shape"].toIntVector()), at::Tensor()};
+    return {group->reduce_scatter(rows, ReduceOp::Sum).reshape(ctx->saved_data["shape"].toIntVector()), at::Tensor(),
+            at::Tensor()};
   }
 };
 }  // namespace
@@ -428,21 +440,23 @@ ProcessGroup Fabric::world_group() {
   return ProcessGroup(std::move(ranks), global_rank(), std::move(collective));
 }
 
-Collective* Fabric::participants(const ProcessGroup& group, const char* call) {
+Collective* Fabric::participants(const ProcessGroup& group, const char* call, bool every_member) {
   ensure_environment_ready();
-  connector_->strategy->settle_background_save(/*wait=*/false);
+  // A background save settles with an all-reduce over every rank: only where every rank is here.
+  if (every_member && group.size() == world_size()) connector_->strategy->settle_background_save(/*wait=*/false);
   return group.communicator(call, global_rank());
 }
 
 at::Tensor Fabric::all_gather(const at::Tensor& tensor, const AllGatherOptions& options) {
   LF_CHECK(!options.sync_grads || tensor.is_floating_point() || tensor.is_complex(), ValueError,
-           "fabric.all_gather(tensor, AllGatherOptions().with_gradients()): the tensor is ", c10::toString(tensor.scalar_type()),
-           ", which has no gradients; gather it without with_gradients(), or gather a floating-point tensor.");
-  if (!options.group && world_size() == 1) return connector_->strategy->all_gather(tensor);  // no new dimension
+           "fabric.all_gather(tensor, AllGatherOptions().with_gradients()) on rank ", global_rank(), ": the tensor is ",
+           c10::toString(tensor.scalar_type()), ", which has no gradients; gather it without with_gradients(), or gather "
+           "a floating-point tensor.");
+  if (world_size() == 1) return connector_->strategy->all_gather(tensor);  // one process: no new dimension, as Python
   Collective* group = participants(options.group ? *options.group : world_group(), "fabric.all_gather");
   if (group == nullptr) return tensor.unsqueeze(0);  // a group of this process alone
   group->check_same_shapes("fabric.all_gather", tensor);
-  return options.sync_grads ? GatherWithGradients::apply(tensor, group) : group->all_gather(tensor);
+  return options.sync_grads ? GatherWithGradients::apply(tensor, group, options.group) : group->all_gather(tensor);
 }
 
 std::vector<at::Tensor> Fabric::all_gather(const std::vector<at::Tensor>& tensors, const AllGatherOptions& options) {
@@ -476,7 +490,7 @@ at::Tensor Fabric::broadcast(const at::Tensor& tensor, int src, const ProcessGro
 // Python's torch.distributed collectives: each world version is its group version over world_group().
 void Fabric::send(const at::Tensor& tensor, int dst) { send(tensor, dst, world_group()); }
 void Fabric::send(const at::Tensor& tensor, int dst, const ProcessGroup& group) {
-  Collective* collective = participants(group, "fabric.send");
+  Collective* collective = participants(group, "fabric.send", /*every_member=*/false);
   const int peer = group.group_rank_of(dst, "fabric.send");
   LF_CHECK(collective != nullptr && peer != group.rank(), ValueError, "fabric.send: rank ", dst, " is this process; "
            "send to another rank (it calls fabric.recv).");
@@ -485,7 +499,7 @@ void Fabric::send(const at::Tensor& tensor, int dst, const ProcessGroup& group) 
 
 at::Tensor Fabric::recv(at::Tensor tensor, int src) { return recv(std::move(tensor), src, world_group()); }
 at::Tensor Fabric::recv(at::Tensor tensor, int src, const ProcessGroup& group) {
-  Collective* collective = participants(group, "fabric.recv");
+  Collective* collective = participants(group, "fabric.recv", /*every_member=*/false);
   const int peer = group.group_rank_of(src, "fabric.recv");
   LF_CHECK(collective != nullptr && peer != group.rank(), ValueError, "fabric.recv: rank ", src, " is this process; "
            "receive from another rank (it calls fabric.send).");
@@ -521,6 +535,27 @@ at::Tensor Fabric::scatter(at::Tensor output, const at::Tensor& rows, int src, c
              rows.defined() ? c10::str(rows.sizes()) : std::string("none"), ".");
     return output.copy_(rows[0]);
   }
+  // Every participant checks the source's rows (one small broadcast of their dtype and shape), so
+  // a mistake is an error on each of them, not a wait on all but the source.
+  constexpr int64_t kSlots = 18;  // defined, dtype, dim, up to 15 sizes
+  at::Tensor described = at::full({kSlots}, -1, at::kLong);
+  if (global_rank() == src && rows.defined() && rows.dim() <= kSlots - 3) {
+    described[0] = 1;
+    described[1] = static_cast<int64_t>(rows.scalar_type());
+    described[2] = rows.dim();
+    for (int64_t d = 0; d < rows.dim(); ++d) described[3 + d] = rows.size(d);
+  }
+  collective->broadcast_(described, root);
+  std::vector<int64_t> expected{group.size()};
+  expected.insert(expected.end(), output.sizes().begin(), output.sizes().end());
+  const auto* fields = described.data_ptr<int64_t>();
+  std::vector<int64_t> got(fields + 3, fields + 3 + std::max<int64_t>(0, fields[2]));
+  LF_CHECK(fields[0] == 1 && fields[1] == static_cast<int64_t>(output.scalar_type()) && got == expected, ValueError,
+           "fabric.scatter: rank ", src, "'s rows are ",
+           fields[0] == 1 ? c10::str(c10::toString(static_cast<c10::ScalarType>(fields[1])), at::IntArrayRef(got))
+                          : std::string("missing"),
+           "; every participant expects ", c10::toString(output.scalar_type()), at::IntArrayRef(expected),
+           ", one row shaped like the output per participant, in group-rank order.");
   return collective->scatter_(output, rows, root);
 }
 

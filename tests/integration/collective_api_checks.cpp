@@ -18,16 +18,7 @@ namespace lf = lightning::fabric;
 
 namespace {
 using checks::expect;
-
-template <class Fn>
-std::string refusal(Fn&& fn) {
-  try {
-    fn();
-  } catch (const lf::ValueError& error) {
-    return error.what();
-  }
-  return "(nothing thrown)";
-}
+const auto refusal = [](auto&& fn) { return checks::refusal<lf::ValueError>(fn); };
 
 bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
@@ -106,6 +97,24 @@ void check_collectives(lf::Fabric& fabric, const std::vector<int>& members, cons
                               : fabric.reduce_scatter(stacked, lf::ReduceOp::Mean);
   expect(torch::allclose(averaged, sum / n + me), "reduce_scatter (mean)" + where);
 
+  if (group != nullptr) {  // Fabric's own collectives over the same group, on this backend
+    expect(torch::equal(fabric.all_reduce(mine(rank).clone(), lf::ReduceOp::Sum, *group), sum), "all_reduce" + where);
+    expect(torch::equal(fabric.broadcast(mine(rank), last, *group), mine(last)), "broadcast from rank " + std::to_string(last) + where);
+    auto shared = std::shared_ptr<lf::ProcessGroup>(std::shared_ptr<lf::ProcessGroup>(), const_cast<lf::ProcessGroup*>(group));
+    const auto x = mine(rank).requires_grad_(true);
+    const auto rows_with_grad = fabric.all_gather(x, lf::AllGatherOptions().in(shared).with_gradients());
+    (rows_with_grad * (torch::arange(n, torch::kDouble).view({n, 1, 1}) + 1)).sum().backward();
+    // Every member's loss weighs row i by i + 1: this member's input gets n (me + 1) per element.
+    expect(x.grad().defined() && x.grad().eq(static_cast<double>(n * (me + 1))).all().item<bool>(),
+           "all_gather with gradients: each member gets the sum over members of its slice's gradient" + where);
+  }
+  if (group == nullptr) {
+    const auto pair = fabric.all_gather(std::vector<torch::Tensor>{mine(rank), mine(rank) * 2});
+    bool rows = pair.size() == 2 && torch::equal(pair[1], pair[0] * 2);
+    for (int i = 0; rows && n > 1 && i < n; ++i) rows = torch::equal(pair[0][i], mine(members[i]));
+    expect(rows, "all_gather of a vector of tensors: each gathered in order");
+  }
+
   // Block p (two rows) of rank r holds 100 r + p: after the exchange, block p holds 100 members[p] + me.
   auto blocks = torch::empty({2 * n, 3}, torch::kLong);
   for (int p = 0; p < n; ++p) blocks.narrow(0, 2 * p, 2).fill_(100 * rank + p);
@@ -126,16 +135,27 @@ void check_refusals(lf::Fabric& fabric) {
          "reduce_scatter with a row count other than the world size is refused");
   expect(world == 1 || has(refusal([&] { fabric.all_to_all(torch::ones({2 * world + 1, 2})); }), "equal blocks"),
          "all_to_all of a first dimension that does not split is refused");
-  if (rank == 0) {
-    const auto message = refusal([&] { fabric.scatter(torch::zeros({3}), torch::zeros({world, 4}), 0); });
-    expect(has(message, "scatter") && has(message, "rows must be"), "scatter refuses rows of the wrong shape, got: " + message);
-    // The other ranks are not left waiting: the source refused before any data moved.
+  {
+    // Every rank refuses the source's rows, not the source alone (the others would wait).
+    const auto message = refusal([&] { fabric.scatter(torch::zeros({3}), rank == 0 ? torch::zeros({world, 4}) : torch::Tensor(), 0); });
+    expect(world == 1 || (has(message, "fabric.scatter: rank 0's rows are Float[" + std::to_string(world) + ", 4]") &&
+                          has(message, "expects Float[" + std::to_string(world) + ", 3]")),
+           "scatter refuses rows of the wrong shape on every rank, got: " + message);
+    expect(world > 1 || has(message, "rows must be"), "scatter with one process refuses rows of the wrong shape, got: " + message);
   }
   if (world > 1) {
     // Shapes that differ across ranks: every rank gets the error naming each rank's shape.
     const auto message = refusal([&] { fabric.all_gather(torch::ones({rank + 1, 2})); });
     expect(has(message, "fabric.all_gather") && has(message, "rank 1: all_gather float32[2, 2]") && has(message, "Pad"),
            "all_gather of shapes that differ across ranks is refused on every rank, got: " + message);
+    if (world >= 4) {  // in a group, the ranks are named as the job numbers them
+      const auto pair = fabric.new_group({1, 3});
+      if (pair->is_member()) {
+        const auto differing = refusal([&] { fabric.all_gather(torch::ones({rank, 2}), lf::AllGatherOptions().in(pair)); });
+        expect(has(differing, "rank 1: all_gather float32[1, 2]; rank 3: all_gather float32[3, 2]"),
+               "a group's all_gather of differing shapes names global ranks, got: " + differing);
+      }
+    }
     const auto odd = fabric.new_group({1});
     if (rank != 1) {
       expect(has(refusal([&] { fabric.send(mine(rank), 1, *odd); }), "is_member"), "send in a group one is not in is refused");

@@ -24,6 +24,7 @@ namespace lf = lightning::fabric;
 
 namespace {
 using checks::expect;
+const auto refusal = [](auto&& fn) { return checks::refusal<std::exception>(fn); };
 
 constexpr int64_t kLocalRows = 4;
 constexpr int kSteps = 8;
@@ -88,16 +89,6 @@ std::map<std::string, torch::Tensor> full_weights(lf::Fabric& fabric, const std:
   for (const auto& item : model->named_parameters()) weights[item.key()] = item.value().detach().clone();
   for (const auto& item : model->named_buffers()) weights[item.key()] = item.value().detach().clone();
   return weights;
-}
-
-template <class Fn>
-std::string refusal(Fn&& fn) {
-  try {
-    fn();
-  } catch (const std::exception& error) {
-    return error.what();
-  }
-  return "(nothing thrown)";
 }
 
 struct Run {

@@ -2,6 +2,7 @@
 // failed check prints "FAIL: ..." (CTest's FAIL_REGULAR_EXPRESSION catches it) and is counted.
 #pragma once
 
+#include <exception>
 #include <iostream>
 #include <string>
 
@@ -17,6 +18,18 @@ inline void expect(bool ok, const std::string& what) {
     ++failures();
     std::cout << "FAIL: " << what << std::endl;
   }
+}
+
+/// The message of the Error that fn throws, or "(nothing thrown)"; any other exception propagates
+/// (a refusal of the wrong type fails the program).
+template <class Error = std::exception, class Fn>
+std::string refusal(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& error) {
+    return error.what();
+  }
+  return "(nothing thrown)";
 }
 
 }  // namespace checks

@@ -9,8 +9,10 @@
 //   - your sampler (evens then odds, rotated by the epoch it gets through set_epoch), wrapped as
 //     Python's DistributedSamplerWrapper: rank r takes positions r, r + W, ... of its order;
 //     with shuffling, the positions are permuted, still once each;
+//   - your sampler over 23 samples: padded by wrapping around to a multiple of W;
 //   - a stream of 13 items (a StatefulDataset, rotated by its epoch): rank r reads items r, r + W,
-//     ... of the stream, with no padding (counts differ by at most one).
+//     ... of the stream, with no padding (counts differ by at most one); stacked (.map(Stack)),
+//     each source batch is one item.
 // Refusals: a shuffled stream; an unsized dataset that is not a stream.
 // Each rank prints "FAIL: ..." per failed check and exits 1 if any failed.
 #include <torch/torch.h>
@@ -25,6 +27,7 @@ namespace lf = lightning::fabric;
 
 namespace {
 using checks::expect;
+const auto refusal = [](auto&& fn) { return checks::refusal<lf::ValueError>(fn); };
 using Batch = std::vector<torch::data::Example<>>;
 
 struct Range : torch::data::datasets::Dataset<Range> {
@@ -184,16 +187,30 @@ void check_stream(lf::Fabric& fabric) {
   loader.set_epoch(4);
   const auto seen = read_epoch(loader);
   expect(!seen.empty() && seen.front() == (rank + 20) % n, "a stream: set_epoch(4) reaches the source");
+  // Stacked: each source batch of 2 is one item, so rank r reads batches r, r + W, ...
+  auto stacked = fabric.setup_dataloaders(Stream(n).map(torch::data::transforms::Stack<>()), torch::data::DataLoaderOptions(2));
+  std::vector<int64_t> items;
+  int64_t batches = 0;
+  for (auto& batch : stacked) {
+    for (int64_t i = 0; i < batch.data.size(0); ++i) items.push_back(batch.data[i].item<int64_t>());
+    ++batches;
+  }
+  expect(once_each(fabric, items, n), "a stacked stream: every item once");
+  const int64_t source_batches = (n + 1) / 2;
+  expect(batches == (source_batches - rank + world - 1) / world, "a stacked stream: rank reads every W-th batch");
 }
 
-template <class Fn>
-std::string refusal(Fn&& fn) {
-  try {
-    fn();
-  } catch (const lf::ValueError& error) {
-    return error.what();
-  }
-  return "(nothing thrown)";
+// A sampler whose list does not divide over the ranks: padded by wrapping around, as a dataset is.
+void check_sampler_padding(lf::Fabric& fabric) {
+  const int world = fabric.world_size();
+  auto loader = fabric.setup_dataloaders(Range(23), EvenThenOdd(23), torch::data::DataLoaderOptions(4));
+  const auto seen = read_epoch(loader);
+  auto counts = torch::zeros({23}, torch::kLong);
+  for (int64_t index : seen) counts[index] += 1;
+  counts = fabric.all_reduce(counts, lf::ReduceOp::Sum);
+  const int64_t padded = (23 + world - 1) / world * world;
+  expect(counts.ge(1).all().item<bool>() && counts.sum().item<int64_t>() == padded,
+         "your sampler over 23 samples: each at least once, " + std::to_string(padded) + " in all");
 }
 
 void check_refusals(lf::Fabric& fabric) {
@@ -214,6 +231,7 @@ int main() {
   check_sampler(fabric, false);
   check_sampler(fabric, true);
   check_stream(fabric);
+  check_sampler_padding(fabric);
   check_refusals(fabric);
   if (checks::failures() > 0) return 1;
   std::cout << "rank " << fabric.global_rank() << " of " << fabric.world_size() << ": loader checks pass" << std::endl;

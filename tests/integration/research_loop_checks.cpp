@@ -35,6 +35,7 @@ namespace lf = lightning::fabric;
 
 namespace {
 using checks::expect;
+const auto refusal = [](auto&& fn) { return checks::refusal<lf::ValueError>(fn); };
 
 constexpr int64_t kLocalRows = 4;
 
@@ -271,16 +272,6 @@ void check_contrastive_loss(Run& run) {
     optimizer.zero_grad();
     expect_weights(run, encoder, expected, "a contrastive loss over all_gather(sync_grads)");
   }, make_encoder);
-}
-
-template <class Fn>
-std::string refusal(Fn&& fn) {
-  try {
-    fn();
-  } catch (const lf::ValueError& error) {
-    return error.what();
-  }
-  return "(nothing thrown)";
 }
 
 void check_groups(Run& run) {

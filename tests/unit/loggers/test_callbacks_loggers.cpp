@@ -133,6 +133,40 @@ TEST_CASE("write a TensorBoard event file into $LF_TB_DIR", "[.][tensorboard-wri
   std::cout << "event_file " << board->event_file().string() << std::endl;
 }
 
+// Hidden: tests/integration/tensorboard_rich.sh runs it and reads the file with TensorBoard's own
+// readers. Every value is exact in the formats: the script checks them one by one.
+TEST_CASE("write images, histograms, text and hyperparameters into $LF_TB_DIR", "[.][tensorboard-rich]") {
+  const char* dir = std::getenv("LF_TB_DIR");
+  REQUIRE(dir != nullptr);
+  lf::TensorBoardLogger board(dir, "rich", 0);
+  // RGB 3 x 2 x 4: channel c, row y, column x holds (c * 8 + y * 4 + x) / 255 * 10.
+  const auto rgb = (torch::arange(24, torch::kFloat).view({3, 2, 4}) * 10 / 255);
+  board.log_image("samples/rgb", rgb, 5);
+  board.log_image("samples/grey", torch::arange(6, torch::kByte).view({2, 3}) * 40, 6);
+  board.log_histogram("weights", torch::tensor({0.0, 1.0, 1.0, 2.0, 4.0, std::nan("")}), 7, 4);
+  board.log_text("notes", "**bold** and plain", 8);
+  board.log_hyperparams({{"lr", 0.5}, {"optimizer", "adam"}, {"nesterov", true}, {"layers", 3}}, {{"val/loss", 0.25}});
+  std::cout << "event_file " << board.event_file().string() << std::endl;
+}
+
+TEST_CASE("TensorBoardLogger refuses images and histograms it cannot write", "[loggers]") {
+  lf::TensorBoardLogger board(std::filesystem::temp_directory_path() / "lf-tb-refusals", "x", 0);
+  CHECK_THROWS_WITH(board.log_image("a", torch::zeros({2, 4, 4})), Contains("expected [C, H, W] with C = 1, 3 or 4"));
+  CHECK_THROWS_WITH(board.log_image("a", torch::zeros({3, 4, 4}, torch::kLong)), Contains("floating values in [0, 1] or uint8"));
+  CHECK_THROWS_WITH(board.log_histogram("h", torch::full({3}, std::nan(""))), Contains("no finite value"));
+  CHECK_THROWS_WITH(board.log_histogram("h", torch::ones({3}), 0, 0), Contains("bins is 0"));
+  std::filesystem::remove_all(std::filesystem::temp_directory_path() / "lf-tb-refusals");
+}
+
+TEST_CASE("encode_png writes the PNG signature, IHDR and zlib-compressed rows", "[loggers]") {
+  const uint8_t pixels[] = {0, 255, 128, 7};
+  const std::string png = lf::encode_png(pixels, 2, 2, 1);
+  CHECK(png.compare(0, 8, std::string("\x89PNG\r\n\x1a\n", 8)) == 0);
+  CHECK(png.compare(12, 4, "IHDR") == 0);
+  CHECK(png.compare(png.size() - 8, 4, "IEND") == 0);
+  CHECK_THROWS_WITH(lf::encode_png(pixels, 2, 2, 5), Contains("1 to 4 channels"));
+}
+
 TEST_CASE("ProgressBar: plain periodic lines off a terminal, rate, ETA and loss", "[progress]") {
   double now = 0;
   std::ostringstream out;

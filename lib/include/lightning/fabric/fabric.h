@@ -299,7 +299,8 @@ class LF_API Fabric {
   /// Over the indices your sampler yields, distributed as Python's DistributedSamplerWrapper does:
   /// each epoch the sampler's list (drawn alike on every rank) is split over the ranks like a
   /// dataset's indices, padded and, with settings.shuffle, permuted by position
-  /// (distribute_sampler). With use_distributed_sampler false or one rank, the list is used as is.
+  /// (distribute_sampler). With use_distributed_sampler false or one rank, this rank reads the
+  /// whole list, in its order unless settings.shuffle.
   ///   auto loader = fabric.setup_dataloaders(dataset, EvenThenOdd(n), torch::data::DataLoaderOptions(8));
   template <class Dataset, class Sampler,
             std::enable_if_t<std::is_base_of_v<torch::data::samplers::Sampler<>, Sampler>, int> = 0>
@@ -599,9 +600,10 @@ class LF_API Fabric {
   /// Every rank of the job as a group (Python's group.WORLD); its communicator is the strategy's.
   /// ValueError when several ranks run without a process group (a strategy that has none).
   ProcessGroup world_group();
-  /// For a collective named call: readies the environment, settles a background save, and returns
-  /// group's communicator: null when only this process takes part, ValueError for a non-member.
-  Collective* participants(const ProcessGroup& group, const char* call);
+  /// For a collective named call: readies the environment, settles a background save when every
+  /// rank of the job takes part (every_member and a group of all ranks), and returns group's
+  /// communicator: null when only this process takes part, ValueError for a non-member.
+  Collective* participants(const ProcessGroup& group, const char* call, bool every_member = true);
   std::shared_ptr<StepObserver> make_step_observer(const FabricOptions& options, const env::EnvLookup& env) const;
   [[noreturn]] void refuse_wrapped_module() const;
   // Under ddp/fsdp with several ranks: a loss that reaches no set-up model's parameter is an error.

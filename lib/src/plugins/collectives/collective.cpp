@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <map>
+#include <numeric>
 #include <sstream>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -57,6 +58,7 @@ struct Collective::Impl {
   internal::HostLayout layout;                // from the host vote; one host when there was none
   int group_names = 0;                        // next_group_name calls so far
   std::map<int, std::unique_ptr<Collective>> pairs;  // pair_with's groups, by peer
+  std::vector<int> global_ranks;              // each member's rank in the job, by group rank
 };
 
 namespace {
@@ -80,6 +82,8 @@ Collective::Collective(const CollectiveOptions& options, c10::intrusive_ptr<c10d
     : impl_(std::make_unique<Impl>()) {
   impl_->rank = options.rank;
   impl_->world_size = options.world_size;
+  impl_->global_ranks.resize(static_cast<size_t>(options.world_size));
+  std::iota(impl_->global_ranks.begin(), impl_->global_ranks.end(), 0);
   impl_->backend = options.backend;
   impl_->device = options.backend == ProcessGroupBackend::Nccl ? options.device : at::Device(at::kCPU);
   LF_CHECK(options.backend != ProcessGroupBackend::Nccl || impl_->device.is_cuda(), ValueError, "Collective: the "
@@ -134,6 +138,7 @@ Collective::Collective(const Collective& parent, const std::string& name, const 
   impl_->device = impl_->backend == ProcessGroupBackend::Nccl ? parent.impl_->device : at::Device(at::kCPU);
   impl_->rank = static_cast<int>(position - ranks.begin());
   impl_->world_size = static_cast<int>(ranks.size());
+  for (int member : ranks) impl_->global_ranks.push_back(parent.impl_->global_ranks.at(static_cast<size_t>(member)));
   impl_->store = c10::make_intrusive<c10d::PrefixStore>("/subgroup/" + name, parent.impl_->store);
   impl_->name = name;
   impl_->recorder = parent.impl_->recorder;
@@ -171,7 +176,7 @@ struct Staged {
 
 namespace {
 // What check_call compares: the op, then dtype, rank and up to five sizes of its tensor.
-enum CallOp { kAllReduce = 1, kAllGather, kReduceScatter, kBroadcast, kBarrier, kReduce, kGather, kScatter, kAllToAll };
+enum CallOp { kAllReduce = 1, kAllGather, kReduceScatter, kBroadcast, kBarrier, kReduce, kGather, kScatter, kAllToAll, kSend, kRecv };
 const char* op_name(int64_t op) {
   switch (op) {
     case kAllReduce: return "all_reduce";
@@ -183,6 +188,8 @@ const char* op_name(int64_t op) {
     case kGather: return "gather";
     case kScatter: return "scatter";
     case kAllToAll: return "all_to_all";
+    case kSend: return "send";
+    case kRecv: return "recv";
   }
   return "?";
 }
@@ -305,7 +312,11 @@ void Collective::compare_calls(int op, const at::Tensor* tensor, const std::stri
   }
   if (same) return;
   std::ostringstream ranks;
-  for (int r = 0; r < impl_->world_size; ++r) ranks << (r ? "; " : "") << "rank " << r << ": " << call_text(rows + r * kCallFields);
+  for (int r = 0; r < impl_->world_size; ++r) {
+    // The public calls name ranks as the job does; the generic check names the group's ranks.
+    const int shown = call.empty() ? r : impl_->global_ranks[static_cast<size_t>(r)];
+    ranks << (r ? "; " : "") << "rank " << shown << ": " << call_text(rows + r * kCallFields);
+  }
   if (!call.empty()) {
     throw ValueError(call + ": every member of group " + impl_->name + " must pass a tensor of the same dtype and shape, "
                      "but they differ (" + ranks.str() + "). Pad each rank's tensor to the largest shape (gather the "
@@ -350,13 +361,17 @@ void Collective::check_same_tensors(const std::vector<at::Tensor>& tensors, cons
                    "). Every rank must build the same model: check code that depends on the rank or on per-rank files.");
 }
 
-void Collective::barrier() {
+void Collective::run_blocking(int op, const at::Tensor* tensor, const std::function<c10::intrusive_ptr<c10d::Work>()>& issue) {
   ++impl_->operations;
+  auto scope = record(impl_->recorder, op_name(op), impl_->name, tensor);
+  if (op != kSend && op != kRecv) check_call(op, tensor);  // point-to-point: the peer alone takes part
+  issue()->wait();
+}
+
+void Collective::barrier() {
   c10d::BarrierOptions options;
   if (impl_->device.is_cuda()) options.device_ids = {impl_->device.index()};  // else NCCL guesses a GPU
-  auto scope = record(impl_->recorder, "barrier", impl_->name, nullptr);
-  check_call(kBarrier, nullptr);
-  impl_->group->barrier(options)->wait();
+  run_blocking(kBarrier, nullptr, [&] { return impl_->group->barrier(options); });
 }
 
 uint64_t Collective::begin_async(int op, const at::Tensor& tensor) {
@@ -446,12 +461,7 @@ at::Tensor Collective::all_gather(const at::Tensor& tensor) {
   // Flat on both sides: c10d splits the output into world_size chunks shaped like the input.
   at::Tensor input = tensor.to(impl_->device).contiguous().view(-1);
   at::Tensor output = at::empty({impl_->world_size * input.numel()}, input.options());
-  ++impl_->operations;
-  {
-    auto scope = record(impl_->recorder, "all_gather", impl_->name, &tensor);
-    check_call(kAllGather, &tensor);
-    impl_->group->_allgather_base(output, input)->wait();
-  }
+  run_blocking(kAllGather, &tensor, [&] { return impl_->group->_allgather_base(output, input); });
   return output.view(shape).to(tensor.device());
 }
 
@@ -497,14 +507,9 @@ at::Tensor Collective::reduce_scatter(const at::Tensor& rows, ReduceOp op) {
   at::Tensor input = rows.to(impl_->device).contiguous().view(-1);  // c10d wants it flat
   at::Tensor output = at::empty(rows[0].sizes(), input.options());
   at::Tensor flat_output = output.view(-1);
-  ++impl_->operations;
-  {
-    auto scope = record(impl_->recorder, "reduce_scatter", impl_->name, &rows);
-    check_call(kReduceScatter, &rows);
-    c10d::ReduceScatterOptions options;
-    options.reduceOp = reduce_op;
-    impl_->group->_reduce_scatter_base(flat_output, input, options)->wait();
-  }
+  c10d::ReduceScatterOptions options;
+  options.reduceOp = reduce_op;
+  run_blocking(kReduceScatter, &rows, [&] { return impl_->group->_reduce_scatter_base(flat_output, input, options); });
   if (op == ReduceOp::Mean) output.div_(impl_->world_size);
   return output.to(rows.device());
 }
@@ -515,20 +520,18 @@ at::Tensor Collective::reduce(const at::Tensor& tensor, int dst, ReduceOp op) {
   const c10d::ReduceOp reduce_op = summed_for_mean(op, tensor, "reduce");
   at::Tensor work = tensor.to(impl_->device).contiguous().clone();
   if (impl_->world_size > 1) {
-    ++impl_->operations;
-    auto scope = record(impl_->recorder, "reduce", impl_->name, &work);
-    check_call(kReduce, &work);
     std::vector<at::Tensor> one{work};
-    if (impl_->backend == ProcessGroupBackend::Shm) {  // shm has no reduce: all ranks get the result
-      c10d::AllreduceOptions options;
-      options.reduceOp = reduce_op;
-      impl_->group->allreduce(one, options)->wait();
-    } else {
+    run_blocking(kReduce, &work, [&] {
+      if (impl_->backend == ProcessGroupBackend::Shm) {  // shm has no reduce: all ranks get the result
+        c10d::AllreduceOptions options;
+        options.reduceOp = reduce_op;
+        return impl_->group->allreduce(one, options);
+      }
       c10d::ReduceOptions options;
       options.reduceOp = reduce_op;
       options.rootRank = dst;
-      impl_->group->reduce(one, options)->wait();
-    }
+      return impl_->group->reduce(one, options);
+    });
   }
   if (impl_->rank != dst) return tensor;
   if (op == ReduceOp::Mean) work.div_(impl_->world_size);
@@ -552,14 +555,9 @@ at::Tensor Collective::gather(const at::Tensor& tensor, int dst) {
     stacked = at::empty(shape, input.options());
     outputs.emplace_back(stacked.unbind(0));
   }
-  ++impl_->operations;
-  {
-    auto scope = record(impl_->recorder, "gather", impl_->name, &input);
-    check_call(kGather, &input);
-    c10d::GatherOptions options;
-    options.rootRank = dst;
-    impl_->group->gather(outputs, inputs, options)->wait();
-  }
+  c10d::GatherOptions options;
+  options.rootRank = dst;
+  run_blocking(kGather, &input, [&] { return impl_->group->gather(outputs, inputs, options); });
   return impl_->rank == dst ? stacked.to(tensor.device()) : at::Tensor();
 }
 
@@ -589,12 +587,9 @@ at::Tensor& Collective::scatter_(at::Tensor& output, const at::Tensor& rows, int
     std::vector<at::Tensor> outputs{stage.work};
     std::vector<std::vector<at::Tensor>> inputs;
     if (impl_->rank == src) inputs.emplace_back(rows.to(impl_->device).contiguous().unbind(0));
-    ++impl_->operations;
-    auto scope = record(impl_->recorder, "scatter", impl_->name, &stage.work);
-    check_call(kScatter, &stage.work);
     c10d::ScatterOptions options;
     options.rootRank = src;
-    impl_->group->scatter(outputs, inputs, options)->wait();
+    run_blocking(kScatter, &stage.work, [&] { return impl_->group->scatter(outputs, inputs, options); });
   }
   stage.write_back();
   return output;
@@ -622,9 +617,9 @@ void Collective::send(const at::Tensor& tensor, int dst) {
   LF_CHECK(dst >= 0 && dst < impl_->world_size && dst != impl_->rank, ValueError, "send: destination ", dst,
            " must be another rank of the group (0..", impl_->world_size - 1, ", not this rank ", impl_->rank, ").");
   std::vector<at::Tensor> one{tensor.to(impl_->device).contiguous()};
-  ++impl_->operations;
-  auto scope = record(impl_->recorder, "send", impl_->name, &one[0]);
-  point_to_point(dst, [&](c10d::Backend& group, int peer) { return group.send(one, peer, 0); })->wait();
+  run_blocking(kSend, &one[0], [&] {
+    return point_to_point(dst, [&](c10d::Backend& group, int peer) { return group.send(one, peer, 0); });
+  });
 }
 
 void Collective::recv_(at::Tensor& tensor, int src) {
@@ -632,11 +627,9 @@ void Collective::recv_(at::Tensor& tensor, int src) {
            " must be another rank of the group (0..", impl_->world_size - 1, ", not this rank ", impl_->rank, ").");
   Staged stage(tensor, impl_->device);
   std::vector<at::Tensor> one{stage.work};
-  ++impl_->operations;
-  {
-    auto scope = record(impl_->recorder, "recv", impl_->name, &stage.work);
-    point_to_point(src, [&](c10d::Backend& group, int peer) { return group.recv(one, peer, 0); })->wait();
-  }
+  run_blocking(kRecv, &stage.work, [&] {
+    return point_to_point(src, [&](c10d::Backend& group, int peer) { return group.recv(one, peer, 0); });
+  });
   stage.write_back();
 }
 
@@ -645,12 +638,7 @@ void Collective::broadcast_(at::Tensor& tensor, int src) {
   std::vector<at::Tensor> one{stage.work};
   c10d::BroadcastOptions options;
   options.rootRank = src;
-  ++impl_->operations;
-  {
-    auto scope = record(impl_->recorder, "broadcast", impl_->name, &stage.work);
-    check_call(kBroadcast, &stage.work);
-    impl_->group->broadcast(one, options)->wait();
-  }
+  run_blocking(kBroadcast, &stage.work, [&] { return impl_->group->broadcast(one, options); });
   stage.write_back();
 }
 
@@ -699,10 +687,7 @@ at::Tensor Collective::all_to_all(const at::Tensor& tensor) {
   at::Tensor output = at::empty_like(input);
   if (input.numel() > 0) {
     std::vector<int64_t> equal;
-    ++impl_->operations;
-    auto scope = record(impl_->recorder, "all_to_all", impl_->name, &input);
-    check_call(kAllToAll, &input);
-    impl_->group->alltoall_base(output, input, equal, equal)->wait();
+    run_blocking(kAllToAll, &input, [&] { return impl_->group->alltoall_base(output, input, equal, equal); });
   }
   return output.to(tensor.device());
 }

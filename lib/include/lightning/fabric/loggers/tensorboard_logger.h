@@ -1,29 +1,82 @@
-// TensorBoardLogger: scalars as a TensorBoard event file (root/name/version_N/
+// TensorBoardLogger: a TensorBoard event file (root/name/version_N/
 // events.out.tfevents.TIME.HOST.PID.0) that TensorBoard reads: TFRecord framing (length, masked
 // CRC-32C of the length, the record, masked CRC-32C of the record) around Event protocol buffers
-// (a first Event with file_version "brain.Event:2", then one Event per step holding a Summary of
-// simple_value scalars), encoded here without a protobuf library. Hyperparameters go to
-// hparams.yaml beside it. Written on global rank zero only; flushed after every write.
+// (a first Event with file_version "brain.Event:2", then one Event per write holding a Summary),
+// encoded here without a protobuf library. Scalars (simple_value), images (PNG), histograms,
+// text (the text plugin) and hyperparameters with their metrics (the HParams plugin, as PyTorch's
+// SummaryWriter.add_hparams writes them; also hparams.yaml beside the file, as Lightning's).
+// Written on global rank zero only (Fabric calls loggers there); flushed after every write.
+//   auto board = std::make_shared<lf::TensorBoardLogger>("logs");
+//   board->log_image("samples", grid, step);           // [C, H, W] in [0, 1], or uint8
+//   board->log_histogram("fc1/weight", weight, step);
+//   board->log_text("notes", "**lr** warmed up", step);
+//   board->log_hyperparams({{"lr", 0.1}, {"optimizer", "adam"}}, {{"val/loss", 0.25}});
 #pragma once
 
 #include "lightning/fabric/export.h"
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <string>
 #include <string_view>
 
 #include "lightning/fabric/loggers/logger.h"
 
 namespace lightning::fabric {
 
+/// A hyperparameter's value in TensorBoard's HParams tab: text, a number (sortable, plottable)
+/// or a flag, as Python's str, int/float and bool.
+class LF_API HParam {
+ public:
+  enum class Kind { Text, Number, Flag };
+  HParam(const char* text) : kind_(Kind::Text), text_(text) {}
+  HParam(std::string text) : kind_(Kind::Text), text_(std::move(text)) {}
+  HParam(double number) : kind_(Kind::Number), number_(number) {}
+  HParam(int number) : kind_(Kind::Number), number_(number) {}
+  HParam(int64_t number) : kind_(Kind::Number), number_(static_cast<double>(number)) {}
+  HParam(bool flag) : kind_(Kind::Flag), flag_(flag) {}
+  Kind kind() const { return kind_; }
+  const std::string& text() const { return text_; }
+  double number() const { return number_; }
+  bool flag() const { return flag_; }
+  /// As hparams.yaml writes it.
+  std::string to_string() const;
+
+ private:
+  Kind kind_;
+  std::string text_;
+  double number_ = 0;
+  bool flag_ = false;
+};
+
 class LF_API TensorBoardLogger : public Logger {
  public:
+  /// default_hp_metric: as Lightning's, log_hyperparams without metrics also logs hp_metric = -1,
+  /// so the HParams tab lists the run; false logs the parameters only.
   explicit TensorBoardLogger(std::filesystem::path root_dir, std::string name = "lightning_logs",
-                             std::optional<int> version = std::nullopt);
+                             std::optional<int> version = std::nullopt, bool default_hp_metric = true);
   std::string name() const override { return name_; }
   void log_metrics(const std::map<std::string, double>& metrics, std::optional<int64_t> step) override;
+  /// hparams.yaml, and the HParams tab with the values as text (the Logger interface).
   void log_hyperparams(const std::map<std::string, std::string>& params) override;
+  /// hparams.yaml and the HParams tab with typed values, against metrics: each metric is logged
+  /// as a scalar at step 0 (hp_metric = -1 when none and default_hp_metric), as Lightning's
+  /// log_hyperparams(params, metrics); log the same tags later to update them.
+  void log_hyperparams(const std::map<std::string, HParam>& params, const std::map<std::string, double>& metrics);
+  /// An image (SummaryWriter.add_image, CHW): [C, H, W] with C = 1, 3 or 4 (grey, RGB, RGBA), or
+  /// [H, W]; floating values in [0, 1] (clamped, then scaled to 0..255) or uint8. Stored as PNG.
+  /// step: the last step logged when unset. ValueError naming the shape or dtype otherwise.
+  void log_image(const std::string& tag, const at::Tensor& image, std::optional<int64_t> step = std::nullopt);
+  /// A histogram (add_histogram) of values' finite elements: bins equal-width buckets between
+  /// their min and max, with count, sum and sum of squares. ValueError when none is finite.
+  void log_histogram(const std::string& tag, const at::Tensor& values, std::optional<int64_t> step = std::nullopt,
+                     int bins = 64);
+  /// Text for the Text tab (add_text; TensorBoard renders Markdown).
+  void log_text(const std::string& tag, const std::string& text, std::optional<int64_t> step = std::nullopt);
   void finalize(const std::string& status) override;
   const std::filesystem::path& log_dir();
   /// The event file being written (created on the first write).
@@ -31,6 +84,10 @@ class LF_API TensorBoardLogger : public Logger {
 
  private:
   void write_record(std::string_view record);
+  /// One Event holding summary (serialized Summary) at step.
+  void write_summary(int64_t step, const std::string& summary);
+  int64_t step_or_last(std::optional<int64_t> step) const { return step.value_or(last_step_ < 0 ? 0 : last_step_); }
+  void write_hparams_yaml(const std::map<std::string, std::string>& params);
 
   std::filesystem::path root_;
   std::string name_;
@@ -38,7 +95,12 @@ class LF_API TensorBoardLogger : public Logger {
   std::filesystem::path dir_, file_;
   std::ofstream out_;
   int64_t last_step_ = -1;
+  bool default_hp_metric_ = true;
 };
+
+/// An 8-bit PNG of height x width pixels with 1 to 4 channels (grey, grey+alpha, RGB, RGBA),
+/// rows top to bottom, channels interleaved: the bytes of a .png file.
+LF_API std::string encode_png(const uint8_t* pixels, int width, int height, int channels);
 
 /// CRC-32C (Castagnoli), and the masked form TFRecord stores.
 LF_API uint32_t crc32c(std::string_view data);

@@ -76,6 +76,13 @@ template <class T>
 struct HasSetEpoch<T, std::void_t<decltype(std::declval<T&>().set_epoch(int64_t{}))>> : std::true_type {};
 template <class T> struct IsVector : std::false_type {};
 template <class T, class A> struct IsVector<std::vector<T, A>> : std::true_type {};
+// A stream's item: an element of its batch when that is a vector, else the batch.
+template <class Batch, bool = IsVector<Batch>::value> struct StreamItem { using type = Batch; };
+template <class Batch> struct StreamItem<Batch, true> { using type = typename Batch::value_type; };
+template <class T, class = void> struct HasSave : std::false_type {};
+template <class T>
+struct HasSave<T, std::void_t<decltype(std::declval<const T&>().save(std::declval<torch::serialize::OutputArchive&>()))>>
+    : std::true_type {};
 }  // namespace detail
 
 /// A DistributedSampler over the indices your sampler yields (Python wraps any sampler so): at
@@ -148,8 +155,13 @@ class ShardedStream
     shared_->position = 0;
     shared_->pending.clear();
   }
-  void save(torch::serialize::OutputArchive& archive) const override { shared_->source.save(archive); }
-  void load(torch::serialize::InputArchive& archive) override { shared_->source.load(archive); }
+  /// The source's own save and load, when it has them (a mapped stream does not).
+  void save(torch::serialize::OutputArchive& archive) const override {
+    if constexpr (detail::HasSave<Source>::value) shared_->source.save(archive);
+  }
+  void load(torch::serialize::InputArchive& archive) override {
+    if constexpr (detail::HasSave<Source>::value) shared_->source.load(archive);
+  }
   /// The next epoch (reset) is `epoch` instead of the one after the current. Shared by copies.
   void set_epoch(int64_t epoch) {
     std::lock_guard<std::mutex> lock(shared_->mutex);
@@ -157,7 +169,7 @@ class ShardedStream
   }
 
  private:
-  using Item = std::conditional_t<detail::IsVector<SourceBatch>::value, typename SourceBatch::value_type, SourceBatch>;
+  using Item = typename detail::StreamItem<SourceBatch>::type;
   struct Shared {
     explicit Shared(Source value) : source(std::move(value)) {}
     Source source;

@@ -135,6 +135,9 @@ class Collective {
 
  private:
   void create_group();
+  /// One blocking op: counted, recorded as op with tensor's dtype and shape (flight recorder and
+  /// profiler), compared across ranks by check_call (except point-to-point), issued and waited for.
+  void run_blocking(int op, const at::Tensor* tensor, const std::function<c10::intrusive_ptr<c10d::Work>()>& issue);
   void check_call(int op, const at::Tensor* tensor);
   /// check_call's comparison, run whatever check_collectives says; `call` names the caller's API
   /// in the error (empty: the generic LT_CHECK_COLLECTIVES message).
