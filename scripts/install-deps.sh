@@ -26,7 +26,6 @@ packages=(
   cmake ninja-build clang g++ ccache
   libcli11-dev nlohmann-json3-dev zlib1g-dev
   dataset-fashion-mnist  # the examples' data set
-  libstb-dev             # examples/dcgan writes PNG grids with stb_image_write
   procps
   python3 python3-venv   # the project's Python environment (when no other python3 is on PATH)
 )

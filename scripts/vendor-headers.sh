@@ -10,7 +10,6 @@ rm -rf "$out"
 mkdir -p "$out/include" "$out/cmake"
 cp -r /usr/include/CLI /usr/include/nlohmann /usr/include/catch2 "$out/include/"
 cp /usr/include/zlib.h /usr/include/zconf.h "$out/include/"
-mkdir -p "$out/include/stb" && cp /usr/include/stb/stb_image_write.h "$out/include/stb/"
 cp /usr/lib/cmake/Catch2/Catch.cmake /usr/lib/cmake/Catch2/CatchAddTests.cmake "$out/cmake/"
 
 echo "vendor-headers: $(du -sh "$out" | cut -f1) in $out"

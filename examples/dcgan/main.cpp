@@ -1,16 +1,15 @@
 // DCGAN on Fashion-MNIST: two models with their own optimizers, two fabric.setup calls, and
 // alternating updates (discriminator, then generator) every step. Rank 0 writes an 8 x 8 PNG grid
-// of generated samples at the end of every epoch (and at --max-steps).
-//   build/bin/dcgan --epochs 1 --output-dir dcgan-out
+// of generated samples at the end of every epoch (and at --max-steps). With --tensorboard DIR it
+// also logs the losses, the grid, the generator's weight histograms and the hyperparameters there.
+//   build/bin/dcgan --epochs 1 --output-dir dcgan-out [--tensorboard logs]
 //   lightning-run model --accelerator cpu --devices 2 build/bin/dcgan --epochs 1 [--sync-batchnorm]
 #include <CLI/CLI.hpp>
 #include <lightning/fabric.h>
 #include <torch/torch.h>
 
-#define STB_IMAGE_WRITE_IMPLEMENTATION
-#include <stb/stb_image_write.h>
-
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 
 #include "example_flags.h"
@@ -65,35 +64,38 @@ struct DiscriminatorImpl : torch::nn::Module {
 };
 TORCH_MODULE(Discriminator);
 
-// An 8 x 8 grid of 28 x 28 images in [-1, 1], 2-pixel gaps, as an 8-bit greyscale PNG.
-void write_grid(const torch::Tensor& images, const std::string& path) {
-  constexpr int kSide = 8, kCell = 28, kGap = 2, kSize = kSide * (kCell + kGap) + kGap;
-  auto pixels = ((images.detach().cpu().clamp(-1, 1) + 1) * 127.5).to(torch::kUInt8).view({-1, kCell, kCell});
-  std::vector<uint8_t> canvas(kSize * kSize, 32);
-  for (int i = 0; i < std::min<int64_t>(kSide * kSide, pixels.size(0)); ++i) {
-    const int top = kGap + (i / kSide) * (kCell + kGap), left = kGap + (i % kSide) * (kCell + kGap);
-    auto image = pixels[i].contiguous();
-    for (int row = 0; row < kCell; ++row) {
-      std::memcpy(&canvas[static_cast<size_t>((top + row) * kSize + left)], image[row].data_ptr<uint8_t>(), kCell);
-    }
-  }
-  if (!stbi_write_png(path.c_str(), kSize, kSize, 1, canvas.data(), kSize)) {
-    throw std::runtime_error("cannot write " + path);
-  }
+// 64 generated images in [-1, 1] as an 8 x 8 grid in [0, 1], 2-pixel dark gaps: 242 x 242.
+torch::Tensor sample_grid(const torch::Tensor& images) {
+  const auto unit = (images.detach().cpu().clamp(-1, 1) + 1) / 2;
+  return lf::make_image_grid(unit.view({-1, 1, 28, 28}), 8, 2, 32.0 / 255);
+}
+
+void write_png(const torch::Tensor& grid, const std::string& path) {
+  const auto pixels = grid.mul(255).round().to(torch::kUInt8).squeeze(0).contiguous();
+  const std::string png = lf::encode_png(pixels.data_ptr<uint8_t>(), static_cast<int>(pixels.size(1)),
+                                         static_cast<int>(pixels.size(0)), 1);
+  std::ofstream out(path, std::ios::binary);
+  out.write(png.data(), static_cast<std::streamsize>(png.size()));
+  if (!out) throw std::runtime_error("cannot write " + path);
 }
 
 int main(int argc, char** argv) {
   examples::ExampleFlags flags;
   std::string output_dir = "dcgan-out";
   bool sync_batchnorm = false;
+  std::string tensorboard_dir;
   CLI::App app{"DCGAN on Fashion-MNIST with Lightning Fabric: two models, two optimizers"};
   flags.add_to(app);
   app.add_option("--output-dir", output_dir, "Where the PNG grids go");
   app.add_flag("--sync-batchnorm", sync_batchnorm,
                "Normalise over every rank's batch together (lf::SyncBatchNorm) instead of each rank's own");
+  app.add_option("--tensorboard", tensorboard_dir, "Also log losses, grids, histograms and hyperparameters for TensorBoard here");
   CLI11_PARSE(app, argc, argv);
   try {
-    lf::Fabric fabric(flags.fabric_options());
+    lf::FabricOptions options = flags.fabric_options();
+    std::shared_ptr<lf::TensorBoardLogger> board;
+    if (!tensorboard_dir.empty()) options.logger(board = std::make_shared<lf::TensorBoardLogger>(tensorboard_dir, "dcgan"));
+    lf::Fabric fabric(options);
     fabric.seed_everything(7);
     examples::FashionMnist train(flags.data_dir, examples::FashionMnist::Split::Train);
     auto loader = fabric.setup_dataloaders(train.map(torch::data::transforms::Stack<>()),
@@ -107,6 +109,11 @@ int main(int argc, char** argv) {
     auto [discriminator, d_optimizer] = fabric.setup(discriminator_net, d_adam);  // setup call two
     const auto fixed_noise = fabric.to_device(torch::randn({64, kLatent}));
     if (fabric.is_global_zero()) std::filesystem::create_directories(output_dir);
+    if (board && fabric.is_global_zero()) {
+      board->log_hyperparams({{"batch_size", flags.batch_size}, {"lr", 2e-4}, {"latent", kLatent},
+                              {"sync_batchnorm", sync_batchnorm}, {"world_size", fabric.world_size()}},
+                             {{"g_loss", 0.0}, {"d_loss", 0.0}});
+    }
 
     int64_t step = 0;
     for (int epoch = 1; epoch <= flags.epochs; ++epoch) {
@@ -130,6 +137,7 @@ int main(int argc, char** argv) {
         g_optimizer.step();
         d_sum += d_loss.item<double>();
         g_sum += g_loss.item<double>();
+        fabric.log_dict({{"d_loss", d_loss.item<double>()}, {"g_loss", g_loss.item<double>()}}, step + 1);
         ++batches;
         bar.update(1, g_loss.item<double>());
         if (++step == flags.max_steps) break;
@@ -143,7 +151,14 @@ int main(int argc, char** argv) {
       }
       generator.train();
       const std::string path = output_dir + "/epoch_" + std::to_string(epoch) + ".png";
-      if (fabric.is_global_zero()) write_grid(samples, path);
+      if (fabric.is_global_zero()) {
+        const auto grid = sample_grid(samples);
+        write_png(grid, path);
+        if (board) {
+          board->log_image("samples", grid, step);
+          for (const auto& item : generator_net->named_parameters()) board->log_histogram("generator/" + item.key(), item.value(), step);
+        }
+      }
       fabric.print("epoch", epoch, "steps", step, "d_loss", d_sum / std::max<int64_t>(batches, 1), "g_loss",
                    g_sum / std::max<int64_t>(batches, 1), "grid", path);
       if (step == flags.max_steps) break;

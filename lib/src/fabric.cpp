@@ -603,7 +603,13 @@ std::optional<at::Tensor> Fabric::clip_optimizer_gradients(torch::optim::Optimiz
 }
 
 void Fabric::call(const std::string& name, const HookArgs& args) {
-  for (const auto& callback : *callbacks_) invoke_hook(*callback, name, args);
+  if (args.contains("fabric")) {
+    for (const auto& callback : *callbacks_) invoke_hook(*callback, name, args);
+    return;
+  }
+  HookArgs with_fabric = args;  // hooks that need the Fabric (Python passes fabric=) find it
+  with_fabric.set("fabric", this);
+  for (const auto& callback : *callbacks_) invoke_hook(*callback, name, with_fabric);
 }
 
 void Fabric::log(const std::string& name, double value, std::optional<int64_t> step) {

@@ -6,9 +6,26 @@ set -euo pipefail
 bin="$1"; source="$2"
 dir="$(mktemp -d)"
 trap 'rm -rf "$dir"' EXIT
-"$bin/dcgan" --max-steps 3 --batch-size 16 --accelerator cpu --output-dir "$dir/gan" | tee "$dir/gan.log"
+"$bin/dcgan" --max-steps 3 --batch-size 16 --accelerator cpu --output-dir "$dir/gan" --tensorboard "$dir/tb" | tee "$dir/gan.log"
 grep -q "grid $dir/gan/epoch_1.png" "$dir/gan.log" || { echo "FAIL: dcgan did not report its grid"; exit 1; }
 /usr/bin/python3 "$source/tests/integration/check_png.py" "$dir/gan/epoch_1.png" 242 242
+# Its TensorBoard run, read by TensorBoard: the grid (the PNG file's pixels), the losses, histograms, hparams.
+"${LF_PYTHON:-python3}" - "$dir/tb/dcgan/version_0" "$dir/gan/epoch_1.png" <<'PY' || { echo "FAIL: dcgan's TensorBoard run"; exit 1; }
+import io, sys
+import numpy as np
+from PIL import Image
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+events = EventAccumulator(sys.argv[1], size_guidance={"images": 0, "histograms": 0})
+events.Reload()
+tags = events.Tags()
+grid = events.Images("samples")[-1]
+pixels = np.array(Image.open(io.BytesIO(grid.encoded_image_string)))
+assert (grid.width, grid.height) == (242, 242) and (pixels == np.array(Image.open(sys.argv[2]))).all(), "grid"
+assert [s.step for s in events.Scalars("g_loss")] == [0, 1, 2, 3], [s.step for s in events.Scalars("g_loss")]
+assert any(t.startswith("generator/") for t in tags["histograms"]), tags["histograms"]
+assert "_hparams_/session_start_info" in events.PluginTagToContent("hparams")
+print("dcgan's TensorBoard run: grid, losses, histograms, hyperparameters")
+PY
 "$bin/autoencoder" --max-steps 30 --accelerator cpu | tee "$dir/ae.log"
 grep -q "test_reconstruction_mse" "$dir/ae.log" || { echo "FAIL: autoencoder printed no error"; exit 1; }
 "$bin/layerwise_lr" --max-steps 10 --accelerator cpu | tee "$dir/lr.log"

@@ -6,6 +6,7 @@
 #include "lightning/fabric/backward_options.h"
 #include "lightning/fabric/callbacks/callback.h"
 #include "lightning/fabric/callbacks/ema.h"
+#include "lightning/fabric/callbacks/spike_detection.h"
 #include "lightning/fabric/captured_step.h"
 #include "lightning/fabric/checkpoint/checkpoint_io.h"
 #include "lightning/fabric/checkpoint/state.h"

@@ -153,6 +153,22 @@ std::string encode_png(const uint8_t* pixels, int width, int height, int channel
   return png;
 }
 
+at::Tensor make_image_grid(const at::Tensor& images, int64_t nrow, int64_t padding, double pad_value) {
+  LF_CHECK(images.dim() == 4 && images.size(0) > 0, ValueError, "make_image_grid: expected images [N, C, H, W] with N > 0, got ",
+           images.sizes(), ".");
+  LF_CHECK(nrow > 0 && padding >= 0, ValueError, "make_image_grid: nrow is ", nrow, " and padding ", padding,
+           "; nrow must be positive and padding not negative.");
+  const int64_t count = images.size(0), height = images.size(2), width = images.size(3);
+  const int64_t columns = std::min(nrow, count), rows = (count + columns - 1) / columns;
+  at::Tensor grid = at::full({images.size(1), rows * (height + padding) + padding, columns * (width + padding) + padding},
+                             pad_value, images.options());
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t top = padding + (i / columns) * (height + padding), left = padding + (i % columns) * (width + padding);
+    grid.narrow(1, top, height).narrow(2, left, width).copy_(images[i]);
+  }
+  return grid;
+}
+
 std::string HParam::to_string() const {
   switch (kind_) {
     case Kind::Text: return text_;

@@ -158,6 +158,18 @@ TEST_CASE("TensorBoardLogger refuses images and histograms it cannot write", "[l
   std::filesystem::remove_all(std::filesystem::temp_directory_path() / "lf-tb-refusals");
 }
 
+TEST_CASE("make_image_grid tiles images as torchvision's make_grid", "[loggers]") {
+  const auto images = torch::arange(5, torch::kFloat).view({5, 1, 1, 1}).expand({5, 1, 2, 3}) + 1;
+  const auto grid = lf::make_image_grid(images, 2, 1, -1);
+  REQUIRE(grid.sizes() == torch::IntArrayRef({1, 3 * (2 + 1) + 1, 2 * (3 + 1) + 1}));
+  CHECK(grid[0][1][1].item<float>() == 1);   // image 0 at the top left, inside the padding
+  CHECK(grid[0][1][5].item<float>() == 2);   // image 1 to its right
+  CHECK(grid[0][4][1].item<float>() == 3);   // image 2 on the next row
+  CHECK(grid[0][7][5].item<float>() == -1);  // no sixth image: padding value
+  CHECK(grid[0][0][0].item<float>() == -1);
+  CHECK_THROWS_WITH(lf::make_image_grid(torch::zeros({2, 3, 4})), Contains("expected images [N, C, H, W]"));
+}
+
 TEST_CASE("encode_png writes the PNG signature, IHDR and zlib-compressed rows", "[loggers]") {
   const uint8_t pixels[] = {0, 255, 128, 7};
   const std::string png = lf::encode_png(pixels, 2, 2, 1);

@@ -173,7 +173,9 @@ class LF_API Fabric {
 
   // ---- callbacks and loggers ----
   /// Calls hook `name` on every callback, in the order they were given; callbacks that do not
-  /// override it are skipped. Not collective: call it on every rank that should run the hooks.
+  /// override it are skipped. args gains {"fabric": this} unless it has a "fabric" (Python's
+  /// hooks take fabric= from the caller). Not collective: call it on every rank that should run
+  /// the hooks (a collective callback such as SpikeDetection needs every rank).
   void call(const std::string& name, const HookArgs& args = HookArgs());
   /// Sends a metric to every logger, on global rank zero only (other ranks return at once).
   /// step: the x-axis value (default: the logger's next step).

@@ -98,6 +98,11 @@ class LF_API TensorBoardLogger : public Logger {
   bool default_hp_metric_ = true;
 };
 
+/// Images [N, C, H, W] tiled into one [C, H', W'] grid, nrow to a row, padding pixels of
+/// pad_value between and around them (torchvision.utils.make_grid's layout): for log_image or
+/// encode_png. ValueError naming the shape when images is not 4-D.
+LF_API at::Tensor make_image_grid(const at::Tensor& images, int64_t nrow = 8, int64_t padding = 2, double pad_value = 0);
+
 /// An 8-bit PNG of height x width pixels with 1 to 4 channels (grey, grey+alpha, RGB, RGBA),
 /// rows top to bottom, channels interleaved: the bytes of a .png file.
 LF_API std::string encode_png(const uint8_t* pixels, int width, int height, int channels);
