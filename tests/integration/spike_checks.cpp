@@ -40,6 +40,7 @@ std::vector<Case> cases() {
       {lf::SpikeDetectionOptions().over(2), {5, 1, 1, 3.5}},
       {lf::SpikeDetectionOptions(), {5, 1, 1, 3.5}},
       {lf::SpikeDetectionOptions().after(3), {1, 10, 1, 1}},
+      {lf::SpikeDetectionOptions().after(2), {1, kNaN, 1, 10}},
   };
 }
 
@@ -64,10 +65,10 @@ void run_cases(lf::Fabric& fabric, const std::filesystem::path& folder) {
   }
 }
 
-void run_ranks(lf::Fabric& fabric, const std::filesystem::path& folder) {
+// detector: registered as the Fabric's callback, reached through fabric.call as the docs show.
+void run_ranks(lf::Fabric& fabric, const std::shared_ptr<lf::SpikeDetection>& detector, const lf::SpikeDetectionOptions& options) {
   const int rank = fabric.global_rank();
-  auto options = lf::SpikeDetectionOptions().exclude_to(folder);
-  auto detector = std::make_shared<lf::SpikeDetection>(options);
+  const std::filesystem::path folder = *options.exclude_batches_path;
   lf::SpikeDetection resumed(options);
   int64_t thrown = -1, resumed_thrown = -1;
   for (int64_t batch = 0; batch < 8; ++batch) {
@@ -79,8 +80,7 @@ void run_ranks(lf::Fabric& fabric, const std::filesystem::path& folder) {
       resumed_thrown = spike.batch_idx();
     }
     try {
-      fabric.call("on_train_batch_end", {{"loss", torch::tensor(loss)}, {"batch_idx", batch}});  // no callback: nothing
-      detector->on_train_batch_end({{"fabric", &fabric}, {"loss", torch::tensor(loss)}, {"batch_idx", batch}});
+      fabric.call("on_train_batch_end", {{"loss", torch::tensor(loss)}, {"batch_idx", batch}});
     } catch (const lf::TrainingSpikeException& spike) {
       thrown = spike.batch_idx();
       expect(std::string(spike.what()) == "Training spike detected in batch 5", std::string("the message: ") + spike.what());
@@ -101,12 +101,16 @@ void run_ranks(lf::Fabric& fabric, const std::filesystem::path& folder) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "cases";
-  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").strategy(mode == "cases" ? "single_device" : "ddp"));
   const std::filesystem::path folder = argc > 2 ? argv[2] : std::filesystem::temp_directory_path();
+  const auto options = lf::SpikeDetectionOptions().exclude_to(folder);
+  auto detector = std::make_shared<lf::SpikeDetection>(options);
+  lf::FabricOptions fabric_options = lf::FabricOptions().accelerator("cpu").strategy(mode == "cases" ? "single_device" : "ddp");
+  if (mode != "cases") fabric_options.callback(detector);
+  lf::Fabric fabric(fabric_options);
   if (mode == "cases") {
     run_cases(fabric, folder);
   } else {
-    run_ranks(fabric, folder);
+    run_ranks(fabric, detector, options);
   }
   expect(lf::SpikeDetection(lf::SpikeDetectionOptions()).running_mean() != 0.0, "no mean before any loss");
   bool refused = false;

@@ -30,6 +30,7 @@ CASES = [  # kept in step with cases() in spike_checks.cpp
     ({"window": 2}, [5, 1, 1, 3.5]),
     ({}, [5, 1, 1, 3.5]),
     ({"warmup": 3}, [1, 10, 1, 1]),
+    ({"warmup": 2}, [1, nan, 1, 10]),
 ]
 for index, (options, losses) in enumerate(CASES):
     detector = SpikeDetection(exclude_batches_path=os.path.join(sys.argv[1], "py%d.json" % index), **options)

@@ -30,8 +30,14 @@ fs::path SpikeDetection::exclude_batches_file() const {
 }
 
 double SpikeDetection::running_mean() const {
-  if (window_.empty()) return std::numeric_limits<double>::quiet_NaN();
-  return std::accumulate(window_.begin(), window_.end(), 0.0) / static_cast<double>(window_.size());
+  double sum = 0;
+  int64_t count = 0;
+  for (double value : window_) {
+    if (std::isnan(value)) continue;
+    sum += value;
+    ++count;
+  }
+  return count == 0 ? std::numeric_limits<double>::quiet_NaN() : sum / static_cast<double>(count);
 }
 
 // Python's _is_spike: non-finite (while finite_only), else not an improvement on the last value
@@ -77,6 +83,8 @@ void SpikeDetection::on_train_batch_end(const HookArgs& args) {
   // Without finite_only, the statistics take the loss only when it is finite on every rank.
   const bool take = options_.finite_only || fabric->all_reduce(std::isfinite(loss) ? 1.0 : 0.0, ReduceOp::Min) > 0.5;
   if (!take) return;
+  // The window counts every taken loss; a NaN fills its slot with no weight (torchmetrics'
+  // MeanMetric drops NaN, with a warning), so the mean stays that of the finite ones.
   window_.push_back(loss);
   if (static_cast<int64_t>(window_.size()) > options_.window) window_.pop_front();
   last_value_ = loss;
@@ -105,7 +113,11 @@ void SpikeDetection::load_state_dict(const StateDict& state) {
   options_.warmup = state.at("warmup").toInt();
   if (state.contains("atol")) options_.atol = state.at("atol").isNone() ? std::nullopt : std::optional<double>(state.at("atol").toDouble());
   if (state.contains("rtol")) options_.rtol = state.at("rtol").isNone() ? std::nullopt : std::optional<double>(state.at("rtol").toDouble());
-  if (state.contains("bad_batches_path")) options_.exclude_batches_path = fs::path(state.at("bad_batches_path").toStringRef());
+  if (state.contains("bad_batches_path") && state.at("bad_batches_path").isString()) {
+    options_.exclude_batches_path = fs::path(state.at("bad_batches_path").toStringRef());
+  }
+  LF_CHECK(options_.mode == "min" || options_.mode == "max", ValueError, "SpikeDetection::load_state_dict: mode is \"",
+           options_.mode, "\"; expected \"min\" or \"max\".");
   const auto bad = state.at("bad_batches").toIntVector();
   bad_batches_.assign(bad.begin(), bad.end());
   const auto running = state.at("running").toDoubleVector();

@@ -173,11 +173,14 @@ std::string HParam::to_string() const {
   switch (kind_) {
     case Kind::Text: return text_;
     case Kind::Flag: return flag_ ? "true" : "false";
-    case Kind::Number: {
-      std::ostringstream out;
-      out.precision(17);
-      out << number_;
-      return out.str();
+    case Kind::Number: {  // the shortest form that reads back as the same double (0.0002, not 0.00020000000000000001)
+      for (int digits = 6; digits <= 17; ++digits) {
+        std::ostringstream out;
+        out.precision(digits);
+        out << number_;
+        if (std::stod(out.str()) == number_ || digits == 17) return out.str();
+      }
+      return std::to_string(number_);
     }
   }
   return text_;

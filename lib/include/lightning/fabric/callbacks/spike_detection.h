@@ -71,11 +71,12 @@ class LF_API SpikeDetection : public Callback, public Stateful {
   const std::vector<int64_t>& bad_batches() const { return bad_batches_; }
   /// Where the file goes.
   std::filesystem::path exclude_batches_file() const;
-  /// The running mean of the last `window` losses taken (NaN before the first).
+  /// The running mean of the last `window` losses taken, NaN ones left out (NaN before any).
   double running_mean() const;
 
-  /// Python's keys: last_val, mode, warmup, atol, rtol, bad_batches, bad_batches_path and the
-  /// running window ("running": its values).
+  /// Keys named as Python's (last_val, mode, warmup, atol, rtol, bad_batches, bad_batches_path),
+  /// with the window's losses as "running": a list, where Python keeps torchmetrics' state, so a
+  /// C++ and a Python detector do not load each other's.
   StateDict state_dict() const override;
   void load_state_dict(const StateDict& state) override;
 

@@ -5,7 +5,8 @@
 // encoded here without a protobuf library. Scalars (simple_value), images (PNG), histograms,
 // text (the text plugin) and hyperparameters with their metrics (the HParams plugin, as PyTorch's
 // SummaryWriter.add_hparams writes them; also hparams.yaml beside the file, as Lightning's).
-// Written on global rank zero only (Fabric calls loggers there); flushed after every write.
+// Fabric calls log_metrics (fabric.log, log_dict) on global rank zero only; the other methods
+// you call yourself: call them on rank zero too. Flushed after every write.
 //   auto board = std::make_shared<lf::TensorBoardLogger>("logs");
 //   board->log_image("samples", grid, step);           // [C, H, W] in [0, 1], or uint8
 //   board->log_histogram("fc1/weight", weight, step);
@@ -23,6 +24,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "lightning/fabric/loggers/logger.h"
 
@@ -35,9 +37,12 @@ class LF_API HParam {
   enum class Kind { Text, Number, Flag };
   HParam(const char* text) : kind_(Kind::Text), text_(text) {}
   HParam(std::string text) : kind_(Kind::Text), text_(std::move(text)) {}
-  HParam(double number) : kind_(Kind::Number), number_(number) {}
-  HParam(int number) : kind_(Kind::Number), number_(number) {}
-  HParam(int64_t number) : kind_(Kind::Number), number_(static_cast<double>(number)) {}
+  HParam(std::string_view text) : kind_(Kind::Text), text_(text) {}
+  /// Any integer or floating type (stored as a double, as TensorBoard does); a char is refused at
+  /// compile time, since 'x' would silently be 120.
+  template <class Number, std::enable_if_t<std::is_arithmetic_v<Number> && !std::is_same_v<Number, bool> &&
+                                               !std::is_same_v<Number, char>, int> = 0>
+  HParam(Number number) : kind_(Kind::Number), number_(static_cast<double>(number)) {}
   HParam(bool flag) : kind_(Kind::Flag), flag_(flag) {}
   Kind kind() const { return kind_; }
   const std::string& text() const { return text_; }
