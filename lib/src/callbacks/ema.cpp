@@ -67,6 +67,10 @@ void EMA::bind(const std::shared_ptr<torch::nn::Module>& module, Strategy* strat
   }
   for (auto& entry : tracked) entry.average = entry.live.detach().clone();
   tracked_ = std::move(tracked);
+  stepped_.clear();
+  for (const auto& entry : tracked_) {
+    if (entry.parameter) stepped_.insert(entry.live.unsafeGetTensorImpl());
+  }
   module_ = module;
   if (pending_) apply_loaded();
 }
@@ -79,12 +83,13 @@ void EMA::require_bound(const char* call) const {
 void EMA::on_after_optimizer_step(const HookArgs& args) {
   if (module_.expired()) return;
   const auto* optimizer = args.get<torch::optim::Optimizer*>("optimizer");
-  bool steps_module = false;
+  bool steps_module = false;  // one lookup per parameter until a hit: cheap on every step
   for (const auto& group : optimizer->param_groups()) {
     for (const auto& parameter : group.params()) {
-      for (const auto& entry : tracked_) steps_module |= entry.parameter && entry.live.is_same(parameter);
+      steps_module = stepped_.count(parameter.unsafeGetTensorImpl()) != 0;
       if (steps_module) break;
     }
+    if (steps_module) break;
   }
   if (!steps_module) return;  // another model's optimizer (a GAN's other half)
   const int64_t step_idx = step_++;

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,7 @@ class LF_API EMA : public Callback, public Stateful {
   std::weak_ptr<torch::nn::Module> module_;
   FSDPStrategy* fsdp_ = nullptr;
   std::vector<Tracked> tracked_;
+  std::set<const c10::TensorImpl*> stepped_;  // the tensors an optimizer step of the module touches
   int64_t step_ = 0;
   int64_t n_averaged_ = 0;
   int64_t latest_update_step_ = 0;
