@@ -12,6 +12,7 @@
 // raw loop does (default 1: Fabric's default, ATen's fused kernel). --side raw or --side fabric
 // times that loop alone, in a process of its own, as a user comparing two programs would (the
 // JSON then carries only that side's median); the default, both, interleaves them.
+// --detect-nonfinite 1 turns FabricOptions::detect_nonfinite on for the Fabric side (its cost).
 #include <ATen/Version.h>
 #include <lightning/fabric.h>
 #include <torch/cuda.h>
@@ -97,6 +98,7 @@ int main(int argc, char** argv) {
   const std::string optimizer_name = arg_string(argc, argv, "--optimizer", "sgd");
   const bool fused = arg_int(argc, argv, "--fused", 1) != 0;
   const std::string side = arg_string(argc, argv, "--side", "both");
+  const bool detect_nonfinite = arg_int(argc, argv, "--detect-nonfinite", 0) != 0;
   if (side != "both" && side != "raw" && side != "fabric") {
     std::cerr << "--side " << side << ": choose both, raw or fabric" << std::endl;
     return 2;
@@ -129,7 +131,8 @@ int main(int argc, char** argv) {
   lf::Fabric fabric(lf::FabricOptions()
                         .accelerator(device.is_cuda() ? "cuda" : "cpu")
                         .precision(precision)
-                        .fused_optimizer_steps(fused));
+                        .fused_optimizer_steps(fused)
+                        .detect_nonfinite(detect_nonfinite));
   fabric.seed_everything(1);
   Mlp fabric_net;
   std::shared_ptr<torch::optim::Optimizer> fabric_optimizer = make_optimizer(*fabric_net);

@@ -8,6 +8,8 @@
 //   lightning-run model --devices 2 build/bin/image_classifier --epochs 1
 //   build/bin/image_classifier --precision bf16-mixed          (mixed precision, one flag)
 //   build/bin/image_classifier --checkpoint-dir ck --max-steps 100, then --resume ck/epoch=1-step=100.ckpt
+// A resumed run continues bit for bit as the run that was never stopped (dropout included): the
+// checkpoint holds fabric.resume_state(), every rank's generators and the loaders' positions.
 // Rank 0 prints one JSON object per epoch: epoch, train_loss, test_accuracy, seconds, steps.
 #include <CLI/CLI.hpp>
 #include <lightning/fabric.h>
@@ -33,6 +35,8 @@ struct Settings {
   int batch_size = 64;
   double lr = 1e-3;
   int64_t max_steps = -1;  // stop after this many optimizer steps in total (smoke runs)
+  double dropout = 0.0;    // on fc1's outputs
+  int64_t checkpoint_every = 0;  // also save every N steps (0: at the end of epochs and --max-steps only)
   std::string data_dir = examples::kDefaultFashionMnistDir;
   uint64_t seed = 42;
   examples::SharedFlags shared;  // Fabric options unset unless given (lightning-run or the launcher decides); --no-progress
@@ -79,14 +83,15 @@ int run(const Settings& settings) {
   auto test_loader = fabric.setup_dataloaders(test.map(torch::data::transforms::Stack<>()),
                                               torch::data::DataLoaderOptions(1000));
 
-  Net net;
+  Net net(settings.dropout);
   torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(settings.lr));
   auto [model, optimizer] = fabric.setup(net, adam);
 
-  // What a checkpoint holds; --resume restores it in place.
-  int64_t steps = 0, epoch = 1, batches_done = 0;  // batches_done: of `epoch`, when saved mid-epoch
+  // What a checkpoint holds; --resume restores it in place. "resume": every rank's generators and
+  // the loaders' positions, so that the next batch is the one after the last trained on.
+  int64_t steps = 0, epoch = 1;
   lf::State state{{"model", model}, {"optimizer", optimizer}, {"epoch", epoch}, {"step", steps},
-                  {"batches_done", batches_done}};
+                  {"resume", fabric.resume_state()}};
   // "last": the newest checkpoint of --checkpoint-dir, if any, so that a job the launcher restarts
   // (after a failure, or with other nodes) goes on from where it was.
   const std::string resume = settings.resume == "last" ? newest_checkpoint(settings.checkpoint_dir) : settings.resume;
@@ -95,32 +100,24 @@ int run(const Settings& settings) {
     fabric.load(resume, state);
     epoch = state.at("epoch").to<int64_t>();
     steps = state.at("step").to<int64_t>();
-    batches_done = state.at("batches_done").to<int64_t>();
     fabric.print("resumed from", resume, "at epoch", epoch, "step", steps);
   }
   auto save = [&](bool epoch_finished) {
     if (settings.checkpoint_dir.empty()) return;
     state.at("epoch").set_value(epoch_finished ? epoch + 1 : epoch);
     state.at("step").set_value(steps);
-    state.at("batches_done").set_value(epoch_finished ? int64_t{0} : batches_done);
     fabric.save(checkpoint_path(settings, static_cast<int>(epoch), steps), state);
   };
 
   for (; epoch <= settings.epochs; ++epoch) {
     const auto start = std::chrono::steady_clock::now();
     double loss_sum = 0;
-    int64_t batches = 0, skipped = 0;
-    const int64_t to_skip = batches_done;  // resuming mid-epoch: the batches already trained on
-    train_loader.set_epoch(epoch - 1);  // the same shuffle as an uninterrupted run (after --resume)
+    int64_t batches = 0;
     std::optional<int64_t> total = train_loader.size();  // this epoch's steps, within --max-steps
-    if (total) *total -= to_skip;
+    if (total) *total -= steps - (epoch - 1) * *total;   // resumed mid-epoch: the loader skips what was done
     if (total && settings.max_steps > 0) *total = std::min(*total, settings.max_steps - steps);
     lf::ProgressBar bar("epoch " + std::to_string(epoch), total, progress);
     for (auto& batch : train_loader) {
-      if (skipped < to_skip) {  // the sampler repeats this epoch's order; skip what was done
-        ++skipped;
-        continue;
-      }
       optimizer.zero_grad();
       auto loss = torch::nn::functional::cross_entropy(model(batch.data), batch.target);
       fabric.backward(loss);
@@ -129,8 +126,8 @@ int run(const Settings& settings) {
       loss_sum += value;
       bar.update(1, value);
       ++batches;
-      ++batches_done;
       if (++steps == settings.max_steps) break;
+      if (settings.checkpoint_every > 0 && steps % settings.checkpoint_every == 0) save(/*epoch_finished=*/false);
     }
     bar.close();
     const bool finished = steps != settings.max_steps;
@@ -138,7 +135,6 @@ int run(const Settings& settings) {
     const double accuracy = evaluate(fabric, model, test_loader, progress);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     save(finished);
-    batches_done = 0;
     if (fabric.is_global_zero()) {
       nlohmann::json line = {{"epoch", epoch},
                              {"train_loss", examples::rounded(train_loss, 4)},
@@ -162,6 +158,9 @@ int main(int argc, char** argv) {
   app.add_option("--max-steps", settings.max_steps, "Stop after this many steps in total (-1: no limit)");
   app.add_option("--data-dir", settings.data_dir, "Folder with the Fashion-MNIST idx files");
   app.add_option("--seed", settings.seed, "Global seed");
+  app.add_option("--dropout", settings.dropout, "Dropout probability on the hidden layer")->check(CLI::Range(0.0, 0.99));
+  app.add_option("--checkpoint-every", settings.checkpoint_every,
+                 "With --checkpoint-dir: also save every N steps")->check(CLI::NonNegativeNumber);
   settings.shared.add_to(app);
   app.add_option("--checkpoint-dir", settings.checkpoint_dir,
                  "Save a checkpoint here at the end of every epoch and at --max-steps (epoch=E-step=S.ckpt)");

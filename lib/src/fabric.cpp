@@ -19,9 +19,12 @@
 #include <torch/serialize/input-archive.h>
 
 #include "lightning/fabric/checkpoint/checkpoint_io.h"
+#include "lightning/fabric/checkpoint/resume.h"
 #include "lightning/fabric/connector.h"
+#include "lightning/fabric/internal/nonfinite_watch.h"
 #include "lightning/fabric/internal/step_times.h"
 #include "lightning/fabric/plugins/collectives/collective.h"
+#include "lightning/fabric/strategies/fsdp.h"
 #include "lightning/fabric/strategies/parallel.h"
 #include "lightning/fabric/utilities/empty_init.h"
 #include "lightning/fabric/utilities/meta_init.h"
@@ -58,6 +61,7 @@ Fabric::Fabric(FabricOptions options, env::EnvLookup env)
       loggers_(options.loggers()),
       callbacks_(std::make_shared<std::vector<std::shared_ptr<Callback>>>(options.callbacks())) {
   fused_optimizer_steps_ = options.fused_optimizer_steps();
+  if (options.detect_nonfinite()) nonfinite_watch_ = std::make_shared<internal::NonFiniteWatch>();
   step_observer_ = make_step_observer(options, env);
   const env::Reader reader(env);
   cli_used_ = reader.flag(env::kCliUsed);
@@ -268,9 +272,25 @@ void Fabric::backward(at::Tensor loss, const BackwardOptions& options) {
   RECORD_USER_SCOPE("lf::backward");  // a profiler range (utilities/profiler.h); free when none runs
   refuse_loss_from_unset_model(loss);
   connector_->strategy->settle_background_save(/*wait=*/false);
-  detail::BackwardScope scope;
-  connector_->strategy->backward(loss, nullptr, options);
+  {
+    detail::BackwardScope scope;
+    connector_->strategy->backward(loss, nullptr, options);
+  }
   if (!unverified_checkpointed_.empty()) refuse_checkpointing_that_did_nothing();
+  if (nonfinite_watch_) {
+    internal::NamedGradients gradients;  // fsdp: this rank's shards hold them
+    auto* fsdp = dynamic_cast<FSDPStrategy*>(connector_->strategy.get());
+    for (const auto& each : setup_modules_) {
+      auto module = each.lock();
+      if (!module) continue;
+      if (fsdp != nullptr) {
+        for (const auto& part : fsdp->local_shards(*module)) gradients.emplace_back(part.name, part.shard.grad());
+      } else {
+        for (const auto& item : module->named_parameters(/*recurse=*/true)) gradients.emplace_back(item.key(), item.value().grad());
+      }
+    }
+    nonfinite_watch_->after_backward(*this, loss, gradients, /*check_gradients=*/connector_->precision->loss_scaler() == nullptr);
+  }
 }
 
 std::vector<at::Tensor> Fabric::grad(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
@@ -627,19 +647,74 @@ void Fabric::log_dict(const std::map<std::string, double>& metrics, std::optiona
   for (const auto& logger : loggers_) logger->log_metrics(metrics, step);
 }
 
+std::shared_ptr<LoaderProgress> Fabric::track_loader(std::shared_ptr<PassControl> control, bool stream,
+                                                    int64_t units_per_batch) {
+  auto progress = std::make_shared<LoaderProgress>();
+  progress->control = std::move(control);
+  progress->stream = stream;
+  progress->units_per_batch = units_per_batch;
+  setup_loaders_.erase(std::remove_if(setup_loaders_.begin(), setup_loaders_.end(),
+                                      [](const std::weak_ptr<LoaderProgress>& each) { return each.expired(); }),
+                       setup_loaders_.end());
+  setup_loaders_.push_back(progress);
+  return progress;
+}
+
+std::vector<std::shared_ptr<LoaderProgress>> Fabric::live_loaders() const {
+  std::vector<std::shared_ptr<LoaderProgress>> live;
+  for (const auto& each : setup_loaders_) {
+    if (auto progress = each.lock()) live.push_back(std::move(progress));
+  }
+  return live;
+}
+
+std::optional<State> Fabric::with_resume_values(const State& state, const char* call) {
+  const std::vector<std::string> names = resume::entry_names(state, *this, call);
+  if (names.empty()) return std::nullopt;
+  const c10::IValue saved = resume::gather(*this, live_loaders());
+  State resolved = state;
+  for (const auto& name : names) resolved.insert_or_assign(name, StateEntry(saved));
+  return resolved;
+}
+
 void Fabric::save(const std::filesystem::path& path, const State& state, const StateFilter& filter) {
-  connector_->strategy->save_checkpoint(path, state, filter, /*in_background=*/false);
+  const std::optional<State> resolved = with_resume_values(state, "fabric.save");
+  connector_->strategy->save_checkpoint(path, resolved ? *resolved : state, filter, /*in_background=*/false);
 }
 
 void Fabric::save_in_background(const std::filesystem::path& path, const State& state, const StateFilter& filter) {
-  connector_->strategy->save_checkpoint(path, state, filter, /*in_background=*/true);
+  const std::optional<State> resolved = with_resume_values(state, "fabric.save_in_background");
+  connector_->strategy->save_checkpoint(path, resolved ? *resolved : state, filter, /*in_background=*/true);
 }
 
 void Fabric::wait_for_background_save() { connector_->strategy->settle_background_save(/*wait=*/true); }
 
 StateDict Fabric::load(const std::filesystem::path& path, State& state, bool strict) {
   connector_->strategy->settle_background_save(/*wait=*/true);
-  return connector_->strategy->load_checkpoint(path, &state, strict);
+  const std::vector<std::string> names = resume::entry_names(state, *this, "fabric.load");
+  if (names.empty()) return connector_->strategy->load_checkpoint(path, &state, strict);
+  // The resume entries are read from what the file holds beyond the rest of state.
+  State others = state;
+  for (const auto& name : names) others.erase(name);
+  StateDict remainder = connector_->strategy->load_checkpoint(path, &others, strict);
+  for (auto& [name, entry] : others) {
+    if (entry.kind() == StateEntry::Kind::Value) state.at(name).set_value(entry.value());
+  }
+  for (const auto& name : names) {
+    auto found = remainder.find(name);
+    if (found == remainder.end()) {
+      const std::string message = "fabric.load(" + path.string() + "): the checkpoint has no '" + name +
+                                  "' entry (fabric.resume_state(): every rank's generators and loader positions); it "
+                                  "was saved without one, so this resume cannot be exact.";
+      LF_CHECK(!strict, RuntimeError, message, " Load it with strict=false to resume inexactly (a warning), or leave "
+               "fabric.resume_state() out of the State for this load.");
+      rank_zero_warn(message + " Resuming inexactly: the generators and loaders go on from where they are.");
+      continue;
+    }
+    resume::restore(*this, found->value(), live_loaders(), path, name);
+    remainder.erase(name);
+  }
+  return remainder;
 }
 
 StateDict Fabric::load(const std::filesystem::path& path) {

@@ -14,6 +14,15 @@
 //     ... of the stream, with no padding (counts differ by at most one); stacked (.map(Stack)),
 //     each source batch is one item.
 // Refusals: a shuffled stream; an unsized dataset that is not a stream.
+//
+// Exact resume (fabric.resume_state()), in two jobs:
+//   lf_loader_checks resume-save PATH   a shuffled dataset of 48 (batches of 4) and a stream of 40
+//                                       (batches of 3) stop after 3 and 2 batches; PATH holds the
+//                                       loaders' positions and what every rank had read
+//   lf_loader_checks resume-load PATH   the same loaders, loaded from PATH: the rest of the pass
+//                                       and what was read before cover every sample once; under
+//                                       the same world size each rank reads exactly the tail of
+//                                       its uninterrupted pass; the next pass is the next epoch
 // Each rank prints "FAIL: ..." per failed check and exits 1 if any failed.
 #include <torch/torch.h>
 
@@ -221,10 +230,86 @@ void check_refusals(lf::Fabric& fabric) {
   const auto message = refusal([&] { fabric.setup_dataloaders(no_size, torch::data::DataLoaderOptions(2)); });
   expect(message.find("StatefulDataset") != std::string::npos, "an unsized dataset that is not a stream is refused, got: " + message);
 }
+
+// Samples 0..47 shuffled (batches of 4) and a stream of 40 (batches of 3), in this order.
+auto resume_loaders(lf::Fabric& fabric) {
+  return std::make_pair(
+      fabric.setup_dataloaders(Range(48), torch::data::DataLoaderOptions(4), lf::DataLoaderSettings{/*shuffle=*/true}),
+      fabric.setup_dataloaders(Stream(40), torch::data::DataLoaderOptions(3)));
+}
+
+template <class Loader>
+std::vector<int64_t> take(Loader& loader, int batches) {
+  std::vector<int64_t> seen;
+  int taken = 0;
+  for (auto& batch : loader) {
+    for (auto& example : batch) seen.push_back(example.data.template item<int64_t>());
+    if (++taken == batches) break;
+  }
+  return seen;
+}
+
+at::Tensor everyone(lf::Fabric& fabric, const std::vector<int64_t>& mine) {  // equal lengths on every rank
+  return fabric.all_gather(torch::tensor(mine, torch::kLong)).flatten();
+}
+
+void resume_save(lf::Fabric& fabric, const std::string& path) {
+  fabric.seed_everything(7);
+  auto [sampled, streamed] = resume_loaders(fabric);
+  const auto read_sampled = everyone(fabric, take(sampled, 3));
+  const auto read_streamed = everyone(fabric, take(streamed, 2));
+  fabric.save(path, {{"resume", fabric.resume_state()}, {"read_sampled", read_sampled}, {"read_streamed", read_streamed}});
+}
+
+// Every index of [0, n) once in what was read before (held alike by every rank: counted on rank
+// 0) and what every rank read after.
+bool once_across(lf::Fabric& fabric, const at::Tensor& before, const std::vector<int64_t>& after, int64_t n) {
+  auto counts = torch::zeros({n}, torch::kLong);
+  if (fabric.global_rank() == 0) counts.index_add_(0, before, torch::ones_like(before));
+  for (int64_t index : after) counts[index] += 1;
+  counts = fabric.all_reduce(counts, lf::ReduceOp::Sum);
+  return counts.eq(1).all().item<bool>();
+}
+
+void resume_load(lf::Fabric& fabric, const std::string& path) {
+  fabric.seed_everything(7);
+  auto [sampled, streamed] = resume_loaders(fabric);
+  lf::State state{{"resume", fabric.resume_state()}, {"read_sampled", torch::zeros({0})}, {"read_streamed", torch::zeros({0})}};
+  fabric.load(path, state);
+  const auto before_sampled = state.at("read_sampled").to<at::Tensor>();
+  const auto before_streamed = state.at("read_streamed").to<at::Tensor>();
+  const int world = fabric.world_size(), rank = fabric.global_rank();
+  const bool same_world = before_sampled.numel() == 3 * 4 * world;  // saved by as many ranks
+  const auto after_sampled = read_epoch(sampled);
+  const auto after_streamed = read_epoch(streamed);
+  expect(once_across(fabric, before_sampled, after_sampled, 48),
+         "resumed dataset: what was read before and the rest of the pass cover every sample once");
+  expect(once_across(fabric, before_streamed, after_streamed, 40),
+         "resumed stream: what was read before and the rest of the pass cover every item once");
+  // The uninterrupted passes of this world size, from loaders of their own.
+  auto [fresh_sampled, fresh_streamed] = resume_loaders(fabric);
+  const auto whole_sampled = read_epoch(fresh_sampled), whole_streamed = read_epoch(fresh_streamed);
+  if (same_world) {
+    expect(std::vector<int64_t>(whole_sampled.begin() + 12, whole_sampled.end()) == after_sampled,
+           "resumed dataset on rank " + std::to_string(rank) + ": reads " + text(after_sampled) +
+               ", the uninterrupted pass's tail is " + text(std::vector<int64_t>(whole_sampled.begin() + 12, whole_sampled.end())));
+    expect(std::vector<int64_t>(whole_streamed.begin() + 6, whole_streamed.end()) == after_streamed,
+           "resumed stream on rank " + std::to_string(rank) + ": reads " + text(after_streamed));
+  }
+  expect(read_epoch(sampled) == read_epoch(fresh_sampled), "resumed dataset: the next pass is epoch 1, as uninterrupted");
+  expect(read_epoch(streamed) == read_epoch(fresh_streamed), "resumed stream: the next pass is epoch 1, as uninterrupted");
+}
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").strategy("ddp"));
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (argc == 3 && (mode == "resume-save" || mode == "resume-load")) {
+    mode == "resume-save" ? resume_save(fabric, argv[2]) : resume_load(fabric, argv[2]);
+    if (checks::failures() > 0) return 1;
+    std::cout << "rank " << fabric.global_rank() << " of " << fabric.world_size() << ": " << mode << " checks pass" << std::endl;
+    return 0;
+  }
   check_dataset(fabric, false);
   check_dataset(fabric, true);
   check_several(fabric);

@@ -73,14 +73,17 @@ void DistributedSampler::build_indices() {
 
 void DistributedSampler::reset(c10::optional<size_t> new_size) {
   if (new_size) dataset_size_ = *new_size;
-  if (next_epoch_->has_value()) {
-    epoch_ = next_epoch_->value();
-    next_epoch_->reset();
+  if (control_->next_epoch) {
+    epoch_ = *control_->next_epoch;
+    control_->next_epoch.reset();
   } else if (started_) {
     ++epoch_;
   }
   started_ = true;
   build_indices();
+  cursor_ = std::min(indices_.size(), static_cast<size_t>(std::max<int64_t>(control_->skip, 0)));
+  control_->skip = 0;
+  control_->epoch = epoch_;
 }
 
 c10::optional<std::vector<size_t>> DistributedSampler::next(size_t batch_size) {
@@ -102,6 +105,7 @@ void DistributedSampler::load(torch::serialize::InputArchive& archive) {
   archive.read("epoch", epoch, /*is_buffer=*/true);
   archive.read("cursor", cursor, /*is_buffer=*/true);
   epoch_ = epoch.item<int64_t>();
+  control_->epoch = epoch_;
   started_ = true;
   build_indices();
   cursor_ = static_cast<size_t>(cursor.item<int64_t>());

@@ -27,6 +27,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "lightning/fabric/checkpoint/resume_state.h"
 #include "lightning/fabric/checkpoint/state_dict.h"
 #include "lightning/fabric/accelerators/accelerator.h"
 #include "lightning/fabric/backward_options.h"
@@ -42,6 +43,9 @@
 #include "lightning/fabric/wrappers.h"
 
 namespace lightning::fabric {
+namespace internal {
+class NonFiniteWatch;
+}
 
 struct Connector;  // private to the library
 
@@ -288,9 +292,13 @@ class LF_API Fabric {
       refuse_shuffled_stream(settings.shuffle);
       ShardedStream<Dataset> stream(std::move(dataset), replicas, rank);
       auto set_epoch = [control = stream](int64_t epoch) mutable { control.set_epoch(epoch); };  // shares the source
+      constexpr bool items_are_elements = detail::IsVector<typename Dataset::BatchType::value_type>::value;
+      auto progress = track_loader(stream.pass_control(), /*stream=*/true,
+                                   items_are_elements ? static_cast<int64_t>(options.batch_size()) : 1);
       auto loader = torch::data::make_data_loader(std::move(stream), std::move(options));
       using Loader = typename decltype(loader)::element_type;
-      return FabricDataLoader<Loader>(std::move(loader), loader_device(settings), std::nullopt, std::move(set_epoch));
+      return FabricDataLoader<Loader>(std::move(loader), loader_device(settings), std::nullopt, std::move(set_epoch),
+                                      std::move(progress));
     } else {
       const auto size = dataset.size();
       if (!size) refuse_unsized_dataset();
@@ -414,6 +422,10 @@ class LF_API Fabric {
   /// and returns the checkpoint's entries that state did not ask for. strict: an entry of state
   /// missing from the file is an error. Every rank reads the file.
   StateDict load(const std::filesystem::path& path, State& state, bool strict = true);
+  /// The entry that makes a resume exact (checkpoint/resume_state.h): put it into the State you
+  /// save and load, {"resume", fabric.resume_state()}, and save/load also store and restore every
+  /// rank's random generators and the position of every loader this Fabric set up.
+  std::shared_ptr<ResumeState> resume_state() const { return std::make_shared<ResumeState>(*this); }
   /// The whole checkpoint as stored, nothing restored.
   StateDict load(const std::filesystem::path& path);
   /// Loads a file holding one plain state dict into target (a module, optimizer, scheduler, loss
@@ -592,11 +604,19 @@ class LF_API Fabric {
     const size_t per_rank = sampler.num_samples();
     const size_t batch = options.batch_size();
     const size_t batches = options.drop_last() ? per_rank / batch : (per_rank + batch - 1) / batch;
-    auto set_epoch = [control = sampler](int64_t epoch) mutable { control.set_epoch(epoch); };  // shares the setting
+    auto set_epoch = [control = sampler.pass_control()](int64_t epoch) { control->next_epoch = epoch; };
+    auto progress = track_loader(sampler.pass_control(), /*stream=*/false, static_cast<int64_t>(batch));
     auto loader = torch::data::make_data_loader(std::move(dataset), std::move(sampler), std::move(options));
     using Loader = typename decltype(loader)::element_type;
-    return FabricDataLoader<Loader>(std::move(loader), loader_device(settings), batches, std::move(set_epoch));
+    return FabricDataLoader<Loader>(std::move(loader), loader_device(settings), batches, std::move(set_epoch),
+                                    std::move(progress));
   }
+  /// A new loader's position, kept (weakly, in set-up order) for resume_state().
+  std::shared_ptr<LoaderProgress> track_loader(std::shared_ptr<PassControl> control, bool stream, int64_t units_per_batch);
+  /// The loaders set up and still alive, in set-up order.
+  std::vector<std::shared_ptr<LoaderProgress>> live_loaders() const;
+  /// state, with its ResumeState entries replaced by what they save (a collective); nullopt when it has none.
+  std::optional<State> with_resume_values(const State& state, const char* call);
   [[noreturn]] void refuse_unsized_dataset() const;
   void refuse_shuffled_stream(bool shuffle) const;
   /// Every rank of the job as a group (Python's group.WORLD); its communicator is the strategy's.
@@ -636,6 +656,8 @@ class LF_API Fabric {
   std::vector<std::pair<std::string, std::weak_ptr<torch::nn::Module>>> unverified_checkpointed_;
   void refuse_checkpointing_that_did_nothing();
   std::vector<OptimizerRecord> setup_optimizers_;
+  std::vector<std::weak_ptr<LoaderProgress>> setup_loaders_;
+  std::shared_ptr<internal::NonFiniteWatch> nonfinite_watch_;  // FabricOptions::detect_nonfinite
   bool was_set_up(const torch::optim::Optimizer& optimizer) const;
 };
 

@@ -26,6 +26,8 @@
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/strategies/strategy.h"
 #include "lightning/fabric/utilities/apply_func.h"
+#include "lightning/fabric/utilities/data.h"
+#include "lightning/fabric/utilities/nonfinite.h"
 #include "lightning/fabric/utilities/profiler.h"
 
 namespace lightning::fabric {
@@ -88,6 +90,7 @@ class FabricModule {
     const Precision& precision = *strategy_->precision();
     const torch::Device device = strategy_->root_device();
     strategy_->before_forward(*module_);
+    auto nonfinite = detail::watch_forward_for_nonfinite(*module_);  // a no-op unless detection is on
     auto prepare = [&](const at::Tensor& tensor) {
       return strategy_->convert_input(precision.convert_input(tensor.device() == device ? tensor : tensor.to(device)));
     };
@@ -229,16 +232,25 @@ class FabricDataLoader {
   using Batch = typename Loader::BatchType;
 
   /// set_epoch: reaches the loader's DistributedSampler (null for a loader the user built).
+  /// progress: where the loop stands, for exact resume (null: not tracked).
   FabricDataLoader(std::unique_ptr<Loader> loader, std::optional<torch::Device> device,
-                   std::optional<size_t> num_batches, std::function<void(int64_t)> set_epoch = nullptr)
-      : loader_(std::move(loader)), device_(device), num_batches_(num_batches), set_epoch_(std::move(set_epoch)) {}
+                   std::optional<size_t> num_batches, std::function<void(int64_t)> set_epoch = nullptr,
+                   std::shared_ptr<LoaderProgress> progress = nullptr)
+      : loader_(std::move(loader)),
+        device_(device),
+        num_batches_(num_batches),
+        set_epoch_(std::move(set_epoch)),
+        progress_(std::move(progress)) {}
 
   class iterator {
    public:
-    iterator(torch::data::Iterator<Batch> inner, std::optional<torch::Device> device)
-        : inner_(std::move(inner)), device_(device) {}
+    iterator(torch::data::Iterator<Batch> inner, std::optional<torch::Device> device, LoaderProgress* progress = nullptr)
+        : inner_(std::move(inner)), device_(device), progress_(progress) {}
     Batch& operator*() {
-      if (!current_) current_ = device_ ? move_data_to_device(*inner_, *device_) : *inner_;
+      if (!current_) {
+        current_ = device_ ? move_data_to_device(*inner_, *device_) : *inner_;
+        if (progress_ != nullptr) ++progress_->batches;
+      }
       return *current_;
     }
     Batch* operator->() { return &**this; }
@@ -247,17 +259,30 @@ class FabricDataLoader {
       current_.reset();
       return *this;
     }
-    bool operator==(const iterator& other) const { return inner_ == other.inner_; }
+    bool operator==(const iterator& other) const {
+      const bool equal = inner_ == other.inner_;
+      if (equal && progress_ != nullptr && other.progress_ == nullptr) progress_->finished = true;  // reached end()
+      return equal;
+    }
     bool operator!=(const iterator& other) const { return !(*this == other); }
 
    private:
     torch::data::Iterator<Batch> inner_;
     std::optional<torch::Device> device_;
+    LoaderProgress* progress_;  // null for end()
     std::optional<Batch> current_;
   };
 
   /// Starts an epoch: the distributed sampler reshuffles for the next epoch.
-  iterator begin() { return iterator(loader_->begin(), device_); }
+  iterator begin() {
+    iterator first(loader_->begin(), device_, progress_.get());  // the sampler's reset: its epoch, its skip
+    if (progress_) {
+      progress_->started = true;
+      progress_->finished = false;
+      progress_->batches = 0;
+    }
+    return first;
+  }
   iterator end() { return iterator(loader_->end(), device_); }
 
   /// Batches per epoch on this rank, when known.
@@ -276,6 +301,7 @@ class FabricDataLoader {
   std::optional<torch::Device> device_;
   std::optional<size_t> num_batches_;
   std::function<void(int64_t)> set_epoch_;
+  std::shared_ptr<LoaderProgress> progress_;
 };
 
 }  // namespace lightning::fabric

@@ -20,6 +20,27 @@
 
 namespace lightning::fabric {
 
+/// What a loader's sampler (or stream) shares with its copies and with Fabric: the epoch of the
+/// current pass, a set_epoch waiting for the next pass, and what the next pass skips at its start
+/// (exact resume, checkpoint/resume_state.h): this rank's samples for a DistributedSampler, items
+/// of the source's sequence for a ShardedStream.
+struct PassControl {
+  std::optional<int64_t> next_epoch;
+  int64_t epoch = 0;
+  int64_t skip = 0;
+};
+
+/// Where a loader Fabric set up stands, counted where the loop takes its batches (a loader's
+/// workers read ahead): what exact resume saves and restores.
+struct LoaderProgress {
+  std::shared_ptr<PassControl> control;
+  bool stream = false;          // skip counts the source's items, not this rank's samples
+  int64_t units_per_batch = 1;  // samples (a stream: items) in a full batch
+  bool started = false;         // a pass has begun
+  bool finished = false;        // ... and was read to its end
+  int64_t batches = 0;          // batches taken in the current pass
+};
+
 /// Splits dataset indices over num_replicas ranks, as PyTorch's DistributedSampler: with
 /// shuffle, a permutation seeded by seed + epoch (identical on every rank); without drop_last
 /// the index list is padded by wrapping around so every rank gets ceil(N / replicas) samples.
@@ -47,7 +68,9 @@ class LF_API DistributedSampler : public torch::data::samplers::Sampler<> {
   /// The next pass (reset) uses this epoch's order instead of the one after the current: for
   /// resuming, as PyTorch's set_epoch. Copies of this sampler (the one inside a data loader)
   /// share the setting.
-  void set_epoch(int64_t epoch) { *next_epoch_ = epoch; }
+  void set_epoch(int64_t epoch) { control_->next_epoch = epoch; }
+  /// The epoch and skip that copies of this sampler share (see PassControl).
+  const std::shared_ptr<PassControl>& pass_control() const { return control_; }
   /// Samples this rank yields per epoch.
   size_t num_samples() const;
   /// This rank's indices for the current epoch.
@@ -64,7 +87,7 @@ class LF_API DistributedSampler : public torch::data::samplers::Sampler<> {
   uint64_t seed_;
   bool drop_last_;
   int64_t epoch_ = 0;
-  std::shared_ptr<std::optional<int64_t>> next_epoch_ = std::make_shared<std::optional<int64_t>>();
+  std::shared_ptr<PassControl> control_ = std::make_shared<PassControl>();
   bool started_ = false;
   size_t cursor_ = 0;
   std::vector<size_t> indices_;
@@ -121,6 +144,8 @@ class ShardedStream
     shared_->replicas = num_replicas;
     shared_->rank = rank;
   }
+  /// The epoch and skip that copies of this stream share (see PassControl; skip: source items).
+  const std::shared_ptr<PassControl>& pass_control() const { return shared_->control; }
 
   std::optional<SourceBatch> get_batch(size_t batch_size) override {
     std::lock_guard<std::mutex> lock(shared_->mutex);
@@ -143,16 +168,19 @@ class ShardedStream
   std::optional<size_t> size() const override { return std::nullopt; }
   void reset() override {
     std::lock_guard<std::mutex> lock(shared_->mutex);
-    if (shared_->next_epoch) {
-      shared_->epoch = *shared_->next_epoch;
-      shared_->next_epoch.reset();
+    PassControl& control = *shared_->control;
+    if (control.next_epoch) {
+      control.epoch = *control.next_epoch;
+      control.next_epoch.reset();
     } else if (shared_->started) {
-      ++shared_->epoch;
+      ++control.epoch;
     }
     shared_->started = true;
-    if constexpr (detail::HasSetEpoch<Source>::value) shared_->source.set_epoch(shared_->epoch);
+    if constexpr (detail::HasSetEpoch<Source>::value) shared_->source.set_epoch(control.epoch);
     shared_->source.reset();
     shared_->position = 0;
+    shared_->to_drop = control.skip;
+    control.skip = 0;
     shared_->pending.clear();
   }
   /// The source's own save and load, when it has them (a mapped stream does not).
@@ -165,7 +193,7 @@ class ShardedStream
   /// The next epoch (reset) is `epoch` instead of the one after the current. Shared by copies.
   void set_epoch(int64_t epoch) {
     std::lock_guard<std::mutex> lock(shared_->mutex);
-    shared_->next_epoch = epoch;
+    shared_->control->next_epoch = epoch;
   }
 
  private:
@@ -175,8 +203,8 @@ class ShardedStream
     Source source;
     int replicas = 1, rank = 0;
     int64_t position = 0;  // items of the source's sequence read so far this epoch
-    int64_t epoch = 0;
-    std::optional<int64_t> next_epoch;
+    int64_t to_drop = 0;   // items at the start of this epoch's sequence read before (exact resume)
+    std::shared_ptr<PassControl> control = std::make_shared<PassControl>();
     bool started = false;
     std::deque<Item> pending;  // this rank's items read but not yet handed out
     std::mutex mutex;
@@ -195,6 +223,11 @@ class ShardedStream
     return true;
   }
   void keep(Item item) {
+    if (shared_->to_drop > 0) {
+      --shared_->to_drop;
+      ++shared_->position;
+      return;
+    }
     if (shared_->position++ % shared_->replicas == shared_->rank) shared_->pending.push_back(std::move(item));
   }
   std::shared_ptr<Shared> shared_;

@@ -1,0 +1,64 @@
+// The machinery behind FabricOptions::detect_nonfinite (utilities/nonfinite.h): a RecordFunction
+// observer of set-up modules' forwards, and the check fabric.backward runs after each backward.
+#pragma once
+
+#include <ATen/record_function.h>
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "lightning/fabric/utilities/scope_guard.h"
+
+namespace lightning::fabric {
+class Fabric;
+
+namespace internal {
+
+/// A set-up module's trained tensors by name (its parameters; under fsdp this rank's shards).
+using NamedGradients = std::vector<std::pair<std::string, at::Tensor>>;
+
+class NonFiniteWatch {
+ public:
+  /// Becomes the process's watch (RuntimeError while another Fabric's is); the destructor steps down.
+  NonFiniteWatch();
+  ~NonFiniteWatch();
+  NonFiniteWatch(const NonFiniteWatch&) = delete;
+  NonFiniteWatch& operator=(const NonFiniteWatch&) = delete;
+  /// The process's watch, or null when detection is off.
+  static NonFiniteWatch* active();
+
+  /// Observes the operations run until the guard ends (nested calls: the outermost counts).
+  ScopeGuard observe(torch::nn::Module& module);
+
+  /// After a backward: gathers every rank's first non-finite forward output, loss and gradients (a
+  /// collective) and throws NonFiniteError on every rank when any rank found one. check_gradients:
+  /// false under a loss scaler.
+  /// gradients: in registration order (checked last first).
+  void after_backward(Fabric& fabric, const at::Tensor& loss, const NamedGradients& gradients, bool check_gradients);
+
+  // RecordFunction's callbacks (static: they find the watch through active()).
+  static std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn);
+  static void on_end(const at::RecordFunction& fn, at::ObserverContext* context);
+
+ private:
+  struct Event {
+    at::Tensor bad;      // 0-dim bool on the output's device: some element is inf or NaN
+    std::string op;      // e.g. aten::addmm
+    std::string module;  // "module 'fc2'", "after module 'fc2'", or the inputs
+  };
+  std::string local_finding(const at::Tensor& loss, const NamedGradients& gradients, bool check_gradients,
+                            bool& forward_or_loss);
+
+  std::unordered_map<const c10::TensorImpl*, std::string> labels_;  // parameters (and their casts) -> module name
+  std::string last_module_;
+  std::vector<Event> events_;
+  at::CallbackHandle handle_ = 0;
+  int depth_ = 0;
+  int64_t step_ = 0;
+};
+
+}  // namespace internal
+}  // namespace lightning::fabric

@@ -1,0 +1,219 @@
+#include "lightning/fabric/internal/nonfinite_watch.h"
+
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/isfinite.h>
+#include <ATen/ops/nonzero.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/sum.h>
+#include <ATen/ops/zeros.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+
+#include "lightning/fabric/errors.h"
+#include "lightning/fabric/fabric.h"
+#include "lightning/fabric/utilities/nonfinite.h"
+
+namespace lightning::fabric {
+
+namespace detail {
+ScopeGuard watch_forward_for_nonfinite(torch::nn::Module& module) {
+  internal::NonFiniteWatch* watch = internal::NonFiniteWatch::active();
+  return watch == nullptr ? ScopeGuard() : watch->observe(module);
+}
+}  // namespace detail
+
+namespace internal {
+namespace {
+
+std::atomic<NonFiniteWatch*> process_watch{nullptr};
+constexpr int64_t kDescriptionBytes = 1024;  // per rank, in the gathered findings
+
+struct OpContext : at::ObserverContext {
+  std::string module;       // the module whose parameter (or its cast) this operation read; "" if none
+  bool cast_of_a_parameter = false;  // its only tensor input is labelled: its outputs inherit the label
+};
+
+bool watched_tensor(const at::Tensor& tensor) {
+  return tensor.defined() && tensor.numel() > 0 && (tensor.is_floating_point() || tensor.is_complex());
+}
+
+// The module path of a parameter name ("blocks.0.fc1.weight" -> "blocks.0.fc1"; "weight" -> the root).
+std::string module_path_of(const std::string& parameter, const std::string& root) {
+  const auto dot = parameter.rfind('.');
+  return dot == std::string::npos ? root : parameter.substr(0, dot);
+}
+
+// 0-dim bool, true when some element is inf or NaN: one reduction, no synchronisation. The sum of
+// finite values beyond the float range counts too (values near 1e38: an overflow about to happen).
+at::Tensor nonfinite_flag(const at::Tensor& tensor) {
+  const bool reduced_precision = tensor.scalar_type() == at::kHalf || tensor.scalar_type() == at::kBFloat16;
+  const at::Tensor total = reduced_precision ? at::sum(tensor, at::kFloat) : at::sum(tensor);
+  return at::isfinite(total).logical_not();
+}
+
+std::string finding_text(const at::Tensor& bytes) {
+  const auto* data = bytes.data_ptr<uint8_t>();
+  return std::string(reinterpret_cast<const char*>(data), strnlen(reinterpret_cast<const char*>(data), bytes.numel()));
+}
+
+}  // namespace
+
+NonFiniteWatch::NonFiniteWatch() {
+  NonFiniteWatch* expected = nullptr;
+  LF_CHECK(process_watch.compare_exchange_strong(expected, this), RuntimeError,
+           "FabricOptions::detect_nonfinite: another Fabric of this process has it on already; one Fabric per process "
+           "can, since it observes every set-up module's forward. Turn it off there, or destroy that Fabric first.");
+}
+
+NonFiniteWatch::~NonFiniteWatch() {
+  if (handle_ != 0) at::removeCallback(handle_);
+  process_watch.store(nullptr);
+}
+
+NonFiniteWatch* NonFiniteWatch::active() { return process_watch.load(std::memory_order_relaxed); }
+
+ScopeGuard NonFiniteWatch::observe(torch::nn::Module& module) {
+  if (depth_++ == 0) {
+    labels_.clear();
+    last_module_.clear();
+    const std::string root = module.name();
+    for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+      labels_[item.value().unsafeGetTensorImpl()] = module_path_of(item.key(), root);
+    }
+    handle_ = at::addThreadLocalCallback(at::RecordFunctionCallback(&NonFiniteWatch::on_start, &NonFiniteWatch::on_end)
+                                             .needsInputs(true)
+                                             .needsOutputs(true)
+                                             .scopes({at::RecordScope::FUNCTION}));
+  }
+  return ScopeGuard([this] {
+    if (--depth_ == 0 && handle_ != 0) {
+      at::removeCallback(handle_);
+      handle_ = 0;
+    }
+  });
+}
+
+std::unique_ptr<at::ObserverContext> NonFiniteWatch::on_start(const at::RecordFunction& fn) {
+  NonFiniteWatch* watch = active();
+  if (watch == nullptr || !at::GradMode::is_enabled()) return nullptr;
+  // Factories of uninitialised memory (empty, empty_like, new_empty, empty_strided, ...): their
+  // outputs hold whatever bits were there until an operation fills them.
+  if (std::strstr(fn.name(), "empty") != nullptr) return nullptr;
+  auto context = std::make_unique<OpContext>();
+  int tensors = 0;
+  for (const c10::IValue& input : fn.inputs()) {
+    if (!input.isTensor()) continue;
+    ++tensors;
+    auto found = watch->labels_.find(input.toTensor().unsafeGetTensorImpl());
+    if (found != watch->labels_.end() && context->module.empty()) context->module = found->second;
+  }
+  context->cast_of_a_parameter = tensors == 1 && !context->module.empty();
+  return context;
+}
+
+void NonFiniteWatch::on_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
+  NonFiniteWatch* watch = active();
+  auto* context = static_cast<OpContext*>(raw);
+  if (watch == nullptr || context == nullptr) return;
+  at::RecordFunctionGuard not_observed(false);  // the checks below are not operations of the model
+  at::NoGradGuard no_grad;
+  const std::string where = !context->module.empty() ? "module '" + context->module + "'"
+                            : !watch->last_module_.empty()
+                                ? "after module '" + watch->last_module_ + "' (the last whose parameters were read)"
+                                : "before any parameter was read (the forward's inputs)";
+  for (const c10::IValue& output : fn.outputs()) {
+    if (!output.isTensor() || !watched_tensor(output.toTensor())) continue;
+    const at::Tensor& tensor = output.toTensor();
+    watch->events_.push_back({nonfinite_flag(tensor), fn.name(), where});
+    if (context->cast_of_a_parameter) watch->labels_[tensor.unsafeGetTensorImpl()] = context->module;
+  }
+  if (!context->module.empty()) watch->last_module_ = context->module;
+}
+
+std::string NonFiniteWatch::local_finding(const at::Tensor& loss, const NamedGradients& gradients, bool check_gradients,
+                                          bool& forward_or_loss) {
+  at::RecordFunctionGuard not_observed(false);
+  at::NoGradGuard no_grad;
+  std::vector<Event> events = std::move(events_);
+  events_.clear();
+  forward_or_loss = false;
+  if (!events.empty()) {
+    std::vector<at::Tensor> flags;
+    flags.reserve(events.size());
+    for (const auto& event : events) flags.push_back(event.bad.to(at::kCPU));
+    const at::Tensor hits = at::nonzero(at::stack(flags)).view(-1);
+    if (hits.numel() > 0) {
+      const Event& first = events[static_cast<size_t>(hits[0].item<int64_t>())];
+      forward_or_loss = true;
+      return "the output of " + first.op + ", in the forward, " + first.module;
+    }
+  }
+  if (loss.defined() && watched_tensor(loss) && !at::isfinite(loss).all().item<bool>()) {
+    forward_or_loss = true;
+    return "the loss, while every operation of the set-up modules' forward gave finite values (it came from the loss "
+           "computation or from outside the modules)";
+  }
+  if (!check_gradients) return "";
+  std::vector<std::string> names;  // non-finite gradients, in backward order (last registered first)
+  std::vector<at::Tensor> flags;
+  for (auto item = gradients.rbegin(); item != gradients.rend(); ++item) {
+    if (!watched_tensor(item->second)) continue;
+    names.push_back(item->first);
+    flags.push_back(nonfinite_flag(item->second).to(at::kCPU));
+  }
+  if (flags.empty()) return "";
+  const at::Tensor hits = at::nonzero(at::stack(flags)).view(-1);
+  if (hits.numel() == 0) return "";
+  std::string listed;
+  for (int64_t i = 0; i < hits.numel() && i < 8; ++i) {
+    listed += (listed.empty() ? "" : ", ") + names[static_cast<size_t>(hits[i].item<int64_t>())];
+  }
+  if (hits.numel() > 8) listed += ", ... (" + std::to_string(hits.numel()) + " in all)";
+  return "the gradients of " + listed + " (in backward order), while the forward and the loss were finite";
+}
+
+void NonFiniteWatch::after_backward(Fabric& fabric, const at::Tensor& loss, const NamedGradients& gradients,
+                                    bool check_gradients) {
+  const int64_t step = step_++;
+  bool forward_or_loss = false;
+  std::string mine = local_finding(loss, gradients, check_gradients, forward_or_loss);
+  if (mine.size() >= static_cast<size_t>(kDescriptionBytes) - 1) mine.resize(kDescriptionBytes - 2);
+  at::Tensor row = at::zeros({kDescriptionBytes}, at::kByte);
+  row[0] = forward_or_loss ? 1 : 0;
+  std::memcpy(row.data_ptr<uint8_t>() + 1, mine.data(), mine.size());
+  const int world = fabric.world_size();
+  at::Tensor all = world == 1 ? row.unsqueeze(0) : fabric.all_gather(row.to(fabric.device())).cpu();
+  std::vector<int> origin;
+  std::vector<std::pair<int, std::string>> findings;
+  for (int rank = 0; rank < world; ++rank) {
+    const std::string text = finding_text(all[rank].narrow(0, 1, kDescriptionBytes - 1).contiguous());
+    if (text.empty()) continue;
+    if (all[rank][0].item<uint8_t>() != 0) origin.push_back(rank);
+    findings.emplace_back(rank, text);
+  }
+  if (findings.empty()) return;
+  // With an origin, the other ranks' non-finite gradients are its echo through the gradient reduction.
+  std::string found, echoes;
+  for (const auto& [rank, text] : findings) {
+    const bool is_origin = std::find(origin.begin(), origin.end(), rank) != origin.end();
+    if (origin.empty() || is_origin) {
+      found += "\n  rank " + std::to_string(rank) + ": " + text;
+    } else {
+      echoes += (echoes.empty() ? "" : ", ") + std::to_string(rank);
+    }
+  }
+  if (!echoes.empty()) found += "\n  (rank " + echoes + ": non-finite gradients, received through the gradient reduction)";
+  std::string ranks;
+  for (int rank : origin) ranks += (ranks.empty() ? "" : ", ") + std::to_string(rank);
+  throw NonFiniteError("fabric.backward at step " + std::to_string(step) + " (FabricOptions::detect_nonfinite): " +
+                           (origin.empty() ? std::string("non-finite gradients")
+                                           : "the first non-finite value appeared on rank " + ranks) +
+                           "; where each rank saw one first:" + found,
+                       step, origin);
+}
+
+}  // namespace internal
+}  // namespace lightning::fabric

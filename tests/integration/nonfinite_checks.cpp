@@ -1,0 +1,100 @@
+// FabricOptions::detect_nonfinite under lightning-run (2 ranks; argv[1]: ddp or fsdp): planted
+// non-finite values must be found and named on every rank, and clean steps must pass.
+//   - an overflow planted in module fc2's weights on rank 1 at step 3: NonFiniteError on every
+//     rank at step 3, ranks() == {1}, naming aten::mul in module 'fc2';
+//   - a NaN loss made outside the modules on rank 0 (log of -1): names the loss and rank 0;
+//   - gradients made non-finite by a square root at 0 while the forward stays finite: names the
+//     gradients of fc2's parameters and no origin rank.
+// Each rank prints "FAIL: ..." per failed check and exits 1 if any failed.
+#include <torch/torch.h>
+
+#include <iostream>
+
+#include "expect.h"
+#include "lightning/fabric.h"
+
+namespace lf = lightning::fabric;
+using checks::expect;
+
+namespace {
+struct NetImpl : torch::nn::Module {
+  NetImpl() : fc1(register_module("fc1", torch::nn::Linear(8, 16))), fc2(register_module("fc2", torch::nn::Linear(16, 4))) {}
+  torch::Tensor forward(const torch::Tensor& x, bool overflow) {
+    auto hidden = torch::relu(fc1(x));
+    if (overflow) return torch::nn::functional::linear(hidden, fc2->weight * 1e30f * 1e30f, fc2->bias);
+    return fc2(hidden);
+  }
+  torch::nn::Linear fc1, fc2;
+};
+TORCH_MODULE(Net);
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// Runs steps 0..last; plant(step, rank) says what to plant. Returns the error's message ("" if none).
+template <class Model, class Optimizer, class Loss>
+std::string run(lf::Fabric& fabric, Model& model, Optimizer& optimizer, int last, Loss loss_of, int64_t& error_step,
+                std::vector<int>& error_ranks) {
+  for (int step = 0; step <= last; ++step) {
+    optimizer.zero_grad();
+    const auto x = torch::randn({6, 8});
+    try {
+      fabric.backward(loss_of(step, x));
+    } catch (const lf::NonFiniteError& error) {
+      error_step = error.step();
+      error_ranks = error.ranks();
+      return error.what();
+    }
+    optimizer.step();
+  }
+  return "";
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string strategy = argc > 1 ? argv[1] : "ddp";
+  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").strategy(strategy).detect_nonfinite(true));
+  fabric.seed_everything(5);
+  const int rank = fabric.global_rank();
+  Net net;
+  torch::optim::SGD sgd(net->parameters(), 0.01);
+  auto setup = fabric.setup(net, sgd);  // (C++17 lambdas cannot capture structured bindings)
+  auto& model = std::get<0>(setup);
+  auto& optimizer = std::get<1>(setup);
+  int64_t step = -1;
+  std::vector<int> ranks;
+
+  std::string message = run(fabric, model, optimizer, 5, [&](int at, const at::Tensor& x) {
+    return model(x, /*overflow=*/at == 3 && rank == 1).pow(2).mean();
+  }, step, ranks);
+  std::cout << "rank " << rank << " overflow: " << message << std::endl;
+  expect(step == 3, "the planted overflow is found at step 3, got step " + std::to_string(step));
+  expect(ranks == std::vector<int>{1}, "the planted overflow names rank 1 alone");
+  expect(contains(message, "rank 1: the output of aten::mul, in the forward, module 'fc2'"),
+         "the planted overflow names aten::mul in module 'fc2' on rank 1, got: " + message);
+  expect(!contains(message, "\n  rank 0:"), "rank 0's gradients are named as the reduction's echo only, got: " + message);
+
+  message = run(fabric, model, optimizer, 3, [&](int at, const at::Tensor& x) {
+    auto loss = model(x, false).pow(2).mean();
+    return at == 1 && rank == 0 ? loss + torch::log(torch::tensor(-1.0f)) : loss;
+  }, step, ranks);
+  std::cout << "rank " << rank << " loss: " << message << std::endl;
+  expect(step == 4 + 1, "the NaN loss is found at the second step of this run (call 5), got " + std::to_string(step));
+  expect(ranks == std::vector<int>{0}, "the NaN loss names rank 0 alone");
+  expect(contains(message, "rank 0: the loss, while every operation of the set-up modules' forward gave finite values"),
+         "the NaN loss is named as the loss's, got: " + message);
+
+  message = run(fabric, model, optimizer, 0, [&](int, const at::Tensor& x) {
+    return (model(x, false) * 0).abs().sqrt().sum();
+  }, step, ranks);
+  std::cout << "rank " << rank << " gradients: " << message << std::endl;
+  expect(ranks.empty(), "non-finite gradients name no origin rank");
+  expect(contains(message, "non-finite gradients") && contains(message, "the gradients of fc2."),
+         "non-finite gradients are named with fc2's parameters, got: " + message);
+
+  message = run(fabric, model, optimizer, 4, [&](int, const at::Tensor& x) { return model(x, false).pow(2).mean(); },
+                step, ranks);
+  expect(message.empty(), "clean steps pass, got: " + message);
+  if (checks::failures() > 0) return 1;
+  std::cout << "rank " << rank << ": nonfinite checks pass (" << strategy << ")" << std::endl;
+  return 0;
+}
