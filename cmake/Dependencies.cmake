@@ -37,6 +37,21 @@ else()
   find_package(CLI11 REQUIRED)
   find_package(ZLIB REQUIRED)
 endif()
+# elfutils' libdw (Debian: libdw-dev) names file and line in the native stacks of hang reports;
+# without it they name functions only. LF_HAVE_LIBDW tells the tests which they get.
+find_path(LF_LIBDW_INCLUDE_DIR elfutils/libdwfl.h)
+find_library(LF_LIBDW_LIBRARY dw)
+set(LF_HAVE_LIBDW OFF)
+add_library(lf_libdw INTERFACE)
+if(LF_LIBDW_INCLUDE_DIR AND LF_LIBDW_LIBRARY)
+  set(LF_HAVE_LIBDW ON)
+  target_include_directories(lf_libdw INTERFACE ${LF_LIBDW_INCLUDE_DIR})
+  target_link_libraries(lf_libdw INTERFACE ${LF_LIBDW_LIBRARY})
+  target_compile_definitions(lf_libdw INTERFACE LF_HAVE_LIBDW=1)
+else()
+  message(STATUS "lightning-fabric: libdw not found (Debian: libdw-dev): native stacks in hang reports name "
+                 "functions, without file and line")
+endif()
 # LibTorch's public headers include <nlohmann/json.hpp> but the wheel does not ship it.
 get_target_property(_lf_json_include nlohmann_json::nlohmann_json INTERFACE_INCLUDE_DIRECTORIES)
 if(_lf_json_include)

@@ -36,6 +36,7 @@ if [ "$profile" = all ]; then
     iproute2 ethtool util-linux  # tests/hosts: namespaces, veth, offloads off for the link emulator
     protobuf-compiler  # tests: protoc --decode_raw reads our TensorBoard event files
     gnuplot-nox        # scripts/plot_metrics.sh
+    libdw-dev          # file and line in the native stacks of hang reports (tested)
     slurm-wlm munge openmpi-bin  # the engines tests: a one-node Slurm (tests/engines) and mpirun
   )
 fi

@@ -46,6 +46,14 @@ case "$case" in
     expect "likely cause: rank 1 never entered collective #9 all_reduce float32[4] on world that rank 0 waits in"
     expect_hang_files
     grep -q "spin_forever_on_purpose" "$dir/logs/attempt_0/hang/rank_1.stack.txt" || fail "rank 1's stack does not show its loop"
+    # Built with -g: the frame names its file and line (elfutils' libdw), as the loop's line is.
+    loop_line=$(grep -n "while (true) counter = counter + 1;" "$(dirname "$0")/hang_program.cpp" | cut -d: -f1)
+    if [[ "${LF_TEST_HAVE_LIBDW:-OFF}" == ON ]]; then
+      grep -q "spin_forever_on_purpose.* at .*hang_program.cpp:$loop_line\b" "$dir/logs/attempt_0/hang/rank_1.stack.txt" ||
+        fail "rank 1's stack does not name hang_program.cpp:$loop_line: $(cat "$dir/logs/attempt_0/hang/rank_1.stack.txt")"
+    elif [[ "${CI:-}" == true ]]; then
+      fail "built without libdw (Debian: libdw-dev, installed by scripts/install-deps.sh): stacks name no file and line"
+    fi
     ;;
   launcher_skip_all_reduce)
     # gloo: the ranks block in different ops (shm would refuse the pair at once: shm_* below).

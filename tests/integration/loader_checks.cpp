@@ -233,9 +233,9 @@ void check_refusals(lf::Fabric& fabric) {
 
 // Samples 0..47 shuffled (batches of 4) and a stream of 40 (batches of 3), in this order.
 auto resume_loaders(lf::Fabric& fabric) {
-  return std::make_pair(
-      fabric.setup_dataloaders(Range(48), torch::data::DataLoaderOptions(4), lf::DataLoaderSettings{/*shuffle=*/true}),
-      fabric.setup_dataloaders(Stream(40), torch::data::DataLoaderOptions(3)));
+  auto sampled = fabric.setup_dataloaders(Range(48), torch::data::DataLoaderOptions(4), lf::DataLoaderSettings{/*shuffle=*/true});
+  auto streamed = fabric.setup_dataloaders(Stream(40), torch::data::DataLoaderOptions(3));  // set up second
+  return std::make_pair(std::move(sampled), std::move(streamed));
 }
 
 template <class Loader>

@@ -21,8 +21,8 @@ namespace lightning::fabric {
 StateDict ResumeState::state_dict() const {
   throw RuntimeError(
       "ResumeState::state_dict(): the entry fabric.resume_state() is saved by fabric.save or "
-      "fabric.save_in_background only (they gather every rank's generators and loader positions); pass the State "
-      "to one of them.");
+      "fabric.save_in_background only (they gather every rank's generators and loader positions), and only at the "
+      "top level of the State they get; move it out of a nested State or save_raw.");
 }
 
 void ResumeState::load_state_dict(const StateDict&) {
@@ -36,7 +36,7 @@ namespace {
 
 constexpr int64_t kFormat = 1;
 // Per loader and rank, in the "loaders" tensor [world, loaders, kFields]:
-enum Field : int64_t { kEpoch, kPhase, kTaken, kStream, kFields };
+enum Field : int64_t { kEpoch, kPhase, kTaken, kStream, kReplicas, kFields };
 enum Phase : int64_t { kNotStarted, kInProgress, kFinished };
 
 // The generators a rank draws from: the CPU one, then each visible CUDA device's.
@@ -88,10 +88,18 @@ c10::IValue gather(Fabric& fabric, const std::vector<std::shared_ptr<LoaderProgr
   auto rows = positions.accessor<int64_t, 2>();
   for (size_t i = 0; i < loaders.size(); ++i) {
     const LoaderProgress& loader = *loaders[i];
-    rows[i][kEpoch] = loader.control->epoch;
-    rows[i][kPhase] = !loader.started ? kNotStarted : loader.finished ? kFinished : kInProgress;
-    rows[i][kTaken] = loader.batches * loader.units_per_batch;
+    const PassControl& control = *loader.control;
     rows[i][kStream] = loader.stream ? 1 : 0;
+    rows[i][kReplicas] = loader.replicas;
+    if (control.next_epoch) {  // a next pass already chosen (a restore, set_epoch) and not begun
+      rows[i][kEpoch] = *control.next_epoch;
+      rows[i][kPhase] = kInProgress;
+      rows[i][kTaken] = loader.stream ? control.skip / loader.replicas : control.skip;
+    } else {
+      rows[i][kEpoch] = control.epoch;
+      rows[i][kPhase] = !loader.started ? kNotStarted : loader.finished ? kFinished : kInProgress;
+      rows[i][kTaken] = loader.taken();
+    }
   }
   // One collective: this rank's generator bytes, then its positions as bytes.
   states.push_back(positions.view(-1).view(at::kByte));
@@ -147,8 +155,16 @@ void restore(Fabric& fabric, const c10::IValue& saved, const std::vector<std::sh
            ": call fabric.setup_dataloaders for the same loaders, in the same order, before fabric.load.");
 
   const int64_t world = fabric.world_size(), rank = fabric.global_rank();
-  const bool exact = saved_world == world;
-  if (exact) {
+  const bool same_world = saved_world == world;
+  auto rows = positions.accessor<int64_t, 3>();
+  for (size_t i = 0; i < loaders.size(); ++i) {  // every check before anything changes
+    const auto mine = rows[same_world ? rank : 0][static_cast<int64_t>(i)];
+    LF_CHECK((mine[kStream] != 0) == loaders[i]->stream, RuntimeError, where, ": loader ", i, " (in set-up order) was a ",
+             mine[kStream] != 0 ? "stream" : "sized dataset", " when saved and is a ",
+             loaders[i]->stream ? "stream" : "sized dataset", " now: set up the same loaders, in the same order.");
+  }
+
+  if (same_world) {
     std::vector<at::Generator> here = generators();
     if (static_cast<size_t>(sizes.size()) != here.size()) {
       rank_zero_warn(where + " holds the generators of 1 CPU and " + std::to_string(sizes.size() - 1) +
@@ -170,25 +186,32 @@ void restore(Fabric& fabric, const c10::IValue& saved, const std::vector<std::sh
                    "(every rank skips its share of what all ranks had taken); the generators keep their seeded states.");
   }
 
-  auto rows = positions.accessor<int64_t, 3>();
   for (size_t i = 0; i < loaders.size(); ++i) {
     LoaderProgress& loader = *loaders[i];
-    const auto mine = rows[exact ? rank : 0][static_cast<int64_t>(i)];
-    LF_CHECK((mine[kStream] != 0) == loader.stream, RuntimeError, where, ": loader ", i, " (in set-up order) was a ",
-             mine[kStream] != 0 ? "stream" : "sized dataset", " when saved and is a ",
-             loader.stream ? "stream" : "sized dataset", " now: set up the same loaders, in the same order.");
+    const auto mine = rows[same_world ? rank : 0][static_cast<int64_t>(i)];
     if (mine[kPhase] == kNotStarted) continue;
     if (mine[kPhase] == kFinished) {
       loader.control->next_epoch = mine[kEpoch] + 1;
       loader.control->skip = 0;
       continue;
     }
+    loader.control->next_epoch = mine[kEpoch];
+    const int64_t saved_replicas = std::max<int64_t>(mine[kReplicas], 1);
+    if (same_world && saved_replicas == loader.replicas) {
+      // This rank's own position: its samples, or for a stream the source's items up to it.
+      loader.control->skip = loader.stream ? mine[kTaken] * loader.replicas : mine[kTaken];
+      continue;
+    }
+    // Another split: the epoch's sequence up to where every data-parallel share had come, shared anew.
     int64_t taken_by_all = 0;
     for (int64_t r = 0; r < saved_world; ++r) taken_by_all += rows[r][static_cast<int64_t>(i)][kTaken];
-    loader.control->next_epoch = mine[kEpoch];
-    // A sampler skips this rank's samples (its own count, or its share of all ranks' under another
-    // world size); a stream drops the items every rank had read from the source.
-    loader.control->skip = loader.stream ? taken_by_all : exact ? mine[kTaken] : taken_by_all / world;
+    const int64_t position = taken_by_all / saved_world * saved_replicas;
+    loader.control->skip = loader.stream ? position : position / loader.replicas;
+    if (same_world) {
+      rank_zero_warn(where + ": loader " + std::to_string(i) + " was split over " + std::to_string(saved_replicas) +
+                     " ranks and is now split over " + std::to_string(loader.replicas) +
+                     ": it goes on at the same global sample, not exactly.");
+    }
   }
 }
 

@@ -9,6 +9,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#ifdef LF_HAVE_LIBDW
+#include <elfutils/libdwfl.h>
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -83,6 +87,45 @@ bool symtab_function(const char* path, void* base, void* address, std::string& n
   return found;
 }
 
+#ifdef LF_HAVE_LIBDW
+// This process's modules as elfutils sees them, for source lines from DWARF (where a file has
+// debug information). Made for one capture and ended with it.
+class SourceLines {
+ public:
+  SourceLines() {
+    static char* debuginfo_path = nullptr;
+    static const Dwfl_Callbacks callbacks = {dwfl_linux_proc_find_elf, dwfl_standard_find_debuginfo, nullptr,
+                                             &debuginfo_path};
+    dwfl_ = dwfl_begin(&callbacks);
+    if (dwfl_ != nullptr && (dwfl_linux_proc_report(dwfl_, ::getpid()) != 0 || dwfl_report_end(dwfl_, nullptr, nullptr) != 0)) {
+      dwfl_end(dwfl_);
+      dwfl_ = nullptr;
+    }
+  }
+  ~SourceLines() {
+    if (dwfl_ != nullptr) dwfl_end(dwfl_);
+  }
+  SourceLines(const SourceLines&) = delete;
+  SourceLines& operator=(const SourceLines&) = delete;
+  /// " at file:line" for the instruction at address, or "" without debug information.
+  std::string at(uintptr_t address) const {
+    if (dwfl_ == nullptr) return "";
+    Dwfl_Line* line = dwfl_getsrc(dwfl_, static_cast<Dwarf_Addr>(address));
+    int number = 0;
+    const char* file = line != nullptr ? dwfl_lineinfo(line, nullptr, &number, nullptr, nullptr, nullptr) : nullptr;
+    if (file == nullptr || number <= 0) return "";
+    return std::string(" at ") + file + ":" + std::to_string(number);
+  }
+
+ private:
+  Dwfl* dwfl_ = nullptr;
+};
+#else
+struct SourceLines {
+  std::string at(uintptr_t) const { return ""; }
+};
+#endif
+
 std::string frame_text(void* address) {
   Dl_info info{};
   char line[1024];
@@ -151,8 +194,13 @@ std::string capture_thread_stack(int tid, std::chrono::milliseconds timeout) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   std::string text;
-  // Frame 0 is the handler, frame 1 the kernel's signal trampoline.
-  for (int i = 2; i < count; ++i) text += "  #" + std::to_string(i - 2) + " " + frame_text(captured_frames[i]) + "\n";
+  const SourceLines lines;
+  // Frame 0 is the handler, frame 1 the kernel's signal trampoline. Frame 2 is where the thread
+  // was interrupted; the others are return addresses, whose call is the instruction before.
+  for (int i = 2; i < count; ++i) {
+    const auto address = reinterpret_cast<uintptr_t>(captured_frames[i]);
+    text += "  #" + std::to_string(i - 2) + " " + frame_text(captured_frames[i]) + lines.at(i == 2 ? address : address - 1) + "\n";
+  }
   return text;
 }
 

@@ -10,7 +10,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
+#include <map>
 
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/fabric.h"
@@ -30,6 +32,7 @@ namespace {
 
 std::atomic<NonFiniteWatch*> process_watch{nullptr};
 constexpr int64_t kDescriptionBytes = 1024;  // per rank, in the gathered findings
+constexpr size_t kMaxEvents = 1 << 16;       // then only the first non-finite ones are kept (one read)
 
 struct OpContext : at::ObserverContext {
   std::string module;       // the module whose parameter (or its cast) this operation read; "" if none
@@ -46,12 +49,37 @@ std::string module_path_of(const std::string& parameter, const std::string& root
   return dot == std::string::npos ? root : parameter.substr(0, dot);
 }
 
-// 0-dim bool, true when some element is inf or NaN: one reduction, no synchronisation. The sum of
-// finite values beyond the float range counts too (values near 1e38: an overflow about to happen).
-at::Tensor nonfinite_flag(const at::Tensor& tensor) {
+// A 0-dim double on the tensor's device: its sum, which is inf or NaN when some element is (and
+// when finite values add up beyond the float range: values near 1e38, an overflow about to
+// happen). One reduction, no synchronisation. Complex tensors: the sum's magnitude.
+at::Tensor nonfinite_probe(const at::Tensor& tensor) {
   const bool reduced_precision = tensor.scalar_type() == at::kHalf || tensor.scalar_type() == at::kBFloat16;
-  const at::Tensor total = reduced_precision ? at::sum(tensor, at::kFloat) : at::sum(tensor);
-  return at::isfinite(total).logical_not();
+  at::Tensor total = reduced_precision ? at::sum(tensor, at::kFloat) : at::sum(tensor);
+  if (total.is_complex()) total = total.abs();
+  return total.to(at::kDouble);
+}
+
+// The probes' values on the CPU: one copy per device, not one per probe.
+std::vector<double> probe_values(const std::vector<at::Tensor>& probes) {
+  std::vector<double> values(probes.size());
+  std::map<std::string, std::vector<size_t>> by_device;
+  for (size_t i = 0; i < probes.size(); ++i) by_device[probes[i].device().str()].push_back(i);
+  for (const auto& [device, indices] : by_device) {
+    std::vector<at::Tensor> same;
+    same.reserve(indices.size());
+    for (size_t i : indices) same.push_back(probes[i]);
+    const at::Tensor host = at::stack(same).cpu();
+    const double* data = host.data_ptr<double>();
+    for (size_t k = 0; k < indices.size(); ++k) values[indices[k]] = data[k];
+  }
+  return values;
+}
+
+// A forward output's kind of non-finite value: 2 for NaN or +inf (an overflow, an invalid
+// operation), 1 for -inf alone (often a mask, as attention's), 0 for finite.
+int nonfinite_kind(double total) {
+  if (std::isfinite(total)) return 0;
+  return std::isinf(total) && total < 0 ? 1 : 2;
 }
 
 std::string finding_text(const at::Tensor& bytes) {
@@ -127,10 +155,27 @@ void NonFiniteWatch::on_end(const at::RecordFunction& fn, at::ObserverContext* r
   for (const c10::IValue& output : fn.outputs()) {
     if (!output.isTensor() || !watched_tensor(output.toTensor())) continue;
     const at::Tensor& tensor = output.toTensor();
-    watch->events_.push_back({nonfinite_flag(tensor), fn.name(), where});
+    watch->events_.push_back({nonfinite_probe(tensor), fn.name(), where});
     if (context->cast_of_a_parameter) watch->labels_[tensor.unsafeGetTensorImpl()] = context->module;
   }
   if (!context->module.empty()) watch->last_module_ = context->module;
+  if (watch->events_.size() > kMaxEvents) watch->keep_first_nonfinite_events();
+}
+
+void NonFiniteWatch::keep_first_nonfinite_events() {
+  std::vector<at::Tensor> probes;
+  probes.reserve(events_.size());
+  for (const auto& event : events_) probes.push_back(event.bad);
+  const std::vector<double> totals = probe_values(probes);
+  std::vector<Event> kept;
+  bool weak = false, strong = false;
+  for (size_t i = 0; i < events_.size(); ++i) {
+    const int kind = nonfinite_kind(totals[i]);
+    if ((kind == 1 && !weak) || (kind == 2 && !strong)) kept.push_back(events_[i]);
+    weak = weak || kind == 1;
+    strong = strong || kind == 2;
+  }
+  events_ = std::move(kept);
 }
 
 std::string NonFiniteWatch::local_finding(const at::Tensor& loss, const NamedGradients& gradients, bool check_gradients,
@@ -140,38 +185,43 @@ std::string NonFiniteWatch::local_finding(const at::Tensor& loss, const NamedGra
   std::vector<Event> events = std::move(events_);
   events_.clear();
   forward_or_loss = false;
-  if (!events.empty()) {
-    std::vector<at::Tensor> flags;
-    flags.reserve(events.size());
-    for (const auto& event : events) flags.push_back(event.bad.to(at::kCPU));
-    const at::Tensor hits = at::nonzero(at::stack(flags)).view(-1);
-    if (hits.numel() > 0) {
-      const Event& first = events[static_cast<size_t>(hits[0].item<int64_t>())];
-      forward_or_loss = true;
-      return "the output of " + first.op + ", in the forward, " + first.module;
-    }
-  }
-  if (loss.defined() && watched_tensor(loss) && !at::isfinite(loss).all().item<bool>()) {
+  // Forward outputs count only when the loss is not finite: a -inf mask (attention's) or a NaN
+  // that a later operation drops is no finding while the loss stays finite.
+  if (loss.defined() && watched_tensor(loss) && !std::isfinite(probe_values({nonfinite_probe(loss)})[0])) {
     forward_or_loss = true;
+    std::vector<at::Tensor> probes;
+    probes.reserve(events.size());
+    for (const auto& event : events) probes.push_back(event.bad);
+    const std::vector<double> totals = probe_values(probes);
+    const Event* first_weak = nullptr;
+    for (size_t i = 0; i < events.size(); ++i) {
+      const int kind = nonfinite_kind(totals[i]);
+      if (kind == 2) return "the output of " + events[i].op + ", in the forward, " + events[i].module;
+      if (kind == 1 && first_weak == nullptr) first_weak = &events[i];
+    }
+    if (first_weak != nullptr) {
+      return "the output of " + first_weak->op + " (-inf only), in the forward, " + first_weak->module;
+    }
     return "the loss, while every operation of the set-up modules' forward gave finite values (it came from the loss "
            "computation or from outside the modules)";
   }
   if (!check_gradients) return "";
-  std::vector<std::string> names;  // non-finite gradients, in backward order (last registered first)
-  std::vector<at::Tensor> flags;
+  std::vector<std::string> names;  // in backward order (last registered first)
+  std::vector<at::Tensor> probes;
   for (auto item = gradients.rbegin(); item != gradients.rend(); ++item) {
     if (!watched_tensor(item->second)) continue;
     names.push_back(item->first);
-    flags.push_back(nonfinite_flag(item->second).to(at::kCPU));
+    probes.push_back(nonfinite_probe(item->second));
   }
-  if (flags.empty()) return "";
-  const at::Tensor hits = at::nonzero(at::stack(flags)).view(-1);
-  if (hits.numel() == 0) return "";
+  const std::vector<double> totals = probe_values(probes);
   std::string listed;
-  for (int64_t i = 0; i < hits.numel() && i < 8; ++i) {
-    listed += (listed.empty() ? "" : ", ") + names[static_cast<size_t>(hits[i].item<int64_t>())];
+  size_t count = 0;
+  for (size_t i = 0; i < totals.size(); ++i) {
+    if (std::isfinite(totals[i])) continue;
+    if (++count <= 8) listed += (listed.empty() ? "" : ", ") + names[i];
   }
-  if (hits.numel() > 8) listed += ", ... (" + std::to_string(hits.numel()) + " in all)";
+  if (count == 0) return "";
+  if (count > 8) listed += ", ... (" + std::to_string(count) + " in all)";
   return "the gradients of " + listed + " (in backward order), while the forward and the loss were finite";
 }
 

@@ -82,6 +82,7 @@ void DistributedSampler::reset(c10::optional<size_t> new_size) {
   started_ = true;
   build_indices();
   cursor_ = std::min(indices_.size(), static_cast<size_t>(std::max<int64_t>(control_->skip, 0)));
+  control_->applied_skip = static_cast<int64_t>(cursor_);
   control_->skip = 0;
   control_->epoch = epoch_;
 }

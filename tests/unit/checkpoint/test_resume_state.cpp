@@ -143,6 +143,38 @@ TEST_CASE("exact resume: saved after a pass ended, the next pass is the next epo
   CHECK(resumed == expected);
 }
 
+TEST_CASE("exact resume: saved again in a resumed pass, and saved before the resumed pass began", "[resume]") {
+  auto make = [](lf::Fabric& fabric) {
+    return fabric.setup_dataloaders(Indices(40), torch::data::DataLoaderOptions(4), lf::DataLoaderSettings{true});
+  };
+  const auto first = scratch("first.ckpt"), second = scratch("second.ckpt"), untouched = scratch("untouched.ckpt");
+  const auto expected = straight_run(make, first, /*save_after=*/2, /*passes=*/2);  // 18 batches after the save
+  {  // resumed at batch 2, saved again after 3 more (batch 5 of the pass), and at once after a load
+    auto fabric = cpu_fabric();
+    fabric.seed_everything(3);
+    auto loader = make(fabric);
+    lf::State state{{"resume", fabric.resume_state()}};
+    fabric.load(first, state);
+    int taken = 0;
+    for (auto& batch : loader) {
+      (void)look(batch);
+      if (++taken == 3) {
+        fabric.save(second, state);
+        break;
+      }
+    }
+    auto again = cpu_fabric();
+    again.seed_everything(3);
+    auto other = make(again);
+    lf::State reloaded{{"resume", again.resume_state()}};
+    again.load(first, reloaded);
+    again.save(untouched, reloaded);  // no pass began since the load: the file keeps batch 2
+  }
+  const auto from_second = resumed_run(make, second, /*passes=*/2);
+  CHECK(from_second == std::vector<std::vector<double>>(expected.begin() + 3, expected.end()));
+  CHECK(resumed_run(make, untouched, /*passes=*/2) == expected);
+}
+
 TEST_CASE("exact resume: the refusals name the checkpoint, the entry and the fix", "[resume][errors]") {
   auto fabric = cpu_fabric();
   const auto plain = scratch("plain.ckpt");

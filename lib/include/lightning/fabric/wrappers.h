@@ -276,11 +276,7 @@ class FabricDataLoader {
   /// Starts an epoch: the distributed sampler reshuffles for the next epoch.
   iterator begin() {
     iterator first(loader_->begin(), device_, progress_.get());  // the sampler's reset: its epoch, its skip
-    if (progress_) {
-      progress_->started = true;
-      progress_->finished = false;
-      progress_->batches = 0;
-    }
+    if (progress_) progress_->begin_pass();
     return first;
   }
   iterator end() { return iterator(loader_->end(), device_); }

@@ -28,6 +28,7 @@ struct PassControl {
   std::optional<int64_t> next_epoch;
   int64_t epoch = 0;
   int64_t skip = 0;
+  int64_t applied_skip = 0;  // the skip the current pass started with
 };
 
 /// Where a loader Fabric set up stands, counted where the loop takes its batches (a loader's
@@ -36,9 +37,21 @@ struct LoaderProgress {
   std::shared_ptr<PassControl> control;
   bool stream = false;          // skip counts the source's items, not this rank's samples
   int64_t units_per_batch = 1;  // samples (a stream: items) in a full batch
+  int64_t replicas = 1;         // ranks the data is split over (the sampler's num_replicas)
   bool started = false;         // a pass has begun
   bool finished = false;        // ... and was read to its end
   int64_t batches = 0;          // batches taken in the current pass
+  int64_t skipped = 0;          // this rank's samples (a stream: items) the pass skipped at its start
+
+  /// A pass began (after the sampler's or stream's reset).
+  void begin_pass() {
+    started = true;
+    finished = false;
+    batches = 0;
+    skipped = stream ? control->applied_skip / replicas : control->applied_skip;
+  }
+  /// This rank's samples (a stream: items) of the current pass behind the loop, skipped ones included.
+  int64_t taken() const { return skipped + batches * units_per_batch; }
 };
 
 /// Splits dataset indices over num_replicas ranks, as PyTorch's DistributedSampler: with
@@ -73,6 +86,8 @@ class LF_API DistributedSampler : public torch::data::samplers::Sampler<> {
   const std::shared_ptr<PassControl>& pass_control() const { return control_; }
   /// Samples this rank yields per epoch.
   size_t num_samples() const;
+  /// Ranks the indices are split over.
+  int num_replicas() const { return num_replicas_; }
   /// This rank's indices for the current epoch.
   const std::vector<size_t>& indices() const { return indices_; }
 
@@ -179,7 +194,7 @@ class ShardedStream
     if constexpr (detail::HasSetEpoch<Source>::value) shared_->source.set_epoch(control.epoch);
     shared_->source.reset();
     shared_->position = 0;
-    shared_->to_drop = control.skip;
+    shared_->to_drop = control.applied_skip = control.skip;
     control.skip = 0;
     shared_->pending.clear();
   }

@@ -1,19 +1,20 @@
 // Finding where a step's first non-finite value (inf or NaN) came from:
-//   lf::Fabric fabric(lf::FabricOptions().detect_nonfinite(true));   // or lightning-run --detect-nonfinite
+//   lf::Fabric fabric(lf::FabricOptions().detect_nonfinite(true));
 // While on, every operation that runs inside a set-up module's forward (with gradients enabled)
-// has its floating-point outputs checked, on the device, without a synchronisation; each
-// fabric.backward then (a collective, every rank calls it anyway):
-//   1. before the backward: when some rank saw a non-finite output or loss, throws NonFiniteError
-//      on every rank naming the ranks, the step, the first operation whose output was non-finite
-//      and the module it belongs to (the one whose parameters it, or the last operation before it
-//      that used parameters, read);
-//   2. after the backward (not under a loss scaler, whose skipped steps are its own business):
-//      when a set-up module's gradient is non-finite, names the parameters, the first one in
-//      backward order (the last registered) first.
+// has its floating-point outputs summed on the device, without a synchronisation; after each
+// fabric.backward (a collective, every rank calls it anyway):
+//   1. when some rank's loss is not finite: that rank's first forward output that held NaN or
+//      +inf (else one with -inf only) is named, with the operation and the module it belongs to
+//      (the one whose parameters it, or the last operation before it that used parameters, read);
+//      with none, the loss itself is named;
+//   2. else (not under a loss scaler, whose skipped steps are its own business): the parameters
+//      whose gradients are not finite, in backward order (the last registered first);
+// and NonFiniteError is thrown on every rank alike. Forward outputs with -inf (attention masks)
+// or NaN that the loss does not see are no finding.
 // LibTorch modules have no forward hooks, so operations are observed through ATen's
-// RecordFunction and attributed to modules by their parameters. It costs much more than 5 % of a
-// step (docs/benchmarks.md), so it is off by default: a debugging switch, as Python's
-// detect_anomaly. One Fabric per process turns it on at a time.
+// RecordFunction and attributed to modules by their parameters. It costs more than 5 % of a step
+// (docs/benchmarks.md), so it is off by default: a debugging switch, as Python's detect_anomaly.
+// One Fabric per process turns it on at a time. Not for CapturedStep (it reads values each step).
 #pragma once
 
 #include "lightning/fabric/export.h"

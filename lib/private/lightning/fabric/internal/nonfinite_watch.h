@@ -45,10 +45,12 @@ class NonFiniteWatch {
 
  private:
   struct Event {
-    at::Tensor bad;      // 0-dim bool on the output's device: some element is inf or NaN
+    at::Tensor bad;      // 0-dim double on the output's device: its sum (non-finite when an element is)
     std::string op;      // e.g. aten::addmm
     std::string module;  // "module 'fc2'", "after module 'fc2'", or the inputs
   };
+  // Past kMaxEvents: keeps the first -inf-only and the first NaN/+inf event, drops the rest.
+  void keep_first_nonfinite_events();
   std::string local_finding(const at::Tensor& loss, const NamedGradients& gradients, bool check_gradients,
                             bool& forward_or_loss);
 
