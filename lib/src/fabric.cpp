@@ -648,12 +648,13 @@ void Fabric::log_dict(const std::map<std::string, double>& metrics, std::optiona
 }
 
 std::shared_ptr<LoaderProgress> Fabric::track_loader(std::shared_ptr<PassControl> control, bool stream,
-                                                    int64_t units_per_batch, int64_t replicas) {
+                                                    int64_t units_per_batch, int64_t replicas, int64_t rank) {
   auto progress = std::make_shared<LoaderProgress>();
   progress->control = std::move(control);
   progress->stream = stream;
   progress->units_per_batch = units_per_batch;
   progress->replicas = replicas;
+  progress->rank = rank;
   setup_loaders_.erase(std::remove_if(setup_loaders_.begin(), setup_loaders_.end(),
                                       [](const std::weak_ptr<LoaderProgress>& each) { return each.expired(); }),
                        setup_loaders_.end());

@@ -22,7 +22,8 @@
 //   lf_loader_checks resume-load PATH   the same loaders, loaded from PATH: the rest of the pass
 //                                       and what was read before cover every sample once; under
 //                                       the same world size each rank reads exactly the tail of
-//                                       its uninterrupted pass; the next pass is the next epoch
+//                                       its uninterrupted pass; the next pass is the next epoch;
+//                                       a stream every rank reads whole goes on where it was
 // Each rank prints "FAIL: ..." per failed check and exits 1 if any failed.
 #include <torch/torch.h>
 
@@ -238,6 +239,13 @@ auto resume_loaders(lf::Fabric& fabric) {
   return std::make_pair(std::move(sampled), std::move(streamed));
 }
 
+// A stream every rank reads whole (use_distributed_sampler false): set up third.
+auto whole_stream(lf::Fabric& fabric) {
+  lf::DataLoaderSettings whole;
+  whole.use_distributed_sampler = false;
+  return fabric.setup_dataloaders(Stream(30), torch::data::DataLoaderOptions(3), whole);
+}
+
 template <class Loader>
 std::vector<int64_t> take(Loader& loader, int batches) {
   std::vector<int64_t> seen;
@@ -256,8 +264,10 @@ at::Tensor everyone(lf::Fabric& fabric, const std::vector<int64_t>& mine) {  // 
 void resume_save(lf::Fabric& fabric, const std::string& path) {
   fabric.seed_everything(7);
   auto [sampled, streamed] = resume_loaders(fabric);
+  auto whole = whole_stream(fabric);
   const auto read_sampled = everyone(fabric, take(sampled, 3));
   const auto read_streamed = everyone(fabric, take(streamed, 2));
+  take(whole, 2);  // items 0..5 on every rank
   fabric.save(path, {{"resume", fabric.resume_state()}, {"read_sampled", read_sampled}, {"read_streamed", read_streamed}});
 }
 
@@ -274,6 +284,7 @@ bool once_across(lf::Fabric& fabric, const at::Tensor& before, const std::vector
 void resume_load(lf::Fabric& fabric, const std::string& path) {
   fabric.seed_everything(7);
   auto [sampled, streamed] = resume_loaders(fabric);
+  auto whole = whole_stream(fabric);
   lf::State state{{"resume", fabric.resume_state()}, {"read_sampled", torch::zeros({0})}, {"read_streamed", torch::zeros({0})}};
   fabric.load(path, state);
   const auto before_sampled = state.at("read_sampled").to<at::Tensor>();
@@ -282,6 +293,9 @@ void resume_load(lf::Fabric& fabric, const std::string& path) {
   const bool same_world = before_sampled.numel() == 3 * 4 * world;  // saved by as many ranks
   const auto after_sampled = read_epoch(sampled);
   const auto after_streamed = read_epoch(streamed);
+  std::vector<int64_t> rest_of_whole;
+  for (int64_t item = 6; item < 30; ++item) rest_of_whole.push_back(item);
+  expect(read_epoch(whole) == rest_of_whole, "a stream every rank reads whole goes on at item 6 on every rank");
   expect(once_across(fabric, before_sampled, after_sampled, 48),
          "resumed dataset: what was read before and the rest of the pass cover every sample once");
   expect(once_across(fabric, before_streamed, after_streamed, 40),

@@ -5,6 +5,8 @@
 //   - a NaN loss made outside the modules on rank 0 (log of -1): names the loss and rank 0;
 //   - gradients made non-finite by a square root at 0 while the forward stays finite: names the
 //     gradients of fc2's parameters and no origin rank;
+//   - a NaN in the branch torch::where drops on rank 0 (finite loss, NaN gradients): names
+//     aten::sqrt with module 'fc1' and rank 0;
 //   - then clean steps whose forward masks scores with -inf (as attention does): no error.
 // Each rank prints "FAIL: ..." per failed check and exits 1 if any failed.
 #include <torch/torch.h>
@@ -21,8 +23,11 @@ using checks::expect;
 namespace {
 struct NetImpl : torch::nn::Module {
   NetImpl() : fc1(register_module("fc1", torch::nn::Linear(8, 16))), fc2(register_module("fc2", torch::nn::Linear(16, 4))) {}
-  torch::Tensor forward(const torch::Tensor& x, bool overflow, bool masked = false) {
+  torch::Tensor forward(const torch::Tensor& x, bool overflow, bool masked = false, bool dropped_nan = false) {
     auto hidden = torch::relu(fc1(x));
+    if (dropped_nan) {  // NaN in the branch torch::where drops: the loss stays finite, the gradients do not
+      hidden = torch::where(hidden > 1e6, torch::sqrt(hidden - 1e6), hidden);
+    }
     if (masked) {  // an attention-style mask: -inf scores on purpose, a finite softmax
       auto scores = hidden.index_fill(1, torch::tensor({int64_t{0}}), -std::numeric_limits<float>::infinity());
       hidden = hidden + torch::softmax(scores, 1);
@@ -96,6 +101,15 @@ int main(int argc, char** argv) {
   expect(ranks.empty(), "non-finite gradients name no origin rank");
   expect(contains(message, "non-finite gradients") && contains(message, "the gradients of fc2."),
          "non-finite gradients are named with fc2's parameters, got: " + message);
+
+  message = run(fabric, model, optimizer, 0, [&](int, const at::Tensor& x) {
+    return model(x, false, false, /*dropped_nan=*/rank == 0).pow(2).mean();
+  }, step, ranks);
+  std::cout << "rank " << rank << " dropped NaN: " << message << std::endl;
+  expect(ranks == std::vector<int>{0}, "a NaN the loss did not see names rank 0, where it began");
+  expect(contains(message, "rank 0: the output of aten::sqrt, in the forward, ") && contains(message, "module 'fc1'") &&
+             contains(message, "the loss stayed finite"),
+         "a NaN the loss did not see is named at aten::sqrt with module 'fc1', got: " + message);
 
   message = run(fabric, model, optimizer, 4, [&](int, const at::Tensor& x) { return model(x, false, true).pow(2).mean(); },
                 step, ranks);

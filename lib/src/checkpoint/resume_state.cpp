@@ -34,7 +34,7 @@ void ResumeState::load_state_dict(const StateDict&) {
 namespace resume {
 namespace {
 
-constexpr int64_t kFormat = 1;
+constexpr int64_t kFormat = 2;
 // Per loader and rank, in the "loaders" tensor [world, loaders, kFields]:
 enum Field : int64_t { kEpoch, kPhase, kTaken, kStream, kReplicas, kFields };
 enum Phase : int64_t { kNotStarted, kInProgress, kFinished };
@@ -94,7 +94,7 @@ c10::IValue gather(Fabric& fabric, const std::vector<std::shared_ptr<LoaderProgr
     if (control.next_epoch) {  // a next pass already chosen (a restore, set_epoch) and not begun
       rows[i][kEpoch] = *control.next_epoch;
       rows[i][kPhase] = kInProgress;
-      rows[i][kTaken] = loader.stream ? control.skip / loader.replicas : control.skip;
+      rows[i][kTaken] = loader.stream ? loader.items_of(control.skip) : control.skip;
     } else {
       rows[i][kEpoch] = control.epoch;
       rows[i][kPhase] = !loader.started ? kNotStarted : loader.finished ? kFinished : kInProgress;
@@ -189,7 +189,11 @@ void restore(Fabric& fabric, const c10::IValue& saved, const std::vector<std::sh
   for (size_t i = 0; i < loaders.size(); ++i) {
     LoaderProgress& loader = *loaders[i];
     const auto mine = rows[same_world ? rank : 0][static_cast<int64_t>(i)];
-    if (mine[kPhase] == kNotStarted) continue;
+    if (mine[kPhase] == kNotStarted) {  // as a loader just set up: its first pass is epoch 0
+      loader.control->next_epoch = 0;
+      loader.control->skip = 0;
+      continue;
+    }
     if (mine[kPhase] == kFinished) {
       loader.control->next_epoch = mine[kEpoch] + 1;
       loader.control->skip = 0;
@@ -197,17 +201,20 @@ void restore(Fabric& fabric, const c10::IValue& saved, const std::vector<std::sh
     }
     loader.control->next_epoch = mine[kEpoch];
     const int64_t saved_replicas = std::max<int64_t>(mine[kReplicas], 1);
-    if (same_world && saved_replicas == loader.replicas) {
-      // This rank's own position: its samples, or for a stream the source's items up to it.
-      loader.control->skip = loader.stream ? mine[kTaken] * loader.replicas : mine[kTaken];
-      continue;
-    }
-    // Another split: the epoch's sequence up to where every data-parallel share had come, shared anew.
+    // How far the epoch's sequence was read: every rank's count, each data-parallel share counted
+    // once (ranks that read the same share, as tensor-parallel ones, count together once).
     int64_t taken_by_all = 0;
     for (int64_t r = 0; r < saved_world; ++r) taken_by_all += rows[r][static_cast<int64_t>(i)][kTaken];
-    const int64_t position = taken_by_all / saved_world * saved_replicas;
-    loader.control->skip = loader.stream ? position : position / loader.replicas;
-    if (same_world) {
+    const int64_t position = taken_by_all * saved_replicas / saved_world;
+    if (loader.stream) {  // the source's items up to there: every rank's next item is its own again
+      loader.control->skip = position;
+    } else if (same_world && saved_replicas == loader.replicas) {
+      loader.control->skip = mine[kTaken];  // this rank's own samples
+    } else {
+      loader.control->skip = position / loader.replicas;
+    }
+    if (same_world && saved_replicas == loader.replicas) continue;
+    if (same_world) {  // another world size has warned above
       rank_zero_warn(where + ": loader " + std::to_string(i) + " was split over " + std::to_string(saved_replicas) +
                      " ranks and is now split over " + std::to_string(loader.replicas) +
                      ": it goes on at the same global sample, not exactly.");

@@ -94,8 +94,7 @@ class SourceLines {
  public:
   SourceLines() {
     static char* debuginfo_path = nullptr;
-    static const Dwfl_Callbacks callbacks = {dwfl_linux_proc_find_elf, dwfl_standard_find_debuginfo, nullptr,
-                                             &debuginfo_path};
+    static const Dwfl_Callbacks callbacks = {dwfl_linux_proc_find_elf, local_debuginfo, nullptr, &debuginfo_path};
     dwfl_ = dwfl_begin(&callbacks);
     if (dwfl_ != nullptr && (dwfl_linux_proc_report(dwfl_, ::getpid()) != 0 || dwfl_report_end(dwfl_, nullptr, nullptr) != 0)) {
       dwfl_end(dwfl_);
@@ -118,6 +117,16 @@ class SourceLines {
   }
 
  private:
+  // Never a debuginfod server: with DEBUGINFOD_URLS set, elfutils' standard lookup of separate
+  // debug files asks the network for every module without local debug information, for up to
+  // 90 s each, while the hang report waits. Then only each file's own debug information counts
+  // (libdw reads it before asking for a separate file).
+  static int local_debuginfo(Dwfl_Module* module, void** user, const char* name, Dwarf_Addr base, const char* file,
+                             const char* debuglink, GElf_Word crc, char** found) {
+    const char* servers = std::getenv("DEBUGINFOD_URLS");
+    if (servers != nullptr && servers[0] != '\0') return -1;
+    return dwfl_standard_find_debuginfo(module, user, name, base, file, debuglink, crc, found);
+  }
   Dwfl* dwfl_ = nullptr;
 };
 #else

@@ -187,12 +187,12 @@ std::string NonFiniteWatch::local_finding(const at::Tensor& loss, const NamedGra
   forward_or_loss = false;
   // Forward outputs count only when the loss is not finite: a -inf mask (attention's) or a NaN
   // that a later operation drops is no finding while the loss stays finite.
+  std::vector<at::Tensor> event_probes;
+  event_probes.reserve(events.size());
+  for (const auto& event : events) event_probes.push_back(event.bad);
   if (loss.defined() && watched_tensor(loss) && !std::isfinite(probe_values({nonfinite_probe(loss)})[0])) {
     forward_or_loss = true;
-    std::vector<at::Tensor> probes;
-    probes.reserve(events.size());
-    for (const auto& event : events) probes.push_back(event.bad);
-    const std::vector<double> totals = probe_values(probes);
+    const std::vector<double> totals = probe_values(event_probes);
     const Event* first_weak = nullptr;
     for (size_t i = 0; i < events.size(); ++i) {
       const int kind = nonfinite_kind(totals[i]);
@@ -222,7 +222,17 @@ std::string NonFiniteWatch::local_finding(const at::Tensor& loss, const NamedGra
   }
   if (count == 0) return "";
   if (count > 8) listed += ", ... (" + std::to_string(count) + " in all)";
-  return "the gradients of " + listed + " (in backward order), while the forward and the loss were finite";
+  // A NaN or +inf in the forward that the loss did not see (a branch torch::where dropped) still
+  // reaches the gradients (0 x NaN): it is then where this began.
+  const std::vector<double> forward_totals = probe_values(event_probes);
+  for (size_t i = 0; i < events.size(); ++i) {
+    if (nonfinite_kind(forward_totals[i]) != 2) continue;
+    forward_or_loss = true;
+    return "the output of " + events[i].op + ", in the forward, " + events[i].module + "; the loss stayed finite and " +
+           "the gradients of " + listed + " (in backward order) did not";
+  }
+  return "the gradients of " + listed + " (in backward order), while the loss was finite and no forward output held "
+         "NaN or +inf";
 }
 
 void NonFiniteWatch::after_backward(Fabric& fabric, const at::Tensor& loss, const NamedGradients& gradients,

@@ -294,7 +294,7 @@ class LF_API Fabric {
       auto set_epoch = [control = stream](int64_t epoch) mutable { control.set_epoch(epoch); };  // shares the source
       constexpr bool items_are_elements = detail::IsVector<typename Dataset::BatchType::value_type>::value;
       auto progress = track_loader(stream.pass_control(), /*stream=*/true,
-                                   items_are_elements ? static_cast<int64_t>(options.batch_size()) : 1, replicas);
+                                   items_are_elements ? static_cast<int64_t>(options.batch_size()) : 1, replicas, rank);
       auto loader = torch::data::make_data_loader(std::move(stream), std::move(options));
       using Loader = typename decltype(loader)::element_type;
       return FabricDataLoader<Loader>(std::move(loader), loader_device(settings), std::nullopt, std::move(set_epoch),
@@ -611,7 +611,8 @@ class LF_API Fabric {
     const size_t batch = options.batch_size();
     const size_t batches = options.drop_last() ? per_rank / batch : (per_rank + batch - 1) / batch;
     auto set_epoch = [control = sampler.pass_control()](int64_t epoch) { control->next_epoch = epoch; };
-    auto progress = track_loader(sampler.pass_control(), /*stream=*/false, static_cast<int64_t>(batch), sampler.num_replicas());
+    auto progress = track_loader(sampler.pass_control(), /*stream=*/false, static_cast<int64_t>(batch), sampler.num_replicas(),
+                                 sampler.rank());
     auto loader = torch::data::make_data_loader(std::move(dataset), std::move(sampler), std::move(options));
     using Loader = typename decltype(loader)::element_type;
     return FabricDataLoader<Loader>(std::move(loader), loader_device(settings), batches, std::move(set_epoch),
@@ -619,7 +620,7 @@ class LF_API Fabric {
   }
   /// A new loader's position, kept (weakly, in set-up order) for resume_state().
   std::shared_ptr<LoaderProgress> track_loader(std::shared_ptr<PassControl> control, bool stream, int64_t units_per_batch,
-                                               int64_t replicas);
+                                               int64_t replicas, int64_t rank);
   /// The loaders set up and still alive, in set-up order.
   std::vector<std::shared_ptr<LoaderProgress>> live_loaders() const;
   /// state, with its ResumeState entries replaced by what they save (a collective); nullopt when it has none.

@@ -38,6 +38,7 @@ struct LoaderProgress {
   bool stream = false;          // skip counts the source's items, not this rank's samples
   int64_t units_per_batch = 1;  // samples (a stream: items) in a full batch
   int64_t replicas = 1;         // ranks the data is split over (the sampler's num_replicas)
+  int64_t rank = 0;             // this rank's place among them
   bool started = false;         // a pass has begun
   bool finished = false;        // ... and was read to its end
   int64_t batches = 0;          // batches taken in the current pass
@@ -48,8 +49,10 @@ struct LoaderProgress {
     started = true;
     finished = false;
     batches = 0;
-    skipped = stream ? control->applied_skip / replicas : control->applied_skip;
+    skipped = stream ? items_of(control->applied_skip) : control->applied_skip;
   }
+  /// A stream: this rank's items among the first `position` of the source's sequence.
+  int64_t items_of(int64_t position) const { return position > rank ? (position - rank + replicas - 1) / replicas : 0; }
   /// This rank's samples (a stream: items) of the current pass behind the loop, skipped ones included.
   int64_t taken() const { return skipped + batches * units_per_batch; }
 };
@@ -86,8 +89,9 @@ class LF_API DistributedSampler : public torch::data::samplers::Sampler<> {
   const std::shared_ptr<PassControl>& pass_control() const { return control_; }
   /// Samples this rank yields per epoch.
   size_t num_samples() const;
-  /// Ranks the indices are split over.
+  /// Ranks the indices are split over, and this one's place among them.
   int num_replicas() const { return num_replicas_; }
+  int rank() const { return rank_; }
   /// This rank's indices for the current epoch.
   const std::vector<size_t>& indices() const { return indices_; }
 
