@@ -5,9 +5,11 @@
 
 #include "lightning/launcher/args.h"
 #include "lightning/launcher/run.h"
+#include "lightning/launcher/status.h"
 
 int main(int argc, char** argv) {
   namespace launcher = lightning::launcher;
+  if (launcher::is_status_command(argc, argv)) return launcher::run_status_command(argc, argv, std::cout, std::cerr);
   launcher::block_launcher_signals();  // before any thread exists (the store starts some)
   const auto parsed = launcher::parse_command_line(argc, argv, std::cout, std::cerr);
   if (parsed.exit_now) return *parsed.exit_now;

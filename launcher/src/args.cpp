@@ -167,7 +167,8 @@ class UsageFormatter : public CLI::Formatter {
  public:
   std::string make_usage(const CLI::App*, std::string) const override {
     return "\nUsage: lightning-run model [OPTIONS] BINARY [ARGS...]\n"
-           "       lightning-run model consolidate FOLDER [--output-file PATH]   (merge a sharded checkpoint)\n";
+           "       lightning-run model consolidate FOLDER [--output-file PATH]   (merge a sharded checkpoint)\n"
+           "       lightning-run status HOST:PORT [--timeout SECONDS]           (where every rank of a running job is)\n";
   }
 };
 
@@ -186,6 +187,7 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv, std::ost
   app.footer("Examples:\n"
              "  lightning-run model --accelerator cpu --devices 2 build/bin/image_classifier --epochs 1\n"
              "  lightning-run model consolidate checkpoints/epoch=1-step=469.ckpt\n"
+             "  lightning-run status 127.0.0.1:29400\n"
              "lightning-run model --help lists the launch options.");
   CLI::App* model = app.add_subcommand("model", "Run BINARY [ARGS...] once per device (everything after BINARY goes to "
                                                 "it), or merge a sharded checkpoint: model consolidate FOLDER");
@@ -205,8 +207,8 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv, std::ost
   try {
     if (words.empty() || (words.front() != "model" && words.front().rfind("-", 0) != 0)) {
       throw CLI::ValidationError((words.empty() ? std::string("a command is required") : "unknown command '" + words.front() + "'") +
-                                 ". The commands are: model [OPTIONS] BINARY [ARGS...] (launch), and model consolidate "
-                                 "FOLDER (merge a sharded checkpoint).");
+                                 ". The commands are: model [OPTIONS] BINARY [ARGS...] (launch), model consolidate "
+                                 "FOLDER (merge a sharded checkpoint), and status HOST:PORT (look inside a running job).");
     }
     app.parse(before);
     std::vector<std::string> rest = model->remaining();

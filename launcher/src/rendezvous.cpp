@@ -1,6 +1,7 @@
 #include "lightning/launcher/rendezvous.h"
 
 #include "lightning/fabric/utilities/process.h"
+#include "lightning/launcher/status.h"
 #include "store_calls.h"
 
 #include <arpa/inet.h>
@@ -345,6 +346,30 @@ void Rendezvous::wait_for_attempt(int attempt) {
     }
   } catch (const RendezvousError&) {
     throw;
+  } catch (const std::exception& error) {
+    lost_contact(error);
+  }
+}
+
+int64_t Rendezvous::status_requests() {
+  const std::string name = status_requests_key();
+  try {
+    return bounded([name](c10d::TCPStore& store) { return store.add(name, 0); });
+  } catch (const std::exception& error) {
+    lost_contact(error);
+  }
+}
+
+void Rendezvous::answer_status(int64_t request, const std::string& text) {
+  const std::string base = status_answer_key(request, "");
+  const std::string mine = base + "node/" + std::to_string(layout_.node_rank);
+  const bool first = layout_.node_rank == 0;
+  const std::string nodes = std::to_string(layout_.num_nodes);
+  try {
+    bounded([=](c10d::TCPStore& store) {
+      store.set(mine, bytes(text));
+      if (first) store.set(base + "nodes", bytes(nodes));
+    });
   } catch (const std::exception& error) {
     lost_contact(error);
   }

@@ -37,6 +37,10 @@ constexpr int kFinishTimeoutExitCode = 124;
 // How long a node whose worker lost a peer waits for the records of the nodes it traces: the
 // peers of a killed machine fail within a second of each other; a dead node never answers.
 constexpr auto kBlameTraceLimit = std::chrono::seconds(3);
+// `lightning-run status`: how often each node looks for a request, and how long it waits for its
+// ranks' stacks before it answers without the missing ones.
+constexpr auto kStatusPoll = std::chrono::milliseconds(250);
+constexpr auto kStatusWait = std::chrono::seconds(3);
 
 sigset_t launcher_signals() {
   sigset_t set;
@@ -104,6 +108,11 @@ class Job {
   void stop_workers(int signal);
   void read_output_for(Millis slice);
   std::optional<Outcome> check_for_hang(int attempt);
+  /// How each local worker ended ("" while it runs), for the recorders' readers.
+  std::vector<std::string> exit_states() const;
+  /// `lightning-run status` (status.h), at each poll: takes a new request (asks the local ranks
+  /// for their stacks) or, once they answered or kStatusWait passed, publishes this node's text.
+  void answer_status(int attempt);
   void report_straggler();
   void report_step_times(int attempt) const;
   int wait_for_other_nodes(int attempt);
@@ -115,6 +124,9 @@ class Job {
   /// Whether the job spans nodes that must hear of each other (an elastic job always does: nodes
   /// may join).
   bool multi_node() const { return layout_.num_nodes > 1 || rendezvous_->elastic(); }
+  /// One node: lightning-run judges hangs from the recorders (LT_HANG_JUDGE=launcher); across
+  /// nodes rank 0 judges through the store.
+  bool judges_hangs() const { return layout_.num_nodes == 1; }
   /// After a failed attempt of an elastic job: forms the next group and returns true, or returns
   /// false when the failure ends the job (no restarts left).
   bool regroup_after(int attempt);
@@ -151,8 +163,17 @@ class Job {
   std::optional<OutputRouter> output_;  // from run(), once the layout (and so the tagging) is known
   std::vector<ChildProcess> children_;
   std::optional<fabric::ProcessGuardian> guardian_;  // tears the workers' groups down if we are killed
-  std::optional<fabric::HangWatch> hang_watch_;              // one node: judges hangs from the ranks' recorders
+  std::optional<fabric::HangWatch> hang_watch_;  // maps the local ranks' recorders; judges hangs on one node
   Clock::time_point next_hang_check_;
+  struct PendingStatus {
+    int64_t request = 0;
+    std::filesystem::path dir;       // where the ranks write their stacks
+    std::vector<uint32_t> dumps;     // by local rank (HangWatch::request_dumps)
+    Clock::time_point deadline;
+  };
+  std::optional<PendingStatus> status_;
+  int64_t status_answered_ = 0;      // the newest request answered
+  Clock::time_point next_status_check_;
   int named_straggler_ = -1;  // the rank last named as the straggler this attempt (-1: none)
   std::vector<std::string> error_files_;
   std::string run_dir_;
@@ -195,11 +216,9 @@ void Job::spawn_all(int attempt) {
   layout.attempt = attempt;
   if (!rendezvous_->elastic()) layout.restart_count = attempt;  // elastic: counted by the rounds
   const auto parent = fabric::current_environment();
-  hang_watch_.reset();
-  if (layout.num_nodes == 1) {
-    hang_watch_.emplace(attempt_dir.string(), layout.rank_offset, layout.local_world_size, layout.world_size);
-  }
+  hang_watch_.emplace(attempt_dir.string(), layout.rank_offset, layout.local_world_size, layout.world_size);
   next_hang_check_ = Clock::now();
+  status_.reset();
   named_straggler_ = -1;
   for (int local = 0; local < layout.local_world_size; ++local) {
     const int rank = layout.rank_offset + local;
@@ -247,13 +266,42 @@ void Job::stop_workers(int signal) {
   output_->drain(200);
 }
 
-// One node: when the recorders show a hang, dump, report and stop the job (exit code 86).
-std::optional<Outcome> Job::check_for_hang(int attempt) {
-  if (!hang_watch_ || Clock::now() < next_hang_check_) return std::nullopt;
-  next_hang_check_ = Clock::now() + Millis(hang_watch_->period_ms());
+std::vector<std::string> Job::exit_states() const {
   std::vector<std::string> exited;
   for (const auto& child : children_) exited.push_back(child.status() ? child.status()->describe() : std::string());
-  const auto verdict = hang_watch_->check(exited);
+  return exited;
+}
+
+void Job::answer_status(int attempt) {
+  if (!hang_watch_) return;
+  if (!status_) {
+    if (Clock::now() < next_status_check_) return;
+    next_status_check_ = Clock::now() + kStatusPoll;
+    const int64_t newest = or_stop([&] { return rendezvous_->status_requests(); });
+    if (newest <= status_answered_) return;
+    const auto dir = std::filesystem::path(run_dir_) / ("attempt_" + std::to_string(attempt)) / "status" / std::to_string(newest);
+    status_ = PendingStatus{newest, dir, hang_watch_->request_dumps(dir.string(), exit_states()), Clock::now() + kStatusWait};
+  }
+  if (!hang_watch_->dumps_answered(status_->dumps) && Clock::now() < status_->deadline) return;
+  const std::string text = rendezvous_->describe_node(layout_.node_rank) + ": ranks " + std::to_string(layout_.rank_offset) +
+                           "-" + std::to_string(layout_.rank_offset + layout_.local_world_size - 1) + " of " +
+                           std::to_string(layout_.world_size) + ", attempt " + std::to_string(attempt) + "\n" +
+                           hang_watch_->status(exit_states(), status_->dir.string(), status_->dumps);
+  // Requests that came while this one was read get the same answer.
+  for (int64_t request = status_answered_ + 1; request <= status_->request; ++request) {
+    or_stop([&] { rendezvous_->answer_status(request, text); });
+  }
+  status_answered_ = status_->request;
+  std::error_code ignored;
+  std::filesystem::remove_all(status_->dir, ignored);
+  status_.reset();
+}
+
+// One node: when the recorders show a hang, dump, report and stop the job (exit code 86).
+std::optional<Outcome> Job::check_for_hang(int attempt) {
+  if (!hang_watch_ || !judges_hangs() || Clock::now() < next_hang_check_) return std::nullopt;
+  next_hang_check_ = Clock::now() + Millis(hang_watch_->period_ms());
+  const auto verdict = hang_watch_->check(exit_states());
   if (!verdict) {
     report_straggler();
     return std::nullopt;
@@ -334,7 +382,8 @@ Outcome Job::run_attempt(int attempt) {
     auto fds = poll_set();
     int timeout_ms = -1;
     if (multi_node()) timeout_ms = 100;
-    if (hang_watch_) timeout_ms = hang_watch_->period_ms();
+    if (hang_watch_ && judges_hangs()) timeout_ms = hang_watch_->period_ms();
+    timeout_ms = timeout_ms < 0 ? static_cast<int>(kStatusPoll.count()) : std::min<int>(timeout_ms, kStatusPoll.count());
     if (finish_deadline) {
       const auto left = std::chrono::duration_cast<Millis>(*finish_deadline - Clock::now()).count();
       timeout_ms = static_cast<int>(std::max<int64_t>(0, timeout_ms < 0 ? left : std::min<int64_t>(left, timeout_ms)));
@@ -383,6 +432,7 @@ Outcome Job::run_attempt(int attempt) {
       return Outcome::Success;
     }
     if (auto hung = check_for_hang(attempt)) return *hung;
+    answer_status(attempt);
     if (finish_deadline && Clock::now() >= *finish_deadline) {
       const auto running = std::find_if(children_.begin(), children_.end(), [](const auto& c) { return c.running(); });
       const int i = running == children_.end() ? 0 : static_cast<int>(running - children_.begin());
@@ -440,10 +490,8 @@ void Job::report(const Failure& failure) {
   }
   say("rank " + std::to_string(failure.global_rank) + " (node " + std::to_string(failure.node_rank) + ", local rank " +
       std::to_string(failure.local_rank) + ") failed first: " + failure.summary);
-  if (hang_watch_ && failure.exit_code != fabric::kHangExitCode) {
-    std::vector<std::string> exited;
-    for (const auto& child : children_) exited.push_back(child.status() ? child.status()->describe() : std::string());
-    const std::string positions = hang_watch_->positions(exited);
+  if (hang_watch_ && judges_hangs() && failure.exit_code != fabric::kHangExitCode) {
+    const std::string positions = hang_watch_->positions(exit_states());
     if (!positions.empty()) say("collectives of this node's ranks at the failure (flight recorder):\n" + positions);
   }
   const std::string error = fabric::read_error_file(failure.error_file);
@@ -464,6 +512,7 @@ int Job::wait_for_other_nodes(int attempt) {
   if (layout_.node_rank != 0) return 0;
   // Node 0 hosts the store the other nodes' workers use: keep it until every node is done.
   while (!rendezvous_->all_done(attempt)) {
+    answer_status(attempt);  // its ranks have exited: their last step and collective
     if (auto remote = watch_other_nodes(attempt, false)) {
       failure_ = *remote;
       report(failure_);

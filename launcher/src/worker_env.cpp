@@ -34,7 +34,8 @@ std::map<std::string, std::string> worker_environment(const LaunchArgs& args, co
 }
 
 void add_attempt_environment(std::map<std::string, std::string>& vars, const std::string& attempt_dir, int num_nodes) {
-  if (num_nodes == 1) vars[env::kFlightDir] = attempt_dir;
+  vars[env::kFlightDir] = attempt_dir;
+  vars[env::kHangJudge] = num_nodes == 1 ? "launcher" : "ranks";
   if (vars.count(env::kHangDumpDir) == 0) vars[env::kHangDumpDir] = attempt_dir + "/hang";
   vars[env::kStepTimesDir] = attempt_dir;
 }

@@ -5,6 +5,8 @@
 #include <atomic>
 #include <set>
 
+#include "lightning/fabric/hang/flight_recorder.h"
+
 namespace lightning::fabric {
 namespace detail {
 namespace {
@@ -49,6 +51,7 @@ bool FabricOptimizer::step(const torch::optim::Optimizer::LossClosure& closure) 
 }
 
 void FabricOptimizer::after_step() {
+  if (auto* recorder = flight::Recorder::process()) recorder->note_step();  // the step `lightning-run status` shows
   if (observer_) observer_->after_optimizer_step();
   if (callbacks_ == nullptr) return;
   for (const auto& callback : *callbacks_) {

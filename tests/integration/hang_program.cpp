@@ -9,10 +9,14 @@
 //   unset_model           a loss from a model that was never set up goes to fabric.backward
 //   rank_zero_first_throws rank 0 throws inside rank_zero_first; the error must propagate
 //   recv_never_sent       rank 1 waits in recv from rank 0, which never sends and goes to the barrier
-//   hang_program MODE
+//   train_until_told GO HOLD  every rank trains until the file GO exists; while the file HOLD exists,
+//                         rank 1 waits in hold_on_purpose() between steps (so rank 0 waits in an
+//                         all_reduce): the status-view tests (status_view.sh) look at it there
+//   hang_program MODE [FILES...]
 #include <torch/torch.h>
 
 #include <chrono>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -30,6 +34,10 @@ __attribute__((noinline)) void spin_forever_on_purpose() {
 
 __attribute__((noinline)) void sleep_forever_on_purpose() {
   while (true) std::this_thread::sleep_for(std::chrono::hours(1));
+}
+
+__attribute__((noinline)) void hold_on_purpose(const std::string& hold) {
+  while (std::filesystem::exists(hold)) std::this_thread::sleep_for(std::chrono::milliseconds(10));
 }
 
 int main(int argc, char** argv) {
@@ -71,6 +79,21 @@ int main(int argc, char** argv) {
       std::cout << "rank " << rank << " caught: " << error.what() << std::endl;
       return 5;
     }
+  } else if (mode == "train_until_told" && argc > 3) {
+    const std::string go = argv[2], hold = argv[3];
+    int64_t steps = 3;
+    while (true) {
+      optimizer.zero_grad();
+      fabric.backward(model(torch::ones({2, 4})).sum());
+      optimizer.step();
+      ++steps;
+      if (rank == 1) hold_on_purpose(hold);
+      // Rank 0 decides for every rank, so that all stop after the same step.
+      const auto told = fabric.all_reduce(torch::tensor({rank == 0 && std::filesystem::exists(go) ? 1.0f : 0.0f}), "sum");
+      if (told.item<float>() > 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    std::cout << "rank " << rank << " stopped when told after " << steps << " steps" << std::endl;
   } else if (mode != "ok") {
     std::cerr << "unknown mode " << mode << std::endl;
     return 2;

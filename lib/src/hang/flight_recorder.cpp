@@ -21,7 +21,7 @@ namespace lightning::fabric::flight {
 namespace {
 
 constexpr char kMagic[8] = {'L', 'F', 'F', 'L', 'I', 'G', 'H', 'T'};
-constexpr uint32_t kRecordVersion = 1;
+constexpr uint32_t kRecordVersion = 2;
 constexpr char kFieldSeparator = '\x1f';
 
 int64_t clock_ns(clockid_t clock) {
@@ -128,7 +128,7 @@ std::string Progress::serialize() const {
   call(completed);
   call(waiting_call);
   out << (waiting ? 1 : 0) << kFieldSeparator << waiting_s << kFieldSeparator << idle_s << kFieldSeparator
-      << silent_s << kFieldSeparator << exited;
+      << silent_s << kFieldSeparator << exited << kFieldSeparator << steps << kFieldSeparator << since_step_s;
   return out.str();
 }
 
@@ -145,7 +145,7 @@ Progress Progress::parse(const std::string& text) {
   }
   fields.push_back(field);
   Progress progress;
-  if (fields.size() != 26) return progress;  // rank -1: unreadable
+  if (fields.size() != 28) return progress;  // rank -1: unreadable
   size_t i = 0;
   const auto next = [&]() -> const std::string& { return fields[i++]; };
   const auto call = [&](Call& c) {
@@ -170,6 +170,8 @@ Progress Progress::parse(const std::string& text) {
     progress.idle_s = std::stod(next());
     progress.silent_s = std::stod(next());
     progress.exited = next();
+    progress.steps = std::stoll(next());
+    progress.since_step_s = std::stod(next());
   } catch (const std::exception&) {
     progress.rank = -1;
   }
@@ -295,6 +297,20 @@ void Recorder::end(uint64_t seq, bool failed) {
 
 void Recorder::heartbeat() { header_->heartbeat_ns.store(clock_ns(CLOCK_MONOTONIC), std::memory_order_release); }
 
+void Recorder::note_step() {
+  header_->last_step_ns.store(clock_ns(CLOCK_MONOTONIC), std::memory_order_relaxed);
+  header_->steps.fetch_add(1, std::memory_order_release);
+}
+
+uint32_t Recorder::request_dump(const std::string& dir) {
+  copy_text(header_->dump_dir, dir.c_str());
+  return header_->dump_request.fetch_add(1, std::memory_order_acq_rel) + 1;
+}
+
+bool Recorder::dump_answered(uint32_t request) const {
+  return header_->dump_done.load(std::memory_order_acquire) >= request;
+}
+
 std::optional<Call> Recorder::call(uint64_t seq) const {
   if (seq == 0 || header_->capacity == 0) return std::nullopt;
   const Record& record = records_[seq % header_->capacity];
@@ -347,6 +363,9 @@ Progress Recorder::progress() const {
   const int64_t last_leave = header.last_leave_ns.load(std::memory_order_relaxed);
   progress.idle_s = static_cast<double>(now - (last_leave != 0 ? last_leave : header.start_mono_ns)) / 1e9;
   progress.silent_s = static_cast<double>(now - header.heartbeat_ns.load(std::memory_order_acquire)) / 1e9;
+  progress.steps = header.steps.load(std::memory_order_acquire);
+  const int64_t last_step = header.last_step_ns.load(std::memory_order_relaxed);
+  progress.since_step_s = static_cast<double>(now - (last_step != 0 ? last_step : header.start_mono_ns)) / 1e9;
   return progress;
 }
 

@@ -20,9 +20,17 @@ std::string rank_list(const std::vector<int>& ranks) {
   return text;
 }
 
-std::string rank_line(const Progress& rank) {
+std::string rank_line(const Progress& rank) { return "  " + describe_rank(rank); }
+
+}  // namespace
+
+std::string describe_rank(const Progress& rank) {
   std::ostringstream line;
-  line << "  rank " << rank.rank << " (pid " << rank.pid << (rank.host.empty() ? "" : " on " + rank.host) << "): ";
+  line << "rank " << rank.rank << " (pid " << rank.pid << (rank.host.empty() ? "" : " on " + rank.host) << "): ";
+  if (rank.steps >= 0) {
+    line << "step " << rank.steps << " (" << (rank.steps == 0 ? "none yet, " : "last ")
+         << format_seconds_text(rank.since_step_s) << " ago); ";
+  }
   if (!rank.exited.empty()) {
     line << "exited (" << rank.exited << "); last entered " << rank.entered.describe()
          << (rank.entered.failed ? " (failed)" : rank.entered.done ? " (completed)" : " (not completed)");
@@ -38,6 +46,8 @@ std::string rank_line(const Progress& rank) {
   }
   return line.str();
 }
+
+namespace {
 
 // Ranks that are not blocked in a collective while others are: why each is behind.
 std::string behind_cause(const std::vector<const Progress*>& behind, const Call& target,

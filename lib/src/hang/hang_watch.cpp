@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 namespace lightning::fabric {
 
@@ -57,24 +58,31 @@ std::optional<fabric::HangVerdict> HangWatch::check(const std::vector<std::strin
   return verdict;
 }
 
+std::vector<uint32_t> HangWatch::request_dumps(const std::string& dir, const std::vector<std::string>& exited) {
+  read({});  // attaches the recorders that exist by now
+  std::error_code ignored;
+  std::filesystem::create_directories(dir, ignored);
+  std::vector<uint32_t> requests;
+  for (size_t local = 0; local < recorders_.size(); ++local) {
+    const bool gone = local < exited.size() && !exited[local].empty();
+    requests.push_back(recorders_[local] && !gone ? recorders_[local]->request_dump(dir) : 0);
+  }
+  return requests;
+}
+
+bool HangWatch::dumps_answered(const std::vector<uint32_t>& requests) const {
+  for (size_t local = 0; local < requests.size() && local < recorders_.size(); ++local) {
+    if (requests[local] != 0 && !recorders_[local]->dump_answered(requests[local])) return false;
+  }
+  return true;
+}
+
 std::string HangWatch::dump(const fabric::HangVerdict& verdict, std::chrono::milliseconds wait,
                             const std::function<void(std::chrono::milliseconds)>& idle) {
   const std::filesystem::path dir = std::filesystem::path(attempt_dir_) / "hang";
-  std::error_code ignored;
-  std::filesystem::create_directories(dir, ignored);
-  for (auto& recorder : recorders_) {
-    if (!recorder) continue;
-    flight::Header& header = recorder->header();
-    const std::string text = dir.string();
-    std::copy_n(text.c_str(), std::min(text.size() + 1, sizeof(header.dump_dir) - 1), header.dump_dir);
-    header.dump_request.store(1, std::memory_order_release);
-  }
+  const std::vector<uint32_t> requests = request_dumps(dir.string(), {});
   const auto deadline = std::chrono::steady_clock::now() + wait;
-  const auto all_done = [this] {
-    return std::all_of(recorders_.begin(), recorders_.end(),
-                       [](const auto& r) { return !r || r->header().dump_done.load(std::memory_order_acquire) != 0; });
-  };
-  while (!all_done() && std::chrono::steady_clock::now() < deadline) idle(std::chrono::milliseconds(50));
+  while (!dumps_answered(requests) && std::chrono::steady_clock::now() < deadline) idle(std::chrono::milliseconds(50));
 
   std::string notes;
   for (size_t local = 0; local < recorders_.size(); ++local) {
@@ -84,7 +92,7 @@ std::string HangWatch::dump(const fabric::HangVerdict& verdict, std::chrono::mil
       notes += "  rank " + rank + " has no recorder (it never created its process group)\n";
       continue;
     }
-    if (recorder->header().dump_done.load() != 0) continue;
+    if (recorder->dump_answered(requests[local])) continue;
     std::ofstream(dir / ("rank_" + rank + ".flight.txt")) << recorder->dump_text();
     std::ofstream(dir / ("rank_" + rank + ".stack.txt"))
         << "no stack: rank " << rank << " did not answer the dump request (stopped, frozen or gone)\n";
@@ -95,6 +103,35 @@ std::string HangWatch::dump(const fabric::HangVerdict& verdict, std::chrono::mil
                        "stack of the thread that issued the collectives)\n";
   std::ofstream(dir / "report.txt") << report;
   return report;
+}
+
+std::string HangWatch::status(const std::vector<std::string>& exited, const std::string& dir,
+                              const std::vector<uint32_t>& requests) {
+  std::vector<flight::Progress> ranks = read(exited);
+  std::ostringstream text;
+  size_t next = 0;
+  for (size_t local = 0; local < recorders_.size(); ++local) {
+    const int rank = rank_offset_ + static_cast<int>(local);
+    if (!recorders_[local]) {
+      text << "  rank " << rank << ": no flight recorder yet (it has not created its process group"
+           << (local < exited.size() && !exited[local].empty() ? "; exited: " + exited[local] : "") << ")\n";
+      continue;
+    }
+    text << "  " << fabric::describe_rank(ranks[next++]) << "\n";
+    if (local < exited.size() && !exited[local].empty()) continue;
+    const bool answered = local < requests.size() && requests[local] != 0 && recorders_[local]->dump_answered(requests[local]);
+    std::ifstream file(std::filesystem::path(dir) / ("rank_" + std::to_string(rank) + ".stack.txt"));
+    std::string line;
+    if (!answered || !std::getline(file, line)) {
+      text << "    no stack: rank " << rank << " did not answer within the wait (its hang timeout is "
+           << (timeout_ms_ > 0 ? "on, so it is frozen or stopped" : "0, which also stops the thread that captures stacks")
+           << ")\n";
+      continue;
+    }
+    text << "    " << (line.rfind("# ", 0) == 0 ? line.substr(2) : line) << "\n";
+    while (std::getline(file, line)) text << "    " << line << "\n";
+  }
+  return text.str();
 }
 
 }  // namespace lightning::fabric

@@ -47,7 +47,7 @@ class Watchdog {
  public:
   explicit Watchdog(WatchdogSettings settings) : settings_(std::move(settings)) {
     install_stack_capture();
-    if (!!settings_.group.flight_dir.empty()) connect_store();
+    if (!launcher_judges()) connect_store();
     thread_ = std::thread([this] { loop(); });
   }
   ~Watchdog() {
@@ -60,8 +60,11 @@ class Watchdog {
   }
 
  private:
+  // Launcher mode: lightning-run on one node maps the recorder files and judges.
+  bool launcher_judges() const { return !settings_.group.flight_dir.empty() && settings_.group.launcher_judges_hangs; }
+
   std::chrono::milliseconds period() const {
-    if (!settings_.group.flight_dir.empty()) return std::chrono::milliseconds(200);
+    if (launcher_judges()) return std::chrono::milliseconds(200);
     return store_watch_period(settings_.world_size, settings_.group.hang_timeout);
   }
 
@@ -82,11 +85,8 @@ class Watchdog {
       lock.unlock();
       try {
         flight::Recorder::process()->heartbeat();
-        if (!settings_.group.flight_dir.empty()) {
-          answer_launcher();
-        } else {
-          store_step();
-        }
+        if (!settings_.group.flight_dir.empty()) answer_launcher();  // dumps for a hang or a status request
+        if (!launcher_judges()) store_step();
       } catch (const std::exception&) {
         // The store is gone (the job is ending): nothing left to watch.
         return;
@@ -96,12 +96,14 @@ class Watchdog {
     }
   }
 
+  // Each new request of lightning-run (a hang's dumps, or `lightning-run status`) gets the dump
+  // files in the folder it names; the job goes on.
   void answer_launcher() {
     flight::Header& header = flight::Recorder::process()->header();
-    if (dumped_ || header.dump_request.load(std::memory_order_acquire) == 0) return;
+    const uint32_t request = header.dump_request.load(std::memory_order_acquire);
+    if (request == header.dump_done.load(std::memory_order_relaxed)) return;
     write_rank_dump(header.dump_dir);
-    dumped_ = true;
-    header.dump_done.store(1, std::memory_order_release);
+    header.dump_done.store(request, std::memory_order_release);
   }
 
   std::string key(const std::string& what, int rank) const { return what + "/" + std::to_string(rank); }
@@ -195,7 +197,6 @@ class Watchdog {
   int named_straggler_ = -1;
   std::optional<StoreWatch> watch_;
   std::map<int, std::pair<std::string, Clock::time_point>> last_seen_;
-  bool dumped_ = false;
   std::mutex mutex_;
   std::condition_variable wake_;
   bool stopping_ = false;

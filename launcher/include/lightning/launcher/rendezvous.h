@@ -135,6 +135,12 @@ class Rendezvous {
   std::vector<NamedNode> nodes_named_in(const std::string& text) const;
   /// Barrier of all nodes before attempt `attempt` starts (restarts run in step).
   void wait_for_attempt(int attempt);
+  /// `lightning-run status` (status.h): the number of the newest request, 0 while none was made.
+  /// Not collective; one store call.
+  int64_t status_requests();
+  /// Answers status request `request` with this node's part; node 0 also writes how many nodes
+  /// the group has, which the asking command waits for.
+  void answer_status(int64_t request, const std::string& text);
   /// This node's workers all succeeded in `attempt`.
   void announce_done(int attempt);
   /// True once every node announced done for `attempt`.

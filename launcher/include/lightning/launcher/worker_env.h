@@ -28,9 +28,10 @@ std::map<std::string, std::string> worker_environment(const LaunchArgs& args, co
                                                       int local_rank, std::map<std::string, std::string> parent,
                                                       const std::string& error_file);
 
-/// What depends on the attempt's folder: LT_FLIGHT_DIR (one node: the ranks' flight recorders
-/// live there and lightning-run judges hangs) and LT_HANG_DUMP_DIR (<folder>/hang, unless the
-/// user set it: where ranks of a multi-node job write hang dumps).
+/// What depends on the attempt's folder: LT_FLIGHT_DIR (the ranks' flight recorders live there,
+/// read by lightning-run for `lightning-run status`), LT_HANG_JUDGE (launcher on one node, where
+/// lightning-run judges hangs from the recorders; ranks on several) and LT_HANG_DUMP_DIR
+/// (<folder>/hang, unless the user set it: where ranks of a multi-node job write hang dumps).
 void add_attempt_environment(std::map<std::string, std::string>& vars, const std::string& attempt_dir, int num_nodes);
 
 }  // namespace lightning::launcher

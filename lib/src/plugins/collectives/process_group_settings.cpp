@@ -69,6 +69,12 @@ ProcessGroupSettings with_environment_overrides(ProcessGroupSettings settings, c
   settings.socket_interface = reader.text(env::kGlooSocketInterface).value_or(settings.socket_interface);
   settings.hang_dump_dir = reader.text(env::kHangDumpDir).value_or(settings.hang_dump_dir);
   settings.flight_dir = reader.text(env::kFlightDir).value_or(settings.flight_dir);
+  if (auto judge = reader.text(env::kHangJudge)) {
+    LF_CHECK(*judge == "launcher" || *judge == "ranks", ValueError, env::kHangJudge, "=\"", *judge,
+             "\" is not valid: \"launcher\" (lightning-run on one node judges hangs from the recorder files) or "
+             "\"ranks\" (rank 0 judges through the store). lightning-run sets it; unset it to use the default.");
+    settings.launcher_judges_hangs = *judge == "launcher";
+  }
   settings.error_file = reader.text(env::kErrorFile).value_or(settings.error_file);
   return settings;
 }

@@ -33,8 +33,12 @@ inline constexpr const char* kGlooSocketInterface = "GLOO_SOCKET_IFNAME";  // th
 inline constexpr const char* kProfile = "LT_PROFILE";              // "10-15": trace those optimizer steps
 inline constexpr const char* kProfileRanks = "LT_PROFILE_RANKS";   // "0,2": only these global ranks
 inline constexpr const char* kProfileDir = "LT_PROFILE_DIR";       // where trace-rank<R>.json files go
-// Set by lightning-run on one node: recorder files live here and the launcher judges hangs.
+// Set by lightning-run on every node: recorder files live here, mapped by the launcher for its
+// status view, and on one node also to judge hangs.
 inline constexpr const char* kFlightDir = "LT_FLIGHT_DIR";
+// Set by lightning-run with LT_FLIGHT_DIR: "launcher" (one node: it judges hangs from the files) or
+// "ranks" (several nodes: the ranks judge through the store). Unset with LT_FLIGHT_DIR: launcher.
+inline constexpr const char* kHangJudge = "LT_HANG_JUDGE";
 // Set by lightning-run on every node: each rank writes rank_<R>.steps (its step-time percentiles) here.
 inline constexpr const char* kStepTimesDir = "LT_STEP_TIMES_DIR";
 // Set by lightning-run: the number of this start of the workers, counting every restart (after a

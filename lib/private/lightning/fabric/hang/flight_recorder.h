@@ -39,7 +39,7 @@ struct Record {
   char shape[96] = {};
 };
 
-/// The shared header: layout version 1 (docs/launcher.md describes it).
+/// The shared header: layout version 2 (docs/launcher.md describes it).
 struct Header {
   char magic[8] = {};               // "LFFLIGHT"
   uint32_t version = 0;
@@ -58,9 +58,11 @@ struct Header {
   std::atomic<int64_t> last_leave_ns{0};     // when the last collective finished (0: none yet)
   std::atomic<int64_t> heartbeat_ns{0};      // the watchdog thread's last beat
   std::atomic<int32_t> issuing_tid{0};       // thread that issued the last collective (for stacks)
-  std::atomic<uint32_t> dump_request{0};     // set by a watcher; the rank's watchdog then dumps
-  std::atomic<uint32_t> dump_done{0};        // set by the rank when its dump files are written
+  std::atomic<uint32_t> dump_request{0};     // a watcher's request count; the rank's watchdog dumps for each new one
+  std::atomic<uint32_t> dump_done{0};        // the request the rank last answered (its dump files are written)
   char dump_dir[512] = {};                   // where to dump; written before dump_request
+  std::atomic<int64_t> steps{0};             // optimizer steps taken (every set-up optimizer's step counts)
+  std::atomic<int64_t> last_step_ns{0};      // when the last one was taken (0: none yet)
 };
 
 /// A collective as the analysis compares it across ranks.
@@ -87,6 +89,8 @@ struct Progress {
   double idle_s = 0;         // not waiting: time since its last collective ended (or since start)
   double silent_s = 0;       // since its watchdog's last heartbeat (a frozen or dead rank grows this)
   std::string exited;        // set by a launcher when the process has ended: "exit code 0", ...
+  int64_t steps = -1;        // optimizer steps taken (-1: not known)
+  double since_step_s = 0;   // since the last one (or since start, with none yet)
 
   std::string serialize() const;
   static Progress parse(const std::string& text);
@@ -127,6 +131,13 @@ class Recorder {
   /// `seq` completed (failed: it threw).
   void end(uint64_t seq, bool failed);
   void heartbeat();
+  /// An optimizer step was taken (FabricOptimizer, every strategy; skipped and replayed steps too).
+  void note_step();
+  /// A watcher asks the rank to write its dump files into dir (the watchdog answers within a
+  /// period); returns the request's number, which dump_answered then reports.
+  uint32_t request_dump(const std::string& dir);
+  /// Whether the rank has answered `request` (or a later one).
+  bool dump_answered(uint32_t request) const;
 
   Header& header() { return *header_; }
   const Header& header() const { return *header_; }

@@ -31,6 +31,11 @@ HangVerdict analyze_hang(const std::vector<flight::Progress>& ranks, int world_s
 /// rank on such a mismatch). Empty when no rank has entered a collective.
 std::string describe_positions(const std::vector<flight::Progress>& ranks);
 
+/// One rank's line: "rank 0 (pid 41 on host): step 12 (last 0.2 s ago); waiting 3.0 s in #9
+/// all_reduce float32[4] on world; last completed #8 ...", or where it stands when not waiting or
+/// exited (the step part only when known).
+std::string describe_rank(const flight::Progress& rank);
+
 /// "12.3 s".
 std::string format_seconds_text(double seconds);
 

@@ -1,9 +1,10 @@
-// lightning-run's side of hang detection on one node: it maps every local rank's flight recorder
-// (<attempt dir>/rank_<R>.flight, written by the ranks because LT_FLIGHT_DIR points there), judges
-// with analyze_hang and the ranks' own hang timeout, and on a hang has every rank dump its
-// recorder and native stack into <attempt dir>/hang/ (writing from the shared memory itself for
-// a rank that does not answer) next to report.txt. Jobs across nodes are judged by the ranks
-// through the store instead (hang_watchdog.h).
+// lightning-run's view of its node's ranks: it maps every local rank's flight recorder
+// (<attempt dir>/rank_<R>.flight, written by the ranks because LT_FLIGHT_DIR points there). On one
+// node it judges hangs with analyze_hang and the ranks' own hang timeout, and on a hang has every
+// rank dump its recorder and native stack into <attempt dir>/hang/ (writing from the shared memory
+// itself for a rank that does not answer) next to report.txt; jobs across nodes are judged by the
+// ranks through the store instead (hang_watchdog.h). On every node it answers `lightning-run
+// status`: each rank's step, collectives and native stack, while the job goes on.
 #pragma once
 
 #include <chrono>
@@ -41,6 +42,17 @@ class HangWatch {
   /// threshold rank 0 wrote in its recorder), with the message naming it, this host and the
   /// threshold; nullopt without one, with the threshold 0, or before every rank has a recorder.
   std::optional<std::pair<StragglerVerdict, std::string>> straggler();
+
+  /// Asks every local rank with a recorder that has not exited (exited as in check) to write its
+  /// dump files into dir (its watchdog answers within a period; the rank goes on). Returns the
+  /// requests, by local rank (0: not asked).
+  std::vector<uint32_t> request_dumps(const std::string& dir, const std::vector<std::string>& exited);
+  /// Whether every rank asked has answered its request.
+  bool dumps_answered(const std::vector<uint32_t>& requests) const;
+  /// The status view of this node's ranks: for each local rank its line (describe_rank) and the
+  /// native stack it wrote into dir for `requests`, or why there is none.
+  std::string status(const std::vector<std::string>& exited, const std::string& dir,
+                     const std::vector<uint32_t>& requests);
 
   /// Milliseconds between checks (a fraction of the hang timeout, 50 ms to 1 s).
   int period_ms() const;

@@ -64,9 +64,12 @@ struct LF_API ProcessGroupSettings {
   /// Where hang dumps go; empty: rank 0 picks. LT_HANG_DUMP_DIR wins.
   std::string hang_dump_dir;
   /// Set by launchers through the environment, rarely in code: LT_FLIGHT_DIR (lightning-run's
-  /// folder of recorder files, which makes it the hang judge) and TORCHELASTIC_ERROR_FILE (where
-  /// rank 0's hang report also goes).
+  /// folder of recorder files, which it maps for `lightning-run status` and, with
+  /// launcher_judges_hangs, to judge hangs), LT_HANG_JUDGE ("launcher" or "ranks": whether
+  /// lightning-run or rank 0 through the store judges; lightning-run on several nodes sets "ranks")
+  /// and TORCHELASTIC_ERROR_FILE (where rank 0's hang report also goes).
   std::string flight_dir;
+  bool launcher_judges_hangs = true;
   std::string error_file;
 };
 
@@ -75,7 +78,7 @@ LF_API void check_process_group_settings(const std::string& owner, const Process
 
 /// settings with every environment variable that overrides one applied, through env::Reader:
 /// LT_PROCESS_GROUP_BACKEND, LT_RENDEZVOUS_TIMEOUT, LT_HANG_TIMEOUT, LT_STRAGGLER_THRESHOLD, LT_FLIGHT_RECORDS,
-/// LT_CHECK_COLLECTIVES, GLOO_SOCKET_IFNAME, LT_HANG_DUMP_DIR, LT_FLIGHT_DIR and
+/// LT_CHECK_COLLECTIVES, GLOO_SOCKET_IFNAME, LT_HANG_DUMP_DIR, LT_FLIGHT_DIR, LT_HANG_JUDGE and
 /// TORCHELASTIC_ERROR_FILE. ValueError naming the variable, its value and what is valid.
 LF_API ProcessGroupSettings with_environment_overrides(ProcessGroupSettings settings, const env::EnvLookup& env);
 
