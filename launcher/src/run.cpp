@@ -172,7 +172,7 @@ class Job {
     Clock::time_point deadline;
   };
   std::optional<PendingStatus> status_;
-  int64_t status_answered_ = 0;      // the newest request answered
+  std::optional<int64_t> status_answered_;  // the newest request answered (unset: none looked for yet)
   Clock::time_point next_status_check_;
   int named_straggler_ = -1;  // the rank last named as the straggler this attempt (-1: none)
   std::vector<std::string> error_files_;
@@ -216,8 +216,14 @@ void Job::spawn_all(int attempt) {
   layout.attempt = attempt;
   if (!rendezvous_->elastic()) layout.restart_count = attempt;  // elastic: counted by the rounds
   const auto parent = fabric::current_environment();
+  std::error_code ignored;
+  for (int local = 0; local < layout.local_world_size; ++local) {
+    // A recorder left by an earlier run in a reused --log-dir would read as these ranks' own.
+    std::filesystem::remove(attempt_dir / ("rank_" + std::to_string(layout.rank_offset + local) + ".flight"), ignored);
+  }
   hang_watch_.emplace(attempt_dir.string(), layout.rank_offset, layout.local_world_size, layout.world_size);
   next_hang_check_ = Clock::now();
+  if (status_) std::filesystem::remove_all(status_->dir, ignored);
   status_.reset();
   named_straggler_ = -1;
   for (int local = 0; local < layout.local_world_size; ++local) {
@@ -278,17 +284,20 @@ void Job::answer_status(int attempt) {
     if (Clock::now() < next_status_check_) return;
     next_status_check_ = Clock::now() + kStatusPoll;
     const int64_t newest = or_stop([&] { return rendezvous_->status_requests(); });
-    if (newest <= status_answered_) return;
-    const auto dir = std::filesystem::path(run_dir_) / ("attempt_" + std::to_string(attempt)) / "status" / std::to_string(newest);
+    // A node that joins a running job answers the requests from now on, not the past ones.
+    if (!status_answered_) status_answered_ = std::max<int64_t>(0, newest - 1);
+    if (newest <= *status_answered_) return;
+    const auto dir = std::filesystem::path(run_dir_) / ("attempt_" + std::to_string(attempt)) / "status" /
+                     (std::to_string(newest) + "-node" + std::to_string(layout_.node_rank));
     status_ = PendingStatus{newest, dir, hang_watch_->request_dumps(dir.string(), exit_states()), Clock::now() + kStatusWait};
   }
-  if (!hang_watch_->dumps_answered(status_->dumps) && Clock::now() < status_->deadline) return;
+  if (!hang_watch_->dumps_answered(status_->dumps, exit_states()) && Clock::now() < status_->deadline) return;
   const std::string text = rendezvous_->describe_node(layout_.node_rank) + ": ranks " + std::to_string(layout_.rank_offset) +
                            "-" + std::to_string(layout_.rank_offset + layout_.local_world_size - 1) + " of " +
                            std::to_string(layout_.world_size) + ", attempt " + std::to_string(attempt) + "\n" +
                            hang_watch_->status(exit_states(), status_->dir.string(), status_->dumps);
-  // Requests that came while this one was read get the same answer.
-  for (int64_t request = status_answered_ + 1; request <= status_->request; ++request) {
+  // Requests that came since the last answer get this one (a few at most: each asker waits).
+  for (int64_t request = std::max(*status_answered_ + 1, status_->request - 7); request <= status_->request; ++request) {
     or_stop([&] { rendezvous_->answer_status(request, text); });
   }
   status_answered_ = status_->request;
@@ -608,10 +617,12 @@ void Job::stop_on_signal() {
 }
 
 void Job::say_layout() const {
+  // An IPv6 address in brackets, so that `lightning-run status` takes the printed address as it is.
+  const bool v6 = layout_.main_address.find(':') != std::string::npos;
   say("node " + std::to_string(layout_.node_rank) + " of " + std::to_string(layout_.num_nodes) + ": ranks " +
       std::to_string(layout_.rank_offset) + "-" + std::to_string(layout_.rank_offset + layout_.local_world_size - 1) +
-      " of " + std::to_string(layout_.world_size) + ", rendezvous at " + layout_.main_address + ":" +
-      std::to_string(layout_.main_port));
+      " of " + std::to_string(layout_.world_size) + ", rendezvous at " + (v6 ? "[" + layout_.main_address + "]" : layout_.main_address) +
+      ":" + std::to_string(layout_.main_port));
 }
 
 bool Job::regroup_after(int attempt) {

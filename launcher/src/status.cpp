@@ -185,13 +185,26 @@ bool wait_for_key(c10d::TCPStore& store, const std::string& key, Clock::time_poi
   return true;
 }
 
+// c10d's messages carry a C++ backtrace after their first line.
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
 Answers ask(const StatusArgs& args, Clock::time_point deadline) {
+  probe(args, deadline);
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  if (left.count() <= 0) throw Unreachable(address_text(args) + " did not answer within the --timeout.");
   c10d::TCPStoreOptions options;
   options.port = static_cast<uint16_t>(args.port);
   options.isServer = false;
   options.waitWorkers = false;
-  options.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-  c10d::TCPStore store(args.host, options);
+  options.timeout = left;
+  std::optional<c10d::TCPStore> connected;
+  try {
+    connected.emplace(args.host, options);
+  } catch (const std::exception& error) {
+    throw Unreachable(address_text(args) + " accepted the connection but did not answer as a store within the --timeout (" +
+                      first_line(error.what()) + "): it is not a lightning-run job's rendezvous, or the job is overloaded.");
+  }
+  c10d::TCPStore& store = *connected;
   Answers answers;
   if (!store.check({"lightning-run/run_id"})) {
     throw Unreachable(address_text(args) + " is a store but not a lightning-run job's rendezvous (it has no lightning-run/run_id): "
@@ -208,6 +221,9 @@ Answers ask(const StatusArgs& args, Clock::time_point deadline) {
     const std::string key = status_answer_key(request, "node/" + std::to_string(node));
     answers.texts.push_back(wait_for_key(store, key, deadline) ? std::optional(text_of(store.get(key))) : std::nullopt);
   }
+  // The answers stay in node 0's memory otherwise, one set per look, for the life of the job.
+  store.deleteKey(status_answer_key(request, "nodes"));
+  for (int node = 0; node < answers.nodes; ++node) store.deleteKey(status_answer_key(request, "node/" + std::to_string(node)));
   return answers;
 }
 
@@ -225,8 +241,7 @@ int run_status_command(int argc, const char* const* argv, std::ostream& out, std
   }
   const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(args.timeout_s * 1000));
   try {
-    probe(args, deadline);
-    // The store's calls block in the kernel; a peer that accepts but never answers (not a store)
+    // The name lookup, the connection and the store's calls block in the kernel; a peer that accepts but never answers (not a store)
     // must not hold this command past the deadline, so they run on a thread of their own.
     auto session = std::make_shared<std::packaged_task<Answers()>>([args, deadline] { return ask(args, deadline); });
     std::future<Answers> result = session->get_future();
@@ -256,7 +271,9 @@ int run_status_command(int argc, const char* const* argv, std::ostream& out, std
     err << "lightning-run status: " << problem.what() << std::endl;
     return 1;
   } catch (const std::exception& error) {
-    err << "lightning-run status: " << address_text(args) << ": " << error.what() << std::endl;
+    // The connection broke after the store answered: node 0's lightning-run has gone.
+    err << "lightning-run status: the job at " << address_text(args) << " went away while answering (it ended or its "
+        << "lightning-run on node 0 stopped): " << first_line(error.what()) << std::endl;
     return 1;
   }
 }

@@ -278,19 +278,121 @@ void Fabric::backward(at::Tensor loss, const BackwardOptions& options) {
   }
   if (!unverified_checkpointed_.empty()) refuse_checkpointing_that_did_nothing();
   if (nonfinite_watch_) {
-    internal::NamedGradients gradients;  // fsdp: this rank's shards hold them
-    auto* fsdp = dynamic_cast<FSDPStrategy*>(connector_->strategy.get());
-    for (const auto& each : setup_modules_) {
-      auto module = each.lock();
-      if (!module) continue;
-      if (fsdp != nullptr) {
-        for (const auto& part : fsdp->local_shards(*module)) gradients.emplace_back(part.name, part.shard.grad());
-      } else {
-        for (const auto& item : module->named_parameters(/*recurse=*/true)) gradients.emplace_back(item.key(), item.value().grad());
+    internal::NamedGradients gradients;
+    for_each_trained_tensor([&](const std::string& name, const at::Tensor& tensor) { gradients.emplace_back(name, tensor.grad()); });
+    try {
+      nonfinite_watch_->after_backward(*this, loss, gradients, /*check_gradients=*/connector_->precision->loss_scaler() == nullptr);
+    } catch (const NonFiniteError& error) {
+      if (!rollback_state_) throw;
+      if (!rollback_checkpoint()) throw NonFiniteError(std::string(error.what()) + "\n" + no_rollback_checkpoint(), error.step(), error.ranks());
+      roll_back(error.what());
+    }
+  }
+}
+
+void Fabric::for_each_trained_tensor(const std::function<void(const std::string&, const at::Tensor&)>& f) const {
+  auto* fsdp = dynamic_cast<FSDPStrategy*>(connector_->strategy.get());  // fsdp: this rank's shards are trained
+  for (const auto& each : setup_modules_) {
+    auto module = each.lock();
+    if (!module) continue;
+    if (fsdp != nullptr) {
+      for (const auto& part : fsdp->local_shards(*module)) f(part.name, part.shard);
+    } else {
+      for (const auto& item : module->named_parameters(/*recurse=*/true)) f(item.key(), item.value());
+    }
+  }
+}
+
+namespace {
+// The live objects of state (recursively): what a rollback restores.
+State live_objects(const State& state, const std::vector<std::string>& resume_names) {
+  State live;
+  for (const auto& [name, entry] : state) {
+    if (std::find(resume_names.begin(), resume_names.end(), name) != resume_names.end()) continue;
+    if (entry.kind() == StateEntry::Kind::Object) live.emplace(name, entry);
+    if (entry.kind() == StateEntry::Kind::Nested) {
+      State nested = live_objects(entry.nested(), {});
+      if (!nested.empty()) live.emplace(name, StateEntry(std::move(nested)));
+    }
+  }
+  return live;
+}
+
+void drop_gradients(const State& state) {
+  for (const auto& [name, entry] : state) {
+    if (entry.kind() == StateEntry::Kind::Nested) drop_gradients(entry.nested());
+    if (auto* module = entry.module()) {
+      for (auto& parameter : module->parameters()) parameter.mutable_grad().reset();
+    }
+    if (auto* optimizer = entry.optimizer()) {
+      for (auto& group : optimizer->param_groups()) {
+        for (auto& parameter : group.params()) parameter.mutable_grad().reset();
       }
     }
-    nonfinite_watch_->after_backward(*this, loss, gradients, /*check_gradients=*/connector_->precision->loss_scaler() == nullptr);
   }
+}
+}  // namespace
+
+std::string Fabric::no_rollback_checkpoint() {
+  return "Rollback is on (fabric.roll_back_on_bad_steps), but there is no checkpoint to roll back to: this Fabric has "
+         "not saved or loaded one that holds every entry of the rollback state (without a filter) and is still on disk. "
+         "Save one before the first step (fabric.save right after setup), then at the interval you can afford to lose.";
+}
+
+void Fabric::note_checkpoint(const std::filesystem::path& path, const State& state) {
+  std::set<std::string> names;
+  for (const auto& [name, entry] : state) names.insert(name);
+  checkpoints_.erase(std::remove_if(checkpoints_.begin(), checkpoints_.end(), [&](const auto& c) { return c.first == path; }),
+                     checkpoints_.end());
+  checkpoints_.emplace_back(path, std::move(names));
+  if (checkpoints_.size() > 16) checkpoints_.erase(checkpoints_.begin());
+}
+
+std::optional<std::filesystem::path> Fabric::rollback_checkpoint() const {
+  for (auto it = checkpoints_.rbegin(); it != checkpoints_.rend(); ++it) {
+    bool covers = true;
+    if (rollback_state_) {
+      for (const auto& [name, entry] : *rollback_state_) covers = covers && it->second.count(name) > 0;
+    }
+    std::error_code ignored;
+    if (covers && std::filesystem::exists(it->first, ignored)) return it->first;
+  }
+  return std::nullopt;
+}
+
+void Fabric::roll_back_on_bad_steps(const State& state) {
+  auto live = std::make_shared<State>(live_objects(state, resume::entry_names(state, *this, "fabric.roll_back_on_bad_steps")));
+  LF_CHECK(!live->empty(), ValueError, "fabric.roll_back_on_bad_steps: the State holds no live object (a module, optimizer, "
+           "LR scheduler or Stateful of yours) to restore; pass the State you save, e.g. {{\"model\", model}, "
+           "{\"optimizer\", optimizer}}.");
+  rollback_state_ = std::move(live);
+}
+
+void Fabric::stop_rolling_back() { rollback_state_.reset(); }
+
+std::filesystem::path Fabric::roll_back(const std::string& finding) {
+  LF_CHECK(rollback_state_ != nullptr, RuntimeError, "fabric.roll_back(\"", finding, "\"): rollback is off. Turn it on with "
+           "fabric.roll_back_on_bad_steps(state), passing the State you save.");
+  connector_->strategy->settle_background_save(/*wait=*/true);  // a background save counts once complete
+  const std::optional<std::filesystem::path> found = rollback_checkpoint();
+  LF_CHECK(found.has_value(), RuntimeError, finding, "\n", no_rollback_checkpoint());
+  const std::filesystem::path path = *found;
+  std::string failure;
+  try {
+    connector_->strategy->load_checkpoint(path, rollback_state_.get(), /*strict=*/true);
+  } catch (const std::exception& error) {
+    failure = error.what();
+  }
+  // One outcome for every rank: a rank that could not read the file must not leave the others
+  // training on alone.
+  const bool loaded = all_reduce(failure.empty() ? 1.0 : 0.0, ReduceOp::Min) > 0.5;
+  LF_CHECK(loaded, RuntimeError, finding, "\nRolling back to ", path.string(), " failed",
+           failure.empty() ? std::string(" on another rank") : ": " + failure);
+  drop_gradients(*rollback_state_);
+  for_each_trained_tensor([](const std::string&, const at::Tensor& tensor) { tensor.mutable_grad().reset(); });
+  rank_zero_warn(finding + "\nRolled back to " + path.string() + " (the live objects of the State given to "
+                 "fabric.roll_back_on_bad_steps) and dropped the gradients; training goes on with the next batch.");
+  return path;
 }
 
 std::vector<at::Tensor> Fabric::grad(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
@@ -682,11 +784,14 @@ std::optional<State> Fabric::with_resume_values(const State& state, const char* 
 void Fabric::save(const std::filesystem::path& path, const State& state, const StateFilter& filter) {
   const std::optional<State> resolved = with_resume_values(state, "fabric.save");
   connector_->strategy->save_checkpoint(path, resolved ? *resolved : state, filter, /*in_background=*/false);
+  if (filter.empty()) note_checkpoint(path, state);
 }
 
 void Fabric::save_in_background(const std::filesystem::path& path, const State& state, const StateFilter& filter) {
   const std::optional<State> resolved = with_resume_values(state, "fabric.save_in_background");
   connector_->strategy->save_checkpoint(path, resolved ? *resolved : state, filter, /*in_background=*/true);
+  // A rollback waits for it to complete; a failed one leaves the file as it was (or none).
+  if (filter.empty()) note_checkpoint(path, state);
 }
 
 void Fabric::wait_for_background_save() { connector_->strategy->settle_background_save(/*wait=*/true); }
@@ -694,7 +799,11 @@ void Fabric::wait_for_background_save() { connector_->strategy->settle_backgroun
 StateDict Fabric::load(const std::filesystem::path& path, State& state, bool strict) {
   connector_->strategy->settle_background_save(/*wait=*/true);
   const std::vector<std::string> names = resume::entry_names(state, *this, "fabric.load");
-  if (names.empty()) return connector_->strategy->load_checkpoint(path, &state, strict);
+  if (names.empty()) {
+    StateDict remainder = connector_->strategy->load_checkpoint(path, &state, strict);
+    if (strict) note_checkpoint(path, state);
+    return remainder;
+  }
   // The resume entries are read from what the file holds beyond the rest of state.
   State others = state;
   for (const auto& name : names) others.erase(name);
@@ -716,6 +825,7 @@ StateDict Fabric::load(const std::filesystem::path& path, State& state, bool str
     resume::restore(*this, found->value(), live_loaders(), path, name);
     remainder.erase(name);
   }
+  if (strict) note_checkpoint(path, state);
   return remainder;
 }
 

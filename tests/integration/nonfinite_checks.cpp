@@ -7,10 +7,16 @@
 //     gradients of fc2's parameters and no origin rank;
 //   - a NaN in the branch torch::where drops on rank 0 (finite loss, NaN gradients): names
 //     aten::sqrt with module 'fc1' and rank 0;
-//   - then clean steps whose forward masks scores with -inf (as attention does): no error.
+//   - then clean steps whose forward masks scores with -inf (as attention does): no error;
+//   - rollback (fabric.roll_back_on_bad_steps): before any checkpoint the overflow still throws,
+//     saying there is none; after fabric.save it rolls every rank back to the saved weights and the
+//     step changes nothing, and the next clean steps train on.
 // Each rank prints "FAIL: ..." per failed check and exits 1 if any failed.
 #include <torch/torch.h>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <iostream>
 #include <limits>
 
@@ -67,7 +73,7 @@ int main(int argc, char** argv) {
   fabric.seed_everything(5);
   const int rank = fabric.global_rank();
   Net net;
-  torch::optim::SGD sgd(net->parameters(), 0.01);
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));  // state for the rollback to restore
   auto setup = fabric.setup(net, sgd);  // (C++17 lambdas cannot capture structured bindings)
   auto& model = std::get<0>(setup);
   auto& optimizer = std::get<1>(setup);
@@ -114,6 +120,44 @@ int main(int argc, char** argv) {
   message = run(fabric, model, optimizer, 4, [&](int, const at::Tensor& x) { return model(x, false, true).pow(2).mean(); },
                 step, ranks);
   expect(message.empty(), "clean steps with a -inf mask in the forward pass, got: " + message);
+
+  lf::State state{{"model", model}, {"optimizer", optimizer}, {"step", int64_t{0}}};
+  fabric.roll_back_on_bad_steps(state);
+  const auto overflow_at_0 = [&](int at, const at::Tensor& x) { return model(x, /*overflow=*/at == 0 && rank == 1).pow(2).mean(); };
+  message = run(fabric, model, optimizer, 0, overflow_at_0, step, ranks);
+  expect(contains(message, "there is no checkpoint to roll back to") && contains(message, "module 'fc2'"),
+         "without a checkpoint the finding is thrown, saying so, got: " + message);
+  const auto checkpoint = std::filesystem::temp_directory_path() /
+                          ("lf_nonfinite_rollback_" + std::to_string(::getppid()) + "_" + strategy);
+  fabric.save(checkpoint, state);
+  const auto trained = [&] {
+    std::vector<at::Tensor> copies;
+    for (const auto& group : optimizer.param_groups()) {
+      for (const auto& parameter : group.params()) copies.push_back(parameter.detach().clone());
+    }
+    return copies;
+  };
+  const auto same = [](const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+    bool equal = a.size() == b.size();
+    for (size_t i = 0; equal && i < a.size(); ++i) equal = torch::equal(a[i], b[i]);
+    return equal;
+  };
+  const std::vector<at::Tensor> saved = trained();
+  // Moves the weights away from the checkpoint first, so that the rollback has something to undo.
+  message = run(fabric, model, optimizer, 1, [&](int, const at::Tensor& x) { return model(x, false).pow(2).mean(); }, step, ranks);
+  expect(message.empty() && !same(trained(), saved), "two clean steps train after the save");
+  expect(fabric.rollback_checkpoint() == checkpoint, "the checkpoint to roll back to is the one saved");
+  message = run(fabric, model, optimizer, 0, overflow_at_0, step, ranks);
+  expect(message.empty(), "with a checkpoint the overflow rolls back instead of throwing, got: " + message);
+  expect(same(trained(), saved), "after the rollback and its optimizer step, every rank holds the saved weights");
+  message = run(fabric, model, optimizer, 1, [&](int, const at::Tensor& x) { return model(x, false).pow(2).mean(); }, step, ranks);
+  expect(message.empty() && !same(trained(), saved), "training goes on after the rollback");
+  fabric.stop_rolling_back();
+  message = run(fabric, model, optimizer, 0, overflow_at_0, step, ranks);
+  expect(contains(message, "module 'fc2'") && !contains(message, "roll back"), "rollback off again: the finding is thrown");
+  fabric.barrier();
+  if (fabric.is_global_zero()) std::filesystem::remove_all(checkpoint);
+
   if (checks::failures() > 0) return 1;
   std::cout << "rank " << rank << ": nonfinite checks pass (" << strategy << ")" << std::endl;
   return 0;

@@ -97,6 +97,54 @@ void run_ranks(lf::Fabric& fabric, const std::shared_ptr<lf::SpikeDetection>& de
     expect(text == "[\n    4,\n    5\n]", "skip_batches.json as Python's json.dump(indent=4) writes it, got: " + text);
   }
 }
+
+// Rollback (fabric.roll_back_on_bad_steps) on 2 ranks: a spike before any checkpoint still throws,
+// saying so; after a save at batch 2, rank 1's spike at batch 5 rolls every rank back to the saved
+// weights instead of throwing, and training goes on.
+void run_rollback(lf::Fabric& fabric, const std::shared_ptr<lf::SpikeDetection>& detector, const std::filesystem::path& folder) {
+  const int rank = fabric.global_rank();
+  torch::manual_seed(3);
+  torch::nn::Linear net(4, 1);
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  auto setup = fabric.setup(net, sgd);  // (C++17 lambdas cannot capture structured bindings)
+  auto& model = std::get<0>(setup);
+  auto& optimizer = std::get<1>(setup);
+  lf::State state{{"model", model}, {"optimizer", optimizer}};
+  fabric.roll_back_on_bad_steps(state);
+  const auto weights = [&] { return torch::cat({model->weight.detach().flatten(), model->bias.detach()}).clone(); };
+
+  lf::SpikeDetection early(lf::SpikeDetectionOptions().exclude_to(folder / "early"));
+  std::string message;
+  for (int64_t batch = 0; batch < 3 && message.empty(); ++batch) {
+    try {
+      early.on_train_batch_end({{"fabric", &fabric}, {"loss", batch == 2 && rank == 1 ? 50.0 : 2.0}, {"batch_idx", batch}});
+    } catch (const lf::TrainingSpikeException& spike) {
+      message = spike.what();
+    }
+  }
+  expect(message.rfind("Training spike detected in batch 2\n", 0) == 0 && message.find("no checkpoint to roll back to") != std::string::npos,
+         "a spike before any checkpoint throws, saying there is none, got: " + message);
+
+  at::Tensor saved;
+  for (int64_t batch = 0; batch < 8; ++batch) {
+    optimizer.zero_grad();
+    fabric.backward(model(torch::full({2, 4}, 1.0 + static_cast<double>(batch))).pow(2).mean());
+    optimizer.step();
+    if (batch == 2) {
+      fabric.save(folder / "rollback.ckpt", state);
+      saved = weights();
+    }
+    const double loss = (rank == 1 && batch == 5) ? 50.0 : 2.0 - 0.1 * static_cast<double>(batch);
+    try {
+      fabric.call("on_train_batch_end", {{"loss", torch::tensor(loss)}, {"batch_idx", batch}});
+    } catch (const lf::TrainingSpikeException& spike) {
+      expect(false, std::string("with a checkpoint the spike rolls back instead of throwing: ") + spike.what());
+    }
+    if (batch == 5) expect(torch::equal(weights(), saved), "after the spike at batch 5 every rank holds the weights saved at batch 2");
+  }
+  expect(!torch::equal(weights(), saved), "training goes on after the rollback");
+  expect(detector->bad_batches() == std::vector<int64_t>{4, 5}, "bad batches 4 and 5 on every rank");
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -109,6 +157,8 @@ int main(int argc, char** argv) {
   lf::Fabric fabric(fabric_options);
   if (mode == "cases") {
     run_cases(fabric, folder);
+  } else if (mode == "rollback") {
+    run_rollback(fabric, detector, folder);
   } else {
     run_ranks(fabric, detector, options);
   }

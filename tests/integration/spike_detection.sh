@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # lf::SpikeDetection against Python Lightning Fabric's SpikeDetection (LF_PYTHON's lightning and
 # torchmetrics) on the same loss sequences: the batch each case throws at and the running mean
-# must agree. Then 2 ranks under lightning-run, where one rank's spike stops both.
+# must agree. Then 2 ranks under lightning-run, where one rank's spike stops both, or, with
+# rollback on, sends both back to the last checkpoint while the job goes on.
 # Usage: spike_detection.sh LIGHTNING_RUN SPIKE_CHECKS
 set -euo pipefail
 run="$1"; program="$2"
@@ -53,4 +54,10 @@ fi
 echo "the same decisions as Python's SpikeDetection in $(wc -l <"$dir/ours.txt") cases"
 mkdir -p "$dir/ranks"
 "$run" model --accelerator cpu --devices 2 "$program" ranks "$dir/ranks"
+# Rollback instead of the exception: the job ends normally and rank 0 says where it went back to.
+mkdir -p "$dir/rollback"
+"$run" model --accelerator cpu --devices 2 "$program" rollback "$dir/rollback" 2>&1 | tee "$dir/rollback.out"
+grep -q "SpikeDetection: training spike detected in batch 5 (loss 1.5 on rank 0: a spike on another rank, running mean" "$dir/rollback.out" ||
+  { echo "FAIL: rank 0's rollback warning does not name the spike"; exit 1; }
+grep -q "Rolled back to $dir/rollback/rollback.ckpt" "$dir/rollback.out" || { echo "FAIL: the rollback warning does not name the checkpoint"; exit 1; }
 echo "spike detection checks passed"

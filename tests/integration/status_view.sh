@@ -9,7 +9,10 @@ run="$1"; program="$2"; python="$3"; case="$4"
 dir="$(mktemp -d)"
 pids=()
 cleanup() {
-  for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null; done
+  # SIGTERM: timeout passes it on to lightning-run, which stops its workers (SIGKILL would leave
+  # lightning-run and its workers running, held in hold_on_purpose).
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null; done
   rm -rf "$dir"
 }
 trap cleanup EXIT

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <limits>
 #include <numeric>
+#include <sstream>
 
 #include "lightning/fabric/fabric.h"
 
@@ -13,8 +14,9 @@ namespace lightning::fabric {
 
 namespace fs = std::filesystem;
 
-TrainingSpikeException::TrainingSpikeException(int64_t batch_idx)
-    : RuntimeError("Training spike detected in batch " + std::to_string(batch_idx)), batch_idx_(batch_idx) {}
+TrainingSpikeException::TrainingSpikeException(int64_t batch_idx, const std::string& note)
+    : RuntimeError("Training spike detected in batch " + std::to_string(batch_idx) + (note.empty() ? "" : "\n" + note)),
+      batch_idx_(batch_idx) {}
 
 SpikeDetection::SpikeDetection(SpikeDetectionOptions options) : options_(std::move(options)) {
   LF_CHECK(options_.mode == "min" || options_.mode == "max", ValueError, "SpikeDetectionOptions::mode is \"",
@@ -78,7 +80,16 @@ void SpikeDetection::on_train_batch_end(const HookArgs& args) {
       out << "\n]";
       LF_CHECK(out.good(), RuntimeError, "SpikeDetection: cannot write ", file.string(), ".");
     }
-    throw TrainingSpikeException(batch_idx);
+    if (!fabric->rolls_back_on_bad_steps()) throw TrainingSpikeException(batch_idx);
+    if (!fabric->rollback_checkpoint()) throw TrainingSpikeException(batch_idx, Fabric::no_rollback_checkpoint());
+    // Rolled back instead: the spiking batch is skipped, and its loss stays out of the statistics.
+    std::ostringstream finding;
+    finding << "SpikeDetection: training spike detected in batch " << batch_idx << " (loss " << loss << " on rank "
+            << fabric->global_rank() << (spike_here ? "" : ": a spike on another rank") << ", running mean " << running_mean() << ")";
+    const std::vector<int64_t> found = bad_batches_;  // a detector in the rolled-back State must not forget them
+    fabric->roll_back(finding.str());
+    bad_batches_ = found;
+    return;
   }
   // Without finite_only, the statistics take the loss only when it is finite on every rank.
   const bool take = options_.finite_only || fabric->all_reduce(std::isfinite(loss) ? 1.0 : 0.0, ReduceOp::Min) > 0.5;

@@ -65,14 +65,17 @@ std::vector<uint32_t> HangWatch::request_dumps(const std::string& dir, const std
   std::vector<uint32_t> requests;
   for (size_t local = 0; local < recorders_.size(); ++local) {
     const bool gone = local < exited.size() && !exited[local].empty();
-    requests.push_back(recorders_[local] && !gone ? recorders_[local]->request_dump(dir) : 0);
+    // Hang timeout 0: the rank runs no watchdog thread, so nothing would answer.
+    const bool watched = recorders_[local] && recorders_[local]->header().hang_timeout_ms > 0;
+    requests.push_back(watched && !gone ? recorders_[local]->request_dump(dir) : 0);
   }
   return requests;
 }
 
-bool HangWatch::dumps_answered(const std::vector<uint32_t>& requests) const {
+bool HangWatch::dumps_answered(const std::vector<uint32_t>& requests, const std::vector<std::string>& exited) const {
   for (size_t local = 0; local < requests.size() && local < recorders_.size(); ++local) {
-    if (requests[local] != 0 && !recorders_[local]->dump_answered(requests[local])) return false;
+    const bool gone = local < exited.size() && !exited[local].empty();
+    if (requests[local] != 0 && !gone && !recorders_[local]->dump_answered(requests[local])) return false;
   }
   return true;
 }
@@ -82,7 +85,7 @@ std::string HangWatch::dump(const fabric::HangVerdict& verdict, std::chrono::mil
   const std::filesystem::path dir = std::filesystem::path(attempt_dir_) / "hang";
   const std::vector<uint32_t> requests = request_dumps(dir.string(), {});
   const auto deadline = std::chrono::steady_clock::now() + wait;
-  while (!dumps_answered(requests) && std::chrono::steady_clock::now() < deadline) idle(std::chrono::milliseconds(50));
+  while (!dumps_answered(requests, {}) && std::chrono::steady_clock::now() < deadline) idle(std::chrono::milliseconds(50));
 
   std::string notes;
   for (size_t local = 0; local < recorders_.size(); ++local) {
@@ -112,20 +115,27 @@ std::string HangWatch::status(const std::vector<std::string>& exited, const std:
   size_t next = 0;
   for (size_t local = 0; local < recorders_.size(); ++local) {
     const int rank = rank_offset_ + static_cast<int>(local);
+    const bool gone = local < exited.size() && !exited[local].empty();
     if (!recorders_[local]) {
-      text << "  rank " << rank << ": no flight recorder yet (it has not created its process group"
-           << (local < exited.size() && !exited[local].empty() ? "; exited: " + exited[local] : "") << ")\n";
+      text << "  rank " << rank << ": no flight recorder" << (gone ? " (exited: " + exited[local] + ")" : "")
+           << ": it has not created its process group yet, or it records nothing (a job of one process, or "
+              "LT_FLIGHT_RECORDS=0)\n";
       continue;
     }
     text << "  " << fabric::describe_rank(ranks[next++]) << "\n";
-    if (local < exited.size() && !exited[local].empty()) continue;
-    const bool answered = local < requests.size() && requests[local] != 0 && recorders_[local]->dump_answered(requests[local]);
+    if (gone) continue;
+    const uint32_t request = local < requests.size() ? requests[local] : 0;
     std::ifstream file(std::filesystem::path(dir) / ("rank_" + std::to_string(rank) + ".stack.txt"));
     std::string line;
-    if (!answered || !std::getline(file, line)) {
-      text << "    no stack: rank " << rank << " did not answer within the wait (its hang timeout is "
-           << (timeout_ms_ > 0 ? "on, so it is frozen or stopped" : "0, which also stops the thread that captures stacks")
-           << ")\n";
+    if (request == 0 || !recorders_[local]->dump_answered(request) || !std::getline(file, line)) {
+      text << "    no stack: ";
+      if (recorders_[local]->header().hang_timeout_ms <= 0) {
+        text << "hang detection is off for this rank (hang timeout 0), and with it the thread that captures stacks\n";
+      } else if (request == 0) {
+        text << "its recorder appeared after the request; ask again\n";
+      } else {
+        text << "rank " << rank << " did not answer within 3 s (stopped, frozen, or blocked with signals masked)\n";
+      }
       continue;
     }
     text << "    " << (line.rfind("# ", 0) == 0 ? line.substr(2) : line) << "\n";

@@ -79,20 +79,31 @@ class Watchdog {
                    settings_.rank, settings_.world_size);
   }
 
+  // With a recorder file, lightning-run may ask for dumps (`lightning-run status`) at any time: the
+  // loop then wakes every 200 ms to answer, and publishes in the store only at its own period.
+  std::chrono::milliseconds tick() const {
+    if (settings_.group.flight_dir.empty()) return period();
+    return std::min(period(), std::chrono::milliseconds(200));
+  }
+
   void loop() {
     std::unique_lock<std::mutex> lock(mutex_);
+    Clock::time_point next_store_step = Clock::now();
     while (!stopping_) {
       lock.unlock();
       try {
         flight::Recorder::process()->heartbeat();
         if (!settings_.group.flight_dir.empty()) answer_launcher();  // dumps for a hang or a status request
-        if (!launcher_judges()) store_step();
+        if (!launcher_judges() && Clock::now() >= next_store_step) {
+          next_store_step = Clock::now() + period();
+          store_step();
+        }
       } catch (const std::exception&) {
         // The store is gone (the job is ending): nothing left to watch.
         return;
       }
       lock.lock();
-      wake_.wait_for(lock, period(), [this] { return stopping_; });
+      wake_.wait_for(lock, tick(), [this] { return stopping_; });
     }
   }
 

@@ -22,7 +22,8 @@ bool is_status_command(int argc, const char* const* argv);
 
 /// Runs `lightning-run status ADDRESS [--timeout SECONDS]`. Returns 0 when every node answered,
 /// 1 when the job could not be reached or some node did not answer in time (each said on err),
-/// 2 for a bad command line.
+/// 2 for a bad command line. A peer that accepts the connection but never answers ends the
+/// process with std::_Exit(1) at the deadline: this is the command's own entry point.
 int run_status_command(int argc, const char* const* argv, std::ostream& out, std::ostream& err);
 
 }  // namespace lightning::launcher

@@ -18,6 +18,7 @@
 #include <c10/util/Type.h>
 
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -434,6 +435,30 @@ class LF_API Fabric {
   std::shared_ptr<ResumeState> resume_state() const { return std::make_shared<ResumeState>(*this); }
   /// The whole checkpoint as stored, nothing restored.
   StateDict load(const std::filesystem::path& path);
+
+  // ---- rollback on bad steps (docs/toolkit.md, "Rolling back a bad step") ----
+  /// Turns rollback on: from now on a bad step no longer throws, neither a non-finite value found
+  /// by FabricOptions::detect_nonfinite (in fabric.backward) nor a spike found by SpikeDetection.
+  /// Instead every rank reloads the live objects of `state` (modules, optimizers, LR schedulers,
+  /// your Stateful objects; not its plain values nor a resume_state() entry, so loaders,
+  /// generators and your counters go on) from rollback_checkpoint(), drops the gradients of the
+  /// set-up modules and of the state's optimizers (after a backward, the optimizer step that
+  /// follows then changes nothing), and rank 0 warns, naming the finding and the file. The loop
+  /// goes on with the next batch: the bad one is skipped. Before any such checkpoint a bad step
+  /// throws as without rollback, saying there was none to go back to. The state's objects must
+  /// live until stop_rolling_back() or the Fabric's end. ValueError when state has no live object.
+  void roll_back_on_bad_steps(const State& state);
+  void stop_rolling_back();
+  bool rolls_back_on_bad_steps() const { return rollback_state_ != nullptr; }
+  /// The checkpoint a rollback goes back to: the newest one this Fabric saved (save or
+  /// save_in_background, without a filter) or loaded (strict) whose State named every entry of the
+  /// rollback state (any, with rollback off) and that exists on disk; nullopt before any.
+  std::optional<std::filesystem::path> rollback_checkpoint() const;
+  /// Rolls back now, as a bad step does; `finding` starts the warning. Collective. RuntimeError
+  /// naming the fix when rollback is off or there is no checkpoint yet. Returns the file.
+  std::filesystem::path roll_back(const std::string& finding);
+  /// The line a bad step's error gains when rollback is on but there is no checkpoint yet.
+  static std::string no_rollback_checkpoint();
   /// Loads a file holding one plain state dict into target (a module, optimizer, scheduler, loss
   /// scaler or your own lf::Stateful), e.g. weights from a consolidated checkpoint's "model" entry or a file written by
   /// torch::save(module) (modules only).
@@ -666,6 +691,14 @@ class LF_API Fabric {
   std::vector<OptimizerRecord> setup_optimizers_;
   std::vector<std::weak_ptr<LoaderProgress>> setup_loaders_;
   std::shared_ptr<internal::NonFiniteWatch> nonfinite_watch_;  // FabricOptions::detect_nonfinite
+  std::shared_ptr<State> rollback_state_;                       // roll_back_on_bad_steps: its live objects
+  /// Checkpoints saved or loaded, oldest first (the last 16), with the State's top-level names.
+  std::vector<std::pair<std::filesystem::path, std::set<std::string>>> checkpoints_;
+  void note_checkpoint(const std::filesystem::path& path, const State& state);
+  /// Calls f(name, tensor) for every tensor the optimizers train on this rank, by parameter name:
+  /// the set-up modules' parameters, or under fsdp this rank's shards of them.
+  void for_each_trained_tensor(const std::function<void(const std::string&, const at::Tensor&)>& f) const;
+
   bool was_set_up(const torch::optim::Optimizer& optimizer) const;
 };
 

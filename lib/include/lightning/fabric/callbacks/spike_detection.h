@@ -3,7 +3,8 @@
 // than the previous one and farther from the mean than atol and rtol * mean (either unset: no
 // limit) is a spike, and so is a non-finite loss while finite_only. A spike on any rank is a
 // spike on every rank: each writes the batch indices to skip when resuming (the previous and the
-// current one; rank 0 writes the JSON file) and throws lf::TrainingSpikeException.
+// current one; rank 0 writes the JSON file) and throws lf::TrainingSpikeException, or, with
+// fabric.roll_back_on_bad_steps(state) on, rolls back to the last checkpoint and skips the batch.
 //   auto spikes = std::make_shared<lf::SpikeDetection>(lf::SpikeDetectionOptions().relative(2.0));
 //   lf::Fabric fabric(lf::FabricOptions().callback(spikes));
 //   fabric.call("on_train_batch_end", {{"loss", loss}, {"batch_idx", i}});   // loss: a tensor or a double
@@ -28,7 +29,8 @@ namespace lightning::fabric {
 /// Thrown on every rank when SpikeDetection finds a spike: "Training spike detected in batch N".
 class LF_API TrainingSpikeException : public RuntimeError {
  public:
-  explicit TrainingSpikeException(int64_t batch_idx);
+  /// note: a further line (e.g. why rollback could not happen).
+  explicit TrainingSpikeException(int64_t batch_idx, const std::string& note = "");
   int64_t batch_idx() const { return batch_idx_; }
 
  private:

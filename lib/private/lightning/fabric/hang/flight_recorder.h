@@ -39,7 +39,8 @@ struct Record {
   char shape[96] = {};
 };
 
-/// The shared header: layout version 2 (docs/launcher.md describes it).
+/// The shared header, layout version 2 (this declaration is its description: lightning-run and the
+/// ranks it maps come from one build, and attach() refuses another version).
 struct Header {
   char magic[8] = {};               // "LFFLIGHT"
   uint32_t version = 0;

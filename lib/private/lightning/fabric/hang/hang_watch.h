@@ -43,12 +43,12 @@ class HangWatch {
   /// threshold; nullopt without one, with the threshold 0, or before every rank has a recorder.
   std::optional<std::pair<StragglerVerdict, std::string>> straggler();
 
-  /// Asks every local rank with a recorder that has not exited (exited as in check) to write its
-  /// dump files into dir (its watchdog answers within a period; the rank goes on). Returns the
-  /// requests, by local rank (0: not asked).
+  /// Asks every local rank with a recorder, a watchdog (hang timeout > 0) and no exit yet (exited
+  /// as in check) to write its dump files into dir (its watchdog answers within 200 ms; the rank
+  /// goes on). Returns the requests, by local rank (0: not asked).
   std::vector<uint32_t> request_dumps(const std::string& dir, const std::vector<std::string>& exited);
-  /// Whether every rank asked has answered its request.
-  bool dumps_answered(const std::vector<uint32_t>& requests) const;
+  /// Whether every rank asked has answered its request or exited since (exited as in check).
+  bool dumps_answered(const std::vector<uint32_t>& requests, const std::vector<std::string>& exited) const;
   /// The status view of this node's ranks: for each local rank its line (describe_rank) and the
   /// native stack it wrote into dir for `requests`, or why there is none.
   std::string status(const std::vector<std::string>& exited, const std::string& dir,
