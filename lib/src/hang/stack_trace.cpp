@@ -27,11 +27,17 @@ namespace {
 
 constexpr int kMaxFrames = 64;
 void* captured_frames[kMaxFrames];
-std::atomic<int> captured_count{-1};
+std::atomic<int> captured_count{-1};  // -1: awaited, -2: being written, else the frame count
+std::atomic<long> capture_target{0};   // the thread asked now; a late signal of an earlier capture that timed out
+                                       // lands on another thread, or finds the capture taken, and writes nothing
 
 void on_stack_signal(int) {
   const int saved_errno = errno;
-  captured_count.store(backtrace(captured_frames, kMaxFrames), std::memory_order_release);
+  int awaited = -1;
+  if (::syscall(SYS_gettid) == capture_target.load(std::memory_order_acquire) &&
+      captured_count.compare_exchange_strong(awaited, -2, std::memory_order_acq_rel)) {
+    captured_count.store(backtrace(captured_frames, kMaxFrames), std::memory_order_release);
+  }
   errno = saved_errno;
 }
 
@@ -189,7 +195,8 @@ std::string capture_thread_stack(int tid, std::chrono::milliseconds timeout) {
   static std::mutex one_at_a_time;
   std::lock_guard<std::mutex> lock(one_at_a_time);
   install_stack_capture();
-  captured_count.store(-1, std::memory_order_relaxed);
+  capture_target.store(tid, std::memory_order_release);
+  captured_count.store(-1, std::memory_order_release);
   if (::syscall(SYS_tgkill, ::getpid(), tid, stack_signal()) != 0) {
     return "no stack: thread " + std::to_string(tid) + " is gone (" + std::strerror(errno) + ")\n";
   }
