@@ -3,7 +3,8 @@
 # rank 1 held in hold_on_purpose() while the test looks (so rank 0 waits in an all_reduce). The
 # status must name every rank's step, collective and native stack, the job must then finish
 # normally (exit code 0 from every launcher), and bad addresses must get a clear error at once.
-# Usage: status_view.sh LIGHTNING_RUN HANG_PROGRAM PYTHON CASE   (CASE: two_ranks, two_nodes, bad_addresses)
+# Usage: status_view.sh LIGHTNING_RUN HANG_PROGRAM PYTHON CASE
+#   CASE: two_ranks, without_hang_detection, two_nodes, bad_addresses
 set -uo pipefail
 run="$1"; program="$2"; python="$3"; case="$4"
 dir="$(mktemp -d)"
@@ -95,6 +96,26 @@ case "$case" in
     [[ $code == 1 ]] || fail "status against an ended job exited with $code, expected 1"
     expect "$dir/status.err" "^lightning-run status: nothing listens at $address: the job has ended, or this is not its address"
     (( elapsed_ms < 5000 * scale )) || fail "status against an ended job took ${elapsed_ms} ms"
+    ;;
+  without_hang_detection)
+    # --hang-timeout 0: no watchdog thread, so no stacks, said at once; and no false "no heartbeat".
+    touch "$dir/hold"
+    timeout 120 "$run" model --devices 2 --hang-timeout 0 "$program" train_until_told "$dir/go" "$dir/hold" >"$dir/job.out" 2>&1 &
+    pids+=($!)
+    wait_for "$dir/job.out" "rendezvous at [^ ]+:[0-9]+"
+    address=$(grep -oE "rendezvous at [^ ]+:[0-9]+" "$dir/job.out" | head -1 | cut -d' ' -f3)
+    wait_for "$dir/job.out" "rank 1 trained"
+    sleep 6  # longer than the 5 s after which a silent heartbeat is reported
+    status "$address"
+    [[ $code == 0 ]] || fail "status exited with $code, expected 0"
+    [[ $(grep -c "^    no stack: hang detection is off for this rank (hang timeout 0)" "$dir/status") == 2 ]] ||
+      fail "the status does not say, for both ranks, that hang detection is off"
+    ! grep -q "no heartbeat" "$dir/status" || fail "a rank without a watchdog is reported as silent"
+    (( elapsed_ms < 3000 * scale )) || fail "the status waited ${elapsed_ms} ms for stacks nobody captures"
+    rm "$dir/hold"
+    touch "$dir/go"
+    wait "${pids[0]}"; job_code=$?
+    [[ $job_code == 0 ]] || fail "the job exited with $job_code after the status, expected 0"
     ;;
   two_nodes)
     # Two lightning-runs as two nodes of one job (one rank each): the ranks judge hangs through the

@@ -122,7 +122,10 @@ std::string HangWatch::status(const std::vector<std::string>& exited, const std:
               "LT_FLIGHT_RECORDS=0)\n";
       continue;
     }
-    text << "  " << fabric::describe_rank(ranks[next++]) << "\n";
+    flight::Progress& progress = ranks[next++];
+    // Without a watchdog (hang timeout 0) nothing beats: no heartbeat means nothing then.
+    if (recorders_[local]->header().hang_timeout_ms <= 0) progress.silent_s = 0;
+    text << "  " << fabric::describe_rank(progress) << "\n";
     if (gone) continue;
     const uint32_t request = local < requests.size() ? requests[local] : 0;
     std::ifstream file(std::filesystem::path(dir) / ("rank_" + std::to_string(rank) + ".stack.txt"));
