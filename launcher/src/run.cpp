@@ -124,9 +124,8 @@ class Job {
   /// Whether the job spans nodes that must hear of each other (an elastic job always does: nodes
   /// may join).
   bool multi_node() const { return layout_.num_nodes > 1 || rendezvous_->elastic(); }
-  /// One node: lightning-run judges hangs from the recorders (LT_HANG_JUDGE=launcher); across
-  /// nodes rank 0 judges through the store.
-  bool judges_hangs() const { return layout_.num_nodes == 1; }
+  /// Whether this launcher judges hangs (worker_env.h: launcher_judges_hangs).
+  bool judges_hangs() const { return launcher_judges_hangs(layout_.num_nodes); }
   /// After a failed attempt of an elastic job: forms the next group and returns true, or returns
   /// false when the failure ends the job (no restarts left).
   bool regroup_after(int attempt);

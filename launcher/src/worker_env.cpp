@@ -35,7 +35,7 @@ std::map<std::string, std::string> worker_environment(const LaunchArgs& args, co
 
 void add_attempt_environment(std::map<std::string, std::string>& vars, const std::string& attempt_dir, int num_nodes) {
   vars[env::kFlightDir] = attempt_dir;
-  vars[env::kHangJudge] = num_nodes == 1 ? "launcher" : "ranks";
+  vars[env::kHangJudge] = launcher_judges_hangs(num_nodes) ? "launcher" : "ranks";
   if (vars.count(env::kHangDumpDir) == 0) vars[env::kHangDumpDir] = attempt_dir + "/hang";
   vars[env::kStepTimesDir] = attempt_dir;
 }

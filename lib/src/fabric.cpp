@@ -318,12 +318,10 @@ State live_objects(const State& state, const std::vector<std::string>& resume_na
   return live;
 }
 
+// The State's optimizers' gradients (the set-up modules' are dropped through for_each_trained_tensor).
 void drop_gradients(const State& state) {
   for (const auto& [name, entry] : state) {
     if (entry.kind() == StateEntry::Kind::Nested) drop_gradients(entry.nested());
-    if (auto* module = entry.module()) {
-      for (auto& parameter : module->parameters()) parameter.mutable_grad().reset();
-    }
     if (auto* optimizer = entry.optimizer()) {
       for (auto& group : optimizer->param_groups()) {
         for (auto& parameter : group.params()) parameter.mutable_grad().reset();

@@ -44,6 +44,17 @@ status() {
   echo "status $*: exit code $code after ${elapsed_ms} ms"
 }
 
+# start_held_job [FLAGS]: a 2-rank job with rank 1 held, in the background (pids), once both ranks
+# trained; sets address to its rendezvous.
+start_held_job() {
+  touch "$dir/hold"
+  timeout 120 "$run" model --devices 2 "$@" "$program" train_until_told "$dir/go" "$dir/hold" >"$dir/job.out" 2>&1 &
+  pids+=($!)
+  wait_for "$dir/job.out" "rendezvous at [^ ]+:[0-9]+"
+  address=$(grep -oE "rendezvous at [^ ]+:[0-9]+" "$dir/job.out" | head -1 | cut -d' ' -f3)
+  wait_for "$dir/job.out" "rank 1 trained"
+}
+
 # Checks the status of a held job: rank 0 waits in the all_reduce, rank 1 is in hold_on_purpose.
 check_held_status() {
   [[ $code == 0 ]] || fail "status exited with $code, expected 0: $(cat "$dir/status.err")"
@@ -66,13 +77,7 @@ check_held_status() {
 
 case "$case" in
   two_ranks)
-    touch "$dir/hold"
-    timeout 120 "$run" model --devices 2 --hang-timeout 60 --log-dir "$dir/logs" "$program" train_until_told "$dir/go" "$dir/hold" \
-      >"$dir/job.out" 2>&1 &
-    pids+=($!)
-    wait_for "$dir/job.out" "rendezvous at [^ ]+:[0-9]+"
-    address=$(grep -oE "rendezvous at [^ ]+:[0-9]+" "$dir/job.out" | head -1 | cut -d' ' -f3)
-    wait_for "$dir/job.out" "rank 1 trained"
+    start_held_job --hang-timeout 60 --log-dir "$dir/logs"
     sleep 0.5  # a few steps in: rank 1 holds, rank 0 waits in the all_reduce
     status "$address"
     check_held_status "1 node"
@@ -99,12 +104,7 @@ case "$case" in
     ;;
   without_hang_detection)
     # --hang-timeout 0: no watchdog thread, so no stacks, said at once; and no false "no heartbeat".
-    touch "$dir/hold"
-    timeout 120 "$run" model --devices 2 --hang-timeout 0 "$program" train_until_told "$dir/go" "$dir/hold" >"$dir/job.out" 2>&1 &
-    pids+=($!)
-    wait_for "$dir/job.out" "rendezvous at [^ ]+:[0-9]+"
-    address=$(grep -oE "rendezvous at [^ ]+:[0-9]+" "$dir/job.out" | head -1 | cut -d' ' -f3)
-    wait_for "$dir/job.out" "rank 1 trained"
+    start_held_job --hang-timeout 0
     sleep 6  # longer than the 5 s after which a silent heartbeat is reported
     status "$address"
     [[ $code == 0 ]] || fail "status exited with $code, expected 0"

@@ -34,4 +34,8 @@ std::map<std::string, std::string> worker_environment(const LaunchArgs& args, co
 /// (<folder>/hang, unless the user set it: where ranks of a multi-node job write hang dumps).
 void add_attempt_environment(std::map<std::string, std::string>& vars, const std::string& attempt_dir, int num_nodes);
 
+/// Who judges hangs, the one rule both sides follow: lightning-run on a job of one node (it maps
+/// every rank's recorder), else rank 0 through the store (LT_HANG_JUDGE says which to the ranks).
+inline bool launcher_judges_hangs(int num_nodes) { return num_nodes == 1; }
+
 }  // namespace lightning::launcher
