@@ -52,6 +52,18 @@ else()
   message(STATUS "lightning-fabric: libdw not found (Debian: libdw-dev): native stacks in hang reports name "
                  "functions, without file and line")
 endif()
+# libjpeg-turbo and libpng (Debian: libjpeg62-turbo-dev, libpng-dev) decode the JPEG and PNG leaves
+# of streaming datasets; without them such leaves are refused with that reason (LF_HAVE_IMAGE_CODECS).
+find_package(JPEG QUIET)
+find_package(PNG QUIET)
+add_library(lf_image_codecs INTERFACE)
+if(JPEG_FOUND AND PNG_FOUND)
+  target_link_libraries(lf_image_codecs INTERFACE JPEG::JPEG PNG::PNG)
+  target_compile_definitions(lf_image_codecs INTERFACE LF_HAVE_IMAGE_CODECS=1)
+else()
+  message(STATUS "lightning-fabric: libjpeg or libpng not found (Debian: libjpeg62-turbo-dev libpng-dev): "
+                 "streaming datasets refuse JPEG and PNG leaves")
+endif()
 # LibTorch's public headers include <nlohmann/json.hpp> but the wheel does not ship it.
 get_target_property(_lf_json_include nlohmann_json::nlohmann_json INTERFACE_INCLUDE_DIRECTORIES)
 if(_lf_json_include)

@@ -1,0 +1,229 @@
+#include "lightning/fabric/data/streaming_writer.h"
+
+#include "lightning/fabric/checkpoint/atomic_file.h"
+#include "lightning/fabric/data/litdata_format.h"
+#include "lightning/fabric/errors.h"
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <regex>
+
+namespace lightning::fabric {
+
+namespace data_detail {
+
+struct WriterState {
+  std::filesystem::path dir;
+  StreamingWriterOptions options;
+  int rank = 0;
+  bool finished = false;
+  int64_t items = 0;
+  TreeSpec spec;
+  std::vector<std::string> formats;
+  std::vector<std::string> pending;  // payloads of the chunk being filled
+  int64_t pending_bytes = 0;
+  nlohmann::json chunks = nlohmann::json::array();
+  std::vector<std::filesystem::path> written;
+
+  std::string who() const { return "StreamingWriter(" + dir.string() + ")"; }
+
+  void flush() {
+    if (pending.empty()) return;
+    const uint32_t n = static_cast<uint32_t>(pending.size());
+    std::string header(4 * (size_t{n} + 2), '\0');
+    uint32_t offset = 4 * (n + 2);
+    std::memcpy(&header[0], &n, 4);
+    for (uint32_t i = 0; i <= n; ++i) {
+      std::memcpy(&header[4 + 4 * size_t{i}], &offset, 4);
+      if (i < n) {
+        LF_CHECK(offset + pending[i].size() < (uint64_t{1} << 32), ValueError, who(),
+                 ": a chunk would pass 4 GiB, the most LitData's offsets address; set a smaller chunk_bytes or chunk_size");
+        offset += static_cast<uint32_t>(pending[i].size());
+      }
+    }
+    const std::string name = "chunk-" + std::to_string(rank) + "-" + std::to_string(chunks.size()) + ".bin";
+    write_file_atomically(dir / name, [&](const ByteSink& sink) {
+      sink(header.data(), header.size());
+      for (const auto& payload : pending) sink(payload.data(), payload.size());
+    });
+    written.push_back(dir / name);
+    chunks.push_back({{"chunk_bytes", offset}, {"chunk_size", n}, {"dim", nullptr}, {"filename", name}});
+    pending.clear();
+    pending_bytes = 0;
+  }
+
+  nlohmann::json index() const {
+    nlohmann::json config = {
+        {"chunk_bytes", options.chunk_bytes_ ? nlohmann::json(*options.chunk_bytes_) : nlohmann::json(nullptr)},
+        {"chunk_size", options.chunk_size_ ? nlohmann::json(*options.chunk_size_) : nlohmann::json(nullptr)},
+        {"compression", nullptr},
+        {"compression_batch_size", nullptr},
+        {"compression_level", nullptr},
+        {"data_format", formats},
+        {"data_spec", tree_spec_json(spec)},
+        {"encryption", nullptr},
+        {"ipc_compression", nullptr},
+        {"item_loader", "PyTreeLoader"},
+        {"types", nullptr}};
+    const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    char stamp[64];
+    std::snprintf(stamp, sizeof(stamp), "%.6f", now);
+    return {{"chunks", chunks}, {"config", config}, {"updated_at", stamp}};
+  }
+};
+
+namespace {
+// Python's json.dump(sort_keys=True) layout: ", " and ": " separators, ASCII only.
+std::string python_json(const nlohmann::json& value) {
+  std::string out;
+  switch (value.type()) {
+    case nlohmann::json::value_t::object: {
+      out = "{";
+      bool first = true;
+      for (auto it = value.begin(); it != value.end(); ++it) {  // nlohmann keeps keys sorted
+        out += (first ? "" : ", ") + nlohmann::json(it.key()).dump(-1, ' ', true) + ": " + python_json(it.value());
+        first = false;
+      }
+      return out + "}";
+    }
+    case nlohmann::json::value_t::array: {
+      out = "[";
+      for (size_t i = 0; i < value.size(); ++i) out += (i ? ", " : "") + python_json(value[i]);
+      return out + "]";
+    }
+    default: return value.dump(-1, ' ', true);
+  }
+}
+}  // namespace
+}  // namespace data_detail
+
+StreamingWriter::StreamingWriter(const std::filesystem::path& dir, StreamingWriterOptions options)
+    : state_(std::make_unique<data_detail::WriterState>()) {
+  auto& state = *state_;
+  state.dir = dir;
+  state.options = std::move(options);
+  state.rank = state.options.writer_rank_.value_or(0);
+  const std::string who = state.who();
+  LF_CHECK(state.options.chunk_size_.has_value() != state.options.chunk_bytes_.has_value(), ValueError, who,
+           ": set exactly one of chunk_size (items per chunk) and chunk_bytes (bytes per chunk), as litdata.optimize asks");
+  LF_CHECK(state.options.chunk_size_.value_or(1) > 0 && state.options.chunk_bytes_.value_or(1) > 0, ValueError, who,
+           ": chunk_size and chunk_bytes must be positive");
+  LF_CHECK(state.rank >= 0, ValueError, who, ": writer_rank must be 0 or more, got ", state.rank);
+  std::filesystem::create_directories(dir);
+  const std::regex ours(state.options.writer_rank_ ? "chunk-" + std::to_string(state.rank) + "-[0-9]+\\.bin|" +
+                                                        std::to_string(state.rank) + "\\.index\\.json|index\\.json"
+                                                  : std::string("chunk-.*\\.bin|([0-9]+\\.)?index\\.json"));
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    LF_CHECK(!std::regex_match(entry.path().filename().string(), ours), ValueError, who, ": ", dir.string(),
+             " already holds a dataset (", entry.path().filename().string(),
+             "); a dataset is written once: remove the folder, or write to another one");
+  }
+}
+
+StreamingWriter::~StreamingWriter() {
+  if (!state_ || state_->finished) return;
+  std::error_code ignored;  // an unfinished dataset leaves nothing that looks readable
+  for (const auto& path : state_->written) std::filesystem::remove(path, ignored);
+}
+
+int64_t StreamingWriter::size() const { return state_->items; }
+
+void StreamingWriter::add(const c10::IValue& item) {
+  auto& state = *state_;
+  const std::string who = state.who() + ".add (item " + std::to_string(state.items) + ")";
+  LF_CHECK(!state.finished, ValueError, who, ": the writer is finished; make a new writer for another dataset");
+  std::vector<c10::IValue> leaves;
+  try {
+    data_detail::TreeSpec spec = data_detail::tree_spec_of(item);
+    if (state.items == 0) {
+      state.spec = spec;
+    } else {
+      LF_CHECK(spec == state.spec, ValueError, who, ": its structure is ", data_detail::tree_spec_json(spec),
+               ", the first item's was ", data_detail::tree_spec_json(state.spec),
+               "; every item of a dataset has one structure (same containers, same dict keys in the same order)");
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw ValueError(who + ": " + e.what());
+  }
+  data_detail::flatten(item, leaves);
+  if (state.items == 0) {
+    if (state.options.formats_.empty()) {
+      for (size_t i = 0; i < leaves.size(); ++i) {
+        try {
+          state.formats.push_back(data_detail::default_format(leaves[i]));
+        } catch (const std::exception& e) {
+          throw ValueError(who + ", leaf " + std::to_string(i) + ": " + e.what());
+        }
+      }
+    } else {
+      LF_CHECK(state.options.formats_.size() == leaves.size(), ValueError, who, ": formats names ",
+               state.options.formats_.size(), " leaves, the item has ", leaves.size());
+      state.formats = state.options.formats_;
+    }
+  }
+  std::string payload(4 * leaves.size(), '\0');
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    std::string bytes;
+    try {
+      bytes = data_detail::encode_leaf(state.formats[i], leaves[i]);
+    } catch (const std::exception& e) {
+      throw ValueError(who + ", leaf " + std::to_string(i) + ": " + e.what());
+    }
+    const uint32_t length = static_cast<uint32_t>(bytes.size());
+    std::memcpy(&payload[4 * i], &length, 4);
+    payload += bytes;
+  }
+  const int64_t size = static_cast<int64_t>(payload.size());
+  if (state.options.chunk_bytes_ && !state.pending.empty() && state.pending_bytes + size > *state.options.chunk_bytes_)
+    state.flush();
+  state.pending.push_back(std::move(payload));
+  state.pending_bytes += size;
+  ++state.items;
+  if (state.options.chunk_size_ && static_cast<int64_t>(state.pending.size()) >= *state.options.chunk_size_) state.flush();
+}
+
+void StreamingWriter::finish() {
+  auto& state = *state_;
+  LF_CHECK(!state.finished, ValueError, state.who(), ".finish: already finished");
+  LF_CHECK(state.items > 0, ValueError, state.who(), ".finish: no item was added; a dataset needs at least one");
+  state.flush();
+  const auto name = state.options.writer_rank_ ? std::to_string(state.rank) + ".index.json" : std::string("index.json");
+  write_file_atomically(state.dir / name, data_detail::python_json(state.index()));
+  state.finished = true;
+}
+
+void StreamingWriter::merge_index(const std::filesystem::path& dir) {
+  const std::string who = "StreamingWriter::merge_index(" + dir.string() + ")";
+  std::vector<std::pair<int64_t, std::filesystem::path>> parts;
+  static const std::regex part_name(R"(([0-9]+)\.index\.json)");
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    std::smatch match;
+    const std::string name = entry.path().filename().string();
+    if (std::regex_match(name, match, part_name)) parts.emplace_back(std::stoll(match[1]), entry.path());
+  }
+  LF_CHECK(!parts.empty(), ValueError, who, ": no RANK.index.json to merge (writers with writer_rank leave one each)");
+  std::sort(parts.begin(), parts.end());
+  nlohmann::json merged;
+  for (const auto& [rank, path] : parts) {
+    std::ifstream in(path);
+    nlohmann::json part = nlohmann::json::parse(in);
+    if (merged.is_null()) {
+      merged = part;
+      continue;
+    }
+    LF_CHECK(part.at("config").at("data_format") == merged.at("config").at("data_format") &&
+                 part.at("config").at("data_spec") == merged.at("config").at("data_spec"),
+             ValueError, who, ": ", path.filename().string(), " was written with other item formats than ",
+             parts[0].second.filename().string(), "; the writers of one dataset write one kind of item");
+    for (auto& chunk : part.at("chunks")) merged["chunks"].push_back(chunk);
+  }
+  write_file_atomically(dir / "index.json", data_detail::python_json(merged));
+  for (const auto& part : parts) std::filesystem::remove(part.second);
+}
+
+}  // namespace lightning::fabric

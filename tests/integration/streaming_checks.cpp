@@ -1,0 +1,218 @@
+// lf::StreamingDataset / StreamingWriter / StreamingDataLoader from outside, against Python's
+// litdata (litdata_peer.py) and inside lightning-run jobs (litdata_interop.sh, streaming_resume.sh):
+//   streaming_checks dump DIR               every item, one canonical line each (litdata_peer.py's form)
+//   streaming_checks write mixed|ids DIR    a dataset written by lf::StreamingWriter
+//   streaming_checks order DIR CONFIG...    the batches the loader yields (litdata_peer.py order's lines)
+//   streaming_checks train DIR LOG [--batch B] [--shuffle] [--workers W] [--epochs E]
+//                          [--save-after K CKPT [--kill]] [--resume CKPT]
+//       a Fabric job: each rank logs "epoch E: ids" per batch to LOG/rank-R.log; --save-after saves
+//       the loader's position after K batches of the first epoch (then --kill: SIGKILL on rank 0).
+#include "lightning/fabric/data/streaming_dataset.h"
+#include "lightning/fabric/data/streaming_loader.h"
+#include "lightning/fabric/data/streaming_writer.h"
+#include "lightning/fabric/fabric.h"
+
+#include <ATen/ATen.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace lf = lightning::fabric;
+
+namespace {
+
+std::string hex(const void* data, size_t size) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  out.reserve(size * 2);
+  const auto* bytes = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < size; ++i) {
+    out.push_back(digits[bytes[i] >> 4]);
+    out.push_back(digits[bytes[i] & 15]);
+  }
+  return out;
+}
+
+std::string dtype_name(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat: return "float32";
+    case at::kDouble: return "float64";
+    case at::kHalf: return "float16";
+    case at::kBFloat16: return "bfloat16";
+    case at::kComplexFloat: return "complex64";
+    case at::kComplexDouble: return "complex128";
+    case at::kByte: return "uint8";
+    case at::kChar: return "int8";
+    case at::kShort: return "int16";
+    case at::kInt: return "int32";
+    case at::kLong: return "int64";
+    case at::kBool: return "bool";
+    case at::kUInt16: return "uint16";
+    case at::kUInt32: return "uint32";
+    case at::kUInt64: return "uint64";
+    default: return c10::toString(type);
+  }
+}
+
+std::string canonical(const c10::IValue& value) {
+  if (value.isBool()) return std::string("b:") + (value.toBool() ? "1" : "0");
+  if (value.isInt()) return "i:" + std::to_string(value.toInt());
+  if (value.isDouble()) {
+    const double d = value.toDouble();
+    return "f:" + hex(&d, 8);
+  }
+  if (value.isNone()) return "n";
+  if (value.isString()) return "s:" + hex(value.toStringRef().data(), value.toStringRef().size());
+  if (value.isTensor()) {
+    const at::Tensor t = value.toTensor().contiguous();
+    std::string shape;
+    for (int64_t d = 0; d < t.dim(); ++d) shape += (d ? "," : "") + std::to_string(t.size(d));
+    return "t:" + dtype_name(t.scalar_type()) + ":" + shape + ":" + hex(t.data_ptr(), t.numel() * t.element_size());
+  }
+  std::string out;
+  if (value.isTuple()) {
+    for (const auto& e : value.toTupleRef().elements()) out += (out.empty() ? "" : ",") + canonical(e);
+    return "(" + out + ")";
+  }
+  if (value.isList()) {
+    for (const auto& e : value.toListRef()) out += (out.empty() ? "" : ",") + canonical(e);
+    return "[" + out + "]";
+  }
+  if (value.isGenericDict()) {
+    for (const auto& e : value.toGenericDict())
+      out += (out.empty() ? "" : ",") + e.key().toStringRef() + "=" + canonical(e.value());
+    return "{" + out + "}";
+  }
+  throw std::runtime_error("no canonical form for " + value.tagKind());
+}
+
+c10::IValue tuple(std::vector<c10::IValue> values) { return c10::ivalue::Tuple::create(std::move(values)); }
+
+void write(const std::string& kind, const std::string& dir) {
+  if (kind == "ids") {
+    lf::StreamingWriter writer(dir, lf::StreamingWriterOptions().chunk_size(17));
+    for (int64_t i = 0; i < 203; ++i) writer.add(tuple({i, at::full({4}, static_cast<double>(i), at::kFloat)}));
+    writer.finish();
+    return;
+  }
+  // Every writable leaf format, nested in a tuple, a list and a dict.
+  lf::StreamingWriter writer(dir, lf::StreamingWriterOptions().chunk_bytes(1500).formats(
+      {"int", "float", "bool", "str", "bytes", "tensor", "no_header_tensor:16", "numpy", "no_header_numpy:1",
+       "tensor", "jpeg", "pickle", "str", "int"}));
+  for (int64_t i = 0; i < 19; ++i) {
+    c10::impl::GenericDict nested(c10::StringType::get(), c10::AnyType::get());
+    nested.insert("name", "n" + std::to_string(i));
+    nested.insert("k", i * 7);
+    c10::impl::GenericList list(c10::AnyType::get());
+    list.push_back(tuple({nested}));
+    const auto image = at::arange(3 * 8 * 8, at::kInt).remainder(251).add(i).remainder(256).to(at::kByte).reshape({3, 8, 8});
+    writer.add(tuple({i, i * 0.5 - 3.25, i % 2 == 0, "item " + std::to_string(i) + ": \xc3\xa9\xe4\xb8\xad",
+                      std::string("\x00\x01\xff", 3) + std::to_string(i), at::arange(6, at::kDouble).reshape({2, 3}) * i,
+                      at::arange(i % 4 + 1, at::kInt), at::arange(4, at::kFloat).reshape({2, 2}) + i,
+                      at::arange(3, at::kShort) + i, at::tensor(i), image, c10::IValue(), list}));
+  }
+  writer.finish();
+}
+
+void order(const std::string& dir, const std::vector<std::string>& configs) {
+  lf::StreamingDataset dataset(dir);
+  for (const auto& config : configs) {
+    std::vector<int64_t> p;
+    std::stringstream in(config);
+    for (std::string part; std::getline(in, part, ',');) p.push_back(std::stoll(part));
+    auto options = lf::StreamingLoaderOptions()
+                       .world_size(static_cast<int>(p[0])).rank(static_cast<int>(p[1]))
+                       .num_workers(static_cast<int>(p[2])).batch_size(p[3]).shuffle(p[4] != 0);
+    if (p.size() > 6) options.drop_last(p[6] != 0);
+    lf::StreamingDataLoader loader(dataset, options);
+    for (int64_t epoch = 1; epoch <= p[5]; ++epoch) {
+      for (auto& batch : loader) {
+        const at::Tensor ids = batch.data.toTupleRef().elements()[0].toTensor();
+        std::string line;
+        for (int64_t k = 0; k < ids.numel(); ++k) {
+          if (ids[k].item<int64_t>() != batch.indices[k]) throw std::runtime_error("an item's id is not its index");
+          line += (k ? " " : "") + std::to_string(batch.indices[k]);
+        }
+        std::cout << config << " epoch " << epoch << ": " << line << "\n";
+      }
+    }
+  }
+}
+
+int train(int argc, char** argv) {
+  const std::string dir = argv[2], log_dir = argv[3];
+  int64_t batch_size = 4, save_after = -1, epochs = 1;
+  int workers = 0;
+  bool shuffle = false, kill = false;
+  std::string save_path, resume_path;
+  for (int i = 4; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--batch") batch_size = std::stoll(argv[++i]);
+    else if (flag == "--workers") workers = std::stoi(argv[++i]);
+    else if (flag == "--epochs") epochs = std::stoll(argv[++i]);
+    else if (flag == "--shuffle") shuffle = true;
+    else if (flag == "--kill") kill = true;
+    else if (flag == "--save-after") save_after = std::stoll(argv[++i]), save_path = argv[++i];
+    else if (flag == "--resume") resume_path = argv[++i];
+    else throw std::runtime_error("unknown flag " + flag);
+  }
+  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu"));
+  fabric.launch();
+  lf::StreamingDataset dataset(dir);
+  lf::StreamingDataLoader loader(dataset, lf::StreamingLoaderOptions()
+                                              .batch_size(batch_size).shuffle(shuffle).num_workers(workers)
+                                              .world_size(fabric.world_size()).rank(fabric.global_rank()));
+  if (!resume_path.empty()) {
+    lf::State state{{"loader", loader}};
+    fabric.load(resume_path, state);
+  }
+  std::ofstream log(log_dir + "/rank-" + std::to_string(fabric.global_rank()) + ".log", std::ios::app);
+  for (int64_t e = 0; e < epochs; ++e) {
+    int64_t taken = 0;
+    for (auto& batch : loader) {
+      log << "epoch " << loader.epoch() << ":";
+      for (int64_t index : batch.indices) log << " " << index;
+      log << "\n";
+      log.flush();
+      ++taken;
+      if (e == 0 && taken == save_after) {
+        fabric.save(save_path, {{"loader", loader}});
+        if (kill) {
+          fabric.barrier();
+          if (fabric.global_rank() == 0) std::raise(SIGKILL);
+          fabric.barrier();  // the launcher stops the others
+        }
+      }
+    }
+  }
+  std::cout << "rank " << fabric.global_rank() << " of " << fabric.world_size() << ": done, waited "
+            << loader.wait_seconds() << " s on data\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const std::string command = argc > 1 ? argv[1] : "";
+    if (command == "dump" && argc == 3) {
+      lf::StreamingDataset dataset(argv[2]);
+      for (int64_t i = 0; i < dataset.size(); ++i) std::cout << canonical(dataset.get(i)) << "\n";
+      return 0;
+    }
+    if (command == "write" && argc == 4) return write(argv[2], argv[3]), 0;
+    if (command == "order" && argc >= 4) return order(argv[2], std::vector<std::string>(argv + 3, argv + argc)), 0;
+    if (command == "train" && argc >= 4) return train(argc, argv);
+    std::cerr << "usage: streaming_checks dump DIR | write mixed|ids DIR | order DIR CONFIG... | train DIR LOG [flags]\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "FAIL: " << e.what() << "\n";
+    return 1;
+  }
+}
