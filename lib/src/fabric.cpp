@@ -780,12 +780,14 @@ std::optional<State> Fabric::with_resume_values(const State& state, const char* 
 }
 
 void Fabric::save(const std::filesystem::path& path, const State& state, const StateFilter& filter) {
+  ensure_environment_ready();  // collective: a job that saves before any setup still needs its group
   const std::optional<State> resolved = with_resume_values(state, "fabric.save");
   connector_->strategy->save_checkpoint(path, resolved ? *resolved : state, filter, /*in_background=*/false);
   if (filter.empty()) note_checkpoint(path, state);
 }
 
 void Fabric::save_in_background(const std::filesystem::path& path, const State& state, const StateFilter& filter) {
+  ensure_environment_ready();
   const std::optional<State> resolved = with_resume_values(state, "fabric.save_in_background");
   connector_->strategy->save_checkpoint(path, resolved ? *resolved : state, filter, /*in_background=*/true);
   // A rollback waits for it to complete; a failed one leaves the file as it was (or none).
@@ -795,6 +797,7 @@ void Fabric::save_in_background(const std::filesystem::path& path, const State& 
 void Fabric::wait_for_background_save() { connector_->strategy->settle_background_save(/*wait=*/true); }
 
 StateDict Fabric::load(const std::filesystem::path& path, State& state, bool strict) {
+  ensure_environment_ready();
   connector_->strategy->settle_background_save(/*wait=*/true);
   const std::vector<std::string> names = resume::entry_names(state, *this, "fabric.load");
   if (names.empty()) {
@@ -828,6 +831,7 @@ StateDict Fabric::load(const std::filesystem::path& path, State& state, bool str
 }
 
 StateDict Fabric::load(const std::filesystem::path& path) {
+  ensure_environment_ready();
   connector_->strategy->settle_background_save(/*wait=*/true);
   return connector_->strategy->load_checkpoint(path, nullptr, true);
 }

@@ -163,7 +163,6 @@ int train(int argc, char** argv) {
     else throw std::runtime_error("unknown flag " + flag);
   }
   lf::Fabric fabric(lf::FabricOptions().accelerator("cpu"));
-  fabric.launch();
   lf::StreamingDataset dataset(dir);
   lf::StreamingDataLoader loader(dataset, lf::StreamingLoaderOptions()
                                               .batch_size(batch_size).shuffle(shuffle).num_workers(workers)

@@ -235,11 +235,13 @@ struct LoaderPass {
     int64_t epoch = 1;
     std::vector<Stage> stages;
     bool finished = false;
+    bool drop_last = false;  // the order of a resumed epoch was planned with it
   };
   std::optional<Saved> saved;
 
   bool started = false, finished = false;
   int64_t epoch = 1;
+  bool drop_last = false;  // this pass's: the loader's own, or a resumed epoch's
   std::vector<Stage> history;
   Stage current;
   Batches batches;
@@ -340,8 +342,10 @@ void StreamingDataLoader::start_pass() {
   p.stop_reading();
   p.history.clear();
   p.current = p.own_stage();
+  p.drop_last = p.spec.drop_last;
   if (p.saved && !p.saved->finished && !p.chosen_epoch) {
     p.epoch = p.saved->epoch;
+    p.drop_last = p.saved->drop_last;
     p.history = p.saved->stages;
     const data_detail::Stage last = p.history.back();
     p.history.pop_back();
@@ -358,6 +362,7 @@ void StreamingDataLoader::start_pass() {
   p.next_epoch = p.epoch + 1;
   auto spec = p.spec;
   spec.epoch = p.epoch;
+  spec.drop_last = p.drop_last;
   p.batches = data_detail::plan(dataset_.chunk_sizes(), spec, p.history, p.current, p.rank);
   p.current.taken = std::min<int64_t>(p.current.taken, static_cast<int64_t>(p.batches.size()));
   p.started = true;
@@ -456,16 +461,19 @@ StateDict StreamingDataLoader::state_dict() const {
   const auto& p = *pass_;
   int64_t epoch;
   bool finished;
+  bool drop_last = p.spec.drop_last;
   std::vector<data_detail::Stage> stages;
   if (p.saved && !p.started) {
     epoch = p.saved->epoch;
     finished = p.saved->finished;
     stages = p.saved->stages;
+    drop_last = p.saved->drop_last;
   } else if (p.started) {
     epoch = p.epoch;
     finished = p.finished;
     stages = p.history;
     stages.push_back(p.current);
+    drop_last = p.drop_last;
   } else {
     epoch = this->epoch();
     finished = false;
@@ -475,6 +483,7 @@ StateDict StreamingDataLoader::state_dict() const {
     epoch = *p.chosen_epoch;
     finished = false;
     stages = {p.own_stage()};
+    drop_last = p.spec.drop_last;
   }
   c10::List<int64_t> worlds, workers, sizes, taken;
   for (const auto& stage : stages) {
@@ -494,7 +503,7 @@ StateDict StreamingDataLoader::state_dict() const {
   state.insert("stage_batches_taken", taken);
   state.insert("seed", static_cast<int64_t>(p.spec.seed));
   state.insert("shuffle", p.spec.shuffle);
-  state.insert("drop_last", p.spec.drop_last);
+  state.insert("drop_last", drop_last);
   state.insert("item_shuffle_window", p.spec.item_window);
   state.insert("dataset_items", dataset_.size());
   state.insert("dataset_chunks", static_cast<int64_t>(dataset_.chunk_sizes().size()));
@@ -513,8 +522,8 @@ void StreamingDataLoader::load_state_dict(const StateDict& state) {
            " is not one this version reads (1)");
   auto same = [&](const char* key, const c10::IValue& ours, const std::string& fix) {
     const c10::IValue saved = get(key);
-    LF_CHECK(saved == ours, ValueError, who, ": the checkpoint's loader had ", key, "=", saved, ", this one has ", ours,
-             "; ", fix);
+    LF_CHECK(saved == ours, ValueError, who, ": the checkpoint's loader had ", key, "=", saved, ", this one has ", key,
+             "=", ours, "; ", fix);
   };
   const std::string same_options = "set the same option as the saving job, so the resumed pass reads the rest of its order";
   same("dataset_items", c10::IValue(dataset_.size()), "the checkpoint was saved while reading another dataset");
@@ -522,16 +531,26 @@ void StreamingDataLoader::load_state_dict(const StateDict& state) {
        "the checkpoint was saved while reading another dataset");
   same("seed", c10::IValue(static_cast<int64_t>(p.spec.seed)), same_options);
   same("shuffle", c10::IValue(p.spec.shuffle), same_options);
-  same("drop_last", c10::IValue(p.spec.drop_last), same_options);
   same("item_shuffle_window", c10::IValue(p.spec.item_window), same_options);
-  const auto worlds = get("stage_world_sizes").toIntList(), workers = get("stage_num_workers").toIntList(),
-             sizes = get("stage_batch_sizes").toIntList(), taken = get("stage_batches_taken").toIntList();
+  auto ints = [&](const char* key) {  // saved as an int list, read back from a file as a generic one
+    std::vector<int64_t> values;
+    const c10::IValue list = get(key);
+    LF_CHECK(list.isList(), ValueError, who, ": \"", key, "\" is not a list; the entry is damaged");
+    for (const auto& value : list.toListRef()) {
+      LF_CHECK(value.isInt(), ValueError, who, ": \"", key, "\" holds a ", value.tagKind(), "; the entry is damaged");
+      values.push_back(value.toInt());
+    }
+    return values;
+  };
+  const auto worlds = ints("stage_world_sizes"), workers = ints("stage_num_workers"), sizes = ints("stage_batch_sizes"),
+             taken = ints("stage_batches_taken");
   LF_CHECK(!worlds.empty() && worlds.size() == workers.size() && worlds.size() == sizes.size() &&
                worlds.size() == taken.size(),
            ValueError, who, ": the entry's stage lists are damaged");
   data_detail::LoaderPass::Saved saved;
   saved.epoch = get("current_epoch").toInt();
   saved.finished = get("finished").toBool();
+  saved.drop_last = get("drop_last").toBool();
   for (size_t i = 0; i < worlds.size(); ++i) {
     LF_CHECK(worlds[i] >= 1 && workers[i] >= 1 && sizes[i] >= 1 && taken[i] >= 0, ValueError, who,
              ": the entry's stage ", i, " is damaged");
