@@ -230,6 +230,15 @@ if run_step tp-world-1-resume "${tp_command[@]}" --resume "$tp_checkpoint" && [ 
 fi
 grep -sh '"example"' "$out/tp-world-1-resume.log" | tee -a "$results"
 
+# Streaming data on the GPU: the image classifier trains from a streaming dataset (uint8 tensors:
+# this build may lack the JPEG decoder), its batches read ahead into pinned memory.
+stream_dir="$build/stream-fmnist"
+rm -rf "$stream_dir"
+"$bin/image_classifier" --write-data "$stream_dir" --data-format tensor > "$out/streaming-write.log" 2>&1 ||
+  say "    writing the streaming dataset failed: $(tail -n 2 "$out/streaming-write.log")"
+run_step streaming-train-cuda "$bin/image_classifier" --data "$stream_dir" --accelerator cuda --epochs 1 --no-progress
+grep -sh '"data_wait_seconds"' "$out/streaming-train-cuda.log" | tee -a "$results"
+
 say ""
 say "## rows"
 say "| row | result | exit | s |"

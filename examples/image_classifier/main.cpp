@@ -125,6 +125,7 @@ int run(const Settings& settings) {
         *stream_data, lf::StreamingLoaderOptions()
                           .batch_size(settings.batch_size).shuffle(true).seed(settings.seed)
                           .threads(settings.loader_threads)
+                          .pin_memory(fabric.device().is_cuda())  // page-locked batches: fast copies to the GPU
                           .world_size(fabric.world_size()).rank(fabric.global_rank()));
   }
   auto test_loader = fabric.setup_dataloaders(test.map(torch::data::transforms::Stack<>()),

@@ -53,7 +53,13 @@ def make_images(folder, count):
     rng = np.random.RandomState(7)
     for i in range(count):
         pixels = rng.randint(0, 256, size=(6 + i % 3, 9, 3), dtype=np.uint8)
-        Image.fromarray(pixels).save(os.path.join(folder, "%d.jpg" % i), quality=90)
+        # EXIF orientations 1 to 8 on the even images (litdata turns those upright), none on the odd.
+        extra = {}
+        if i % 2 == 0:
+            exif = Image.Exif()
+            exif[0x0112] = i // 2 % 8 + 1
+            extra["exif"] = exif.tobytes()
+        Image.fromarray(pixels).save(os.path.join(folder, "%d.jpg" % i), quality=90, **extra)
         mode = ["RGB", "L", "RGBA"][i % 3]
         Image.fromarray(pixels).convert(mode).save(os.path.join(folder, "%d.png" % i))
 
@@ -107,8 +113,8 @@ def write(kind, out):
 
     if kind == "dicts":
         os.environ["LF_PEER_IMAGES"] = out + "-images"
-        make_images(out + "-images", 12)
-        fn, inputs, sizes = dict_item, list(range(12)), {"chunk_size": 5}
+        make_images(out + "-images", 16)
+        fn, inputs, sizes = dict_item, list(range(16)), {"chunk_size": 5}
     elif kind == "mixed":
         fn, inputs, sizes = mixed_item, list(range(23)), {"chunk_bytes": 1500}
     elif kind == "ids":

@@ -6,6 +6,7 @@
 
 #include <csetjmp>
 #include <cstdio>
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -49,7 +50,12 @@ bool jpeg_decode_into(const uint8_t* data, size_t size, at::Tensor* out, JpegErr
   jpeg_read_header(&info, TRUE);
   info.out_color_space = JCS_RGB;
   jpeg_start_decompress(&info);
-  *out = at::empty({static_cast<int64_t>(info.output_height), static_cast<int64_t>(info.output_width), 3}, at::kByte);
+  try {  // a damaged header can ask for more memory than there is
+    *out = at::empty({static_cast<int64_t>(info.output_height), static_cast<int64_t>(info.output_width), 3}, at::kByte);
+  } catch (...) {
+    jpeg_destroy_decompress(&info);
+    throw;
+  }
   uint8_t* pixels = out->data_ptr<uint8_t>();
   const size_t stride = size_t{info.output_width} * 3;
   while (info.output_scanline < info.output_height) {
@@ -61,12 +67,64 @@ bool jpeg_decode_into(const uint8_t* data, size_t size, at::Tensor* out, JpegErr
   return true;
 }
 
+// The EXIF orientation (1 to 8) of a JPEG's APP1 block, 1 without one: the markers before the
+// image data are scanned as LitData does, then the TIFF header and its first directory's 0x0112.
+int exif_orientation(const uint8_t* data, size_t size) {
+  if (size < 4 || data[0] != 0xFF || data[1] != 0xD8) return 1;
+  size_t at = 2;
+  while (at + 4 <= size && data[at] == 0xFF) {
+    const uint8_t marker = data[at + 1];
+    if (marker == 0xDA) return 1;  // start of scan: no EXIF before the image data
+    if (marker == 0xD8 || marker == 0xD9 || (marker >= 0xD0 && marker <= 0xD7)) {
+      at += 2;
+      continue;
+    }
+    const size_t length = (size_t{data[at + 2]} << 8) | data[at + 3];
+    if (marker == 0xE1 && at + 10 <= size && std::memcmp(data + at + 4, "Exif\0\0", 6) == 0) {
+      const uint8_t* tiff = data + at + 10;
+      const size_t tiff_size = std::min(size - (at + 10), length >= 8 ? length - 8 : 0);
+      if (tiff_size < 8) return 1;
+      const bool little = tiff[0] == 'I' && tiff[1] == 'I';
+      if (!little && !(tiff[0] == 'M' && tiff[1] == 'M')) return 1;
+      auto u16 = [&](size_t o) { return little ? uint32_t(tiff[o]) | uint32_t(tiff[o + 1]) << 8 : uint32_t(tiff[o]) << 8 | tiff[o + 1]; };
+      auto u32 = [&](size_t o) { return little ? u16(o) | u16(o + 2) << 16 : u16(o) << 16 | u16(o + 2); };
+      const size_t directory = u32(4);
+      if (directory + 2 > tiff_size) return 1;
+      const size_t entries = u16(directory);
+      for (size_t e = 0; e < entries && directory + 2 + 12 * (e + 1) <= tiff_size; ++e) {
+        const size_t entry = directory + 2 + 12 * e;
+        if (u16(entry) == 0x0112 && u16(entry + 2) == 3) {  // Orientation, SHORT
+          const int value = static_cast<int>(u16(entry + 8));
+          return value >= 1 && value <= 8 ? value : 1;
+        }
+      }
+      return 1;
+    }
+    at += 2 + length;
+  }
+  return 1;
+}
+
+// An [H, W, C] image turned upright as PIL's ImageOps.exif_transpose turns it.
+at::Tensor apply_orientation(const at::Tensor& image, int orientation) {
+  switch (orientation) {
+    case 2: return image.flip({1});                       // mirrored left-right
+    case 3: return image.flip({0, 1});                    // rotated 180
+    case 4: return image.flip({0});                       // mirrored top-bottom
+    case 5: return image.transpose(0, 1);                 // transposed
+    case 6: return image.transpose(0, 1).flip({1});       // rotated 90 clockwise to be upright
+    case 7: return image.transpose(0, 1).flip({0, 1});    // transversed
+    case 8: return image.transpose(0, 1).flip({0});       // rotated 90 counter-clockwise to be upright
+    default: return image;
+  }
+}
+
 at::Tensor decode_jpeg(const uint8_t* data, size_t size) {
   at::Tensor image;
   JpegError error{};
   if (!jpeg_decode_into(data, size, &image, &error))
     throw std::runtime_error(std::string("JPEG data cannot be decoded: ") + error.message);
-  return image.permute({2, 0, 1}).contiguous();
+  return apply_orientation(image, exif_orientation(data, size)).permute({2, 0, 1}).contiguous();
 }
 
 struct PngReader {
@@ -113,7 +171,13 @@ at::Tensor decode_png(const uint8_t* data, size_t size) {
   PngReader reader{data, size, 0};
   at::Tensor image;
   std::vector<png_bytep> rows;
-  const bool decoded = png_decode_into(png, info, &reader, &image, &rows);
+  bool decoded = false;
+  try {
+    decoded = png_decode_into(png, info, &reader, &image, &rows);
+  } catch (...) {  // the image's allocation failed
+    png_destroy_read_struct(&png, &info, nullptr);
+    throw;
+  }
   png_destroy_read_struct(&png, &info, nullptr);
   if (!decoded) throw std::runtime_error("PNG data cannot be decoded (damaged or truncated)");
   return image.permute({2, 0, 1}).contiguous();

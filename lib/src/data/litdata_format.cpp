@@ -11,6 +11,8 @@ namespace lightning::fabric::data_detail {
 namespace {
 
 using json = nlohmann::json;
+using ordered_json = nlohmann::ordered_json;  // JSON values keep their keys' written order, as Python's
+constexpr int kMaxDepth = 256;                 // nesting a damaged leaf may claim before it is refused
 
 [[noreturn]] void fail(const std::string& message) { throw std::runtime_error(message); }
 
@@ -100,22 +102,27 @@ std::string tensor_bytes(const at::Tensor& tensor) {
 
 // --- json leaves -----------------------------------------------------------------------------
 
-c10::IValue from_json(const json& value) {
+c10::IValue from_json(const ordered_json& value, int depth = 0) {
+  if (depth > kMaxDepth) fail("json leaf nests deeper than " + std::to_string(kMaxDepth) + " levels");
   switch (value.type()) {
-    case json::value_t::null: return c10::IValue();
-    case json::value_t::boolean: return value.get<bool>();
-    case json::value_t::number_integer: return value.get<int64_t>();
-    case json::value_t::number_unsigned: return static_cast<int64_t>(value.get<uint64_t>());
-    case json::value_t::number_float: return value.get<double>();
-    case json::value_t::string: return value.get<std::string>();
-    case json::value_t::array: {
+    case ordered_json::value_t::null: return c10::IValue();
+    case ordered_json::value_t::boolean: return value.get<bool>();
+    case ordered_json::value_t::number_integer: return value.get<int64_t>();
+    case ordered_json::value_t::number_unsigned: {
+      const uint64_t number = value.get<uint64_t>();
+      if (number > static_cast<uint64_t>(INT64_MAX)) return static_cast<double>(number);  // past int64: as a double
+      return static_cast<int64_t>(number);
+    }
+    case ordered_json::value_t::number_float: return value.get<double>();
+    case ordered_json::value_t::string: return value.get<std::string>();
+    case ordered_json::value_t::array: {
       c10::impl::GenericList list(c10::AnyType::get());
-      for (const auto& element : value) list.push_back(from_json(element));
+      for (const auto& element : value) list.push_back(from_json(element, depth + 1));
       return list;
     }
-    case json::value_t::object: {
+    case ordered_json::value_t::object: {
       c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
-      for (const auto& [key, element] : value.items()) dict.insert(key, from_json(element));
+      for (const auto& [key, element] : value.items()) dict.insert(key, from_json(element, depth + 1));
       return dict;
     }
     default: fail("json leaf: unsupported JSON value");
@@ -123,6 +130,7 @@ c10::IValue from_json(const json& value) {
 }
 
 struct Cursor {
+  const uint8_t* begin;  // the whole leaf: what an unknown tag reads as plain JSON, as Python does
   const uint8_t* p;
   const uint8_t* end;
   void need(size_t n) const {
@@ -143,13 +151,22 @@ struct Cursor {
   }
 };
 
-c10::IValue nested_loads(Cursor& in) {
+c10::IValue parse_json(const uint8_t* begin, const uint8_t* end) {
+  try {
+    return from_json(ordered_json::parse(begin, end));
+  } catch (const nlohmann::json::exception& e) {
+    fail(std::string("json leaf is not valid JSON: ") + e.what());
+  }
+}
+
+c10::IValue nested_loads(Cursor& in, int depth = 0) {
+  if (depth > kMaxDepth) fail("json leaf nests deeper than " + std::to_string(kMaxDepth) + " levels");
   const uint8_t tag = in.take<uint8_t>();
   c10::impl::GenericList list(c10::AnyType::get());
   switch (tag) {
     case 0: {
       const std::string text = in.text();
-      return from_json(json::parse(text));
+      return parse_json(reinterpret_cast<const uint8_t*>(text.data()), reinterpret_cast<const uint8_t*>(text.data()) + text.size());
     }
     case 1: for (uint32_t n = in.take<uint32_t>(); n > 0; --n) list.push_back(in.text()); return list;
     case 2: for (uint32_t n = in.take<uint32_t>(); n > 0; --n) list.push_back(in.take<int64_t>()); return list;
@@ -159,7 +176,7 @@ c10::IValue nested_loads(Cursor& in) {
       c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
       for (uint32_t n = in.take<uint32_t>(); n > 0; --n) {
         std::string key = in.text();
-        dict.insert(std::move(key), nested_loads(in));
+        dict.insert(std::move(key), nested_loads(in, depth + 1));
       }
       return dict;
     }
@@ -188,17 +205,15 @@ c10::IValue nested_loads(Cursor& in) {
     case 9: return in.take<double>();
     case 10: return in.take<uint8_t>() != 0;
     case 11: return c10::IValue();
-    default: fail("json leaf: unknown tag " + std::to_string(tag));
+    default: return parse_json(in.begin, in.end);  // not a tag: plain JSON, as Python reads it
   }
 }
 
 c10::IValue decode_json_leaf(const uint8_t* data, size_t size) {
   if (size == 0) fail("json leaf is empty");
-  if (data[0] > 0x20) return from_json(json::parse(data, data + size));  // plain JSON (older writers)
-  Cursor in{data, data + size};
-  c10::IValue value = nested_loads(in);
-  if (in.p != in.end) fail("json leaf has " + std::to_string(in.end - in.p) + " bytes after its value");
-  return value;
+  if (data[0] > 0x20) return parse_json(data, data + size);  // plain JSON (older writers)
+  Cursor in{data, data, data + size};
+  return nested_loads(in);
 }
 
 // --- pil -------------------------------------------------------------------------------------
@@ -207,7 +222,7 @@ c10::IValue decode_pil(const uint8_t* data, size_t size) {
   if (size < 12) fail("pil leaf is shorter than its 12-byte header");
   const uint32_t width = read_le<uint32_t>(data), height = read_le<uint32_t>(data + 4),
                  mode_size = read_le<uint32_t>(data + 8);
-  if (size < 12 + mode_size) fail("pil leaf is truncated");
+  if (size - 12 < size_t{mode_size}) fail("pil leaf is truncated");
   const std::string mode(reinterpret_cast<const char*>(data + 12), mode_size);
   struct Layout { const char* mode; at::ScalarType type; int64_t bands; };
   static const Layout layouts[] = {{"L", at::kByte, 1},   {"P", at::kByte, 1},    {"RGB", at::kByte, 3},
@@ -391,6 +406,26 @@ c10::IValue unflatten(const TreeSpec& spec, std::vector<c10::IValue>& leaves) {
 
 // --- leaves ----------------------------------------------------------------------------------
 
+namespace {
+const char* const kReadable[] = {"int", "float", "bool", "str", "text", "bytes", "file", "tensor", "numpy",
+                                 "no_header_tensor", "no_header_numpy", "jpeg", "image", "jpeg_array", "pil",
+                                 "json", "pickle"};
+const char* kReadableList =
+    "int, float, bool, str, text, bytes, file, tensor, no_header_tensor, numpy, no_header_numpy, jpeg, image, "
+    "jpeg_array, pil, json, pickle of None";
+}  // namespace
+
+void check_readable_format(const std::string& format) {
+  const std::string key = format_key(format);
+  for (const char* readable : kReadable) {
+    if (key != readable) continue;
+    if (key == "no_header_tensor") torch_code_dtype(format_code(format));
+    if (key == "no_header_numpy") numpy_code_dtype(format_code(format));
+    return;
+  }
+  fail("leaf format '" + format + "' is not readable here (" + kReadableList + ")");
+}
+
 c10::IValue decode_leaf(const std::string& format, const uint8_t* data, size_t size) {
   const std::string key = format_key(format);
   auto fixed = [&](size_t want) {
@@ -450,8 +485,7 @@ c10::IValue decode_leaf(const std::string& format, const uint8_t* data, size_t s
     fail("a 'pickle' leaf holds a Python object (only None is readable here); write that field as a str, "
          "int, float, bytes, NumPy array or tensor");
   }
-  fail("leaf format '" + format + "' is not readable here (int, float, bool, str, text, bytes, file, tensor, "
-       "no_header_tensor, numpy, no_header_numpy, jpeg, image, jpeg_array, pil, json, pickle of None)");
+  fail("leaf format '" + format + "' is not readable here (" + kReadableList + ")");
 }
 
 std::string default_format(const c10::IValue& leaf) {

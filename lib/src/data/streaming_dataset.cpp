@@ -14,7 +14,6 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
-#include <regex>
 
 namespace lightning::fabric {
 
@@ -143,22 +142,10 @@ json read_index(const std::filesystem::path& dir, const std::string& who) {
   LF_CHECK(std::filesystem::is_directory(dir), ValueError, who, ": ", dir.string(),
            " is not a folder; pass the folder that holds index.json and the chunk files");
   if (std::filesystem::exists(dir / "index.json")) return read_json(dir / "index.json", who);
-  std::vector<std::pair<int64_t, std::filesystem::path>> parts;
-  static const std::regex part_name(R"(([0-9]+)\.index\.json)");
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    std::smatch match;
-    const std::string name = entry.path().filename().string();
-    if (std::regex_match(name, match, part_name)) parts.emplace_back(std::stoll(match[1]), entry.path());
-  }
+  auto [merged, parts] = merge_writer_indexes(dir, who);
   LF_CHECK(!parts.empty(), ValueError, who, ": ", dir.string(),
            " has no index.json; it is not a dataset written by litdata.optimize or lf::StreamingWriter, or its "
            "writer did not finish");
-  std::sort(parts.begin(), parts.end());
-  json merged = read_json(parts[0].second, who);
-  for (size_t i = 1; i < parts.size(); ++i) {
-    json part = read_json(parts[i].second, who);
-    for (auto& chunk : part.at("chunks")) merged["chunks"].push_back(chunk);
-  }
   return merged;
 }
 
@@ -180,7 +167,14 @@ StreamingDataset::StreamingDataset(const std::filesystem::path& dir) : files_(st
              config.at("compression").dump(), "), which this reader does not decompress; write it without compression");
     LF_CHECK(!config.contains("encryption") || config.at("encryption").is_null(), ValueError, who,
              ": the dataset is encrypted, which this reader does not decrypt; write it without encryption");
-    for (const auto& format : config.at("data_format")) files.data_format.push_back(format.get<std::string>());
+    for (const auto& format : config.at("data_format")) {
+      files.data_format.push_back(format.get<std::string>());
+      try {  // refused when the dataset opens, not at the first item a background thread reads
+        data_detail::check_readable_format(files.data_format.back());
+      } catch (const std::runtime_error& e) {
+        throw ValueError(who + ": " + e.what() + "; write that field in a readable format");
+      }
+    }
     LF_CHECK(config.at("data_spec").is_string(), ValueError, who, ": index.json has no data_spec");
     files.spec = data_detail::parse_tree_spec(config.at("data_spec").get<std::string>());
     LF_CHECK(files.spec.leaves() == files.data_format.size(), ValueError, who, ": index.json's data_spec has ",

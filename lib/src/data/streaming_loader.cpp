@@ -165,12 +165,13 @@ namespace {
 
 using Batches = std::vector<std::vector<int64_t>>;
 
-// Items striped over ranks in batches: batch b goes to rank b % world; with drop_last only whole
-// rounds of world * batch_size items.
+// Items striped over ranks in batches: batch b goes to rank b % world; with drop_last, or more
+// than one rank (which must take equal batch counts, or a collective would wait forever), only
+// whole rounds of world * batch_size items.
 Batches stripe(const std::vector<int64_t>& items, const Stage& stage, bool drop_last, int64_t rank) {
   size_t n = items.size();
   const size_t round = static_cast<size_t>(stage.world_size * stage.batch_size);
-  if (drop_last) n -= n % round;
+  if (drop_last || stage.world_size > 1) n -= n % round;
   Batches batches;
   const size_t size = static_cast<size_t>(stage.batch_size);
   for (size_t b = 0; b * size < n; ++b)
@@ -322,9 +323,11 @@ void StreamingDataLoader::set_epoch(int64_t epoch) {
 
 int64_t StreamingDataLoader::epoch() const {
   const auto& p = *pass_;
-  if (p.started) return p.epoch;
+  if (p.started && !p.finished) return p.epoch;
+  if (p.saved && !p.saved->finished) return p.saved->epoch;
   if (p.chosen_epoch) return *p.chosen_epoch;
-  if (p.saved) return p.saved->finished ? p.saved->epoch + 1 : p.saved->epoch;
+  if (p.started) return p.epoch;
+  if (p.saved) return p.saved->epoch + 1;
   return p.next_epoch;
 }
 int64_t StreamingDataLoader::batches_per_pass() const {
@@ -343,7 +346,7 @@ void StreamingDataLoader::start_pass() {
   p.history.clear();
   p.current = p.own_stage();
   p.drop_last = p.spec.drop_last;
-  if (p.saved && !p.saved->finished && !p.chosen_epoch) {
+  if (p.saved && !p.saved->finished) {  // a loaded position wins over set_epoch, as in LitData
     p.epoch = p.saved->epoch;
     p.drop_last = p.saved->drop_last;
     p.history = p.saved->stages;
@@ -422,6 +425,9 @@ std::shared_ptr<StreamingBatch> StreamingDataLoader::next_batch() {
     p.stop_reading();
     return nullptr;
   }
+  LF_CHECK(!p.threads.empty(), RuntimeError,
+           "StreamingDataLoader: this pass was stopped (a batch failed to read, or load_state_dict ran); "
+           "start a new pass with begin() (a new for loop)");
   data_detail::Ready result;
   {
     std::unique_lock<std::mutex> lock(p.mutex);
@@ -479,7 +485,8 @@ StateDict StreamingDataLoader::state_dict() const {
     finished = false;
     stages.push_back(p.own_stage());
   }
-  if (p.chosen_epoch && !p.started) {  // a set_epoch waiting for the next pass wins, as in begin()
+  const bool loaded_pending = p.saved && !p.saved->finished && !p.started;
+  if (p.chosen_epoch && (!p.started || p.finished) && !loaded_pending) {  // the next pass's epoch, as begin() picks it
     epoch = *p.chosen_epoch;
     finished = false;
     stages = {p.own_stage()};

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <algorithm>
 #include <fstream>
 #include <regex>
 
@@ -98,6 +99,43 @@ std::string python_json(const nlohmann::json& value) {
   }
 }
 }  // namespace
+
+std::pair<nlohmann::json, std::vector<std::filesystem::path>> merge_writer_indexes(const std::filesystem::path& dir,
+                                                                                  const std::string& who) {
+  std::vector<std::pair<int64_t, std::filesystem::path>> parts;
+  static const std::regex part_name(R"(([0-9]+)\.index\.json)");
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    std::smatch match;
+    const std::string name = entry.path().filename().string();
+    if (std::regex_match(name, match, part_name)) parts.emplace_back(std::stoll(match[1]), entry.path());
+  }
+  std::sort(parts.begin(), parts.end());
+  nlohmann::json merged;
+  std::vector<std::filesystem::path> paths;
+  for (const auto& [rank, path] : parts) {
+    nlohmann::json part;
+    try {
+      std::ifstream in(path);
+      part = nlohmann::json::parse(in);
+      part.at("chunks");
+      part.at("config").at("data_format");
+    } catch (const nlohmann::json::exception& e) {
+      throw ValueError(who + ": " + path.string() + " is damaged (" + e.what() + "); write the dataset again");
+    }
+    paths.push_back(path);
+    if (merged.is_null()) {
+      merged = std::move(part);
+      continue;
+    }
+    LF_CHECK(part.at("config").at("data_format") == merged.at("config").at("data_format") &&
+                 part.at("config").value("data_spec", nlohmann::json()) == merged.at("config").value("data_spec", nlohmann::json()),
+             ValueError, who, ": ", path.filename().string(), " was written with other item formats than ",
+             paths.front().filename().string(), "; the writers of one dataset write one kind of item");
+    for (auto& chunk : part.at("chunks")) merged["chunks"].push_back(chunk);
+  }
+  return {merged, paths};
+}
+
 }  // namespace data_detail
 
 StreamingWriter::StreamingWriter(const std::filesystem::path& dir, StreamingWriterOptions options)
@@ -136,11 +174,10 @@ void StreamingWriter::add(const c10::IValue& item) {
   const std::string who = state.who() + ".add (item " + std::to_string(state.items) + ")";
   LF_CHECK(!state.finished, ValueError, who, ": the writer is finished; make a new writer for another dataset");
   std::vector<c10::IValue> leaves;
+  data_detail::TreeSpec spec;
   try {
-    data_detail::TreeSpec spec = data_detail::tree_spec_of(item);
-    if (state.items == 0) {
-      state.spec = spec;
-    } else {
+    spec = data_detail::tree_spec_of(item);
+    if (state.items > 0) {
       LF_CHECK(spec == state.spec, ValueError, who, ": its structure is ", data_detail::tree_spec_json(spec),
                ", the first item's was ", data_detail::tree_spec_json(state.spec),
                "; every item of a dataset has one structure (same containers, same dict keys in the same order)");
@@ -151,11 +188,13 @@ void StreamingWriter::add(const c10::IValue& item) {
     throw ValueError(who + ": " + e.what());
   }
   data_detail::flatten(item, leaves);
+  // The first item decides the formats; they are kept only once it encoded whole.
+  std::vector<std::string> formats = state.formats;
   if (state.items == 0) {
     if (state.options.formats_.empty()) {
       for (size_t i = 0; i < leaves.size(); ++i) {
         try {
-          state.formats.push_back(data_detail::default_format(leaves[i]));
+          formats.push_back(data_detail::default_format(leaves[i]));
         } catch (const std::exception& e) {
           throw ValueError(who + ", leaf " + std::to_string(i) + ": " + e.what());
         }
@@ -163,20 +202,24 @@ void StreamingWriter::add(const c10::IValue& item) {
     } else {
       LF_CHECK(state.options.formats_.size() == leaves.size(), ValueError, who, ": formats names ",
                state.options.formats_.size(), " leaves, the item has ", leaves.size());
-      state.formats = state.options.formats_;
+      formats = state.options.formats_;
     }
   }
   std::string payload(4 * leaves.size(), '\0');
   for (size_t i = 0; i < leaves.size(); ++i) {
     std::string bytes;
     try {
-      bytes = data_detail::encode_leaf(state.formats[i], leaves[i]);
+      bytes = data_detail::encode_leaf(formats[i], leaves[i]);
     } catch (const std::exception& e) {
       throw ValueError(who + ", leaf " + std::to_string(i) + ": " + e.what());
     }
     const uint32_t length = static_cast<uint32_t>(bytes.size());
     std::memcpy(&payload[4 * i], &length, 4);
     payload += bytes;
+  }
+  if (state.items == 0) {
+    state.spec = std::move(spec);
+    state.formats = std::move(formats);
   }
   const int64_t size = static_cast<int64_t>(payload.size());
   if (state.options.chunk_bytes_ && !state.pending.empty() && state.pending_bytes + size > *state.options.chunk_bytes_)
@@ -199,31 +242,10 @@ void StreamingWriter::finish() {
 
 void StreamingWriter::merge_index(const std::filesystem::path& dir) {
   const std::string who = "StreamingWriter::merge_index(" + dir.string() + ")";
-  std::vector<std::pair<int64_t, std::filesystem::path>> parts;
-  static const std::regex part_name(R"(([0-9]+)\.index\.json)");
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    std::smatch match;
-    const std::string name = entry.path().filename().string();
-    if (std::regex_match(name, match, part_name)) parts.emplace_back(std::stoll(match[1]), entry.path());
-  }
+  const auto [merged, parts] = data_detail::merge_writer_indexes(dir, who);
   LF_CHECK(!parts.empty(), ValueError, who, ": no RANK.index.json to merge (writers with writer_rank leave one each)");
-  std::sort(parts.begin(), parts.end());
-  nlohmann::json merged;
-  for (const auto& [rank, path] : parts) {
-    std::ifstream in(path);
-    nlohmann::json part = nlohmann::json::parse(in);
-    if (merged.is_null()) {
-      merged = part;
-      continue;
-    }
-    LF_CHECK(part.at("config").at("data_format") == merged.at("config").at("data_format") &&
-                 part.at("config").at("data_spec") == merged.at("config").at("data_spec"),
-             ValueError, who, ": ", path.filename().string(), " was written with other item formats than ",
-             parts[0].second.filename().string(), "; the writers of one dataset write one kind of item");
-    for (auto& chunk : part.at("chunks")) merged["chunks"].push_back(chunk);
-  }
   write_file_atomically(dir / "index.json", data_detail::python_json(merged));
-  for (const auto& part : parts) std::filesystem::remove(part.second);
+  for (const auto& part : parts) std::filesystem::remove(part);
 }
 
 }  // namespace lightning::fabric

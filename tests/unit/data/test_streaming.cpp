@@ -229,10 +229,7 @@ TEST_CASE("Damaged datasets are refused naming the file, the chunk and the fix",
   index = read_text(data / "index.json");
   index.replace(index.find("\"int\""), 5, "\"audio:wav\"");
   write_text(data / "index.json", index);
-  {
-    lf::StreamingDataset dataset(data);
-    CHECK_THROWS_WITH(dataset.get(0), Contains("leaf format 'audio:wav' is not readable here"));
-  }
+  CHECK_THROWS_WITH(lf::StreamingDataset(data), Contains("leaf format 'audio:wav' is not readable here"));
 
   fresh();
   write_text(data / "index.json", read_text(data / "index.json").substr(0, 40));
@@ -362,4 +359,58 @@ TEST_CASE("collate_items stacks like Python's default_collate and names what dif
   CHECK(dict.at("name").toListRef().size() == 2);
   CHECK(batch.toTupleRef().elements()[1].toTensor().scalar_type() == at::kDouble);
   CHECK_THROWS_WITH(lf::collate_items({item(1, 2), item(2, 3)}), Contains("item 1 has a tensor of shape [3] at [0][\"x\"]"));
+}
+
+TEST_CASE("A loaded position wins over set_epoch; a set_epoch after a finished pass is saved", "[streaming]") {
+  TempDir dir;
+  write_ids(dir.path, 30, 4);
+  lf::StreamingDataset dataset(dir.path);
+  const auto options = lf::StreamingLoaderOptions().batch_size(3).shuffle(true);
+  lf::StreamingDataLoader first(dataset, options);
+  auto ids = take(first, 4);
+  lf::StreamingDataLoader resumed(dataset, options);
+  resumed.load_state_dict(first.state_dict());
+  resumed.set_epoch(1);  // the usual loop calls it: the saved position still wins
+  CHECK(resumed.epoch() == 1);
+  const auto rest = take(resumed);
+  ids.insert(ids.end(), rest.begin(), rest.end());
+  CHECK(std::set<int64_t>(ids.begin(), ids.end()).size() == 30);
+  CHECK(ids.size() == 30);
+  resumed.set_epoch(5);  // after a finished pass: what a save now records
+  lf::StreamingDataLoader later(dataset, options);
+  later.load_state_dict(resumed.state_dict());
+  CHECK(later.epoch() == 5);
+}
+
+TEST_CASE("A pass whose batch failed to read raises, then refuses to go on instead of hanging", "[streaming]") {
+  TempDir dir;
+  write_ids(dir.path, 10, 4);
+  {  // the second chunk (items 4 to 7) turns into one the reader refuses
+    std::ofstream chunk(dir.path / "chunk-0-1.bin", std::ios::app | std::ios::binary);
+    chunk.write("LDARW01\0", 8);
+  }
+  lf::StreamingDataset dataset(dir.path);
+  lf::StreamingDataLoader loader(dataset, lf::StreamingLoaderOptions().batch_size(2));
+  auto it = loader.begin();
+  CHECK(it->indices == std::vector<int64_t>{0, 1});
+  ++it;
+  CHECK(it->indices == std::vector<int64_t>{2, 3});
+  CHECK_THROWS_WITH(++it, Contains("chunk-0-1.bin keeps its items in an Arrow table"));
+  CHECK_THROWS_WITH(++it, Contains("this pass was stopped"));
+}
+
+TEST_CASE("A first item the writer refuses leaves no formats behind; a damaged pil leaf is refused", "[streaming]") {
+  TempDir dir;
+  lf::StreamingWriter writer(dir.path / "w", lf::StreamingWriterOptions().chunk_size(4));
+  CHECK_THROWS_WITH(writer.add(c10::ivalue::Tuple::create({int64_t{1}, c10::IValue(c10::Device(c10::kCPU))})),
+                    Contains("has no LitData format"));
+  writer.add(id_item(7));
+  writer.finish();
+  lf::StreamingDataset dataset(dir.path / "w");
+  CHECK(dataset.data_format() == std::vector<std::string>{"int", "no_header_tensor:1"});
+  CHECK(dataset.get(0).toTupleRef().elements()[0].toInt() == 7);
+  // width 1, height 1, a mode length near 2^32: must not read past the leaf
+  const uint32_t header[3] = {1, 1, 0xFFFFFFF8u};
+  CHECK_THROWS_WITH(dd::decode_leaf("pil", reinterpret_cast<const uint8_t*>(header), sizeof(header)),
+                    Contains("pil leaf is truncated"));
 }
