@@ -64,6 +64,18 @@ else()
   message(STATUS "lightning-fabric: libjpeg or libpng not found (Debian: libjpeg62-turbo-dev libpng-dev): "
                  "streaming datasets refuse JPEG and PNG leaves")
 endif()
+# libzstd (Debian: libzstd-dev) reads and writes LitData's zstd-compressed chunks; without it such
+# datasets are refused with that reason (LF_HAVE_ZSTD).
+find_path(LF_ZSTD_INCLUDE_DIR zstd.h)
+find_library(LF_ZSTD_LIBRARY zstd)
+add_library(lf_zstd INTERFACE)
+if(LF_ZSTD_INCLUDE_DIR AND LF_ZSTD_LIBRARY)
+  target_include_directories(lf_zstd INTERFACE ${LF_ZSTD_INCLUDE_DIR})
+  target_link_libraries(lf_zstd INTERFACE ${LF_ZSTD_LIBRARY})
+  target_compile_definitions(lf_zstd INTERFACE LF_HAVE_ZSTD=1)
+else()
+  message(STATUS "lightning-fabric: libzstd not found (Debian: libzstd-dev): streaming datasets refuse zstd compression")
+endif()
 # LibTorch's public headers include <nlohmann/json.hpp> but the wheel does not ship it.
 get_target_property(_lf_json_include nlohmann_json::nlohmann_json INTERFACE_INCLUDE_DIRECTORIES)
 if(_lf_json_include)

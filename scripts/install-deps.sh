@@ -25,14 +25,15 @@ python_packages=(torch==2.11.0)
 packages=(
   cmake ninja-build clang g++ ccache
   libcli11-dev nlohmann-json3-dev zlib1g-dev
-  libjpeg62-turbo-dev libpng-dev  # JPEG and PNG leaves of streaming datasets (docs/data.md)
+  libjpeg62-turbo-dev libpng-dev libzstd-dev  # JPEG and PNG leaves, zstd chunks of streaming datasets (docs/data.md)
   dataset-fashion-mnist  # the examples' data set
   procps
   python3 python3-venv   # the project's Python environment (when no other python3 is on PATH)
 )
 if [ "$profile" = all ]; then
   # litdata pulls torchvision; torch==2.11.0 in the same pip command keeps the LibTorch the build links.
-  python_packages+=(lightning==2.6.6 tensorboard==2.21.0 litdata==0.2.76)
+  # zstd: litdata's compression (the tests write compressed datasets with it).
+  python_packages+=(lightning==2.6.6 tensorboard==2.21.0 litdata==0.2.76 zstd==1.5.7.2)
   packages+=(
     catch2
     iproute2 ethtool util-linux  # tests/hosts: namespaces, veth, offloads off for the link emulator

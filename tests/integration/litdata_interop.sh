@@ -3,7 +3,9 @@
 #   1. datasets written by litdata.optimize (tuples of every common leaf, dicts with JPEG and PNG
 #      images, lists and nested dicts): every item read in C++ equals what litdata's
 #      StreamingDataset returns for the same index (canonical lines, byte for byte);
-#   2. a dataset written by lf::StreamingWriter: Python reads every item as C++ does;
+#      and zstd-compressed ones (frames, the default; per item; whole files) read alike too;
+#   2. datasets written by lf::StreamingWriter, plain and zstd-compressed: Python reads every item
+#      as C++ does;
 #   3. the loader's batches equal litdata's StreamingDataLoader's, for 1, 2, 3 and 4 ranks, with
 #      and without shuffling, several DataLoader worker counts and batch sizes, drop_last both
 #      ways, over two epochs.
@@ -26,19 +28,23 @@ same() {  # same FILE_A FILE_B WHAT
   echo "ok: $3 equal ($(wc -l < "$1") lines)"
 }
 
-for kind in mixed dicts ids; do
+for kind in mixed dicts ids ids-batch mixed-sample ids-chunk; do
   py write "$kind" "$dir/$kind" > "$dir/write-$kind.log" 2>&1 || { tail -20 "$dir/write-$kind.log"; echo "FAIL: litdata.optimize ($kind)"; exit 1; }
 done
-for kind in mixed dicts; do
-  py dump "$dir/$kind" > "$kind.python.txt"
+grep -q '"compression_level": "batch"' "$dir/ids-batch/index.json" || { echo "FAIL: litdata did not compress ids-batch in frames"; exit 1; }
+for kind in mixed dicts ids-batch mixed-sample ids-chunk; do
   "$checks" dump "$dir/$kind" > "$kind.cpp.txt"
+  cp -r "$dir/$kind" "$dir/$kind-copy"  # Python inflates whole-file chunks in place and deletes them
+  py dump "$dir/$kind-copy" > "$kind.python.txt"
   same "$kind.python.txt" "$kind.cpp.txt" "items of litdata.optimize's '$kind' dataset read by Python and C++"
 done
 
-"$checks" write mixed "$dir/cpp-mixed"
-"$checks" dump "$dir/cpp-mixed" > cpp-mixed.cpp.txt
-py dump "$dir/cpp-mixed" > cpp-mixed.python.txt
-same cpp-mixed.python.txt cpp-mixed.cpp.txt "items of lf::StreamingWriter's dataset read by Python and C++"
+for kind in mixed ids-zstd; do
+  "$checks" write $kind "$dir/cpp-$kind"
+  "$checks" dump "$dir/cpp-$kind" > cpp-$kind.cpp.txt
+  py dump "$dir/cpp-$kind" > cpp-$kind.python.txt
+  same cpp-$kind.python.txt cpp-$kind.cpp.txt "items of lf::StreamingWriter's '$kind' dataset read by Python and C++"
+done
 
 configs=(1,0,0,4,1,2 1,0,3,7,1,1 1,0,2,5,0,1,1)
 for r in 0 1; do configs+=(2,$r,2,3,1,2 2,$r,0,8,1,1,0); done

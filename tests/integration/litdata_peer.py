@@ -1,6 +1,7 @@
 """Python's litdata (PyPI) as the peer of lf::StreamingDataset / StreamingWriter / StreamingDataLoader.
 
-  litdata_peer.py write KIND DIR          litdata.optimize writes a dataset (KIND: mixed, dicts, ids)
+  litdata_peer.py write KIND DIR          litdata.optimize writes a dataset (KIND: mixed, dicts, ids;
+                                          zstd compressed: ids-batch, mixed-sample, ids-chunk)
   litdata_peer.py dump DIR                every item, as StreamingDataset returns it, one canonical line each
   litdata_peer.py order DIR CONFIG...     the batches StreamingDataLoader yields, one line each:
                                           CONFIG = world,rank,num_workers,batch_size,shuffle,epochs[,drop_last]
@@ -119,6 +120,12 @@ def write(kind, out):
         fn, inputs, sizes = mixed_item, list(range(23)), {"chunk_bytes": 1500}
     elif kind == "ids":
         fn, inputs, sizes = ids_item, list(range(int(os.environ.get("LF_IDS_ITEMS", "203")))), {"chunk_size": 17}
+    elif kind == "ids-batch":  # litdata's default granularity: frames of 8 items, so chunks hold several
+        fn, inputs, sizes = ids_item, list(range(203)), {"chunk_size": 17, "compression": "zstd", "compression_batch_size": 8}
+    elif kind == "mixed-sample":
+        fn, inputs, sizes = mixed_item, list(range(23)), {"chunk_bytes": 1500, "compression": "zstd:9", "compression_level": "sample"}
+    elif kind == "ids-chunk":
+        fn, inputs, sizes = ids_item, list(range(50)), {"chunk_size": 17, "compression": "zstd", "compression_level": "chunk"}
     else:
         raise SystemExit("unknown kind " + kind)
     litdata.optimize(fn=fn, inputs=inputs, output_dir=out, num_workers=1, mode=None, **sizes)

@@ -1,7 +1,7 @@
 // lf::StreamingDataset / StreamingWriter / StreamingDataLoader from outside, against Python's
 // litdata (litdata_peer.py) and inside lightning-run jobs (litdata_interop.sh, streaming_resume.sh):
 //   streaming_checks dump DIR               every item, one canonical line each (litdata_peer.py's form)
-//   streaming_checks write mixed|ids DIR    a dataset written by lf::StreamingWriter
+//   streaming_checks write mixed|ids|ids-zstd DIR    a dataset written by lf::StreamingWriter
 //   streaming_checks order DIR CONFIG...    the batches the loader yields (litdata_peer.py order's lines)
 //   streaming_checks train DIR LOG [--batch B] [--shuffle] [--workers W] [--epochs E]
 //                          [--save-after K CKPT [--kill]] [--resume CKPT]
@@ -95,6 +95,12 @@ std::string canonical(const c10::IValue& value) {
 c10::IValue tuple(std::vector<c10::IValue> values) { return c10::ivalue::Tuple::create(std::move(values)); }
 
 void write(const std::string& kind, const std::string& dir) {
+  if (kind == "ids-zstd") {  // chunks of 300 items in zstd frames of 256
+    lf::StreamingWriter writer(dir, lf::StreamingWriterOptions().chunk_size(300).compression("zstd"));
+    for (int64_t i = 0; i < 700; ++i) writer.add(tuple({i, at::full({4}, static_cast<double>(i), at::kFloat)}));
+    writer.finish();
+    return;
+  }
   if (kind == "ids") {
     lf::StreamingWriter writer(dir, lf::StreamingWriterOptions().chunk_size(17));
     for (int64_t i = 0; i < 203; ++i) writer.add(tuple({i, at::full({4}, static_cast<double>(i), at::kFloat)}));

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <mutex>
 
@@ -25,7 +26,10 @@ constexpr char kArrowFooterMagic[8] = {'L', 'D', 'A', 'R', 'W', '0', '1', '\0'};
 constexpr char kFramedMagic[8] = {'L', 'D', 'F', 'Z', '0', '1', '\0', '\0'};
 }  // namespace
 
-/// One chunk file, mapped whole when first read.
+/// How the chunks of a dataset are compressed (index.json's compression and compression_level).
+enum class Compression { None, WholeFile, Framed, PerItem };
+
+/// One chunk file, mapped whole when first read (or, compressed whole, inflated into memory).
 struct Chunk {
   std::string filename;
   int64_t items = 0;
@@ -33,9 +37,27 @@ struct Chunk {
   std::once_flag mapped;
   const uint8_t* data = nullptr;
   size_t size = 0;
+  bool owns_mapping = false;
+  std::string inflated;  // a whole-file-compressed chunk's content
+  // A framed chunk (LDFZ01): items' offsets into their frames' concatenation, and the frames.
+  bool framed = false;
+  uint32_t frame_rows = 0;
+  const uint8_t* logical_offsets = nullptr;  // u32[items + 1]
+  struct Frame {
+    uint32_t first = 0, items = 0, compressed_size = 0, size = 0;
+    uint64_t offset = 0;
+  };
+  std::vector<Frame> frames;
   ~Chunk() {
-    if (data) munmap(const_cast<uint8_t*>(data), size);
+    if (owns_mapping && data) munmap(const_cast<uint8_t*>(data), size);
   }
+};
+
+/// An item's bytes, and what keeps them alive when they were inflated.
+struct Payload {
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+  std::shared_ptr<const std::string> keep;
 };
 
 struct DatasetFiles {
@@ -46,9 +68,82 @@ struct DatasetFiles {
   int64_t items = 0;
   std::vector<std::string> data_format;
   TreeSpec spec;
+  Compression compression = Compression::None;
+  // Recently inflated frames of framed chunks, shared by the reading threads (items of one frame
+  // are read close together).
+  struct CachedFrame {
+    size_t chunk, frame;
+    std::shared_ptr<const std::string> bytes;
+  };
+  mutable std::mutex cache_mutex;
+  mutable std::deque<CachedFrame> cache;
+  static constexpr size_t kCachedFrames = 16;
 
   std::string where(const Chunk& chunk) const {
     return "StreamingDataset(" + dir.string() + "): chunk " + chunk.filename;
+  }
+
+  [[noreturn]] void damaged(const Chunk& chunk, const std::string& why) const {
+    throw RuntimeError(where(chunk) + " is damaged: " + why + ". Copy the dataset folder again, or write the dataset again");
+  }
+
+  void read_framed_header(Chunk& chunk) const {
+    const uint8_t* data = chunk.data;
+    const size_t size = chunk.size;
+    if (size < 24) damaged(chunk, "it is shorter than its framed header");
+    uint16_t version;
+    uint32_t n, rows, frames;
+    std::memcpy(&version, data + 8, 2);
+    std::memcpy(&n, data + 12, 4);
+    std::memcpy(&rows, data + 16, 4);
+    std::memcpy(&frames, data + 20, 4);
+    if (version != 1) damaged(chunk, "its framed header has version " + std::to_string(version) + " (this reader reads 1)");
+    if (n != chunk.items)
+      damaged(chunk, "its header counts " + std::to_string(n) + " items, index.json says " + std::to_string(chunk.items) +
+                         " (the index does not match the chunk)");
+    if (n == 0 || rows == 0 || frames != (n + rows - 1) / rows) damaged(chunk, "its framed header is inconsistent");
+    const size_t offsets_end = 24 + 4 * (size_t{n} + 1);
+    const size_t table_end = offsets_end + 24 * size_t{frames};
+    if (size < table_end) damaged(chunk, "it is shorter than its offset and frame tables");
+    chunk.framed = true;
+    chunk.frame_rows = rows;
+    chunk.logical_offsets = data + 24;
+    for (uint32_t f = 0; f < frames; ++f) {
+      const uint8_t* entry = data + offsets_end + 24 * size_t{f};
+      Chunk::Frame frame;
+      std::memcpy(&frame.first, entry, 4);
+      std::memcpy(&frame.items, entry + 4, 4);
+      std::memcpy(&frame.offset, entry + 8, 8);
+      std::memcpy(&frame.compressed_size, entry + 16, 4);
+      std::memcpy(&frame.size, entry + 20, 4);
+      if (frame.first != f * rows || frame.items == 0 || frame.first + frame.items > n || frame.compressed_size == 0 ||
+          frame.offset < table_end || frame.offset + frame.compressed_size > size)
+        damaged(chunk, "its frame table is invalid or points outside the file");
+      uint32_t begin, end;
+      std::memcpy(&begin, chunk.logical_offsets + 4 * size_t{frame.first}, 4);
+      std::memcpy(&end, chunk.logical_offsets + 4 * (size_t{frame.first} + frame.items), 4);
+      if (end < begin || end - begin != frame.size) damaged(chunk, "its offsets do not match frame " + std::to_string(f));
+      chunk.frames.push_back(frame);
+    }
+  }
+
+  void read_plain_header(const Chunk& chunk) const {
+    const uint8_t* data = chunk.data;
+    const size_t size = chunk.size;
+    if (size < 4) damaged(chunk, "it is shorter than its header");
+    uint32_t n;
+    std::memcpy(&n, data, 4);
+    if (n != chunk.items)
+      damaged(chunk, "its header counts " + std::to_string(n) + " items, index.json says " + std::to_string(chunk.items) +
+                         " (the index does not match the chunk)");
+    const size_t table_end = 4 + 4 * (size_t{n} + 1);
+    if (size < table_end) damaged(chunk, "it is shorter than its offset table");
+    uint32_t first, last;
+    std::memcpy(&first, data + 4, 4);
+    std::memcpy(&last, data + 4 + 4 * size_t{n}, 4);
+    if (first != table_end || last > size || last < first)
+      damaged(chunk, "its offset table points outside the file (first " + std::to_string(first) + ", last " +
+                         std::to_string(last) + ", size " + std::to_string(size) + ")");
   }
 
   // Maps the chunk and checks its header against the index (once).
@@ -65,41 +160,43 @@ struct DatasetFiles {
       void* mapping = size ? mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0) : nullptr;
       ::close(fd);
       LF_CHECK(size == 0 || mapping != MAP_FAILED, RuntimeError, where(chunk), " cannot be mapped: ", std::strerror(errno));
-      const auto* data = static_cast<const uint8_t*>(size ? mapping : nullptr);
-      auto damaged = [&](const std::string& why) {
-        if (data) munmap(const_cast<uint8_t*>(data), size);
-        throw RuntimeError(where(chunk) + " is damaged: " + why +
-                           ". Copy the dataset folder again, or write the dataset again");
-      };
-      if (static_cast<int64_t>(size) < chunk.bytes)
-        damaged("it has " + std::to_string(size) + " bytes, index.json says " + std::to_string(chunk.bytes));
-      if (size >= 8 && std::memcmp(data, kFramedMagic, 8) == 0) {
-        if (data) munmap(const_cast<uint8_t*>(data), size);
-        throw RuntimeError(where(chunk) + " is zstd-compressed (compression=\"zstd\"), which this reader does not "
-                           "decompress; write the dataset without compression");
-      }
-      if (size >= 8 && std::memcmp(data + size - 8, kArrowFooterMagic, 8) == 0) {
-        if (data) munmap(const_cast<uint8_t*>(data), size);
-        throw RuntimeError(where(chunk) + " keeps its items in an Arrow table (litdata.optimize writes one for dict "
-                           "items of plain JSON values when pyarrow is installed), which this reader does not read; "
-                           "write the dataset where pyarrow is not installed, or with a tensor or bytes field");
-      }
-      if (size < 4) damaged("it is shorter than its header");
-      uint32_t n;
-      std::memcpy(&n, data, 4);
-      if (n != chunk.items)
-        damaged("its header counts " + std::to_string(n) + " items, index.json says " + std::to_string(chunk.items) +
-                " (the index does not match the chunk)");
-      const size_t table_end = 4 + 4 * (size_t{n} + 1);
-      if (size < table_end) damaged("it is shorter than its offset table");
-      uint32_t first, last;
-      std::memcpy(&first, data + 4, 4);
-      std::memcpy(&last, data + 4 + 4 * size_t{n}, 4);
-      if (first != table_end || last > size || last < first)
-        damaged("its offset table points outside the file (first " + std::to_string(first) + ", last " +
-                std::to_string(last) + ", size " + std::to_string(size) + ")");
-      chunk.data = data;
+      chunk.data = static_cast<const uint8_t*>(size ? mapping : nullptr);
       chunk.size = size;
+      chunk.owns_mapping = true;
+      try {
+        if (compression == Compression::WholeFile) {  // the file is zstd(chunk); index.json counts the chunk's bytes
+          try {
+            chunk.inflated = zstd_inflate(chunk.data, chunk.size, static_cast<size_t>(chunk.bytes));
+          } catch (const std::runtime_error& e) {
+            damaged(chunk, std::string("it does not inflate as index.json's compression says (") + e.what() + ")");
+          }
+          munmap(const_cast<uint8_t*>(chunk.data), chunk.size);
+          chunk.owns_mapping = false;
+          chunk.data = reinterpret_cast<const uint8_t*>(chunk.inflated.data());
+          chunk.size = chunk.inflated.size();
+        }
+        if (static_cast<int64_t>(chunk.size) < chunk.bytes)
+          damaged(chunk, "it has " + std::to_string(chunk.size) + " bytes, index.json says " + std::to_string(chunk.bytes));
+        if (chunk.size >= 8 && std::memcmp(chunk.data + chunk.size - 8, kArrowFooterMagic, 8) == 0)
+          throw RuntimeError(where(chunk) + " keeps its items in an Arrow table (litdata.optimize writes one for dict "
+                             "items of plain JSON values when pyarrow is installed), which this reader does not read; "
+                             "write the dataset where pyarrow is not installed, or with a tensor or bytes field");
+        const bool magic = chunk.size >= 8 && std::memcmp(chunk.data, kFramedMagic, 8) == 0;
+        if (compression == Compression::Framed && !magic)
+          damaged(chunk, "index.json says its items are compressed in frames (compression_level \"batch\"), but it has "
+                         "no framed header");
+        if (magic) read_framed_header(chunk);
+        else read_plain_header(chunk);
+      } catch (const std::runtime_error& e) {
+        if (chunk.owns_mapping && chunk.data) munmap(const_cast<uint8_t*>(chunk.data), chunk.size);
+        chunk.data = nullptr;  // call_once runs again on the next read
+        chunk.size = 0;
+        chunk.owns_mapping = chunk.framed = false;
+        chunk.inflated.clear();
+        chunk.frames.clear();
+        if (dynamic_cast<const Error*>(&e)) throw;
+        throw RuntimeError(where(*chunks[c]) + ": " + e.what());
+      }
     });
     LF_CHECK(chunk.data != nullptr || chunk.items == 0, RuntimeError, where(chunk), " could not be opened earlier");
     return chunk;
@@ -112,15 +209,58 @@ struct DatasetFiles {
     return {c, index - starts[c]};
   }
 
-  std::pair<const uint8_t*, size_t> payload(int64_t index) const {
+  std::shared_ptr<const std::string> frame_bytes(size_t c, const Chunk& chunk, size_t f) const {
+    {
+      std::lock_guard<std::mutex> lock(cache_mutex);
+      for (const auto& cached : cache)
+        if (cached.chunk == c && cached.frame == f) return cached.bytes;
+    }
+    const Chunk::Frame& frame = chunk.frames[f];
+    std::shared_ptr<const std::string> bytes;
+    try {
+      bytes = std::make_shared<const std::string>(zstd_inflate(chunk.data + frame.offset, frame.compressed_size, frame.size));
+    } catch (const std::runtime_error& e) {
+      damaged(chunk, "frame " + std::to_string(f) + ": " + e.what());
+    }
+    if (bytes->size() != frame.size)
+      damaged(chunk, "frame " + std::to_string(f) + " inflates to " + std::to_string(bytes->size()) + " bytes, its table says " +
+                         std::to_string(frame.size));
+    std::lock_guard<std::mutex> lock(cache_mutex);
+    cache.push_back({c, f, bytes});
+    if (cache.size() > kCachedFrames) cache.pop_front();
+    return bytes;
+  }
+
+  Payload payload(int64_t index) const {
     const auto [c, local] = locate(index);
     const Chunk& chunk = open(c);
+    if (chunk.framed) {
+      const size_t f = static_cast<size_t>(local) / chunk.frame_rows;
+      const Chunk::Frame& frame = chunk.frames[f];
+      uint32_t frame_begin, begin, end;
+      std::memcpy(&frame_begin, chunk.logical_offsets + 4 * size_t{frame.first}, 4);
+      std::memcpy(&begin, chunk.logical_offsets + 4 * static_cast<size_t>(local), 4);
+      std::memcpy(&end, chunk.logical_offsets + 4 * static_cast<size_t>(local + 1), 4);
+      if (begin < frame_begin || end < begin || end - frame_begin > frame.size)
+        damaged(chunk, "item " + std::to_string(local) + " lies outside its frame");
+      auto bytes = frame_bytes(c, chunk, f);
+      return {reinterpret_cast<const uint8_t*>(bytes->data()) + (begin - frame_begin), end - begin, bytes};
+    }
     uint32_t begin, end;
     std::memcpy(&begin, chunk.data + 4 + 4 * local, 4);
     std::memcpy(&end, chunk.data + 8 + 4 * local, 4);
     LF_CHECK(begin <= end && end <= chunk.size, RuntimeError, where(chunk), " is damaged: item ", local,
              " lies outside the file. Copy the dataset folder again, or write the dataset again");
-    return {chunk.data + begin, end - begin};
+    if (compression == Compression::PerItem) {  // each item its own zstd frame
+      std::shared_ptr<const std::string> bytes;
+      try {
+        bytes = std::make_shared<const std::string>(zstd_inflate(chunk.data + begin, end - begin, 0));
+      } catch (const std::runtime_error& e) {
+        damaged(chunk, "item " + std::to_string(local) + ": " + e.what());
+      }
+      return {reinterpret_cast<const uint8_t*>(bytes->data()), bytes->size(), bytes};
+    }
+    return {chunk.data + begin, end - begin, nullptr};
   }
 };
 
@@ -163,8 +303,20 @@ StreamingDataset::StreamingDataset(const std::filesystem::path& dir) : files_(st
     const std::string loader = config.value("item_loader", std::string("PyTreeLoader"));
     LF_CHECK(loader == "PyTreeLoader", ValueError, who, ": items written with LitData's ", loader,
              ", which this reader does not read (it reads PyTreeLoader datasets, litdata.optimize's default)");
-    LF_CHECK(config.at("compression").is_null(), ValueError, who, ": the dataset is compressed (compression=",
-             config.at("compression").dump(), "), which this reader does not decompress; write it without compression");
+    const json& compression = config.at("compression");
+    if (!compression.is_null()) {
+      const std::string name = compression.get<std::string>();
+      LF_CHECK(name.rfind("zstd", 0) == 0, ValueError, who, ": compression=\"", name,
+               "\" is not one LitData offers or this reader reads (zstd, zstd:LEVEL)");
+      const json level = config.value("compression_level", json());
+      const std::string granularity = level.is_null() ? "chunk" : level.get<std::string>();
+      if (granularity == "chunk") files.compression = data_detail::Compression::WholeFile;
+      else if (granularity == "batch") files.compression = data_detail::Compression::Framed;
+      else if (granularity == "sample") files.compression = data_detail::Compression::PerItem;
+      else throw ValueError(who + ": compression_level \"" + granularity + "\" is not chunk, batch or sample");
+      LF_CHECK(data_detail::zstd_available(), ValueError, who, ": the dataset is zstd-compressed and this build of "
+               "lightning_fabric has no zstd (libzstd was not found when it was built; Debian: libzstd-dev)");
+    }
     LF_CHECK(!config.contains("encryption") || config.at("encryption").is_null(), ValueError, who,
              ": the dataset is encrypted, which this reader does not decrypt; write it without encryption");
     for (const auto& format : config.at("data_format")) {
@@ -191,7 +343,7 @@ StreamingDataset::StreamingDataset(const std::filesystem::path& dir) : files_(st
       LF_CHECK(std::filesystem::exists(path), ValueError, who, ": chunk ", chunk->filename,
                " listed in index.json is missing. Copy the whole dataset folder again, or write the dataset again");
       const auto size = static_cast<int64_t>(std::filesystem::file_size(path));
-      LF_CHECK(size >= chunk->bytes, ValueError, who, ": chunk ", chunk->filename, " has ", size,
+      LF_CHECK(size >= chunk->bytes || files.compression == data_detail::Compression::WholeFile, ValueError, who, ": chunk ", chunk->filename, " has ", size,
                " bytes, index.json says ", chunk->bytes,
                " (truncated, or the index does not match the chunks). Copy the dataset folder again, or write it again");
       files.starts.push_back(files.items);
@@ -215,13 +367,15 @@ const std::vector<std::string>& StreamingDataset::data_format() const { return f
 const std::filesystem::path& StreamingDataset::dir() const { return files_->dir; }
 
 std::string StreamingDataset::raw(int64_t index) const {
-  const auto [data, size] = files_->payload(index);
-  return std::string(reinterpret_cast<const char*>(data), size);
+  const auto item = files_->payload(index);
+  return std::string(reinterpret_cast<const char*>(item.data), item.size);
 }
 
 c10::IValue StreamingDataset::get(int64_t index) const {
   const auto& files = *files_;
-  const auto [data, size] = files.payload(index);
+  const auto item = files.payload(index);  // item.keep holds inflated bytes while they are decoded
+  const uint8_t* data = item.data;
+  const size_t size = item.size;
   const size_t leaves = files.data_format.size();
   auto damaged = [&](const std::string& why) {
     const auto [c, local] = files.locate(index);

@@ -28,6 +28,8 @@ struct WriterState {
   int64_t pending_bytes = 0;
   nlohmann::json chunks = nlohmann::json::array();
   std::vector<std::filesystem::path> written;
+  int zstd_level = 0;  // 0: no compression
+  static constexpr uint32_t kFrameRows = 256;  // items per zstd frame, litdata's compression_batch_size
 
   std::string who() const { return "StreamingWriter(" + dir.string() + ")"; }
 
@@ -46,23 +48,71 @@ struct WriterState {
       }
     }
     const std::string name = "chunk-" + std::to_string(rank) + "-" + std::to_string(chunks.size()) + ".bin";
-    write_file_atomically(dir / name, [&](const ByteSink& sink) {
-      sink(header.data(), header.size());
-      for (const auto& payload : pending) sink(payload.data(), payload.size());
-    });
+    uint64_t file_bytes = offset;
+    if (zstd_level > 0) {
+      const std::string framed = frame(n);
+      write_file_atomically(dir / name, framed);
+      file_bytes = framed.size();
+    } else {
+      write_file_atomically(dir / name, [&](const ByteSink& sink) {
+        sink(header.data(), header.size());
+        for (const auto& payload : pending) sink(payload.data(), payload.size());
+      });
+    }
     written.push_back(dir / name);
-    chunks.push_back({{"chunk_bytes", offset}, {"chunk_size", n}, {"dim", nullptr}, {"filename", name}});
+    chunks.push_back({{"chunk_bytes", file_bytes}, {"chunk_size", n}, {"dim", nullptr}, {"filename", name}});
     pending.clear();
     pending_bytes = 0;
+  }
+
+  // The pending items as a framed chunk (LDFZ01, litdata's compression_level "batch"): a header,
+  // the items' offsets into their uncompressed concatenation, a frame table, then one zstd frame
+  // per kFrameRows items.
+  std::string frame(uint32_t n) const {
+    const uint32_t frames = (n + kFrameRows - 1) / kFrameRows;
+    std::string offsets(4 * (size_t{n} + 1), '\0');
+    uint32_t logical = 0;
+    for (uint32_t i = 0; i <= n; ++i) {
+      std::memcpy(&offsets[4 * size_t{i}], &logical, 4);
+      if (i < n) logical += static_cast<uint32_t>(pending[i].size());
+    }
+    std::vector<std::string> compressed;
+    std::string table(24 * size_t{frames}, '\0');
+    uint64_t cursor = 24 + offsets.size() + table.size();
+    for (uint32_t f = 0; f < frames; ++f) {
+      const uint32_t first = f * kFrameRows, count = std::min(kFrameRows, n - first);
+      std::string raw;
+      for (uint32_t i = first; i < first + count; ++i) raw += pending[i];
+      compressed.push_back(zstd_deflate(reinterpret_cast<const uint8_t*>(raw.data()), raw.size(), zstd_level));
+      const uint32_t compressed_size = static_cast<uint32_t>(compressed.back().size()), raw_size = static_cast<uint32_t>(raw.size());
+      char* entry = &table[24 * size_t{f}];
+      std::memcpy(entry, &first, 4);
+      std::memcpy(entry + 4, &count, 4);
+      std::memcpy(entry + 8, &cursor, 8);
+      std::memcpy(entry + 16, &compressed_size, 4);
+      std::memcpy(entry + 20, &raw_size, 4);
+      cursor += compressed_size;
+    }
+    std::string out("LDFZ01\0\0", 8);
+    const uint16_t version = 1, flags = 0;
+    out.append(reinterpret_cast<const char*>(&version), 2);
+    out.append(reinterpret_cast<const char*>(&flags), 2);
+    out.append(reinterpret_cast<const char*>(&n), 4);
+    out.append(reinterpret_cast<const char*>(&kFrameRows), 4);
+    out.append(reinterpret_cast<const char*>(&frames), 4);
+    out += offsets;
+    out += table;
+    for (const auto& part : compressed) out += part;
+    return out;
   }
 
   nlohmann::json index() const {
     nlohmann::json config = {
         {"chunk_bytes", options.chunk_bytes_ ? nlohmann::json(*options.chunk_bytes_) : nlohmann::json(nullptr)},
         {"chunk_size", options.chunk_size_ ? nlohmann::json(*options.chunk_size_) : nlohmann::json(nullptr)},
-        {"compression", nullptr},
-        {"compression_batch_size", nullptr},
-        {"compression_level", nullptr},
+        {"compression", options.compression_ ? nlohmann::json(*options.compression_) : nlohmann::json(nullptr)},
+        {"compression_batch_size", zstd_level > 0 ? nlohmann::json(kFrameRows) : nlohmann::json(nullptr)},
+        {"compression_level", zstd_level > 0 ? nlohmann::json("batch") : nlohmann::json(nullptr)},
         {"data_format", formats},
         {"data_spec", tree_spec_json(spec)},
         {"encryption", nullptr},
@@ -150,6 +200,23 @@ StreamingWriter::StreamingWriter(const std::filesystem::path& dir, StreamingWrit
   LF_CHECK(state.options.chunk_size_.value_or(1) > 0 && state.options.chunk_bytes_.value_or(1) > 0, ValueError, who,
            ": chunk_size and chunk_bytes must be positive");
   LF_CHECK(state.rank >= 0, ValueError, who, ": writer_rank must be 0 or more, got ", state.rank);
+  if (state.options.compression_) {
+    const std::string& name = *state.options.compression_;
+    int level = 0;
+    if (name == "zstd") {
+      level = 4;  // litdata's default level
+    } else if (name.rfind("zstd:", 0) == 0) {
+      try {
+        level = std::stoi(name.substr(5));
+      } catch (const std::exception&) {
+      }
+    }
+    LF_CHECK(level >= 1 && level <= 22, ValueError, who, ": compression \"", name,
+             "\" is not one LitData offers; use \"zstd\" or \"zstd:LEVEL\" with LEVEL 1 to 22");
+    LF_CHECK(data_detail::zstd_available(), ValueError, who,
+             ": compression needs zstd, which this build of lightning_fabric lacks (Debian: libzstd-dev when building)");
+    state.zstd_level = level;
+  }
   std::filesystem::create_directories(dir);
   const std::regex ours(state.options.writer_rank_ ? "chunk-" + std::to_string(state.rank) + "-[0-9]+\\.bin|" +
                                                         std::to_string(state.rank) + "\\.index\\.json|index\\.json"

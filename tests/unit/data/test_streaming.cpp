@@ -250,7 +250,10 @@ TEST_CASE("Damaged datasets are refused naming the file, the chunk and the fix",
   index = read_text(data / "index.json");
   index.replace(index.find("\"compression\": null"), 19, "\"compression\": \"zstd\"");
   write_text(data / "index.json", index);
-  CHECK_THROWS_WITH(lf::StreamingDataset(data), Contains("the dataset is compressed"));
+  {  // the index says whole-file zstd, the chunks are plain
+    lf::StreamingDataset dataset(data);
+    CHECK_THROWS_WITH(dataset.get(0), Contains("chunk-0-0.bin is damaged: it does not inflate as index.json's compression says"));
+  }
 
   fresh();
   {  // a flipped offset inside a chunk
@@ -413,4 +416,37 @@ TEST_CASE("A first item the writer refuses leaves no formats behind; a damaged p
   const uint32_t header[3] = {1, 1, 0xFFFFFFF8u};
   CHECK_THROWS_WITH(dd::decode_leaf("pil", reinterpret_cast<const uint8_t*>(header), sizeof(header)),
                     Contains("pil leaf is truncated"));
+}
+
+TEST_CASE("zstd-compressed chunks (litdata's frames of 256 items) read back, and damaged frames are named", "[streaming]") {
+  TempDir dir;
+  {
+    lf::StreamingWriter writer(dir.path / "z", lf::StreamingWriterOptions().chunk_size(600).compression("zstd:3"));
+    for (int64_t i = 0; i < 700; ++i) writer.add(id_item(i));
+    writer.finish();
+  }
+  CHECK_THROWS_WITH(lf::StreamingWriter(dir.path / "bad", lf::StreamingWriterOptions().chunk_size(2).compression("gzip")),
+                    Contains("compression \"gzip\" is not one LitData offers; use \"zstd\" or \"zstd:LEVEL\""));
+  const std::string index = read_text(dir.path / "z" / "index.json");
+  CHECK_THAT(index, Contains("\"compression\": \"zstd:3\"") && Contains("\"compression_level\": \"batch\""));
+  {
+    lf::StreamingDataset dataset(dir.path / "z");
+    REQUIRE(dataset.size() == 700);
+    for (int64_t i : {0, 255, 256, 599, 600, 699})  // frame edges, chunk edges
+      CHECK(dataset.get(i).toTupleRef().elements()[0].toInt() == i);
+    // Smaller than the plain chunks: 700 items of (int, 2 floats) are 20 bytes of payload each.
+    CHECK(fs::file_size(dir.path / "z" / "chunk-0-0.bin") < 600 * 20);
+  }
+  {  // the second frame of the first chunk loses its zstd magic number
+    std::fstream chunk(dir.path / "z" / "chunk-0-0.bin", std::ios::in | std::ios::out | std::ios::binary);
+    const std::streamoff frame_table = 24 + 4 * 601, second_frame = frame_table + 24;
+    uint64_t offset = 0;
+    chunk.seekg(second_frame + 8);
+    chunk.read(reinterpret_cast<char*>(&offset), 8);
+    chunk.seekp(static_cast<std::streamoff>(offset));
+    chunk.write("\xff\xff\xff\xff", 4);
+  }
+  lf::StreamingDataset dataset(dir.path / "z");
+  CHECK(dataset.get(10).toTupleRef().elements()[0].toInt() == 10);  // the first frame still reads
+  CHECK_THROWS_WITH(dataset.get(300), Contains("chunk-0-0.bin is damaged: frame 1"));
 }

@@ -10,7 +10,8 @@
 // bool, str/text -> string, bytes/file -> string of raw bytes, tensor/numpy (with or without
 // header) -> tensor of the written dtype and shape, jpeg/image -> uint8 tensor [3, H, W] RGB,
 // pil -> uint8 tensor [H, W, C] (or [H, W] for one band), json -> lists/dicts/scalars, a pickled
-// None -> None. Tuples, lists and dicts (keys in written order) nest as written.
+// None -> None. Tuples, lists and dicts (keys in written order) nest as written. Chunks may be
+// zstd-compressed at any of LitData's granularities (frames of items, each item, the whole file).
 // get() is thread-safe; chunk files are memory-mapped when first read and stay mapped.
 #pragma once
 

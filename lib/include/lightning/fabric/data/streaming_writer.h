@@ -11,6 +11,7 @@
 // for a 1-D tensor, tensor otherwise) unless `formats` names one per leaf (bytes for a string of
 // raw bytes, numpy / no_header_numpy:CODE for a tensor Python should read as a NumPy array, jpeg
 // for a uint8 image tensor to encode, or a string of JPEG bytes).
+// compression("zstd") compresses chunks as litdata.optimize(compression="zstd") does.
 // Files appear whole or not at all: each chunk is written to a temporary name and renamed, and
 // index.json last; a writer destroyed before finish() removes its chunks.
 #pragma once
@@ -35,6 +36,9 @@ struct LF_API StreamingWriterOptions {
   std::optional<int64_t> chunk_bytes_;
   /// One LitData format name per leaf, in flattening order; empty: each leaf's default.
   std::vector<std::string> formats_;
+  /// LitData's compression: "zstd" (level 4) or "zstd:LEVEL" (1 to 22), each chunk's items
+  /// compressed in frames of 256 (litdata's default compression_level "batch"). Default: none.
+  std::optional<std::string> compression_;
   /// Several writers filling one folder: each writes chunk-RANK-K.bin and RANK.index.json, and
   /// StreamingWriter::merge_index(dir) (or any reader) joins them. Default: one writer, index.json.
   std::optional<int> writer_rank_;
@@ -43,6 +47,7 @@ struct LF_API StreamingWriterOptions {
   StreamingWriterOptions& chunk_bytes(int64_t bytes) { chunk_bytes_ = bytes; return *this; }
   StreamingWriterOptions& formats(std::vector<std::string> names) { formats_ = std::move(names); return *this; }
   StreamingWriterOptions& writer_rank(int rank) { writer_rank_ = rank; return *this; }
+  StreamingWriterOptions& compression(std::string name) { compression_ = std::move(name); return *this; }
 };
 
 namespace data_detail {

@@ -46,6 +46,13 @@ const char* writable_formats();
 std::pair<nlohmann::json, std::vector<std::filesystem::path>> merge_writer_indexes(const std::filesystem::path& dir,
                                                                                   const std::string& who);
 
+/// zstd, LitData's compression: a frame (or frames back to back) inflated, `expected_size` its
+/// content's size when known (0: read from the frame, else grown as needed); bytes deflated at a
+/// level. std::runtime_error for damaged data, or when this build has no zstd (zstd_available).
+bool zstd_available();
+std::string zstd_inflate(const uint8_t* data, size_t size, size_t expected_size);
+std::string zstd_deflate(const uint8_t* data, size_t size, int level);
+
 /// JPEG or PNG bytes to a uint8 [3, H, W] RGB tensor (torchvision's decode_image(mode=RGB));
 /// a uint8 [3, H, W] or [H, W] tensor to JPEG bytes.
 at::Tensor decode_image_rgb(const uint8_t* data, size_t size);
