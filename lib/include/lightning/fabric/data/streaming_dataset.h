@@ -43,7 +43,7 @@ class LF_API StreamingDataset {
   /// Items in the dataset, over all chunks.
   int64_t size() const;
   /// The item with this global index (chunks in index order, items in chunk order).
-  /// IndexError out of range; RuntimeError naming the chunk file for a damaged chunk.
+  /// ValueError out of range; RuntimeError naming the chunk file for a damaged chunk.
   c10::IValue get(int64_t index) const;
   /// The raw payload of an item: what get() decodes (for measuring and copying).
   std::string raw(int64_t index) const;

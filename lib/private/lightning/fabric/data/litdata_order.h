@@ -1,7 +1,7 @@
 // The order in which LitData's StreamingDataset serves a dataset's items: which chunk pieces each
 // (rank, worker) reads in an epoch and in what order it reads the items of each piece, computed as
 // litdata 0.2.76 does with NumPy's legacy RandomState, so that a C++ job reads the same samples in
-// the same order as a Python job of the same topology (docs/data.md, "Order").
+// the same order as a Python job of the same topology (docs/data.md, "Loading: the order").
 #pragma once
 
 #include <cstdint>
