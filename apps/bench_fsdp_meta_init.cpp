@@ -7,7 +7,10 @@
 // during the training steps, both above base; large allocations are forced to mmap so freed
 // memory leaves the resident set. base_data_mb is the largest VmData at base (what a data limit,
 // prlimit --data, counts). The ZeRO-3 formula for this run is parameters + gradients over
-// the ranks, 8 * psi / world bytes (16 * psi / world with Adam's two states). Run under lightning-run, with a memory limit if wanted:
+// the ranks, 8 * psi / world bytes (16 * psi / world with Adam's two states). --tensor-parallel T:
+// the layers alternate column- and row-parallel (tensor_parallel/layers.h) under model_parallel
+// with fsdp on the data dimension, mesh (world / T, T): meta initialisation then splits before it
+// materialises. Run under lightning-run, with a memory limit if wanted:
 //   lightning-run model --accelerator cpu --devices 4 build/bin/bench_fsdp_meta_init --meta [--layers 48] [--width 1024]
 #include <lightning/fabric.h>
 #include <malloc.h>
@@ -28,6 +31,7 @@ int main(int argc, char** argv) {
   mallopt(M_MMAP_THRESHOLD, 64 * 1024);  // fixed: glibc's adaptive threshold would keep freed blocks
   bool meta = false, adam = false, prefetch = true;
   int64_t layers = 48, width = 1024, steps = 3;
+  int tensor_parallel = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--meta") meta = true;
@@ -36,11 +40,20 @@ int main(int argc, char** argv) {
     if (arg == "--layers" && i + 1 < argc) layers = std::stoll(argv[++i]);
     if (arg == "--width" && i + 1 < argc) width = std::stoll(argv[++i]);
     if (arg == "--steps" && i + 1 < argc) steps = std::stoll(argv[++i]);
+    if (arg == "--tensor-parallel" && i + 1 < argc) tensor_parallel = std::stoi(argv[++i]);
   }
   lf::FSDPOptions fsdp;
   fsdp.auto_wrap_min_params = 1;  // every Linear is a unit
   fsdp.backward_prefetch = prefetch;
-  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").strategy(lf::fsdp_strategy(fsdp)));
+  lf::StrategySpec strategy = lf::fsdp_strategy(fsdp);
+  if (tensor_parallel > 0) {
+    lf::ModelParallelOptions model_parallel;
+    model_parallel.tensor_parallel_size = tensor_parallel;
+    model_parallel.data_parallel_strategy = "fsdp";
+    model_parallel.fully_sharded = fsdp;
+    strategy = lf::model_parallel_strategy(model_parallel);
+  }
+  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").strategy(strategy));
   fabric.seed_everything(0);
   {  // one step of a small model first: the code and buffers every step touches are part of base
     torch::nn::Sequential small(torch::nn::Linear(64, 64), torch::nn::ReLU(), torch::nn::Linear(64, 64));
@@ -55,7 +68,7 @@ int main(int argc, char** argv) {
   torch::nn::Sequential net = nullptr;
   {
     auto guard = fabric.init_module(/*empty_init=*/meta);
-    net = fsdp_bench::linear_stack(layers, width);
+    net = tensor_parallel > 0 ? fsdp_bench::tensor_parallel_stack(layers, width) : fsdp_bench::linear_stack(layers, width);
   }
   int64_t psi = 0;
   for (const auto& parameter : net->parameters()) psi += parameter.numel();
@@ -84,6 +97,7 @@ int main(int argc, char** argv) {
   if (fabric.is_global_zero()) {
     const double world = fabric.world_size(), full = 4.0 * static_cast<double>(psi), zero = (adam ? 16.0 : 8.0) * psi / world;
     std::cout << "{\"benchmark\":\"fsdp meta init\",\"meta\":" << (meta ? "true" : "false")
+              << ",\"tensor_parallel\":" << tensor_parallel
               << ",\"optimizer\":\"" << (adam ? "adam" : "sgd") << "\",\"backward_prefetch\":" << (prefetch ? "true" : "false") << ",\"ranks\":" << world
               << ",\"layers\":" << layers << ",\"width\":" << width << ",\"full_parameter_mb\":" << full / 1e6
               << ",\"base_mb\":" << static_cast<double>(base) / 1e6

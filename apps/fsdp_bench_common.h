@@ -6,6 +6,8 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 
+#include "lightning/fabric/tensor_parallel/layers.h"
+
 #include <fstream>
 #include <string>
 
@@ -29,6 +31,24 @@ inline torch::nn::Sequential linear_stack(int64_t layers, int64_t width) {
   torch::nn::Sequential net;
   for (int64_t l = 0; l < layers; ++l) {
     net->push_back(torch::nn::Linear(width, width));
+    net->push_back(torch::nn::ReLU());
+  }
+  return net;
+}
+
+/// linear_stack's shape with tensor-parallel layers: column- then row-parallel pairs (an odd
+/// last layer is column-parallel with its output gathered), each followed by a ReLU.
+inline torch::nn::Sequential tensor_parallel_stack(int64_t layers, int64_t width) {
+  namespace tp = lightning::fabric::tensor_parallel;
+  torch::nn::Sequential net;
+  for (int64_t l = 0; l < layers; ++l) {
+    tp::ParallelLinearOptions options(width, width);
+    if (l % 2 == 1) {
+      net->push_back(tp::RowParallelLinear(options));
+    } else {
+      options.gather_output = l + 1 == layers;
+      net->push_back(tp::ColumnParallelLinear(options));
+    }
     net->push_back(torch::nn::ReLU());
   }
   return net;

@@ -2,7 +2,8 @@
 // embedding split by vocabulary, pre-norm blocks whose attention has q, k and v column-parallel
 // (each rank of the tensor group computes its own heads) and the output projection row-parallel,
 // an MLP column- then row-parallel, and a column-parallel head whose logits stay split by
-// vocabulary for tp::vocab_parallel_cross_entropy. Until a mesh splits its layers (the
+// vocabulary for tp::vocab_parallel_cross_entropy; optionally sequence parallel, with residual
+// dropout. Until a mesh splits its layers (the
 // model_parallel strategy's setup) it is the ordinary unsplit model, so the same code trains
 // under every strategy. Used by examples/tensor_parallel_gpt and the model_parallel tests.
 #pragma once
@@ -19,59 +20,89 @@ namespace tp = lightning::fabric::tensor_parallel;
 
 struct TensorParallelGptSettings {
   int64_t vocab = 256, seq = 32, d_model = 64, heads = 4, layers = 2;
+  /// Sequence parallelism: between the tensor-parallel pairs (LayerNorm, dropout, the residual
+  /// stream) each rank of the tensor group holds its slice of the sequence, not all of it.
+  bool sequence_parallel = false;
+  /// Residual dropout after the attention and the MLP (tp::ParallelDropout's mask rule).
+  double dropout = 0.0;
 };
 
 struct TensorParallelBlockImpl : torch::nn::Module {
-  TensorParallelBlockImpl(int64_t d, int64_t heads) : head_dim(d / heads) {
-    ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
-    q = register_module("q", tp::ColumnParallelLinear(tp::ParallelLinearOptions(d, d)));
-    k = register_module("k", tp::ColumnParallelLinear(tp::ParallelLinearOptions(d, d)));
-    v = register_module("v", tp::ColumnParallelLinear(tp::ParallelLinearOptions(d, d)));
-    projection = register_module("projection", tp::RowParallelLinear(tp::ParallelLinearOptions(d, d)));
-    ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
-    fc1 = register_module("fc1", tp::ColumnParallelLinear(tp::ParallelLinearOptions(d, 4 * d)));
-    fc2 = register_module("fc2", tp::RowParallelLinear(tp::ParallelLinearOptions(4 * d, d)));
+  explicit TensorParallelBlockImpl(const TensorParallelGptSettings& s) : head_dim(s.d_model / s.heads) {
+    const int64_t d = s.d_model;
+    // Under sequence parallelism the column layers gather the sequence and the row layers scatter
+    // it again, along dimension 1 of [B, L, D].
+    const std::optional<int64_t> sequence_dim = s.sequence_parallel ? std::optional<int64_t>(1) : std::nullopt;
+    auto linear = [&](int64_t in, int64_t out) {
+      auto options = tp::ParallelLinearOptions(in, out);
+      options.sequence_dim = sequence_dim;
+      return options;
+    };
+    auto norm = [&] {
+      tp::ParallelLayerNormOptions options({d});
+      options.sequence_parallel = s.sequence_parallel;
+      return tp::ParallelLayerNorm(options);
+    };
+    ln1 = register_module("ln1", norm());
+    q = register_module("q", tp::ColumnParallelLinear(linear(d, d)));
+    k = register_module("k", tp::ColumnParallelLinear(linear(d, d)));
+    v = register_module("v", tp::ColumnParallelLinear(linear(d, d)));
+    projection = register_module("projection", tp::RowParallelLinear(linear(d, d)));
+    drop1 = register_module("drop1", tp::ParallelDropout(s.dropout, sequence_dim));
+    ln2 = register_module("ln2", norm());
+    fc1 = register_module("fc1", tp::ColumnParallelLinear(linear(d, 4 * d)));
+    fc2 = register_module("fc2", tp::RowParallelLinear(linear(4 * d, d)));
+    drop2 = register_module("drop2", tp::ParallelDropout(s.dropout, sequence_dim));
   }
-  // x: [B, L, D], full on every rank of the tensor group.
+  // x: [B, L, D], full on every rank of the tensor group (or [B, L/T, D], this rank's sequence
+  // slice, under sequence parallelism).
   at::Tensor forward(at::Tensor x) {
-    const int64_t batch = x.size(0), length = x.size(1);
     const at::Tensor h = ln1(x);
+    const at::Tensor queries = q(h);  // [B, L, D/T]: the whole sequence, this rank's heads
+    const int64_t batch = queries.size(0), length = queries.size(1);
     // This rank's heads: [B, heads/T, L, head_dim].
     auto heads_of = [&](const at::Tensor& t) { return t.view({batch, length, -1, head_dim}).transpose(1, 2); };
-    const at::Tensor attended = at::scaled_dot_product_attention(heads_of(q(h)), heads_of(k(h)), heads_of(v(h)),
+    const at::Tensor attended = at::scaled_dot_product_attention(heads_of(queries), heads_of(k(h)), heads_of(v(h)),
                                                                  /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
-    x = x + projection(attended.transpose(1, 2).reshape({batch, length, -1}));
-    return x + fc2(torch::gelu(fc1(ln2(x))));
+    x = x + drop1(projection(attended.transpose(1, 2).reshape({batch, length, -1})));
+    return x + drop2(fc2(torch::gelu(fc1(ln2(x)))));
   }
   int64_t head_dim;
-  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
+  tp::ParallelLayerNorm ln1{nullptr}, ln2{nullptr};
   tp::ColumnParallelLinear q{nullptr}, k{nullptr}, v{nullptr}, fc1{nullptr};
   tp::RowParallelLinear projection{nullptr}, fc2{nullptr};
+  tp::ParallelDropout drop1{nullptr}, drop2{nullptr};
 };
 TORCH_MODULE(TensorParallelBlock);
 
 struct TensorParallelGptImpl : torch::nn::Module {
-  explicit TensorParallelGptImpl(const TensorParallelGptSettings& s) {
+  explicit TensorParallelGptImpl(const TensorParallelGptSettings& s) : sequence_parallel(s.sequence_parallel) {
     tokens = register_module("tokens", tp::VocabParallelEmbedding(s.vocab, s.d_model));
     positions = register_module("positions", torch::nn::Embedding(s.seq, s.d_model));
     for (int64_t i = 0; i < s.layers; ++i) {
-      blocks.push_back(register_module("block" + std::to_string(i), TensorParallelBlock(s.d_model, s.heads)));
+      blocks.push_back(register_module("block" + std::to_string(i), TensorParallelBlock(s)));
     }
-    ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({s.d_model})));
+    tp::ParallelLayerNormOptions norm({s.d_model});
+    norm.sequence_parallel = s.sequence_parallel;
+    ln_f = register_module("ln_f", tp::ParallelLayerNorm(norm));
     auto head_options = tp::ParallelLinearOptions(s.d_model, s.vocab);
     head_options.bias = false;
+    if (s.sequence_parallel) head_options.sequence_dim = 1;
     head = register_module("head", tp::ColumnParallelLinear(head_options));
   }
   // ids: [B, L] -> this rank's logits [B, L, vocab/T] (all of them when unsplit).
   at::Tensor forward(const at::Tensor& ids) {
     at::Tensor x = tokens(ids) + positions(torch::arange(ids.size(1), ids.options()));
+    // Sequence parallelism: from here to the head, this rank's slice of the sequence.
+    if (sequence_parallel && tokens->mesh()) x = tp::scatter_to_tensor_region(x, *tokens->mesh(), 1);
     for (auto& block : blocks) x = block(x);
     return head(ln_f(x));
   }
+  bool sequence_parallel;
   tp::VocabParallelEmbedding tokens{nullptr};
   torch::nn::Embedding positions{nullptr};
   std::vector<TensorParallelBlock> blocks;
-  torch::nn::LayerNorm ln_f{nullptr};
+  tp::ParallelLayerNorm ln_f{nullptr};
   tp::ColumnParallelLinear head{nullptr};
 };
 TORCH_MODULE(TensorParallelGpt);

@@ -1,13 +1,18 @@
 // The tensor-parallel GPT of examples/common/tensor_parallel_gpt.h trained on a synthetic copy
 // task with AdamW. Under the model_parallel strategy each tensor group splits the model (q, k, v
 // and the MLP's first layer by output features, the projections by input features, embedding and
-// head by vocabulary) and the data groups run ddp; under any other strategy it is the unsplit
-// model. Prints the loss every --log-every steps and, at the end, one JSON line from rank 0: the
-// median step time, the mesh, the tensor group's collectives per step, and the parameter and AdamW state bytes rank 0 holds (its tensors'
-// storages) next to the formula's (split parameters / T + replicated ones; AdamW keeps two
-// tensors per parameter), as docs/benchmarks.md records them.
+// head by vocabulary) and the data groups run ddp, or fsdp with --data-parallel fsdp (each slice
+// sharded again over the data group); --sequence-parallel splits the activations between the
+// tensor-parallel pairs by sequence, --dropout adds residual dropout. Under any other strategy it
+// is the unsplit model. Prints the loss every --log-every steps and, at the end, one JSON line
+// from rank 0: the median step time, the mesh, the tensor group's collectives per step, and the
+// parameter and AdamW state bytes rank 0 holds (the storages of the tensors its optimizer steps)
+// next to the formula's (split parameters / T + replicated ones, both / D under fsdp; AdamW keeps
+// two tensors per parameter), as docs/benchmarks.md records them.
 //   lightning-run model --accelerator cpu --devices 4 --strategy model_parallel build/bin/tensor_parallel_gpt
 //   build/bin/tensor_parallel_gpt --accelerator cpu --devices 2 --tensor-parallel-size 2 --steps 20
+//   lightning-run model --accelerator cpu --devices 4 build/bin/tensor_parallel_gpt --tensor-parallel-size 2 \
+//       --data-parallel fsdp --sequence-parallel --dropout 0.1
 //   ... --checkpoint ck/last.ckpt          save {model, optimizer, step} there at the end
 //   ... --resume ck/last.ckpt              continue from it (any mesh shape, any strategy)
 #include <CLI/CLI.hpp>
@@ -32,7 +37,7 @@ struct Flags {
   int64_t batch_size = 8, steps = 50, warmup = 3, log_every = 10;
   double lr = 3e-3;
   std::optional<int> tensor_parallel_size;
-  std::string state_dict_type = "sharded", checkpoint, resume;
+  std::string state_dict_type = "sharded", checkpoint, resume, data_parallel;
   examples::SharedFlags shared;
 };
 
@@ -63,16 +68,17 @@ std::vector<at::Tensor> optimizer_tensors(torch::optim::Optimizer& optimizer) {
 }
 
 // The float32 bytes of the model's parameters on one rank of a tensor group of `tensor` ranks,
-// from the formula: the split parameters' elements / tensor + the replicated ones'. Split: the
+// from the formula: the split parameters' elements / tensor + the replicated ones', all divided by
+// `sharded_over` (the data size under fsdp, else 1). Split: the
 // token embedding and the head (vocab x d), q, k, v and fc1 (weights and biases), the projection's
 // and fc2's weights. Replicated: the position embedding, the LayerNorms, the row layers' biases.
-int64_t formula_parameter_bytes(const examples::TensorParallelGptSettings& s, int tensor) {
+int64_t formula_parameter_bytes(const examples::TensorParallelGptSettings& s, int tensor, int sharded_over) {
   const int64_t d = s.d_model;
   const int64_t split_per_block = 3 * (d * d + d) + d * d + (4 * d * d + 4 * d) + 4 * d * d;
   const int64_t replicated_per_block = 2 * d + d + 2 * d + d;
   const int64_t split = 2 * s.vocab * d + s.layers * split_per_block;
   const int64_t replicated = s.seq * d + 2 * d + s.layers * replicated_per_block;
-  return (split / tensor + replicated) * 4;
+  return (split / tensor + replicated) * 4 / sharded_over;
 }
 }  // namespace
 
@@ -93,6 +99,12 @@ int main(int argc, char** argv) {
                  "Configure model_parallel in code with this tensor size (default: --strategy decides)");
   app.add_option("--state-dict-type", f.state_dict_type, "With --tensor-parallel-size: sharded (a folder) or full (one file)")
       ->check(CLI::IsMember({"sharded", "full"}));
+  app.add_option("--data-parallel", f.data_parallel,
+                 "Configure model_parallel in code with this on the data dimension: ddp or fsdp (FULL_SHARD)")
+      ->check(CLI::IsMember({"ddp", "fsdp"}));
+  app.add_flag("--sequence-parallel", f.model.sequence_parallel,
+               "Split the activations between the tensor-parallel pairs (LayerNorm, dropout, residuals) by sequence");
+  app.add_option("--dropout", f.model.dropout, "Residual dropout probability")->check(CLI::Range(0.0, 0.99));
   app.add_option("--checkpoint", f.checkpoint, "Save {model, optimizer, step} here at the end");
   app.add_option("--resume", f.resume, "Load this checkpoint first and continue from its step");
   f.shared.add_to(app);
@@ -104,10 +116,11 @@ int main(int argc, char** argv) {
   }
   try {
     lf::FabricOptions options = f.shared.apply();
-    if (f.tensor_parallel_size) {
+    if (f.tensor_parallel_size || !f.data_parallel.empty()) {
       lf::ModelParallelOptions mp;
       mp.tensor_parallel_size = f.tensor_parallel_size;
       mp.state_dict_type = f.state_dict_type;
+      if (!f.data_parallel.empty()) mp.data_parallel_strategy = f.data_parallel;
       options.strategy(lf::model_parallel_strategy(mp));
     }
     lf::Fabric fabric(options);
@@ -115,8 +128,9 @@ int main(int argc, char** argv) {
     examples::TensorParallelGpt net(f.model);
     torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(f.lr));
     auto [model, optimizer] = fabric.setup(net, adamw);  // model_parallel: the mesh, the split layers
-    auto* model_parallel = dynamic_cast<lf::ModelParallelStrategy*>(fabric.strategy().get());
+    auto* model_parallel = dynamic_cast<lf::MeshStrategy*>(fabric.strategy().get());
     const lf::DeviceMesh* mesh = model_parallel ? model_parallel->device_mesh().get() : nullptr;
+    const bool fully_sharded = dynamic_cast<lf::FSDPStrategy*>(fabric.strategy().get()) != nullptr;
     const auto share = fabric.strategy()->sampler_share();  // model_parallel: by the data rank
     if (f.batch_size % share.replicas != 0) {
       std::cerr << "tensor_parallel_gpt: --batch-size " << f.batch_size << " does not split over " << share.replicas
@@ -157,9 +171,12 @@ int main(int argc, char** argv) {
         mesh && f.steps > 0 ? static_cast<double>(mesh->tensor_operations() - tensor_operations_before) / f.steps : 0.0;
     std::sort(step_ms.begin(), step_ms.end());
     const double median = step_ms.empty() ? 0.0 : step_ms[step_ms.size() / 2];
-    const int64_t parameter_bytes = storage_bytes(net->parameters());
+    std::vector<at::Tensor> stepped;  // the parameters, or under fsdp their shards
+    for (const auto& group : adamw.param_groups()) stepped.insert(stepped.end(), group.params().begin(), group.params().end());
+    const int64_t parameter_bytes = storage_bytes(stepped);
     const int64_t optimizer_bytes = storage_bytes(optimizer_tensors(adamw));
-    const int64_t formula = formula_parameter_bytes(f.model, mesh ? mesh->tensor_size() : 1);
+    const int64_t formula = formula_parameter_bytes(f.model, mesh ? mesh->tensor_size() : 1,
+                                                    fully_sharded ? (mesh ? mesh->data_size() : fabric.world_size()) : 1);
     if (fabric.is_global_zero()) {
       std::cout << "{\"example\":\"tensor_parallel_gpt\",\"strategy\":\"" << fabric.strategy()->name()
                 << "\",\"world_size\":" << fabric.world_size() << ",\"data\":" << (mesh ? mesh->data_size() : share.replicas)

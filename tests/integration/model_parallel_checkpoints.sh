@@ -7,16 +7,21 @@
 # parameters and the momentum buffers were re-split right. Python's torch reads the file (and
 # torch.distributed.checkpoint the folder) and finds every tensor whole and equal to the
 # consolidated one's. A checkpoint of another vocabulary size is refused with a clear error.
-#   model_parallel_checkpoints.sh full|sharded LIGHTNING_RUN CHECKS_BINARY   (LF_PYTHON: torch's python)
+# With "fsdp" the data dimension is fully sharded (each tensor-parallel slice sharded again over the
+# data group): the checkpoint saved under (2, 2) also resumes under (4, 1) and, with ddp on the data
+# dimension, under (2, 2), all through the one sharded-checkpoint engine.
+#   model_parallel_checkpoints.sh full|sharded LIGHTNING_RUN CHECKS_BINARY [ddp|fsdp]   (LF_PYTHON: torch's python)
 set -euo pipefail
-type="$1" run="$2" checks="$3" python="${LF_PYTHON:-python3}"
+type="$1" run="$2" checks="$3" data_parallel="${4:-ddp}" python="${LF_PYTHON:-python3}"
+dp=()
+[ "$data_parallel" = fsdp ] && dp=(--fsdp FULL_SHARD)
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 saved="$work/saved.ckpt"
 [ "$type" = sharded ] && saved="$work/saved"
 
-"$run" model --accelerator cpu --devices 4 --process-group-backend gloo "$checks" --tensor 2 --steps 10 \
+"$run" model --accelerator cpu --devices 4 --process-group-backend gloo "$checks" --tensor 2 --steps 10 "${dp[@]}" \
   --save "$saved" --save-type "$type" || fail "training under (2, 2) and saving failed"
 if [ "$type" = sharded ]; then
   [ -f "$saved/.metadata" ] && [ -f "$saved/meta.pt" ] || fail "the folder lacks .metadata or meta.pt: $(ls -a "$saved")"
@@ -26,23 +31,32 @@ else
   cp "$saved" "$work/whole.ckpt"
 fi
 
-"$run" model --accelerator cpu --devices 4 --process-group-backend gloo "$checks" --tensor 4 --steps 10 \
-  --resume "$saved" | tee "$work/mesh_1x4.log" || fail "resuming under (1, 4) failed"
-[ "$(grep -c 'from step 10, largest difference' "$work/mesh_1x4.log")" = 4 ] || fail "not every (1, 4) rank resumed at step 10"
+resume_under() {  # NAME TENSOR_SIZE [FLAGS...]
+  local name="$1" tensor="$2"
+  shift 2
+  "$run" model --accelerator cpu --devices 4 --process-group-backend gloo "$checks" --tensor "$tensor" --steps 10 \
+    --resume "$saved" "$@" | tee "$work/$name.log" || fail "resuming under $name failed"
+  [ "$(grep -c 'from step 10, largest difference' "$work/$name.log")" = 4 ] || fail "not every $name rank resumed at step 10"
+}
+resume_under "mesh (1, 4)" 4 "${dp[@]}"
+if [ "$data_parallel" = fsdp ]; then
+  resume_under "mesh (4, 1)" 1 "${dp[@]}"
+  resume_under "mesh (2, 2) with ddp" 2
+fi
 "$checks" --plain --steps 10 --resume "$work/whole.ckpt" | tee "$work/one.log" || fail "resuming in one process failed"
 grep -q "from step 10" "$work/one.log" || fail "the one-process run did not resume at step 10"
 
 # A checkpoint of another model is refused with the entry, both shapes and the tensor size.
-"$run" model --accelerator cpu --devices 4 --process-group-backend gloo "$checks" --tensor 4 --vocab 64 \
+"$run" model --accelerator cpu --devices 4 --process-group-backend gloo "$checks" --tensor 4 --vocab 64 "${dp[@]}" \
   --resume "$saved" | tee "$work/other.log" || fail "loading into another model crashed"
-grep -q "load refused: .*'model/tokens.weight' has shape \[32, 16\] in the checkpoint, but the model splits it along dimension 0 over the 4 ranks of its tensor group, \[16, 16\] each (whole: \[64, 16\])" "$work/other.log" \
+grep -q "load refused: .*'model/tokens.weight' has shape \[32, 16\] in the checkpoint, but this model's tensor is \[64, 16\] whole (this rank holds \[[0-9]*\(, 16\)\?\] of it)" "$work/other.log" \
   || fail "loading a checkpoint of another model did not name the entry and both shapes"
 
 # Python: torch.load reads the whole file; the sharded folder through torch.distributed.checkpoint.
 "$python" - "$type" "$saved" "$work/whole.ckpt" <<'PY' || fail "Python could not read the checkpoint"
 import sys, torch
 kind, saved, whole_path = sys.argv[1:]
-whole = torch.load(whole_path, map_location="cpu", weights_only=False)
+whole = torch.load(whole_path, map_location="cpu", weights_only=True)
 model = whole["model"]
 assert model["block0.fc1.weight"].shape == (64, 16), model["block0.fc1.weight"].shape
 assert model["block0.projection.weight"].shape == (16, 16), model["block0.projection.weight"].shape
@@ -60,4 +74,4 @@ if kind == "sharded":
         assert torch.equal(state[name]["momentum_buffer"], whole["optimizer"]["state"][name]["momentum_buffer"]), name
 print("python read", len(model), "whole tensors")
 PY
-echo "model parallel $type checkpoints passed"
+echo "model parallel $type checkpoints passed ($data_parallel on the data dimension)"

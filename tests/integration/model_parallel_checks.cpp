@@ -12,6 +12,17 @@
 //   --save PATH [--save-type full|sharded]  fabric.save({model, optimizer, step}) after training
 //   --resume PATH                           fabric.load it first and train from its step on (the
 //                                           reference trains every step from 0)
+//   --fsdp [SHARDING]                       fsdp on the data dimension (default FULL_SHARD; the
+//                                           reference is the same), and a check of the memory each
+//                                           rank holds for parameters, gradients and momentum
+//                                           against the formula (at most 1.10 times it)
+//   --sequence-parallel                     activations split by sequence between the pairs
+//                                           (ParallelLayerNorm's gradients summed over the group)
+//   --dropout P                             residual dropout; every rank seeds each step alike and
+//                                           the reference runs each data rank's rows on its own
+//                                           with the same seed (ParallelDropout's mask rule)
+//   --meta                                  build the model under fabric.init_module(true) (on the
+//                                           meta device under fsdp: split, then materialised)
 //   --plain                                 no model_parallel: Fabric's default strategy, unsplit
 //   --steps N                               steps to train (default 20)
 //   --vocab N                               another vocabulary size than the default 32
@@ -42,8 +53,8 @@ void expect(bool ok, const std::string& what) {
 struct Flags {
   std::optional<int> tensor;
   int64_t steps = 20;
-  std::string save, save_type = "sharded", resume;
-  bool plain = false;
+  std::string save, save_type = "sharded", resume, fsdp;
+  bool plain = false, meta = false;
 };
 
 Flags parse(int argc, char** argv) {
@@ -52,12 +63,16 @@ Flags parse(int argc, char** argv) {
     const std::string name = argv[i];
     const bool has_value = i + 1 < argc;
     if (name == "--plain") flags.plain = true;
+    else if (name == "--meta") flags.meta = true;
     else if (name == "--tensor" && has_value) flags.tensor = std::atoi(argv[++i]);
+    else if (name == "--fsdp") flags.fsdp = i + 1 < argc && argv[i + 1][0] != '-' ? argv[++i] : "FULL_SHARD";
     else if (name == "--steps" && has_value) flags.steps = std::atoll(argv[++i]);
     else if (name == "--save" && has_value) flags.save = argv[++i];
     else if (name == "--save-type" && has_value) flags.save_type = argv[++i];
     else if (name == "--resume" && has_value) flags.resume = argv[++i];
     else if (name == "--vocab" && has_value) kSettings.vocab = std::atoll(argv[++i]);
+    else if (name == "--sequence-parallel") kSettings.sequence_parallel = true;
+    else if (name == "--dropout" && has_value) kSettings.dropout = std::atof(argv[++i]);
     else {
       std::cout << "FAIL: unknown argument " << name << std::endl;
       std::exit(2);
@@ -69,10 +84,14 @@ Flags parse(int argc, char** argv) {
 lf::FabricOptions fabric_options(const Flags& flags) {
   lf::FabricOptions options;
   options.accelerator("cpu");
-  if (flags.tensor || flags.save_type != "sharded") {
+  if (flags.tensor || flags.save_type != "sharded" || !flags.fsdp.empty()) {
     lf::ModelParallelOptions model_parallel;
     model_parallel.tensor_parallel_size = flags.tensor;
     model_parallel.state_dict_type = flags.save_type;
+    if (!flags.fsdp.empty()) {
+      model_parallel.data_parallel_strategy = "fsdp";
+      model_parallel.fully_sharded.sharding_strategy = lf::parse_sharding_strategy(flags.fsdp);
+    }
     options.strategy(lf::model_parallel_strategy(model_parallel));
   }
   return options;
@@ -85,6 +104,7 @@ double train_step(lf::Fabric& fabric, lf::FabricModule<examples::TensorParallelG
   const int data = mesh ? mesh->data_size() : 1, data_rank = mesh ? mesh->data_rank() : 0;
   const int64_t rows = kBatch / data;
   optimizer.zero_grad();
+  if (kSettings.dropout > 0) torch::manual_seed(500 + static_cast<uint64_t>(step));  // the step's masks
   const at::Tensor logits = model(ids.narrow(0, data_rank * rows, rows));
   fabric.backward(examples::tensor_parallel_gpt_loss(logits, targets.narrow(0, data_rank * rows, rows), mesh));
   const double norm = fabric.clip_gradients(model, optimizer, lf::GradientClipping().norm(1.0))->item<double>();
@@ -92,10 +112,23 @@ double train_step(lf::Fabric& fabric, lf::FabricModule<examples::TensorParallelG
   return norm;
 }
 
-double reference_step(examples::TensorParallelGpt& reference, torch::optim::SGD& sgd, int64_t step) {
+// With dropout, each data rank's rows on their own under the step's seed (the mean of the shares'
+// mean losses is the batch's mean loss); otherwise the whole batch at once.
+double reference_step(examples::TensorParallelGpt& reference, torch::optim::SGD& sgd, int64_t step, int data) {
   auto [ids, targets] = examples::tensor_parallel_gpt_batch(kSettings, kBatch, step);
   sgd.zero_grad();
-  examples::tensor_parallel_gpt_loss(reference->forward(ids), targets, nullptr).backward();
+  if (kSettings.dropout > 0) {
+    const int64_t rows = kBatch / data;
+    at::Tensor loss = torch::zeros({});
+    for (int share = 0; share < data; ++share) {
+      torch::manual_seed(500 + static_cast<uint64_t>(step));
+      loss = loss + examples::tensor_parallel_gpt_loss(reference->forward(ids.narrow(0, share * rows, rows)),
+                                                       targets.narrow(0, share * rows, rows), nullptr) / data;
+    }
+    loss.backward();
+  } else {
+    examples::tensor_parallel_gpt_loss(reference->forward(ids), targets, nullptr).backward();
+  }
   std::vector<at::Tensor> parameters = reference->parameters();
   const double norm = torch::nn::utils::clip_grad_norm_(parameters, 1.0);
   sgd.step();
@@ -140,17 +173,22 @@ int main(int argc, char** argv) {
       return 0;
     }
   }
-  auto* strategy = flags.plain ? nullptr : &fabric.strategy_as<lf::ModelParallelStrategy>();
+  lf::Strategy* strategy = flags.plain ? nullptr : fabric.strategy().get();
+  lf::FSDPStrategy* fsdp = flags.fsdp.empty() ? nullptr : &fabric.strategy_as<lf::FSDPStrategy>();
   // Ranks seeded apart (as a program that seeds dropout per rank does): setup takes every tensor
   // from rank 0, whose seed builds the reference.
   lf::Fabric::seed_everything(3 + fabric.global_rank());
-  examples::TensorParallelGpt net(kSettings);
+  examples::TensorParallelGpt net = nullptr;
+  {
+    auto guard = fabric.init_module(/*empty_init=*/flags.meta);
+    net = examples::TensorParallelGpt(kSettings);
+  }
   lf::Fabric::seed_everything(3);
   examples::TensorParallelGpt reference(kSettings);
   torch::optim::SGD reference_sgd(reference->parameters(), torch::optim::SGDOptions(0.5).momentum(0.9));
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.5).momentum(0.9));
   auto [model, optimizer] = fabric.setup(net, sgd);  // builds the mesh, shards the layers
-  const lf::DeviceMesh* mesh = strategy ? strategy->device_mesh().get() : nullptr;
+  const lf::DeviceMesh* mesh = strategy ? fabric.strategy_as<lf::MeshStrategy>().device_mesh().get() : nullptr;
   const int rank = fabric.global_rank(), data = mesh ? mesh->data_size() : 1, tensor = mesh ? mesh->tensor_size() : 1;
   if (strategy) {
     expect(strategy->name() == "model_parallel", "the strategy is called " + strategy->name());
@@ -158,9 +196,12 @@ int main(int argc, char** argv) {
     const auto share = strategy->sampler_share();
     expect(share.replicas == data && share.rank == mesh->data_rank(), "the sampler splits by the data rank");
   }
-  expect(net->blocks[0]->fc1->weight.size(0) == 4 * kSettings.d_model / tensor &&
-             net->blocks[0]->projection->weight.size(1) == kSettings.d_model / tensor,
-         "the layers hold 1/tensor of their weights");
+  {
+    lf::ScopeGuard full = fsdp ? fsdp->summon_full_parameters(*net) : lf::ScopeGuard();
+    expect(net->blocks[0]->fc1->weight.size(0) == 4 * kSettings.d_model / tensor &&
+               net->blocks[0]->projection->weight.size(1) == kSettings.d_model / tensor,
+           "the layers hold 1/tensor of their weights");
+  }
 
   int64_t start = 0;
   if (!flags.resume.empty()) {
@@ -172,13 +213,41 @@ int main(int argc, char** argv) {
   double last_norm = 0, last_reference_norm = 0;
   for (int64_t step = 0; step < start + flags.steps; ++step) {
     if (step >= start) last_norm = train_step(fabric, model, optimizer, mesh, step);
-    last_reference_norm = reference_step(reference, reference_sgd, step);
+    last_reference_norm = reference_step(reference, reference_sgd, step, data);
   }
   expect(std::abs(last_norm - last_reference_norm) <= 1e-5 * std::max(1.0, last_reference_norm),
          "the clipped norm " + std::to_string(last_norm) + " differs from the unsplit model's " +
              std::to_string(last_reference_norm));
-  const double worst = largest_difference(net, reference, mesh);
+  double worst = 0;
+  {
+    lf::ScopeGuard full = fsdp ? fsdp->summon_full_parameters(*net) : lf::ScopeGuard();
+    worst = largest_difference(net, reference, mesh);
+  }
   expect(worst <= 1e-5, "the parameters differ from the unsplit model's by " + std::to_string(worst));
+  if (fsdp && flags.fsdp == "FULL_SHARD") {
+    // Parameters, gradients and momentum: each rank holds 1/(data x tensor) of a split parameter
+    // and 1/data of a whole one, three times over (float32); SHARD_GRAD_OP and NO_SHARD keep full
+    // parameters by design.
+    double formula = 0;
+    for (const auto& shard : fsdp->local_shards(*net)) {
+      const double whole = static_cast<double>(c10::multiply_integers(shard.shape)) * 4;  // this rank's slice
+      formula += 3 * whole / data;
+    }
+    int64_t momentum = 0;
+    for (const auto& group : sgd.param_groups()) {
+      for (const auto& parameter : group.params()) {
+        auto found = sgd.state().find(parameter.unsafeGetTensorImpl());
+        if (found == sgd.state().end()) continue;
+        const auto& buffer = static_cast<torch::optim::SGDParamState&>(*found->second).momentum_buffer();
+        momentum += buffer.numel() * static_cast<int64_t>(buffer.element_size());
+      }
+    }
+    const double measured = static_cast<double>(fsdp->resident_bytes() + momentum);
+    std::cout << "memory on rank " << rank << ": " << measured << " bytes of parameters, gradients and momentum, "
+              << formula << " by the formula, ratio " << measured / formula << std::endl;
+    expect(measured <= 1.10 * formula, "rank " + std::to_string(rank) + " holds " + std::to_string(measured) +
+                                           " bytes, more than 1.10 x the formula's " + std::to_string(formula));
+  }
   if (!flags.save.empty()) {
     lf::State state{{"model", model}, {"optimizer", optimizer}, {"step", start + flags.steps}};
     fabric.save(flags.save, state);

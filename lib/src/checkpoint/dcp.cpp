@@ -156,15 +156,10 @@ Metadata write_rank_items(const fs::path& folder, int rank, const std::vector<Sa
       const at::Tensor tensor = save.value.toTensor().detach().cpu();
       item.kind = Item::Kind::Tensor;
       item.dtype = c10::toString(tensor.scalar_type());
-      item.size = save.sharded ? save.global_shape : tensor.sizes().vec();
-      if (save.sharded && !save.offsets.empty()) {
-        item.chunks = {Box{save.offsets, tensor.sizes().vec()}};
-        item.locations.push_back(put(covers_its_storage(tensor) ? tensor : tensor.contiguous().clone()));
-        metadata.add(key, std::move(item));
-        continue;
-      }
+      const Placement placement = save.placement.value_or(Placement::whole(tensor.sizes().vec()));
+      item.size = placement.global_shape;
+      item.chunks = placement.boxes();
       const at::Tensor flat = tensor.reshape(-1);
-      item.chunks = flat_range_boxes(item.size, save.begin, save.sharded ? tensor.numel() : flat.numel());
       int64_t at = 0;
       for (const Box& box : item.chunks) {
         // torch.save writes a view's whole storage: a box that is less than its storage is cloned.
@@ -231,20 +226,30 @@ c10::IValue FolderReader::value(const std::string& key) {
     return value_of_archive(bytes_of(item.locations[0], key),
                             "Checkpoint " + (folder_ / item.locations[0].file).string() + " (" + key + ")");
   }
-  int64_t numel = 1;
-  for (int64_t size : item.size) numel *= size;
-  return flat_range(key, 0, numel).view(item.size);
+  return part(key, Placement::whole(item.size));
 }
 
 at::Tensor FolderReader::flat_range(const std::string& key, int64_t begin, int64_t length) {
-  const Item& item = metadata_.items.at(key);
-  at::Tensor out;
+  auto found = metadata_.items.find(key);
+  LF_CHECK(found != metadata_.items.end(), RuntimeError, "Checkpoint ", folder_.string(), " has no entry ", key, ".");
+  Placement range = Placement::whole(found->second.size);
+  range.flat = ShardSlice{begin, length};
+  return part(key, range);
+}
+
+at::Tensor FolderReader::part(const std::string& key, const Placement& wanted) {
+  auto found = metadata_.items.find(key);
+  LF_CHECK(found != metadata_.items.end(), RuntimeError, "Checkpoint ", folder_.string(), " has no entry ", key, ".");
+  const Item& item = found->second;
+  const std::vector<Box> boxes = wanted.boxes();
+  int64_t length = 0;
+  for (const Box& box : boxes) length += box.numel();
+  at::Tensor out;  // flat, in the value's order
   int64_t covered = 0;
-  const std::vector<Box> wanted = flat_range_boxes(item.size, begin, length);
   for (size_t c = 0; c < item.chunks.size(); ++c) {
     at::Tensor saved;
     int64_t at = 0;
-    for (const Box& box : wanted) {
+    for (const Box& box : boxes) {
       if (auto common = intersect(box, item.chunks[c])) {
         if (!saved.defined()) saved = chunk(key, item, c);
         if (!out.defined()) out = torch::empty({length}, saved.options());
@@ -255,31 +260,14 @@ at::Tensor FolderReader::flat_range(const std::string& key, int64_t begin, int64
       at += box.numel();
     }
   }
+  const std::string range = wanted.flat ? " (elements " + std::to_string(wanted.flat->begin) + " to " +
+                                              std::to_string(wanted.flat->begin + wanted.flat->length) + " of"
+                                        : " (";
   LF_CHECK(covered == length, RuntimeError, "Checkpoint ", folder_.string(), ": the saved chunks of ", key, " cover ",
-           covered, " of the ", length, " elements wanted (from element ", begin, "); the checkpoint is incomplete.");
-  if (!out.defined()) out = torch::empty({0}, scalar_type_of(item.dtype));
-  return out;
-}
-
-at::Tensor FolderReader::box(const std::string& key, const Box& wanted) {
-  auto found = metadata_.items.find(key);
-  LF_CHECK(found != metadata_.items.end(), RuntimeError, "Checkpoint ", folder_.string(), " has no entry ", key, ".");
-  const Item& item = found->second;
-  at::Tensor out;
-  int64_t covered = 0;
-  for (size_t c = 0; c < item.chunks.size(); ++c) {
-    auto common = intersect(wanted, item.chunks[c]);
-    if (!common) continue;
-    const at::Tensor saved = chunk(key, item, c);
-    if (!out.defined()) out = torch::empty(wanted.sizes, saved.options());
-    sub_box(out, *common, wanted).copy_(sub_box(saved, *common, item.chunks[c]));
-    covered += common->numel();
-  }
-  LF_CHECK(covered == wanted.numel(), RuntimeError, "Checkpoint ", folder_.string(), ": the saved chunks of ", key,
-           " cover ", covered, " of the ", wanted.numel(), " elements wanted (the box at ",
-           c10::IntArrayRef(wanted.offsets), " of size ", c10::IntArrayRef(wanted.sizes), "); the checkpoint is incomplete.");
-  if (!out.defined()) out = torch::empty(wanted.sizes, scalar_type_of(item.dtype));
-  return out;
+           covered, " of the ", length, " elements wanted", range, " the box at ", c10::IntArrayRef(wanted.box.offsets),
+           " of size ", c10::IntArrayRef(wanted.box.sizes), "); the checkpoint is incomplete.");
+  if (!out.defined()) out = torch::empty({length}, scalar_type_of(item.dtype));
+  return out.view(wanted.local_shape());
 }
 
 bool is_optimizer_field(const std::vector<PathElement>& path, const char* section) {
@@ -347,9 +335,8 @@ std::vector<SaveItem> collect_save_items(const State& state, const StateDict& lo
       }
     }
     for (Leaf& leaf : flatten_state(one)) {
-      SaveItem item{leaf.path, leaf.value, false, {}, 0, {}};
-      rules.place_part(slash_path(leaf.path), item);  // before the optimizer's names replace indices
-      if (!(item.sharded ? rules.writes_parts : rules.writes_whole)) continue;
+      SaveItem item{leaf.path, leaf.value, rules.place(slash_path(leaf.path))};  // before names replace indices
+      if (!(item.placement ? item.placement->writes : rules.writes_whole)) continue;
       if (entry.optimizer() != nullptr) {
         name_optimizer_leaf(leaf, names);
         item.path = leaf.path;

@@ -107,10 +107,9 @@ at::Tensor shard_tensor(const StateDict& shard, const fs::path& folder, int part
 }
 }  // namespace
 
-at::Tensor read_resharded(const fs::path& folder, const ShardedLayout& metadata, const std::string& path, int parts,
-                          int part, std::map<int, StateDict>& cache) {
+at::Tensor read_resharded(const fs::path& folder, const ShardedLayout& metadata, const std::string& path,
+                          ShardSlice wanted, std::map<int, StateDict>& cache) {
   const ShardedTensorLayout& info = metadata.tensors.at(path);
-  const ShardSlice wanted = shard_slice(info.numel(), parts, part);
   at::Tensor result = torch::empty({wanted.length}, torch::TensorOptions().dtype(dtype_of(folder, path, info)));
   for (int old = 0; old < metadata.parts && wanted.length > 0; ++old) {
     const ShardSlice held = shard_slice(info.numel(), metadata.parts, old);
@@ -134,7 +133,7 @@ StateDict consolidate_sharded_checkpoint(const fs::path& folder) {
   StateDict whole = load_state_dict_file(common);
   std::map<int, StateDict> cache;
   for (const auto& [path, info] : metadata.tensors) {
-    at::Tensor full = read_resharded(folder, metadata, path, 1, 0, cache);
+    at::Tensor full = read_resharded(folder, metadata, path, ShardSlice{0, info.numel()}, cache);
     insert_at_path(whole, path, full.view(info.shape));
   }
   return whole;

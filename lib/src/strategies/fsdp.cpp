@@ -92,8 +92,8 @@ class FSDPStrategy::Engine::UnitHooks : public FSDPUnitImpl::Hooks {
 
 FSDPStrategy::FSDPStrategy(StrategyContext context, FSDPOptions options)
     : ParallelStrategy(std::move(context), options.process_group),
-      fsdp_options_(std::move(options)),
-      engine_(std::make_unique<Engine>(*this)) {}
+      engine_(std::make_unique<Engine>(*this)),
+      fsdp_options_(std::move(options)) {}
 
 FSDPStrategy::~FSDPStrategy() = default;
 
@@ -101,7 +101,7 @@ int FSDPStrategy::shard_group_size() const {
   switch (fsdp_options_.sharding_strategy) {
     case ShardingStrategy::NoShard: return 1;
     case ShardingStrategy::HybridShard: return num_processes();
-    default: return world_size();
+    default: return data_parallel_size();
   }
 }
 
@@ -109,7 +109,7 @@ int FSDPStrategy::shard_group_rank() const {
   switch (fsdp_options_.sharding_strategy) {
     case ShardingStrategy::NoShard: return 0;
     case ShardingStrategy::HybridShard: return global_rank() % num_processes();
-    default: return global_rank();
+    default: return data_parallel_rank();
   }
 }
 
@@ -144,7 +144,7 @@ void FSDPStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module
       if (buffer.is_floating_point() && buffer.scalar_type() != *buffer_dtype) buffer.set_data(buffer.to(*buffer_dtype));
     }
   }
-  broadcast_module_from_rank_zero(*module, engine_->materialized());
+  broadcast_module_from_rank_zero(*module, engine_->materialized(), &data_parallel_group());
   engine_->shard(module, called);
   engine_->forget_materialized();
 }
@@ -192,10 +192,11 @@ void FSDPStrategy::Engine::materialize(torch::nn::Module& module) {
   options.install = [&](const std::string& name, bool is_parameter, const at::Tensor& full) -> at::Tensor {
     const c10::TensorImpl* impl = by_name.at(name);
     materialized_.insert(impl);
-    if (!is_parameter || !frees_parameters()) return full;
-    const ShardSlice slice = shard_slice(full.numel(), parts, part);
-    presets_[impl] = Preset{full.reshape(-1).narrow(0, slice.begin, slice.length).clone(), full.sizes().vec()};
-    return at::empty({0}, full.options());
+    const at::Tensor held = is_parameter && slice_before_sharding ? slice_before_sharding(name, full) : full;
+    if (!is_parameter || !frees_parameters()) return held;
+    const ShardSlice slice = shard_slice(held.numel(), parts, part);
+    presets_[impl] = Preset{held.reshape(-1).narrow(0, slice.begin, slice.length).clone(), held.sizes().vec()};
+    return at::empty({0}, held.options());
   };
   materialize_module(module, options);
 }
@@ -608,13 +609,13 @@ void FSDPStrategy::Engine::reduce_gradients(ShardedModule& sharded, Unit& unit) 
     }
     offset += p.chunk;
   }
-  const int world = strategy_.world_size();
+  const int world = strategy_.data_parallel_size();  // the replicas averaged
   // float16 sums overflow soon: divide partly before the reduction and the rest after (Python's
   // pre- and post-divide factors); other dtypes divide once, after.
   const double pre = reduce_dtype == at::kHalf ? std::sqrt(static_cast<double>(world)) : 1.0;
   if (pre != 1.0) rows.div_(pre);
   at::Tensor mine = parts > 1 ? strategy_.shard_group().reduce_scatter(rows, ReduceOp::Sum) : rows[0].clone();
-  if (parts == 1 && world > 1) strategy_.collective().all_reduce_(mine, ReduceOp::Sum);  // NO_SHARD: DDP
+  if (parts == 1 && world > 1) strategy_.data_parallel_group().all_reduce_(mine, ReduceOp::Sum);  // NO_SHARD: DDP
   Collective* replicas = strategy_.replica_group();
   if (replicas != nullptr && replicas->world_size() > 1) replicas->all_reduce_(mine, ReduceOp::Sum);
   mine.div_(static_cast<double>(world) / pre);

@@ -181,4 +181,44 @@ at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
   return reduce_from_tensor_region(embedded, *mesh_);
 }
 
+// ---- ParallelLayerNorm ----
+
+ParallelLayerNormImpl::ParallelLayerNormImpl(ParallelLayerNormOptions options, std::shared_ptr<DeviceMesh> mesh)
+    : options_(std::move(options)) {
+  weight = register_parameter("weight", at::ones(options_.normalized_shape));
+  bias = register_parameter("bias", at::zeros(options_.normalized_shape));
+  if (mesh) shard(std::move(mesh));
+}
+
+void ParallelLayerNormImpl::shard(std::shared_ptr<DeviceMesh> mesh) { set_mesh(std::move(mesh), "ParallelLayerNorm"); }
+
+at::Tensor ParallelLayerNormImpl::forward(const at::Tensor& input) {
+  // Each rank normalises its own sequence slice: its weight gradient is a part, summed over the
+  // tensor group in backward.
+  const bool summed = mesh_ != nullptr && options_.sequence_parallel;
+  return at::layer_norm(input, options_.normalized_shape, summed ? copy_to_tensor_region(weight, *mesh_) : weight,
+                        summed ? copy_to_tensor_region(bias, *mesh_) : bias, options_.eps);
+}
+
+// ---- ParallelDropout ----
+
+ParallelDropoutImpl::ParallelDropoutImpl(double p, std::optional<int64_t> sequence_dim, std::shared_ptr<DeviceMesh> mesh)
+    : p_(p), sequence_dim_(sequence_dim) {
+  LF_CHECK(p >= 0 && p < 1, ValueError, "ParallelDropout: p=", p, " is not a dropout probability; choose 0 <= p < 1.");
+  if (mesh) shard(std::move(mesh));
+}
+
+void ParallelDropoutImpl::shard(std::shared_ptr<DeviceMesh> mesh) { set_mesh(std::move(mesh), "ParallelDropout"); }
+
+at::Tensor ParallelDropoutImpl::forward(const at::Tensor& input) {
+  if (!is_training() || p_ == 0) return input;
+  const bool split = mesh_ != nullptr && sequence_dim_ && mesh_->tensor_size() > 1;
+  std::vector<int64_t> whole = input.sizes().vec();
+  const int64_t dim = split ? at::maybe_wrap_dim(*sequence_dim_, input.dim()) : 0;
+  if (split) whole[static_cast<size_t>(dim)] *= mesh_->tensor_size();
+  at::Tensor keep = at::empty(whole, input.options()).bernoulli_(1 - p_);
+  if (split) keep = tensor_slice(keep, *mesh_, dim);
+  return input * keep / (1 - p_);
+}
+
 }  // namespace lightning::fabric::tensor_parallel

@@ -34,10 +34,6 @@
 
 namespace lightning::fabric {
 
-namespace dcp {
-struct SaveItem;  // checkpoint/dcp.h
-}
-
 enum class ShardingStrategy { FullShard, ShardGradOp, NoShard, HybridShard };
 /// "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD" (ValueError for others).
 LF_API ShardingStrategy parse_sharding_strategy(const std::string& name);
@@ -164,27 +160,25 @@ class LF_API FSDPStrategy : public ParallelStrategy {
   /// forward or summon_full_parameters gathers them again. Not collective.
   void shards_changed();
 
+ protected:
+  /// The ranks among which parameters are sharded and gradients averaged, and this rank's place
+  /// among them: every rank here; the mesh's data group under model_parallel with fsdp on its data
+  /// dimension (FSDPModelParallelStrategy).
+  virtual Collective& data_parallel_group() { return collective(); }
+  virtual int data_parallel_size() const { return world_size(); }
+  virtual int data_parallel_rank() const { return global_rank(); }
+  class Engine;  // the sharding state and its operations (lib/private/lightning/fabric/strategies/fsdp_engine.h)
+  std::unique_ptr<Engine> engine_;
+
  private:
+  /// Saves and loads through the sharded-checkpoint engine, the Engine telling it each shard's place
+  /// (lib/src/strategies/fsdp_checkpoint.cpp).
   CheckpointWrite prepare_checkpoint(const std::string& call, const std::filesystem::path& path, const State& state,
                                      const StateFilter& filter, bool host_copy) override;
-  class Engine;  // the sharding state and its operations (lib/private/lightning/fabric/strategies/fsdp_engine.h)
-  StateDict read_checkpoint(const std::filesystem::path& path, State* state, bool strict);  // this rank's part
-  /// Sharded saves: stages a folder (rank 0), collects this rank's items and returns the write
-  /// (its items into the staging folder) and the commit (metadata, meta.pt, rename). Collective.
-  CheckpointWrite prepare_sharded_folder(const std::string& call, const std::filesystem::path& path, const State& state,
-                                         const StateDict& local,
-                                         const std::map<std::string, std::vector<int64_t>>& global_shapes, bool host_copy);
-  /// The DCP items this rank saves (shards on shard-holding ranks, whole values on rank 0), and
-  /// in rest the entries that are neither module nor optimizer (meta.pt). Not collective.
-  std::vector<dcp::SaveItem> sharded_save_items(const State& state, const StateDict& local,
-                                                const std::map<std::string, std::vector<int64_t>>& global_shapes,
-                                                StateDict& rest);
-  StateDict read_sharded_folder(const std::filesystem::path& path, State* state, bool strict);
   /// FSDPOptions' automatic units made in module; returns the ones called through lf::call.
   std::vector<std::shared_ptr<torch::nn::Module>> wrap_units(torch::nn::Module& module);
 
   FSDPOptions fsdp_options_;
-  std::unique_ptr<Engine> engine_;
   // Units made by materialize_meta_tensors, for the setup_module that follows it.
   std::map<const torch::nn::Module*, std::vector<std::shared_ptr<torch::nn::Module>>> wrapped_before_materializing_;
 };

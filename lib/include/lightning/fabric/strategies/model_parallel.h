@@ -1,22 +1,26 @@
 // The model_parallel strategy: tensor parallelism inside each group of tensor_parallel_size
-// ranks and data parallelism (ddp) across those groups, on a 2-D DeviceMesh (data x tensor), as
+// ranks and data parallelism across those groups, on a 2-D DeviceMesh (data x tensor), as
 // Python Lightning's ModelParallelStrategy (docs/model-parallel.md).
 //
 //   lf::ModelParallelOptions mp;
 //   mp.tensor_parallel_size = 2;                 // default: the devices per node
 //   mp.parallelize = [](const auto& module, const auto& mesh) { ... };  // default: shard every
 //                                                // tensor-parallel layer (tensor_parallel/layers.h)
+//   mp.data_parallel_strategy = "fsdp";          // default "ddp"
 //   lf::Fabric fabric(lf::FabricOptions().strategy(lf::model_parallel_strategy(mp)));
 //
+// The data dimension runs ddp (ModelParallelStrategy: every data replica holds its tensor-parallel
+// slices whole, gradients averaged over the data group) or fsdp (FSDPModelParallelStrategy, what
+// Python builds with fully_shard over the data dimension: each tensor-parallel slice is sharded
+// again across the data group, gradients reduce-scattered over it, optimizer state sharded).
 // At setup the strategy builds the mesh, broadcasts rank 0's whole model to every rank, calls
 // parallelize(module, mesh) once per set-up module (so every slice is a slice of rank 0's tensor
-// and every unsplit tensor agrees within its tensor group), and averages gradients over the data
-// group during fabric.backward (bucketed and overlapped, as ddp). The sampler splits data by the
-// data rank: the ranks of a tensor group read the same batches. clip_gradients counts a split
-// parameter's parts once each and a replicated parameter once. fabric.save writes a distributed
-// checkpoint folder (each split tensor as its slices, Python's torch.distributed.checkpoint
-// layout) or, with state_dict_type "full", one file with every tensor whole; fabric.load reads
-// either under any mesh shape.
+// and every unsplit tensor agrees within its tensor group), then sets the module up for the data
+// dimension. The sampler splits data by the data rank: the ranks of a tensor group read the same
+// batches. clip_gradients counts every element once. fabric.save writes a distributed checkpoint
+// folder (Python's torch.distributed.checkpoint layout, each rank its parts) or, with
+// state_dict_type "full", one file with every tensor whole; fabric.load reads either under any mesh
+// shape and either data dimension, and checkpoints of fsdp or Python.
 #pragma once
 
 #include "lightning/fabric/export.h"
@@ -25,16 +29,14 @@
 #include <memory>
 #include <map>
 #include <optional>
+#include <set>
 #include <unordered_map>
 
 #include "lightning/fabric/strategies/ddp.h"
 #include "lightning/fabric/strategies/device_mesh.h"
+#include "lightning/fabric/strategies/fsdp.h"
 
 namespace lightning::fabric {
-
-namespace dcp {
-struct Box;  // a box of a tensor in a distributed checkpoint (private to the library)
-}
 
 struct LF_API ModelParallelOptions {
   ModelParallelOptions();
@@ -47,9 +49,17 @@ struct LF_API ModelParallelOptions {
   std::optional<int> data_parallel_size;
   /// Unset: world size / data_parallel_size when that is set, else the devices per node (Python's "auto").
   std::optional<int> tensor_parallel_size;
-  /// The data dimension's ddp: buckets, process group, activation checkpointing. Its name is
-  /// what the strategy reports ("model_parallel").
+  /// What runs on the data dimension: "ddp" (ModelParallelStrategy) or "fsdp"
+  /// (FSDPModelParallelStrategy).
+  std::string data_parallel_strategy = "ddp";
+  /// The data dimension's ddp ("ddp"): buckets, process group, activation checkpointing. Its name
+  /// is what the strategy reports ("model_parallel") under either data dimension.
   DDPOptions data_parallel;
+  /// The data dimension's fsdp ("fsdp"): sharding strategy (FULL_SHARD, SHARD_GRAD_OP or
+  /// NO_SHARD; HYBRID_SHARD needs a third mesh dimension), units, mixed precision, prefetch,
+  /// activation checkpointing, process group. Its state_dict_type is not used: state_dict_type
+  /// below decides for both.
+  FSDPOptions fully_sharded;
   /// "sharded": fabric.save writes a folder in which every rank writes its slices (Python's
   /// save_distributed_checkpoint=True). "full": each split tensor is gathered and rank 0 writes
   /// one file of whole tensors, which any strategy (and Python's torch.load) reads.
@@ -57,10 +67,22 @@ struct LF_API ModelParallelOptions {
 };
 
 /// For FabricOptions().strategy(...). ValueError for non-positive sizes, an empty parallelize, a
-/// bad state_dict_type or invalid ddp settings.
+/// bad state_dict_type or data_parallel_strategy, HYBRID_SHARD, or invalid ddp or fsdp settings.
 LF_API StrategySpec model_parallel_strategy(ModelParallelOptions options = ModelParallelOptions());
 
-class LF_API ModelParallelStrategy : public DDPStrategy {
+/// What both model_parallel strategies offer, whatever runs on the data dimension:
+/// fabric.strategy_as<lf::MeshStrategy>().device_mesh().
+class LF_API MeshStrategy {
+ public:
+  virtual ~MeshStrategy() = default;
+  /// The mesh (after setup_environment; RuntimeError before).
+  virtual const std::shared_ptr<DeviceMesh>& device_mesh() const = 0;
+};
+
+class TensorParallelPlan;  // the mesh, parallelize and split parameters (private to the library)
+
+/// model_parallel with ddp on the data dimension.
+class LF_API ModelParallelStrategy : public DDPStrategy, public MeshStrategy {
  public:
   ModelParallelStrategy(StrategyContext context, ModelParallelOptions options);
   ~ModelParallelStrategy() override;
@@ -68,8 +90,7 @@ class LF_API ModelParallelStrategy : public DDPStrategy {
   /// Forms the process group and the mesh (once; collective). ValueError when the sizes do not
   /// make the world size.
   void setup_environment() override;
-  /// The mesh (after setup_environment; RuntimeError before).
-  const std::shared_ptr<DeviceMesh>& device_mesh() const;
+  const std::shared_ptr<DeviceMesh>& device_mesh() const override;
   void setup_module(const std::shared_ptr<torch::nn::Module>& module) override;
   double clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type,
                                 bool error_if_nonfinite) override;
@@ -84,33 +105,37 @@ class LF_API ModelParallelStrategy : public DDPStrategy {
                                      const StateFilter& filter, bool host_copy) override;
 
  private:
-  /// (data, tensor) from the options and the world size.
-  std::pair<int, int> mesh_shape() const;
-  /// A split tensor of a checkpoint: the dimension it is split along and its whole shape.
-  struct SplitSlot {
-    int64_t dim = 0;
-    std::vector<int64_t> full_shape;
-  };
-  /// The split tensors of `local` (this rank's to_checkpoint of state) by slash path: module
-  /// parameters as "key/name", optimizer state as "key/state/<index>/<field>".
-  std::map<std::string, SplitSlot> split_slots(const State& state, const StateDict& local) const;
-  /// The slot of a split parameter, or nullopt for a whole one.
-  std::optional<SplitSlot> split_slot_of(const at::Tensor& parameter) const;
-  std::vector<dcp::SaveItem> sharded_save_items(const State& state, const StateDict& local,
-                                                const std::map<std::string, SplitSlot>& slots, StateDict& rest);
-  StateDict read_file(const std::filesystem::path& path, State* state, bool strict);
-  StateDict read_folder(const std::filesystem::path& path, State* state, bool strict);
-  /// RuntimeError naming `what` and the shapes unless `saved` is slot's whole shape.
-  void check_whole_shape(c10::IntArrayRef saved, const SplitSlot& slot, const std::string& what) const;
-  /// This rank's box of slot's whole tensor.
-  dcp::Box slice_box(const SplitSlot& slot) const;
-  /// This rank's slice of the whole tensor `full` of slot (check_whole_shape first).
-  at::Tensor slice_of(const at::Tensor& full, const SplitSlot& slot, const std::string& what) const;
-  ModelParallelOptions options_;
-  std::shared_ptr<DeviceMesh> mesh_;
-  /// The split parameters of every set-up module and their split dimension, found once at setup
-  /// (their identity is stable).
-  std::unordered_map<const c10::TensorImpl*, int64_t> split_dims_;
+  std::unique_ptr<TensorParallelPlan> plan_;
+};
+
+/// model_parallel with fsdp on the data dimension (2-D parallelism: tensor parallel x fully
+/// sharded data parallel). Every fsdp call (summon_full_parameters, local_shards, resident_bytes)
+/// works on the tensor-parallel slices: shards are shards of this rank's slice, over its data group.
+class LF_API FSDPModelParallelStrategy : public FSDPStrategy, public MeshStrategy {
+ public:
+  FSDPModelParallelStrategy(StrategyContext context, ModelParallelOptions options);
+  ~FSDPModelParallelStrategy() override;
+  std::string name() const override;
+
+  void setup_environment() override;
+  const std::shared_ptr<DeviceMesh>& device_mesh() const override;
+  /// init_module(true) builds on the meta device; setup splits the model first (parallelize on
+  /// meta tensors), then materialises each parameter's full value one at a time and keeps this
+  /// rank's shard of its slice.
+  void materialize_meta_tensors(torch::nn::Module& module) override;
+  void setup_module(const std::shared_ptr<torch::nn::Module>& module) override;
+  double clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type,
+                                bool error_if_nonfinite) override;
+  SamplerShare sampler_share() const override;
+
+ protected:
+  Collective& data_parallel_group() override;
+  int data_parallel_size() const override;
+  int data_parallel_rank() const override;
+
+ private:
+  std::unique_ptr<TensorParallelPlan> plan_;
+  std::set<const torch::nn::Module*> parallelized_;  // split while materialised from the meta device
 };
 
 }  // namespace lightning::fabric

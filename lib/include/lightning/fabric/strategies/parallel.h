@@ -28,9 +28,6 @@ namespace lightning::fabric {
 
 class Collective;  // the process group (private to the library; its tests include collective.h)
 class SubprocessLauncher;
-namespace dcp {
-struct SaveItem;  // one item of a distributed checkpoint folder (private to the library)
-}
 
 class LF_API ParallelStrategy : public Strategy {
  public:
@@ -59,7 +56,8 @@ class LF_API ParallelStrategy : public Strategy {
 
   /// The process group over every rank (after setup_environment; RuntimeError before).
   Collective& collective();
-  /// The group a shard is split over: this node's ranks once use_node_groups() ran, else the world.
+  /// The group a shard is split over: this node's ranks once use_node_groups() ran, or the group
+  /// given to shard_over, else the world.
   Collective& shard_group();
   /// The group over this local rank on every node once use_node_groups() ran, else null.
   Collective* replica_group() const { return replica_group_.get(); }
@@ -82,13 +80,8 @@ class LF_API ParallelStrategy : public Strategy {
   /// False while no_backward_sync is active for module.
   bool syncs_gradients_of(const torch::nn::Module* module) const { return sync_disabled_.count(module) == 0; }
   const std::shared_ptr<Collective>& shared_collective() const { return collective_; }
-  /// The steps that write a distributed checkpoint folder at `path` (collective; every rank calls
-  /// it). `collect` runs on every rank and returns the items this rank writes, moving what Python
-  /// Fabric keeps in meta.pt into `rest` (rank 0's rest is written). Write: each rank writes its
-  /// items into a staging folder; commit: rank 0 merges every rank's metadata, writes .metadata
-  /// and meta.pt and moves the folder to `path`; discard removes the staging folder.
-  CheckpointWrite prepare_dcp_folder(const std::string& call, const std::filesystem::path& path, bool host_copy,
-                                     const std::function<std::vector<dcp::SaveItem>(StateDict& rest)>& collect);
+  /// Makes group (some of the world's ranks, this one among them) the shard group.
+  void shard_over(std::shared_ptr<Collective> group) { shard_group_ = std::move(group); }
 
  private:
   ProcessGroupSettings settings_;

@@ -178,14 +178,16 @@ class LF_API Strategy {
   };
   virtual SamplerShare sampler_share() const { return {world_size(), global_rank()}; }
 
- protected:
-  // The checkpoint protocol of every strategy (collective; each is also a barrier). A failure of
-  // any kind (c10::Error, std::exception) becomes the same RuntimeError on every rank:
+  // The checkpoint protocol of every strategy (collective; each is also a barrier), which the
+  // sharded-checkpoint engine and a user's own strategy use alike. A failure of any kind
+  // (c10::Error, std::exception) becomes the same RuntimeError on every rank:
   // "<call> failed on rank R: <why>", so no rank goes on while another lost the file.
   /// Runs action on rank 0 only.
   void run_on_rank_zero(const std::string& call, const std::function<void()>& action);
   /// Runs action on every rank; the lowest failing rank's reason reaches all.
   void run_on_every_rank(const std::string& call, const std::function<void()>& action);
+
+ protected:
   /// The collective first part of a save: gathers or shards what it needs, and returns the steps
   /// that finish it. call names the Fabric call for messages. host_copy: the write will run on a
   /// background thread, so it must hold its own copy of every tensor (host_copy in

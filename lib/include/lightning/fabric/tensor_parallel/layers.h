@@ -13,6 +13,17 @@
 //   VocabParallelEmbedding weight [vocab/T, dim]: rank r holds rows [r vocab/T, (r+1) vocab/T);
 //                         ids outside them give zeros, and the sum over ranks is the embedding.
 //
+// Sequence parallelism (docs/model-parallel.md, "Sequence parallelism") adds two layers that split
+// no weight and run on activations split along the sequence (sequence_dim of the linear layers):
+//   ParallelLayerNorm     LayerNorm over the last dimensions; with sequence_parallel, the input is
+//                         this rank's sequence slice and the weight and bias gradients are summed
+//                         over the tensor group (each rank saw only its slice), so every rank
+//                         holds the whole gradient of the replicated weights.
+//   ParallelDropout       dropout whose mask is drawn for the whole activation (the input with its
+//                         sequence_dim gathered) from the input device's default generator, then
+//                         cut to this rank's slice: ranks of a tensor group seeded alike (one seed
+//                         per step, say) drop the same elements as the unsplit model would.
+//
 // Each can be built from an existing torch::nn::Linear / Embedding, whose weights it splits (the
 // same full weights on every rank give the same model as the unsplit one). Built without a mesh,
 // a layer holds the full weights and computes what the unsplit layer does, with no collective,
@@ -135,5 +146,48 @@ class LF_API VocabParallelEmbeddingImpl : public torch::nn::Module, public Tenso
   int64_t vocab_start_ = 0;
 };
 TORCH_MODULE(VocabParallelEmbedding);
+
+struct LF_API ParallelLayerNormOptions {
+  /// The normalized trailing shape ([d_model] for a transformer).
+  ParallelLayerNormOptions(std::vector<int64_t> normalized_shape) : normalized_shape(std::move(normalized_shape)) {}
+  std::vector<int64_t> normalized_shape;
+  double eps = 1e-5;
+  /// The input is this rank's slice of a sequence-split activation (see above). false: the input is
+  /// whole on every rank of the tensor group and the layer is torch::nn::LayerNorm.
+  bool sequence_parallel = false;
+};
+
+/// LayerNorm with elementwise weight (ones) and bias (zeros), named "weight" and "bias" as
+/// torch::nn::LayerNorm's, whole on every rank.
+class LF_API ParallelLayerNormImpl : public torch::nn::Module, public TensorParallelLayer {
+ public:
+  explicit ParallelLayerNormImpl(ParallelLayerNormOptions options, std::shared_ptr<DeviceMesh> mesh = nullptr);
+  at::Tensor forward(const at::Tensor& input);
+  /// Takes the mesh (nothing to split).
+  void shard(std::shared_ptr<DeviceMesh> mesh) override;
+  std::vector<SplitParameter> sharded_parameters() const override { return {}; }
+  const ParallelLayerNormOptions& options() const { return options_; }
+  at::Tensor weight, bias;
+
+ private:
+  ParallelLayerNormOptions options_;
+};
+TORCH_MODULE(ParallelLayerNorm);
+
+/// Dropout with probability p; in training, the mask rule above (the input whole when sequence_dim
+/// is unset or no mesh splits the layer); identity in eval. ValueError unless 0 <= p < 1.
+class LF_API ParallelDropoutImpl : public torch::nn::Module, public TensorParallelLayer {
+ public:
+  explicit ParallelDropoutImpl(double p, std::optional<int64_t> sequence_dim = std::nullopt,
+                               std::shared_ptr<DeviceMesh> mesh = nullptr);
+  at::Tensor forward(const at::Tensor& input);
+  void shard(std::shared_ptr<DeviceMesh> mesh) override;
+  std::vector<SplitParameter> sharded_parameters() const override { return {}; }
+
+ private:
+  double p_;
+  std::optional<int64_t> sequence_dim_;
+};
+TORCH_MODULE(ParallelDropout);
 
 }  // namespace lightning::fabric::tensor_parallel

@@ -1,7 +1,7 @@
 // torch.distributed.checkpoint folders (layout: dcp_format.h) with LibTorch values: flattening a
 // nested state the way Python's DCP flattens it, writing one rank's items, and reading any part of
 // a tensor back from whatever boxes were saved (resharding). Nothing here is collective: the fsdp
-// strategy decides who writes what and merges the ranks' metadata on rank 0.
+// engine (sharded_checkpoint.h) decides who writes what and merges the ranks' metadata on rank 0.
 #pragma once
 
 #include <filesystem>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "lightning/fabric/checkpoint/dcp_format.h"
+#include "lightning/fabric/checkpoint/placement.h"
 #include "lightning/fabric/checkpoint/state.h"
 #include "lightning/fabric/checkpoint/state_dict.h"
 
@@ -37,16 +38,11 @@ std::vector<Leaf> flatten_state(const StateDict& state);
 /// The nested state again (lists rebuilt from their indices).
 StateDict unflatten_state(const std::vector<Leaf>& leaves);
 
-/// One item a rank saves: a whole value, or (sharded) a part of the tensor of `global_shape`:
-/// elements [begin, begin + numel) of it flattened, given as the 1-D tensor `value`, or, when
-/// `offsets` is set, the box of value's shape at those offsets (a tensor-parallel slice).
+/// One item a rank saves: a whole value (no placement), or this rank's part of a tensor.
 struct SaveItem {
   std::vector<PathElement> path;
   c10::IValue value;
-  bool sharded = false;
-  std::vector<int64_t> global_shape;
-  int64_t begin = 0;
-  std::vector<int64_t> offsets;
+  std::optional<Placement> placement;
 };
 /// Writes rank's items, each box one torch.save archive, to folder/__<rank>_0.distcp (fsynced)
 /// and returns the metadata of what it wrote. Writes no file when items is empty.
@@ -63,11 +59,11 @@ class FolderReader {
   const Metadata& metadata() const { return metadata_; }
   /// A bytes item unpickled, or a whole tensor assembled from its chunks.
   c10::IValue value(const std::string& key);
-  /// Elements [begin, begin + length) of the flattened tensor `key`, as a 1-D tensor. RuntimeError
-  /// naming the key when the saved chunks do not cover them.
+  /// The part of tensor `key` that `wanted` places (its value: shaped wanted.local_shape()),
+  /// from whatever boxes were saved. RuntimeError naming the key when they do not cover it.
+  at::Tensor part(const std::string& key, const Placement& wanted);
+  /// Elements [begin, begin + length) of the flattened tensor `key`, as a 1-D tensor (a part).
   at::Tensor flat_range(const std::string& key, int64_t begin, int64_t length);
-  /// The box `wanted` of tensor `key`, shaped wanted.sizes. RuntimeError as for flat_range.
-  at::Tensor box(const std::string& key, const Box& wanted);
 
  private:
   at::Tensor chunk(const std::string& key, const Item& item, size_t index);
@@ -89,15 +85,13 @@ void name_optimizer_leaf(Leaf& leaf, const std::vector<std::string>& names);
 /// so that Python's torch.distributed.checkpoint.load finds every key of its own optimizer.
 void add_python_group_defaults(StateDict& optimizer_dict, const torch::optim::Optimizer& optimizer);
 
-/// How a sharded strategy turns this rank's to_checkpoint(state) into its items (collect_save_items).
+/// How the checkpoint engine turns this rank's to_checkpoint(state) into its items (collect_save_items).
 struct SaveRules {
   /// The optimizer's parameter names in index order (optimizer state is keyed by them).
   std::function<std::vector<std::string>(torch::optim::Optimizer& optimizer)> parameter_names;
-  /// For a leaf this rank holds a part of (slash_path: its path with optimizer indices): sets
-  /// item.sharded, global_shape and begin or offsets. Leaves it unsharded for a whole value.
-  std::function<void(const std::string& slash_path, SaveItem& item)> place_part;
-  bool writes_parts = false;  // this rank writes its parts (one replica of each part does)
-  bool writes_whole = false;  // this rank writes the whole values (rank 0)
+  /// The placement of the leaf at slash_path (its path with optimizer indices); nullopt: whole.
+  std::function<std::optional<Placement>(const std::string& slash_path)> place;
+  bool writes_whole = false;  // this rank writes the whole values (rank 0); a part's own flag says for it
 };
 /// The items of this rank's module and optimizer entries of `local` (the entries of `state`),
 /// named as Python names them; every other entry goes whole into `rest` (Lightning's meta.pt).

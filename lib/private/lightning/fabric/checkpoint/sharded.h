@@ -24,11 +24,11 @@ bool remove_at_path(StateDict& root, const std::string& path);
 
 /// This part's slice of every sharded tensor of a checkpoint read as a whole.
 at::Tensor slice_for_part(const at::Tensor& whole, int parts, int part);
-/// The part-`part`-of-`parts` slice of one sharded tensor, read from a folder written with any
-/// number of parts (only the shard files that overlap are read; `cache` keeps them for the next
+/// Elements `wanted` of one sharded tensor flattened, read from a folder written with any number
+/// of parts (only the shard files that overlap are read; `cache` keeps them for the next
 /// tensor).
 at::Tensor read_resharded(const std::filesystem::path& folder, const ShardedLayout& layout,
-                          const std::string& path, int parts, int part, std::map<int, StateDict>& cache);
+                          const std::string& path, ShardSlice wanted, std::map<int, StateDict>& cache);
 
 /// The whole checkpoint of a sharded folder, every tensor full: what `lightning-run model
 /// consolidate` writes. RuntimeError naming the file for a missing or truncated shard.

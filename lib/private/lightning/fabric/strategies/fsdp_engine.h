@@ -14,13 +14,14 @@
 #include <string>
 #include <vector>
 
+#include "lightning/fabric/checkpoint/sharded_checkpoint.h"
 #include "lightning/fabric/checkpoint/sharded_format.h"
 #include "lightning/fabric/checkpoint/state_dict.h"
 #include "lightning/fabric/strategies/fsdp.h"
 
 namespace lightning::fabric {
 
-class FSDPStrategy::Engine {
+class FSDPStrategy::Engine : public CheckpointLayout {
  public:
   struct ShardedParameter {
     std::string name;
@@ -111,20 +112,30 @@ class FSDPStrategy::Engine {
   ShardedModule* find(const torch::nn::Module& module);
   const ShardedParameter* find_shard(const at::Tensor& shard) const;
 
-  // Checkpoint I/O (fsdp_checkpoint.cpp).
-  /// The checkpoint as this rank holds it (shard tensors for sharded entries) and, per sharded
-  /// tensor path, its global shape.
-  StateDict local_checkpoint(const State& state, const StateFilter& filter,
-                             std::map<std::string, std::vector<int64_t>>& global_shapes);
-  /// Restores from a checkpoint whose sharded tensors are whole (sliced here) or already this
-  /// rank's slices.
-  StateDict restore_local(State& state, const StateDict& whole_or_local, bool strict, bool tensors_are_local);
+  /// The shard or module parameter's entry (nullptr for a tensor this engine does not shard).
+  const ShardedParameter* find_parameter(const at::Tensor& tensor) const;
+
+  // Checkpoints (fsdp_checkpoint.cpp): the sharded-checkpoint engine's questions.
+  /// A sharded parameter's shard: a flat range of the parameter as this rank holds it, placed
+  /// inside outer_placement's box when one is set; written by the first replica of each shard.
+  std::optional<Placement> placement(const at::Tensor& parameter) const override;
+  /// The shard (a copy when it views its full parameter, so the save holds only its elements).
+  at::Tensor saved_value(const at::Tensor& parameter) const override;
   /// The name of every parameter an optimizer steps, in its state's index order: the parameter's
   /// name in the module of `state` that holds it (Python FSDP keys optimizer state so), or the
   /// index where no module entry holds it.
-  std::vector<std::string> optimizer_parameter_names(const State& state, torch::optim::Optimizer& optimizer) const;
-  /// The parameter of that name in a sharded module entry of `state` (nullptr for none).
-  const ShardedParameter* sharded_parameter(const State& state, const std::string& entry, const std::string& name);
+  std::vector<std::string> optimizer_parameter_names(const State& state, torch::optim::Optimizer& optimizer) const override;
+  /// Copies each placed module tensor (this rank's shard) into its shard, buffers into the module,
+  /// and loads the optimizers' state.
+  StateDict restore(State& state, const StateDict& local, bool strict) override;
+
+  /// Set by fsdp on model_parallel's data dimension: where a parameter, as this rank holds it (its
+  /// tensor-parallel slice, of `shape`: the module's parameter has 0 elements while freed), lies in
+  /// the whole tensor; its shards are flat ranges of that box.
+  std::function<Placement(const at::Tensor& parameter, const std::vector<int64_t>& shape)> outer_placement;
+  /// Set by the same while materialising from the meta device: the part of a parameter's full
+  /// value this rank holds before sharding (its tensor-parallel slice).
+  std::function<at::Tensor(const std::string& name, const at::Tensor& full)> slice_before_sharding;
 
  private:
   class UnitHooks;

@@ -1,0 +1,325 @@
+// The sharded-checkpoint engine (sharded_checkpoint.h): saves and loads for every sharded
+// strategy, from the placements its CheckpointLayout gives.
+#include "lightning/fabric/checkpoint/sharded_checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <torch/optim/optimizer.h>
+#include <unistd.h>
+
+#include "lightning/fabric/checkpoint/atomic_file.h"
+#include "lightning/fabric/checkpoint/background_write.h"
+#include "lightning/fabric/checkpoint/checkpoint_io.h"
+#include "lightning/fabric/checkpoint/dcp.h"
+#include "lightning/fabric/checkpoint/optimizer_names.h"
+#include "lightning/fabric/checkpoint/sharded.h"
+#include "lightning/fabric/errors.h"
+#include "lightning/fabric/plugins/collectives/collective.h"
+#include "lightning/fabric/strategies/parallel.h"
+
+namespace lightning::fabric {
+
+namespace fs = std::filesystem;
+
+std::vector<std::string> CheckpointLayout::optimizer_parameter_names(const State& state,
+                                                                     torch::optim::Optimizer& optimizer) const {
+  return lightning::fabric::optimizer_parameter_names(state, optimizer);
+}
+
+StateDict CheckpointLayout::restore(State& state, const StateDict& local, bool strict) {
+  return restore_from_checkpoint(state, local, strict);
+}
+
+namespace {
+using Placements = std::map<std::string, Placement>;  // by slash path
+
+// Calls visit(index, parameter) for the optimizer's parameters in index order.
+template <class Visit>
+void for_each_optimizer_parameter(torch::optim::Optimizer& optimizer, Visit&& visit) {
+  int64_t index = 0;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& parameter : group.params()) visit(index++, parameter);
+  }
+}
+
+// Per-parameter optimizer state shaped like the parameter's value shares its placement; "step"
+// is a count, whatever its shape.
+bool is_state_shaped_like(const c10::IValue& field_name, const c10::IValue& value, c10::IntArrayRef shape) {
+  return field_name.toStringRef() != "step" && value.isTensor() && value.toTensor().sizes() == shape;
+}
+
+bool is_whole_box(const Placement& placement) {
+  for (int64_t offset : placement.box.offsets) {
+    if (offset != 0) return false;
+  }
+  return placement.box.sizes == placement.global_shape;
+}
+
+// Replaces each placed module parameter of `local` (to_checkpoint of state) by the value this rank
+// saves, and returns the placement of every placed tensor, optimizer state by index.
+Placements place_local(const State& state, StateDict& local, const CheckpointLayout& layout) {
+  Placements placements;
+  for (const auto& named : state) {  // named, not bound: the lambda below captures key
+    const std::string& key = named.first;
+    const StateEntry& entry = named.second;
+    if (!local.contains(key) || !local.at(key).isGenericDict()) continue;
+    StateDict dict = local.at(key).toGenericDict();  // shares its storage with local's
+    if (entry.module() != nullptr) {
+      for (const auto& parameter : entry.module()->named_parameters(/*recurse=*/true)) {
+        if (!dict.contains(parameter.key())) continue;  // filtered out
+        auto placement = layout.placement(parameter.value());
+        if (!placement) continue;
+        dict.insert_or_assign(parameter.key(), saved_tensor(layout.saved_value(parameter.value())));
+        placements[key + "/" + parameter.key()] = *placement;
+      }
+    } else if (entry.optimizer() != nullptr && dict.contains("state")) {
+      const auto per_parameter = dict.at("state").toGenericDict();
+      for_each_optimizer_parameter(*entry.optimizer(), [&](int64_t index, const at::Tensor& parameter) {
+        auto found = per_parameter.find(index);
+        if (found == per_parameter.end()) return;
+        auto placement = layout.placement(parameter);
+        if (!placement) return;
+        for (const auto& field : found->value().toGenericDict()) {
+          if (is_state_shaped_like(field.key(), field.value(), placement->local_shape())) {
+            placements[key + "/state/" + std::to_string(index) + "/" + field.key().toStringRef()] = *placement;
+          }
+        }
+      });
+    }
+  }
+  return placements;
+}
+
+// A folder: rank 0 stages it, every rank writes its items (write), rank 0 merges the metadata and
+// renames the folder into place (commit).
+CheckpointWrite prepare_folder(ParallelStrategy& strategy, const std::string& call, const fs::path& path, bool host_copy,
+                               const std::function<std::vector<dcp::SaveItem>(StateDict& rest)>& collect) {
+  const fs::path staging = strategy.broadcast_bytes(
+      strategy.is_global_zero() ? path.string() + ".tmp-" + std::to_string(::getpid()) : std::string(), 0);
+  const bool zero = strategy.is_global_zero();
+  auto discard = [zero, staging] {
+    std::error_code ignored;
+    if (zero) fs::remove_all(staging, ignored);  // nothing half-written stays behind
+  };
+  strategy.run_on_rank_zero(call, [&] {
+    fs::remove_all(staging);
+    fs::create_directories(staging);
+  });
+  auto items = std::make_shared<std::vector<dcp::SaveItem>>();
+  auto rest = std::make_shared<StateDict>(make_state_dict());  // what Python Fabric keeps in meta.pt
+  try {
+    strategy.run_on_every_rank(call, [&] {
+      *items = collect(*rest);
+      if (!host_copy) return;
+      for (dcp::SaveItem& item : *items) item.value = lightning::fabric::host_copy(item.value);
+      *rest = lightning::fabric::host_copy(*rest).toGenericDict();
+    });
+  } catch (const RuntimeError&) {
+    discard();
+    throw;
+  }
+  auto written = std::make_shared<std::string>();  // this rank's metadata, pickled
+  CheckpointWrite steps;
+  steps.write = [staging, rank = strategy.global_rank(), items, written] {
+    *written = dcp::write_metadata(dcp::write_rank_items(staging, rank, *items));
+  };
+  steps.commit = [&strategy, call, staging, path, rest, written] {
+    std::vector<std::string> every_rank;
+    for (int rank = 0; rank < strategy.world_size(); ++rank) {
+      std::string bytes = strategy.broadcast_bytes(rank == strategy.global_rank() ? *written : std::string(), rank);
+      if (strategy.is_global_zero()) every_rank.push_back(std::move(bytes));
+    }
+    strategy.run_on_rank_zero(call, [&] {
+      std::vector<dcp::Metadata> parts;
+      for (size_t rank = 0; rank < every_rank.size(); ++rank) {
+        parts.push_back(dcp::parse_metadata(every_rank[rank], "rank " + std::to_string(rank) + "'s items"));
+      }
+      save_state_dict_file(staging / dcp::kLightningMetaFile, *rest);
+      write_file_atomically(staging / dcp::kMetadataFile, dcp::write_metadata(dcp::merge_metadata(parts)));
+      replace_folder(staging, path, dcp::kMetadataFile);
+    });
+  };
+  steps.discard = discard;
+  return steps;
+}
+
+StateDict read_whole_file(const fs::path& path, State* state, bool strict, CheckpointLayout& layout) {
+  StateDict checkpoint = load_state_dict_file(path);
+  if (state == nullptr) return checkpoint;
+  for (const auto& named : *state) {  // named, not bound: the lambda below captures key
+    const std::string& key = named.first;
+    const StateEntry& entry = named.second;
+    if (!checkpoint.contains(key) || !checkpoint.at(key).isGenericDict()) continue;
+    StateDict dict = checkpoint.at(key).toGenericDict();
+    if (entry.module() != nullptr) {
+      for (const auto& parameter : entry.module()->named_parameters(/*recurse=*/true)) {
+        auto placement = layout.placement(parameter.value());
+        auto saved = dict.find(parameter.key());
+        if (!placement || saved == dict.end() || !saved->value().isTensor()) continue;
+        dict.insert_or_assign(parameter.key(),
+                              part_of_whole(saved->value().toTensor(), *placement, key + "/" + parameter.key()));
+      }
+    } else if (entry.optimizer() != nullptr) {
+      if (keys_state_by_name(dict)) {
+        dict = optimizer_state_by_index(dict, layout.optimizer_parameter_names(*state, *entry.optimizer()), key, strict);
+        checkpoint.insert_or_assign(key, dict);
+      }
+      if (!dict.contains("state")) continue;
+      const auto per_parameter = dict.at("state").toGenericDict();
+      for_each_optimizer_parameter(*entry.optimizer(), [&](int64_t index, const at::Tensor& parameter) {
+        auto placement = layout.placement(parameter);
+        auto found = per_parameter.find(index);
+        if (!placement || found == per_parameter.end()) return;
+        auto fields = found->value().toGenericDict();
+        for (const auto& field : fields) {
+          if (!is_state_shaped_like(field.key(), field.value(), placement->global_shape)) continue;  // e.g. step
+          fields.insert_or_assign(field.key(), part_of_whole(field.value().toTensor(), *placement, key));
+        }
+      });
+    }
+  }
+  return layout.restore(*state, checkpoint, strict);
+}
+
+StateDict read_dcp_folder(const fs::path& path, State* state, bool strict, CheckpointLayout& layout) {
+  dcp::FolderReader reader(path);
+  Placements by_name;  // "entry/parameter name", for module and optimizer entries alike
+  std::map<std::string, std::vector<std::string>> optimizer_names;
+  if (state != nullptr) {
+    for (const auto& named : *state) {  // named, not bound: the lambda below captures key
+      const std::string& key = named.first;
+      const StateEntry& entry = named.second;
+      if (entry.module() != nullptr) {
+        for (const auto& parameter : entry.module()->named_parameters(/*recurse=*/true)) {
+          if (auto placement = layout.placement(parameter.value())) by_name[key + "/" + parameter.key()] = *placement;
+        }
+      } else if (entry.optimizer() != nullptr) {
+        const auto& names = optimizer_names[key] = layout.optimizer_parameter_names(*state, *entry.optimizer());
+        for_each_optimizer_parameter(*entry.optimizer(), [&](int64_t index, const at::Tensor& parameter) {
+          if (auto placement = layout.placement(parameter)) by_name[key + "/" + names[static_cast<size_t>(index)]] = *placement;
+        });
+      }
+    }
+  }
+  std::vector<dcp::Leaf> leaves;
+  for (const std::string& key : reader.metadata().order) {
+    const dcp::Item& item = reader.metadata().items.at(key);
+    const std::vector<dcp::PathElement> at = item.path.empty() ? std::vector<dcp::PathElement>{{key, -1}} : item.path;
+    const Placement* placement = nullptr;
+    if (state != nullptr) {
+      auto entry = state->find(at[0].key);
+      // Only what the state asks for is read: entries it lacks stay on disk.
+      if (entry == state->end() || (entry->second.module() == nullptr && entry->second.optimizer() == nullptr)) continue;
+      const bool module_tensor = entry->second.module() != nullptr && at.size() == 2;
+      const bool optimizer_tensor = dcp::is_optimizer_field(at, "state") && at.size() == 4 && at[3].key != "step";
+      if (item.kind == dcp::Item::Kind::Tensor && (module_tensor || optimizer_tensor)) {
+        auto found = by_name.find(at[0].key + "/" + (module_tensor ? at[1].key : at[2].key));
+        if (found != by_name.end()) placement = &found->second;
+        if (placement && module_tensor) check_global_shape(item.size, *placement, at[0].key + "/" + at[1].key);
+        if (placement && item.size != placement->global_shape) placement = nullptr;  // optimizer state of another shape
+      }
+    }
+    leaves.push_back({at, placement ? c10::IValue(reader.part(key, *placement)) : reader.value(key)});
+  }
+  StateDict loaded = dcp::unflatten_state(leaves);
+  if (fs::is_regular_file(path / dcp::kLightningMetaFile)) {
+    for (const auto& item : load_state_dict_file(path / dcp::kLightningMetaFile)) loaded.insert_or_assign(item.key(), item.value());
+  }
+  if (state == nullptr) return loaded;
+  for (const auto& [key, names] : optimizer_names) {
+    if (!loaded.contains(key) || !loaded.at(key).isGenericDict()) continue;
+    loaded.insert_or_assign(key, optimizer_state_by_index(loaded.at(key).toGenericDict(), names, key, strict));
+  }
+  return layout.restore(*state, loaded, strict);
+}
+
+// The project's earlier sharded layout (sharded_format.h): read-only.
+StateDict read_earlier_layout(const fs::path& path, State* state, bool strict, CheckpointLayout& layout) {
+  if (state == nullptr) return consolidate_sharded_checkpoint(path);
+  Placements by_path;  // module parameters as "entry/name", optimizer parameters as "entry/state/<index>"
+  for (const auto& named : *state) {
+    const std::string& key = named.first;
+    const StateEntry& entry = named.second;
+    if (entry.module() != nullptr) {
+      for (const auto& parameter : entry.module()->named_parameters(/*recurse=*/true)) {
+        if (auto placement = layout.placement(parameter.value())) by_path[key + "/" + parameter.key()] = *placement;
+      }
+    } else if (entry.optimizer() != nullptr) {
+      for_each_optimizer_parameter(*entry.optimizer(), [&](int64_t index, const at::Tensor& parameter) {
+        if (auto placement = layout.placement(parameter)) by_path[key + "/state/" + std::to_string(index)] = *placement;
+      });
+    }
+  }
+  const ShardedLayout earlier = read_sharded_layout(path);
+  StateDict local = load_state_dict_file(path / "common.pt");
+  std::map<int, StateDict> cache;
+  for (const auto& [tensor_path, info] : earlier.tensors) {
+    auto found = by_path.find(tensor_path);
+    if (found == by_path.end()) found = by_path.find(tensor_path.substr(0, tensor_path.rfind('/')));  // optimizer state
+    const Placement* placement = found == by_path.end() || found->second.global_shape != info.shape ? nullptr : &found->second;
+    at::Tensor value;
+    if (placement != nullptr && placement->flat && is_whole_box(*placement)) {
+      value = read_resharded(path, earlier, tensor_path, *placement->flat, cache);
+    } else {
+      value = read_resharded(path, earlier, tensor_path, ShardSlice{0, info.numel()}, cache).view(info.shape);
+      if (placement != nullptr) value = part_of_whole(value, *placement, tensor_path);
+    }
+    insert_at_path(local, tensor_path, value);
+  }
+  return layout.restore(*state, local, strict);
+}
+}  // namespace
+
+CheckpointWrite prepare_sharded_save(ParallelStrategy& strategy, const std::string& call, const fs::path& path,
+                                     const State& state, const StateFilter& filter, bool host_copy,
+                                     const CheckpointLayout& layout, bool one_file) {
+  StateDict local = make_state_dict();
+  Placements placements;
+  strategy.run_on_every_rank(call, [&] {
+    local = to_checkpoint(state, filter);
+    placements = place_local(state, local, layout);
+  });
+  if (!one_file) {
+    return prepare_folder(strategy, call, path, host_copy, [&](StateDict& rest) {
+      dcp::SaveRules rules;
+      rules.parameter_names = [&](torch::optim::Optimizer& optimizer) {
+        return layout.optimizer_parameter_names(state, optimizer);
+      };
+      rules.place = [&](const std::string& slash_path) -> std::optional<Placement> {
+        auto found = placements.find(slash_path);
+        return found == placements.end() ? std::nullopt : std::optional<Placement>(found->second);
+      };
+      rules.writes_whole = strategy.is_global_zero();
+      return dcp::collect_save_items(state, local, rules, rest);
+    });
+  }
+  // One file: each placed tensor assembled whole, one at a time and in the same order on every
+  // rank: the ranks that write a part put it in place in zeros, and a sum over every rank leaves
+  // each element from its one writer.
+  for (const auto& [tensor_path, placement] : placements) {
+    const at::Tensor mine = tensor_at_path(local, tensor_path);
+    at::Tensor whole = at::zeros(placement.global_shape, mine.options());
+    if (placement.writes) place_into_whole(whole, placement, mine);
+    if (strategy.world_size() > 1) strategy.collective().all_reduce_(whole, ReduceOp::Sum);
+    if (strategy.is_global_zero()) insert_at_path(local, tensor_path, whole);
+  }
+  if (host_copy) strategy.run_on_rank_zero(call, [&] { local = lightning::fabric::host_copy(local).toGenericDict(); });
+  if (!strategy.is_global_zero()) return {};
+  return {[path, local] { save_state_dict_file(path, local); }, nullptr, nullptr};
+}
+
+StateDict load_sharded(ParallelStrategy& strategy, const fs::path& path, State* state, bool strict,
+                       CheckpointLayout& layout) {
+  StateDict result = make_state_dict();
+  strategy.run_on_every_rank("fabric.load(" + path.string() + ")", [&] {
+    if (!fs::is_directory(path)) {
+      result = read_whole_file(path, state, strict, layout);
+    } else if (is_sharded_checkpoint(path)) {
+      result = read_earlier_layout(path, state, strict, layout);
+    } else {
+      result = read_dcp_folder(path, state, strict, layout);
+    }
+  });
+  return result;
+}
+
+}  // namespace lightning::fabric
