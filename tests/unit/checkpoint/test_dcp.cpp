@@ -163,3 +163,39 @@ TEST_CASE("chunks that are not flat ranges are read in part and consolidated who
   CHECK_THROWS_WITH(lf::consolidate_sharded_folder(incomplete, scratch("half.pt")), Contains("hold 12 of its 24 elements"));
   CHECK_FALSE(fs::exists(scratch("half.pt")));
 }
+
+TEST_CASE("flat ranges of boxes (fsdp over tensor-parallel slices) are written and read under any placement",
+          "[checkpoint][dcp]") {
+  // A 4 x 6 tensor split into column halves (tensor rank t) whose flattened halves are split again
+  // in two uneven flat ranges (data rank d): four ranks, four parts, as a (2, 2) mesh saves them.
+  const at::Tensor whole = torch::arange(24, torch::kFloat).view({4, 6});
+  const fs::path folder = scratch("two_d");
+  fs::create_directories(folder);
+  std::vector<dcp::Metadata> parts;
+  for (int t = 0; t < 2; ++t) {
+    for (int d = 0; d < 2; ++d) {
+      lf::Placement placement = lf::Placement::whole({4, 6});
+      placement.box = dcp::Box{{0, 3 * t}, {4, 3}};
+      placement.flat = lf::ShardSlice{d == 0 ? 0 : 7, d == 0 ? 7 : 5};
+      const at::Tensor value = lf::part_of_whole(whole, placement, "model/w");
+      CHECK(value.sizes() == c10::IntArrayRef({placement.flat->length}));
+      at::Tensor rebuilt = torch::zeros({4, 6});
+      lf::place_into_whole(rebuilt, placement, value);
+      CHECK(torch::equal(lf::part_of_whole(rebuilt, placement, "model/w"), value));
+      parts.push_back(dcp::write_rank_items(folder, 2 * t + d, {dcp::SaveItem{{{"model", -1}, {"w", -1}}, value, placement}}));
+    }
+  }
+  const dcp::Metadata merged = dcp::merge_metadata(parts);
+  CHECK(merged.items.at("model.w").size == std::vector<int64_t>{4, 6});
+  lf::write_file_atomically(folder / dcp::kMetadataFile, dcp::write_metadata(merged));
+  dcp::FolderReader reader(folder);
+  CHECK(torch::equal(reader.value("model.w").toTensor(), whole));
+  // Read back as row halves (a tensor split along the other dimension) and as a flat range of one.
+  lf::Placement rows = lf::Placement::whole({4, 6});
+  rows.box = dcp::Box{{2, 0}, {2, 6}};
+  CHECK(torch::equal(reader.part("model.w", rows), whole.narrow(0, 2, 2)));
+  rows.flat = lf::ShardSlice{4, 5};
+  CHECK(torch::equal(reader.part("model.w", rows), whole.narrow(0, 2, 2).reshape(-1).narrow(0, 4, 5)));
+  CHECK_THROWS_WITH(lf::part_of_whole(torch::zeros({6, 4}), rows, "model/w"),
+                    Contains("'model/w' has shape [6, 4] in the checkpoint, but this model's tensor is [4, 6] whole"));
+}

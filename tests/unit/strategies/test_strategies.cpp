@@ -10,6 +10,7 @@
 #include "lightning/fabric/strategies/ddp.h"
 #include "lightning/fabric/strategies/dp.h"
 #include "lightning/fabric/strategies/fsdp.h"
+#include "lightning/fabric/strategies/model_parallel.h"
 
 namespace lf = lightning::fabric;
 using Catch::Matchers::Contains;
@@ -97,4 +98,29 @@ TEST_CASE("fsdp: the mixed-precision dtypes follow the precision plugin unless s
   CHECK(mixed.buffer_dtype == at::kBFloat16);
   own.reduce_dtype.reset();
   CHECK(lf::resolve_mixed_precision(own, "32-true").reduce_dtype == at::kHalf);  // falls back to param_dtype
+}
+
+TEST_CASE("strategies: model_parallel picks its data dimension and refuses what cannot apply to it", "[strategies]") {
+  lf::ModelParallelOptions options;
+  options.tensor_parallel_size = 2;
+  auto ddp = strategy_for(lf::FabricOptions().accelerator("cpu").devices(4).strategy(lf::model_parallel_strategy(options)));
+  CHECK(dynamic_cast<lf::ModelParallelStrategy*>(ddp.get()) != nullptr);
+  CHECK(ddp->name() == "model_parallel");
+  CHECK(ddp->sampler_share().replicas == 2);
+  options.data_parallel_strategy = "fsdp";
+  options.fully_sharded.sharding_strategy = lf::ShardingStrategy::ShardGradOp;
+  auto fsdp = strategy_for(lf::FabricOptions().accelerator("cpu").devices(4).strategy(lf::model_parallel_strategy(options)));
+  auto* sharded = dynamic_cast<lf::FSDPModelParallelStrategy*>(fsdp.get());
+  REQUIRE(sharded != nullptr);
+  CHECK(fsdp->name() == "model_parallel");
+  CHECK(sharded->fsdp_options().sharding_strategy == lf::ShardingStrategy::ShardGradOp);
+  CHECK(fsdp->sampler_share().replicas == 2);
+  CHECK(dynamic_cast<lf::MeshStrategy*>(fsdp.get()) != nullptr);
+  options.fully_sharded.sharding_strategy = lf::ShardingStrategy::HybridShard;
+  CHECK_THROWS_WITH(lf::model_parallel_strategy(options),
+                    Contains("HYBRID_SHARD cannot apply to the data group of a 2-D (data x tensor) mesh") &&
+                        Contains("Choose FULL_SHARD, SHARD_GRAD_OP or NO_SHARD"));
+  options.data_parallel_strategy = "zero";
+  CHECK_THROWS_WITH(lf::model_parallel_strategy(options),
+                    Contains("data_parallel_strategy=\"zero\" is not valid. Choose \"ddp\"") && Contains("\"fsdp\""));
 }

@@ -104,6 +104,40 @@ TEST_CASE("tensor parallel: sequence parallelism around the MLP equals the full 
   });
 }
 
+TEST_CASE("tensor parallel: a sequence-parallel LayerNorm sums its weights' gradient parts over the group",
+          "[tensor_parallel]") {
+  torch::manual_seed(5);
+  const at::Tensor input = torch::randn({2, 4, 6});
+  const at::Tensor upstream = torch::randn({2, 4, 6});
+  tp::ParallelLayerNormOptions options({6});
+  options.sequence_parallel = true;
+  tp::ParallelLayerNorm full(options);  // no mesh: torch's LayerNorm
+  {
+    torch::NoGradGuard no_grad;
+    full->weight.uniform_(0.5, 1.5);
+    full->bias.uniform_(-0.5, 0.5);
+  }
+  const at::Tensor whole_input = input.clone().requires_grad_(true);
+  const at::Tensor expected = full(whole_input);
+  CHECK(close(expected, torch::layer_norm(input, {6}, full->weight.detach(), full->bias.detach())));
+  (expected * upstream).sum().backward();
+  on_ranks(2, [&](const std::shared_ptr<lf::DeviceMesh>& mesh, lf_test::RankChecks& checks) {
+    tp::ParallelLayerNorm norm(options, mesh);
+    {
+      torch::NoGradGuard no_grad;
+      norm->weight.copy_(full->weight);
+      norm->bias.copy_(full->bias);
+    }
+    const at::Tensor output = norm(tp::tensor_slice(input, *mesh, 1));
+    checks.expect(close(output, tp::tensor_slice(expected.detach(), *mesh, 1)), "this rank's normalised slice");
+    (output * tp::tensor_slice(upstream, *mesh, 1)).sum().backward();
+    checks.expect(close(norm->weight.grad(), full->weight.grad()), "the whole weight gradient on every rank");
+    checks.expect(close(norm->bias.grad(), full->bias.grad()), "the whole bias gradient on every rank");
+    checks.expect(tp::sharded_parameters_of(*norm).empty(), "nothing split");
+  });
+  CHECK_THROWS_AS(tp::ParallelDropout(1.0), lf::ValueError);
+}
+
 TEST_CASE("tensor parallel: the vocabulary-parallel embedding equals the full one", "[tensor_parallel]") {
   torch::manual_seed(5);
   torch::nn::Embedding full(8, 3);
