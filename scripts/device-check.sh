@@ -24,7 +24,9 @@
 #      cost of checkpointing on each side, and Python's peak CUDA memory with and without it.
 #   7. tensor parallel at world size 1 (the machine has one GPU): examples/tensor_parallel_gpt under
 #      the model_parallel strategy on an NCCL group of one (mesh 1 x 1), saving a sharded (DCP)
-#      checkpoint, then resuming from it; the resumed run must start from the saved step.
+#      checkpoint, then resuming from it; the resumed run must start from the saved step. Then the
+#      same at mesh 1 x 1 with fsdp on the data dimension, sequence parallelism and dropout (the 2-D
+#      strategy's code path on CUDA: shards over a data group of one), resumed under ddp.
 # Each row is independent: a failing row is reported and the rest still run, each under its own
 # cap and the one deadline (DEVICE_CHECK_BUDGET_S, 470 s); a row the deadline leaves no time for
 # is "skipped (budget)". It prints its own estimate first and ends with a table of every row and
@@ -56,8 +58,8 @@ declare -A refused_before  # dry run: each distinct command is run once
 # The script's own estimate in seconds, printed before anything runs: configure 15, build 150, then
 # the rows in order (launcher probe 5, gpu tests 10, nccl training 15, collectives 2 x 15, step
 # times 3 x 20, P8 rounds x 5 x 10, CUDA graph 4 x 10, fsdp + checkpointing 4 x 12, tensor
-# parallel 2 x 10).
-estimate=$((15 + 150 + 5 + 10 + 15 + 2 * 15 + 3 * 20 + ${P8_ROUNDS:-2} * 5 * 10 + 4 * 10 + 4 * 12 + 2 * 10))
+# parallel 4 x 10, streaming 10).
+estimate=$((15 + 150 + 5 + 10 + 15 + 2 * 15 + 3 * 20 + ${P8_ROUNDS:-2} * 5 * 10 + 4 * 10 + 4 * 12 + 4 * 10 + 10))
 say "# device-check $(date -u +%Y-%m-%dT%H:%MZ)$([ "$dry_run" = 1 ] && echo ' (dry run)')"
 say "- estimate: ${estimate} s in all (build 150 s), budget ${DEVICE_CHECK_BUDGET_S:-470} s"
 
@@ -229,6 +231,18 @@ if run_step tp-world-1-resume "${tp_command[@]}" --resume "$tp_checkpoint" && [ 
   failures+=(tp-world-1-resume); say "    tp-world-1-resume: no 'resumed from ... at step 20' line"
 fi
 grep -sh '"example"' "$out/tp-world-1-resume.log" | tee -a "$results"
+tp_fsdp_checkpoint="$build/tp-fsdp-checkpoint"
+rm -rf "$tp_fsdp_checkpoint"
+tp_fsdp_command=("$bin/lightning-run" model --accelerator cuda --devices 1 "$bin/tensor_parallel_gpt" --steps 10
+  --log-every 5 --tensor-parallel-size 1 --sequence-parallel --dropout 0.1)
+run_step tp-fsdp-world-1-save "${tp_fsdp_command[@]}" --data-parallel fsdp --checkpoint "$tp_fsdp_checkpoint"
+grep -sh '"example"' "$out/tp-fsdp-world-1-save.log" | tee -a "$results"
+if run_step tp-fsdp-world-1-resume-ddp "${tp_fsdp_command[@]}" --data-parallel ddp --resume "$tp_fsdp_checkpoint" &&
+  [ "$dry_run" = 0 ] && [ -f "$out/tp-fsdp-world-1-resume-ddp.log" ] &&
+  ! grep -q "resumed from .* at step 10" "$out/tp-fsdp-world-1-resume-ddp.log"; then
+  failures+=(tp-fsdp-world-1-resume-ddp); say "    tp-fsdp-world-1-resume-ddp: no 'resumed from ... at step 10' line"
+fi
+grep -sh '"example"' "$out/tp-fsdp-world-1-resume-ddp.log" | tee -a "$results"
 
 # Streaming data on the GPU: the image classifier trains from a streaming dataset (uint8 tensors:
 # this build may lack the JPEG decoder), its batches read ahead into pinned memory.
