@@ -142,6 +142,27 @@ CheckpointWrite prepare_folder(ParallelStrategy& strategy, const std::string& ca
   return steps;
 }
 
+// The placement of every placed parameter of state's module and optimizer entries, keyed
+// "entry/<parameter name>" for a module's and "entry/<optimizer_key(entry, index)>" for an optimizer's.
+Placements parameter_placements(const State& state, const CheckpointLayout& layout,
+                                const std::function<std::string(const std::string& entry, int64_t index)>& optimizer_key) {
+  Placements placements;
+  for (const auto& named : state) {  // named, not bound: the lambda below captures key
+    const std::string& key = named.first;
+    const StateEntry& entry = named.second;
+    if (entry.module() != nullptr) {
+      for (const auto& parameter : entry.module()->named_parameters(/*recurse=*/true)) {
+        if (auto placement = layout.placement(parameter.value())) placements[key + "/" + parameter.key()] = *placement;
+      }
+    } else if (entry.optimizer() != nullptr) {
+      for_each_optimizer_parameter(*entry.optimizer(), [&](int64_t index, const at::Tensor& parameter) {
+        if (auto placement = layout.placement(parameter)) placements[key + "/" + optimizer_key(key, index)] = *placement;
+      });
+    }
+  }
+  return placements;
+}
+
 StateDict read_whole_file(const fs::path& path, State* state, bool strict, CheckpointLayout& layout) {
   StateDict checkpoint = load_state_dict_file(path);
   if (state == nullptr) return checkpoint;
@@ -182,23 +203,15 @@ StateDict read_whole_file(const fs::path& path, State* state, bool strict, Check
 
 StateDict read_dcp_folder(const fs::path& path, State* state, bool strict, CheckpointLayout& layout) {
   dcp::FolderReader reader(path);
-  Placements by_name;  // "entry/parameter name", for module and optimizer entries alike
   std::map<std::string, std::vector<std::string>> optimizer_names;
+  Placements by_name;  // "entry/parameter name", for module and optimizer entries alike
   if (state != nullptr) {
-    for (const auto& named : *state) {  // named, not bound: the lambda below captures key
-      const std::string& key = named.first;
-      const StateEntry& entry = named.second;
-      if (entry.module() != nullptr) {
-        for (const auto& parameter : entry.module()->named_parameters(/*recurse=*/true)) {
-          if (auto placement = layout.placement(parameter.value())) by_name[key + "/" + parameter.key()] = *placement;
-        }
-      } else if (entry.optimizer() != nullptr) {
-        const auto& names = optimizer_names[key] = layout.optimizer_parameter_names(*state, *entry.optimizer());
-        for_each_optimizer_parameter(*entry.optimizer(), [&](int64_t index, const at::Tensor& parameter) {
-          if (auto placement = layout.placement(parameter)) by_name[key + "/" + names[static_cast<size_t>(index)]] = *placement;
-        });
-      }
+    for (const auto& [key, entry] : *state) {
+      if (entry.optimizer() != nullptr) optimizer_names[key] = layout.optimizer_parameter_names(*state, *entry.optimizer());
     }
+    by_name = parameter_placements(*state, layout, [&](const std::string& key, int64_t index) {
+      return optimizer_names.at(key)[static_cast<size_t>(index)];
+    });
   }
   std::vector<dcp::Leaf> leaves;
   for (const std::string& key : reader.metadata().order) {
@@ -235,20 +248,10 @@ StateDict read_dcp_folder(const fs::path& path, State* state, bool strict, Check
 // The project's earlier sharded layout (sharded_format.h): read-only.
 StateDict read_earlier_layout(const fs::path& path, State* state, bool strict, CheckpointLayout& layout) {
   if (state == nullptr) return consolidate_sharded_checkpoint(path);
-  Placements by_path;  // module parameters as "entry/name", optimizer parameters as "entry/state/<index>"
-  for (const auto& named : *state) {
-    const std::string& key = named.first;
-    const StateEntry& entry = named.second;
-    if (entry.module() != nullptr) {
-      for (const auto& parameter : entry.module()->named_parameters(/*recurse=*/true)) {
-        if (auto placement = layout.placement(parameter.value())) by_path[key + "/" + parameter.key()] = *placement;
-      }
-    } else if (entry.optimizer() != nullptr) {
-      for_each_optimizer_parameter(*entry.optimizer(), [&](int64_t index, const at::Tensor& parameter) {
-        if (auto placement = layout.placement(parameter)) by_path[key + "/state/" + std::to_string(index)] = *placement;
-      });
-    }
-  }
+  // Module parameters as "entry/name", optimizer parameters as "entry/state/<index>".
+  const Placements by_path = parameter_placements(*state, layout, [](const std::string&, int64_t index) {
+    return "state/" + std::to_string(index);
+  });
   const ShardedLayout earlier = read_sharded_layout(path);
   StateDict local = load_state_dict_file(path / "common.pt");
   std::map<int, StateDict> cache;
