@@ -48,9 +48,9 @@ void EMA::on_after_setup(const HookArgs& args) {
 
 void EMA::bind(const std::shared_ptr<torch::nn::Module>& module, Strategy* strategy) {
   LF_CHECK(module != nullptr, ValueError, "EMA::follow: no module given.");
-  LF_CHECK(dynamic_cast<ModelParallelStrategy*>(strategy) == nullptr, ValueError, "EMA: the model_parallel strategy "
-           "splits parameters across the tensor-parallel ranks, which this callback does not average; use it with "
-           "single_device, ddp or fsdp.");
+  LF_CHECK(dynamic_cast<MeshStrategy*>(strategy) == nullptr, ValueError, "EMA: the model_parallel strategy "
+           "splits parameters across the tensor-parallel ranks (with ddp or fsdp on the data dimension), which this "
+           "callback does not average; use it with single_device, ddp or fsdp.");
   fsdp_ = dynamic_cast<FSDPStrategy*>(strategy);
   std::vector<Tracked> tracked;
   if (fsdp_ != nullptr) {

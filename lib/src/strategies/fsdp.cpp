@@ -156,10 +156,13 @@ std::vector<std::shared_ptr<torch::nn::Module>> FSDPStrategy::wrap_units(torch::
 
 // Units are made first, while the parameters still show their full shapes (the size rule and
 // policies read them); setup_module then takes them as made.
-void FSDPStrategy::materialize_meta_tensors(torch::nn::Module& module) {
+void FSDPStrategy::materialize_meta_tensors(torch::nn::Module& module) { materialize_in_units(module, nullptr); }
+
+void FSDPStrategy::materialize_in_units(torch::nn::Module& module, const std::function<void()>& before_replay) {
   setup_environment();
   wrapped_before_materializing_[&module] = wrap_units(module);
   try {
+    if (before_replay) before_replay();
     engine_->materialize(module);
   } catch (...) {
     wrapped_before_materializing_.erase(&module);

@@ -15,6 +15,17 @@ namespace lightning::fabric {
 
 namespace fs = std::filesystem;
 
+namespace {
+// options, after refusing what fsdp cannot do on a 2-D mesh's data group.
+const ModelParallelOptions& fully_sharded_checked(const ModelParallelOptions& options) {
+  LF_CHECK(options.fully_sharded.sharding_strategy != ShardingStrategy::HybridShard, ValueError,
+           "ModelParallelOptions: fully_sharded.sharding_strategy=HYBRID_SHARD cannot apply to the data group of a 2-D "
+           "(data x tensor) mesh: it shards within a node and replicates across nodes, which needs a third mesh "
+           "dimension. Choose FULL_SHARD, SHARD_GRAD_OP or NO_SHARD (sharded over the whole data group).");
+  return options;
+}
+}  // namespace
+
 ModelParallelOptions::ModelParallelOptions() {
   parallelize = [](const std::shared_ptr<torch::nn::Module>& module, const std::shared_ptr<DeviceMesh>& mesh) {
     tensor_parallel::shard_tensor_parallel_layers(*module, mesh);
@@ -44,10 +55,7 @@ StrategySpec model_parallel_strategy(ModelParallelOptions options) {
                           return std::make_shared<ModelParallelStrategy>(std::move(context), options);
                         }};
   }
-  LF_CHECK(options.fully_sharded.sharding_strategy != ShardingStrategy::HybridShard, ValueError,
-           "ModelParallelOptions: fully_sharded.sharding_strategy=HYBRID_SHARD cannot apply to the data group of a 2-D "
-           "(data x tensor) mesh: it shards within a node and replicates across nodes, which needs a third mesh "
-           "dimension. Choose FULL_SHARD, SHARD_GRAD_OP or NO_SHARD (sharded over the whole data group).");
+  fully_sharded_checked(options);
   options.fully_sharded.state_dict_type = options.state_dict_type;
   fsdp_strategy(options.fully_sharded);  // checks the fsdp settings
   return StrategySpec{name, [options](StrategyContext context) -> std::shared_ptr<Strategy> {
@@ -112,7 +120,7 @@ StateDict ModelParallelStrategy::load_checkpoint(const fs::path& path, State* st
 // ---- fsdp on the data dimension ----
 
 FSDPModelParallelStrategy::FSDPModelParallelStrategy(StrategyContext context, ModelParallelOptions options)
-    : FSDPStrategy(std::move(context), options.fully_sharded),
+    : FSDPStrategy(std::move(context), fully_sharded_checked(options).fully_sharded),
       plan_(std::make_unique<TensorParallelPlan>(std::move(options))) {
   // fsdp shards each parameter as this rank holds it (its tensor-parallel slice); in checkpoints
   // the shard is a flat range of the slice's box. A whole parameter's shards are the same on
@@ -154,27 +162,32 @@ Strategy::SamplerShare FSDPModelParallelStrategy::sampler_share() const {
 
 void FSDPModelParallelStrategy::materialize_meta_tensors(torch::nn::Module& module) {
   setup_environment();
-  // Which parameters parallelize splits, learnt on the meta module and undone: the record of the
-  // build belongs to the tensors as built. Materialising then keeps each split parameter's slice
-  // of its full value (and fsdp its shard of that), one parameter at a time.
+  // Which parameters parallelize splits, learnt on the meta module, and the split of the meta
+  // ones undone once the units are made (from the split shapes, as a normal setup makes them):
+  // the record of the build belongs to the tensors as built. Materialising then keeps each split
+  // parameter's slice of its full value (and fsdp its shard of that), one parameter at a time.
+  // Parameters that are real already stay as parallelize split them.
   std::vector<std::pair<at::Tensor, at::Tensor>> as_built;  // the module's tensor, a handle on its built geometry
-  for (const auto& parameter : module.parameters()) as_built.emplace_back(parameter, parameter.detach());
+  for (const auto& parameter : module.parameters()) {
+    if (parameter.is_meta()) as_built.emplace_back(parameter, parameter.detach());
+  }
   std::shared_ptr<torch::nn::Module> shared(&module, [](torch::nn::Module*) {});  // parallelize takes a shared_ptr
   plan_->parallelize(shared);
   std::map<std::string, std::pair<int64_t, int64_t>> slices;  // name -> (dim, local size)
   for (const auto& item : module.named_parameters()) {
     if (auto dim = plan_->split_dim(item.value())) slices[item.key()] = {*dim, item.value().size(*dim)};
   }
-  for (auto& [tensor, built] : as_built) tensor.set_data(built);
   const int tensor_rank = device_mesh()->tensor_rank();
-  engine_->slice_before_sharding = [slices, tensor_rank](const std::string& name, const at::Tensor& full) {
-    auto found = slices.find(name);
-    if (found == slices.end()) return full;
-    const auto [dim, size] = found->second;
-    return full.narrow(dim, tensor_rank * size, size).clone();
-  };
   try {
-    FSDPStrategy::materialize_meta_tensors(module);
+    materialize_in_units(module, [&] {
+      for (auto& [tensor, built] : as_built) tensor.set_data(built);
+      engine_->slice_before_sharding = [slices, tensor_rank](const std::string& name, const at::Tensor& full) {
+        auto found = slices.find(name);
+        if (found == slices.end()) return full;
+        const auto [dim, size] = found->second;
+        return full.narrow(dim, tensor_rank * size, size).clone();
+      };
+    });
   } catch (...) {
     engine_->slice_before_sharding = nullptr;
     throw;

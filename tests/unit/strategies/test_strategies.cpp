@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include "lightning/fabric/callbacks/ema.h"
 #include "lightning/fabric/connector.h"
 #include "lightning/fabric/strategies/ddp.h"
 #include "lightning/fabric/strategies/dp.h"
@@ -116,6 +117,9 @@ TEST_CASE("strategies: model_parallel picks its data dimension and refuses what 
   CHECK(sharded->fsdp_options().sharding_strategy == lf::ShardingStrategy::ShardGradOp);
   CHECK(fsdp->sampler_share().replicas == 2);
   CHECK(dynamic_cast<lf::MeshStrategy*>(fsdp.get()) != nullptr);
+  lf::EMA ema;  // averages whole or fsdp-sharded parameters, not tensor-parallel slices
+  CHECK_THROWS_WITH(ema.follow(std::make_shared<torch::nn::LinearImpl>(2, 2), *fsdp),
+                    Contains("EMA: the model_parallel strategy splits parameters"));
   options.fully_sharded.sharding_strategy = lf::ShardingStrategy::HybridShard;
   CHECK_THROWS_WITH(lf::model_parallel_strategy(options),
                     Contains("HYBRID_SHARD cannot apply to the data group of a 2-D (data x tensor) mesh") &&

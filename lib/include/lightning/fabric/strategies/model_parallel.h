@@ -113,6 +113,7 @@ class LF_API ModelParallelStrategy : public DDPStrategy, public MeshStrategy {
 /// works on the tensor-parallel slices: shards are shards of this rank's slice, over its data group.
 class LF_API FSDPModelParallelStrategy : public FSDPStrategy, public MeshStrategy {
  public:
+  /// ValueError for HYBRID_SHARD (as model_parallel_strategy).
   FSDPModelParallelStrategy(StrategyContext context, ModelParallelOptions options);
   ~FSDPModelParallelStrategy() override;
   std::string name() const override;
