@@ -301,6 +301,11 @@ void FSDPStrategy::Engine::shard(const std::shared_ptr<torch::nn::Module>& modul
       unit.stale = true;  // the first forward gathers the full parameters in the param dtype
     }
   }
+  for (const auto& p : sharded->parameters) {  // the vector is final: its entries keep their addresses
+    by_shard_[p.shard.unsafeGetTensorImpl()] = &p;
+    by_tensor_[p.shard.unsafeGetTensorImpl()] = &p;
+    by_tensor_[p.parameter.unsafeGetTensorImpl()] = &p;
+  }
   modules_.push_back(std::move(sharded));
 }
 
@@ -394,12 +399,8 @@ FSDPStrategy::Engine::ShardedModule* FSDPStrategy::Engine::find(const torch::nn:
 }
 
 const FSDPStrategy::Engine::ShardedParameter* FSDPStrategy::Engine::find_shard(const at::Tensor& shard) const {
-  for (const auto& sharded : modules_) {
-    for (const auto& p : sharded->parameters) {
-      if (p.shard.unsafeGetTensorImpl() == shard.unsafeGetTensorImpl()) return &p;
-    }
-  }
-  return nullptr;
+  auto found = by_shard_.find(shard.unsafeGetTensorImpl());
+  return found == by_shard_.end() ? nullptr : found->second;
 }
 
 void FSDPStrategy::Engine::free_full_parameters(ShardedModule& sharded, Unit& unit) {

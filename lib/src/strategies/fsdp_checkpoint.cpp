@@ -25,13 +25,8 @@ StateDict FSDPStrategy::load_checkpoint(const fs::path& path, State* state, bool
 }
 
 const FSDPStrategy::Engine::ShardedParameter* FSDPStrategy::Engine::find_parameter(const at::Tensor& tensor) const {
-  const c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
-  for (const auto& sharded : modules_) {
-    for (const auto& p : sharded->parameters) {
-      if (p.shard.unsafeGetTensorImpl() == impl || p.parameter.unsafeGetTensorImpl() == impl) return &p;
-    }
-  }
-  return nullptr;
+  auto found = by_tensor_.find(tensor.unsafeGetTensorImpl());
+  return found == by_tensor_.end() ? nullptr : found->second;
 }
 
 std::optional<Placement> FSDPStrategy::Engine::placement(const at::Tensor& parameter) const {

@@ -12,6 +12,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "lightning/fabric/checkpoint/sharded_checkpoint.h"
@@ -179,6 +180,9 @@ class FSDPStrategy::Engine : public CheckpointLayout {
   std::set<const c10::TensorImpl*> materialized_;
   FSDPMixedPrecision dtypes_;  // resolved at the first shard()
   std::vector<std::unique_ptr<ShardedModule>> modules_;
+  // Every sharded parameter by its shard, and by its shard or module parameter: the optimizer's
+  // tensors are looked up per step (clipping) and per checkpoint entry.
+  std::unordered_map<const c10::TensorImpl*, const ShardedParameter*> by_shard_, by_tensor_;
   std::optional<Prefetch> prefetch_;
   uint64_t shard_version_ = 0;  // bumped whenever the shards change (a step, a load)
   bool keep_full_ = false;      // no release or free until a backward without retain_graph ends
