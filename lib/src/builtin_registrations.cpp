@@ -8,6 +8,7 @@
 #include "lightning/fabric/strategies/dp.h"
 #include "lightning/fabric/strategies/fsdp.h"
 #include "lightning/fabric/strategies/model_parallel.h"
+#include "lightning/fabric/strategies/pipeline.h"
 
 namespace lightning::fabric {
 
@@ -81,6 +82,8 @@ StrategyRegistry& strategy_registry() {
     built.add("fsdp_cpu_offload", fsdp_cpu_offload, "fsdp with everything in host memory (CPU devices)");
     built.add("model_parallel", model_parallel_strategy().create,
               "tensor parallelism inside groups of ranks, ddp across the groups (a 2-D device mesh)");
+    built.add("pipeline", pipeline_strategy().create,
+              "an lf::Pipeline's layers in stages across the ranks, micro-batches under a schedule, ddp across pipelines");
     return built;
   }();
   return registry;

@@ -37,6 +37,7 @@
 #include "lightning/fabric/strategies/fsdp.h"
 #include "lightning/fabric/strategies/fsdp_unit.h"
 #include "lightning/fabric/strategies/model_parallel.h"
+#include "lightning/fabric/strategies/pipeline.h"
 #include "lightning/fabric/strategies/parallel.h"
 #include "lightning/fabric/strategies/strategy.h"
 #include "lightning/fabric/sync_batch_norm.h"

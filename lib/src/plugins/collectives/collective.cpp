@@ -633,6 +633,52 @@ void Collective::recv_(at::Tensor& tensor, int src) {
   stage.write_back();
 }
 
+namespace {
+void check_started_point_to_point(const char* call, const at::Tensor& tensor, at::Device device, int peer, int rank,
+                                  int world_size, int tag) {
+  LF_CHECK(peer >= 0 && peer < world_size && peer != rank, ValueError, call, ": peer ", peer,
+           " must be another rank of the group (0..", world_size - 1, ", not this rank ", rank, ").");
+  LF_CHECK(tensor.device() == device && tensor.is_contiguous() && tag >= 0, ValueError, call, ": the tensor must be "
+           "contiguous and on the group's device ", device, " and the tag non-negative; got ", tensor.device(),
+           tensor.is_contiguous() ? "" : " (not contiguous)", ", tag ", tag, ".");
+}
+}  // namespace
+
+std::function<void()> Collective::send_start(const at::Tensor& tensor, int dst, int tag) {
+  check_started_point_to_point("send_start", tensor, impl_->device, dst, impl_->rank, impl_->world_size, tag);
+  ++impl_->operations;
+  flight::Recorder* recorder = impl_->recorder;
+  const uint64_t seq = recorder ? recorder->begin(op_name(kSend), impl_->name, dtype_name(tensor.scalar_type()),
+                                                  tensor.sizes().data(), tensor.sizes().size(),
+                                                  static_cast<uint64_t>(tensor.numel()))
+                                : 0;
+  std::vector<at::Tensor> one{tensor};
+  auto work = issue_recorded(recorder, seq, /*runs_in_call=*/false, [&] {
+    return point_to_point(dst, [&](c10d::Backend& group, int peer) { return group.send(one, peer, tag); });
+  });
+  return [this, work, seq, one] { wait_recorded(work, seq); };  // one: the bytes stay alive until sent
+}
+
+std::function<void()> Collective::recv_start_(at::Tensor& tensor, int src, int tag) {
+  check_started_point_to_point("recv_start_", tensor, impl_->device, src, impl_->rank, impl_->world_size, tag);
+  ++impl_->operations;
+  flight::Recorder* recorder = impl_->recorder;
+  const uint64_t seq = recorder ? recorder->begin(op_name(kRecv), impl_->name, dtype_name(tensor.scalar_type()),
+                                                  tensor.sizes().data(), tensor.sizes().size(),
+                                                  static_cast<uint64_t>(tensor.numel()))
+                                : 0;
+  std::vector<at::Tensor> one{tensor};
+  auto work = issue_recorded(recorder, seq, /*runs_in_call=*/false, [&] {
+    return point_to_point(src, [&](c10d::Backend& group, int peer) { return group.recv(one, peer, tag); });
+  });
+  return [this, work, seq, one] { wait_recorded(work, seq); };
+}
+
+void Collective::connect_point_to_point(const std::vector<int>& peers) {
+  if (impl_->backend != ProcessGroupBackend::Shm) return;  // gloo and nccl connect within the group itself
+  for (int peer : peers) pair_with(peer);
+}
+
 void Collective::broadcast_(at::Tensor& tensor, int src) {
   Staged stage(tensor, impl_->device);
   std::vector<at::Tensor> one{stage.work};

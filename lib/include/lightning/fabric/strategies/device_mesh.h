@@ -56,6 +56,7 @@ class LF_API DeviceMesh {
   Collective& data_group() const { return *data_group_; }
   Collective& tensor_group() const { return *tensor_group_; }
   const std::shared_ptr<Collective>& shared_data_group() const { return data_group_; }
+  const std::shared_ptr<Collective>& shared_tensor_group() const { return tensor_group_; }
 
  private:
   int dimension(const std::string& name) const;

@@ -110,6 +110,17 @@ class Collective {
   /// pair talks over a gloo group of the two ranks, made by their first send/recv between them.
   void send(const at::Tensor& tensor, int dst);
   void recv_(at::Tensor& tensor, int src);
+  /// Point-to-point started now and finished by the returned function, which waits for it (call it
+  /// exactly once, before the group is gone). tag (>= 0) separates streams between one pair:
+  /// messages of one tag arrive in the order sent. tensor must be contiguous and on device(); it
+  /// must stay alive and unchanged (send) or untouched (recv) until the wait returns. Recorded in
+  /// the flight recorder like every op, so the hang watchdog sees a rank stuck in one.
+  std::function<void()> send_start(const at::Tensor& tensor, int dst, int tag);
+  std::function<void()> recv_start_(at::Tensor& tensor, int src, int tag);
+  /// Makes the point-to-point connection to each peer now (on shm: the pair groups that the
+  /// first send or recv would make). Collective over each pair: callers make their pairs in one
+  /// global order (ascending by lower, then higher rank), so no two ranks wait on each other.
+  void connect_point_to_point(const std::vector<int>& peers);
   /// The op's result on group rank dst (a new tensor, tensor's device); tensor unchanged
   /// elsewhere, which get tensor back. Mean: the sum divided by the group's size.
   at::Tensor reduce(const at::Tensor& tensor, int dst, ReduceOp op);

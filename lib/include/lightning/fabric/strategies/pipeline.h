@@ -1,0 +1,169 @@
+// Pipeline parallelism: the model's layers in stages across the ranks of a "pipe" mesh
+// dimension, micro-batches flowing through them under a schedule (GPipe, 1F1B, interleaved 1F1B),
+// with ddp on a "data" dimension, as torch.distributed.pipelining with DDP on the other mesh
+// dimension (docs/pipeline-parallel.md).
+//
+//   torch::nn::Sequential layers(embedding, block_1, ..., block_n, head);   // one tensor to the next
+//   lf::Pipeline model(layers, [](const at::Tensor& logits, const at::Tensor& target) {
+//     return cross_entropy(logits, target); });
+//   lf::PipelineOptions pp;
+//   pp.schedule = "1F1B";  pp.micro_batches = 8;  pp.data_parallel_size = 2;
+//   lf::Fabric fabric(lf::FabricOptions().strategy(lf::pipeline_strategy(pp)).devices(8));
+//   auto [net, optimizer] = fabric.setup(model, torch::optim::AdamW(model->parameters()));
+//   auto loss = net(input, target);  // every micro-batch's forward and backward, in schedule order
+//   fabric.backward(loss);           // applies this step's gradients (and averages them over data)
+//   optimizer.step();                // steps this rank's stages
+//
+// lf::Pipeline is an ordinary module: without the pipeline strategy (one device, ddp, fsdp) its
+// forward runs the layers on the whole batch and returns the loss, so one loop serves both.
+#pragma once
+
+#include "lightning/fabric/export.h"
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/pimpl.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "lightning/fabric/strategies/ddp.h"
+#include "lightning/fabric/strategies/device_mesh.h"
+#include "lightning/fabric/strategies/model_parallel.h"
+
+namespace lightning::fabric {
+
+class PipelineRuntime;  // the schedule's executor (private to the library)
+
+/// A model as consecutive layers (each takes the previous layer's output tensor and returns one
+/// tensor) and the loss of the last layer's output against a target. Under the pipeline
+/// strategy the layers are split into consecutive stages; elsewhere it is one module.
+class LF_API PipelineImpl : public torch::nn::Module {
+ public:
+  using LossFunction = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
+  /// layers: a Sequential's children, registered here under the Sequential's names ("0", "1", ...),
+  /// so state dicts and checkpoints name parameters as the Sequential does. loss: a mean over the
+  /// batch (micro-batch losses are averaged). stage_starts: the index of each stage's first
+  /// layer (0 first, increasing); empty: as even a split as the stage count allows at setup.
+  /// ValueError for an empty Sequential, an empty loss, or stage_starts that do not split it.
+  PipelineImpl(const torch::nn::Sequential& layers, LossFunction loss, std::vector<int64_t> stage_starts = {});
+
+  /// The mean loss over the batch. Under the pipeline strategy (after fabric.setup), on every rank:
+  /// input and target are the whole batch (each rank of a pipe group passes the same one: the
+  /// first stage reads input, the last target), split into micro-batches along dimension 0; with
+  /// gradients enabled every micro-batch's forward and backward runs in the schedule's order and
+  /// backward(loss) then adds this step's gradients (times the loss's gradient) to this rank's
+  /// parameters; under no_grad only the forwards run. Elsewhere: loss(layers(input), target).
+  at::Tensor forward(const at::Tensor& input, const at::Tensor& target);
+
+  /// The layers (as given; after setup under the pipeline strategy only this rank's keep their
+  /// parameters registered).
+  int64_t size() const { return static_cast<int64_t>(layers_.size()); }
+  /// The split into `stages` stages: stage_starts as given (ValueError unless it has `stages`
+  /// entries), else the layers dealt evenly, earlier stages one more when they do not divide.
+  /// ValueError naming both counts when there are fewer layers than stages.
+  std::vector<int64_t> stage_starts(int stages) const;
+  /// The output of layers [begin, end) on input.
+  at::Tensor run_layers(int64_t begin, int64_t end, const at::Tensor& input);
+  const LossFunction& loss() const { return loss_; }
+
+ private:
+  friend class PipelineStrategy;
+  friend class PipelineRuntime;
+  std::vector<std::pair<std::string, torch::nn::AnyModule>> layers_;
+  LossFunction loss_;
+  std::vector<int64_t> stage_starts_;
+  std::shared_ptr<PipelineRuntime> runtime_;  // set by the pipeline strategy's setup
+};
+TORCH_MODULE(Pipeline);
+
+struct LF_API PipelineOptions {
+  PipelineOptions();
+  /// Ranks along the pipe dimension (stages run on them in order). Unset: world size /
+  /// data_parallel_size, or the world size when that is unset too.
+  std::optional<int> pipeline_size;
+  /// Replicas of the whole pipeline (ddp over each stage's data group). Unset: world size /
+  /// pipeline_size, or 1 when that is unset too.
+  std::optional<int> data_parallel_size;
+  /// "GPipe", "1F1B" or "Interleaved1F1B" (torch.distributed.pipelining's ScheduleGPipe,
+  /// Schedule1F1B, ScheduleInterleaved1F1B).
+  std::string schedule = "1F1B";
+  /// Micro-batches per step (torch's n_microbatches); must divide every batch's size.
+  int micro_batches = 4;
+  /// Stages on each rank: 1, or more with Interleaved1F1B or GPipe (stage s on pipe rank s % P).
+  int stages_per_rank = 1;
+  /// The data dimension's ddp: buckets, process group, buffer broadcast. Its name is the
+  /// strategy's ("pipeline").
+  DDPOptions data_parallel;
+};
+
+/// For FabricOptions().strategy(...). ValueError for non-positive sizes or micro_batches, an
+/// unknown schedule, or a schedule that cannot run stages_per_rank stages per rank.
+LF_API StrategySpec pipeline_strategy(PipelineOptions options = PipelineOptions());
+
+/// One training step of this rank, as the schedule ran it (PipelineStrategy::last_step).
+struct LF_API PipelineStepStats {
+  double step_seconds = 0;     // from the first action to the last send's completion
+  double compute_seconds = 0;  // in forwards, losses and backwards (not waiting for a neighbour)
+  int peak_micro_batches = 0;  // most micro-batches whose activations this rank held at once
+  /// The fraction of the step this rank idled (the bubble): 1 - compute / step.
+  double idle_fraction() const { return step_seconds > 0 ? 1.0 - compute_seconds / step_seconds : 0.0; }
+};
+
+class LF_API PipelineStrategy : public DDPStrategy, public MeshStrategy {
+ public:
+  PipelineStrategy(StrategyContext context, PipelineOptions options);
+  ~PipelineStrategy() override;
+
+  /// Forms the process group and the (pipe, data) mesh (collective). ValueError when the sizes do
+  /// not make the world size.
+  void setup_environment() override;
+  /// Shape (pipe size, data size), dimensions named "pipe" and "data"; rank = pipe rank x data
+  /// size + data rank, so a stage's data group is consecutive ranks.
+  const std::shared_ptr<DeviceMesh>& device_mesh() const override;
+  int pipe_rank() const;
+  /// The stages this rank runs, along the model.
+  std::vector<int> local_stages() const;
+  const PipelineOptions& pipeline_options() const { return options_; }
+
+  void materialize_meta_tensors(torch::nn::Module& module) override;
+  void module_to_device(torch::nn::Module& module) const override;
+  /// Keeps this rank's stages of an lf::Pipeline (ValueError for any other module, or a split
+  /// that does not match the stage count), then sets them up for ddp over the data group.
+  void setup_module(const std::shared_ptr<torch::nn::Module>& module) override;
+  /// Drops the parameters of other ranks' stages from the optimizer's groups.
+  void setup_optimizer(torch::optim::Optimizer& optimizer) override;
+  /// The norm over every stage's gradients (each counted once).
+  double clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type,
+                                bool error_if_nonfinite) override;
+  SamplerShare sampler_share() const override;
+  /// Refuses fabric.backward's options the pipeline cannot honour (see docs), then as ddp.
+  void backward(at::Tensor& loss, torch::nn::Module* module, const BackwardOptions& options) override;
+  /// Reads a folder or file written under any pipeline shape (or by one process) and restores
+  /// this rank's stages (collective).
+  StateDict load_checkpoint(const std::filesystem::path& path, State* state, bool strict) override;
+  /// The last training step's timing on this rank (zeros before the first).
+  PipelineStepStats last_step() const;
+
+ protected:
+  std::shared_ptr<Collective> data_parallel_group() override;
+  /// A folder (torch.distributed.checkpoint's layout): each stage's tensors written by its data
+  /// rank 0; `lightning-run model consolidate` turns it into one file.
+  CheckpointWrite prepare_checkpoint(const std::string& call, const std::filesystem::path& path, const State& state,
+                                     const StateFilter& filter, bool host_copy) override;
+
+ private:
+  void keep_local_stages(PipelineImpl& pipeline) const;
+  PipelineOptions options_;
+  std::shared_ptr<DeviceMesh> mesh_;
+  std::shared_ptr<PipelineStepStats> last_step_;       // written by every set-up pipeline's steps
+  std::set<const c10::TensorImpl*> local_parameters_;  // this rank's stages' parameters
+};
+
+}  // namespace lightning::fabric

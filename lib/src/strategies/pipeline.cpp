@@ -1,0 +1,567 @@
+// Pipeline parallelism (pipeline.h): lf::Pipeline, the schedule's executor (PipelineRuntime) and
+// the pipeline strategy over a (pipe, data) mesh.
+#include "lightning/fabric/strategies/pipeline.h"
+
+#include <ATen/ATen.h>
+#include <ATen/record_function.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/optim/optimizer.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <numeric>
+#include <unordered_set>
+
+#include "lightning/fabric/checkpoint/sharded_checkpoint.h"
+#include "lightning/fabric/errors.h"
+#include "lightning/fabric/plugins/collectives/collective.h"
+#include "lightning/fabric/strategies/pipeline_schedule.h"
+#include "lightning/fabric/strategies/tensor_parallel_plan.h"
+#include "lightning/fabric/utilities/meta_init.h"
+
+namespace lightning::fabric {
+
+namespace fs = std::filesystem;
+
+// ---- lf::Pipeline ----
+
+PipelineImpl::PipelineImpl(const torch::nn::Sequential& layers, LossFunction loss, std::vector<int64_t> starts)
+    : loss_(std::move(loss)), stage_starts_(std::move(starts)) {
+  LF_CHECK(!layers.is_empty() && layers->size() > 0, ValueError, "lf::Pipeline: the Sequential has no layers. Give "
+           "the model's layers in order, each taking the previous one's output tensor.");
+  LF_CHECK(loss_ != nullptr, ValueError, "lf::Pipeline: the loss function is empty. Give the loss of the last "
+           "layer's output against the target, e.g. [](auto& out, auto& y) { return cross_entropy(out, y); }.");
+  const auto names = layers->named_children();
+  for (size_t i = 0; i < layers->size(); ++i) {
+    layers_.emplace_back(names[i].key(), layers->begin()[static_cast<std::ptrdiff_t>(i)]);
+    register_module(names[i].key(), names[i].value());
+  }
+  if (!stage_starts_.empty()) stage_starts(static_cast<int>(stage_starts_.size()));  // checks them
+}
+
+std::vector<int64_t> PipelineImpl::stage_starts(int stages) const {
+  const int64_t n = size();
+  if (!stage_starts_.empty()) {
+    LF_CHECK(static_cast<int>(stage_starts_.size()) == stages, ValueError, "lf::Pipeline: stage_starts has ",
+             stage_starts_.size(), " entries ", stage_starts_, ", but the pipeline runs ", stages, " stages (pipe size x "
+             "stages_per_rank). Give one start per stage, or none to split the ", n, " layers evenly.");
+    bool valid = stage_starts_.front() == 0;
+    for (size_t i = 1; i < stage_starts_.size(); ++i) valid = valid && stage_starts_[i] > stage_starts_[i - 1];
+    valid = valid && stage_starts_.back() < n;
+    LF_CHECK(valid, ValueError, "lf::Pipeline: stage_starts ", stage_starts_, " cannot split ", n, " layers: the "
+             "first start must be 0, each start greater than the one before and below ", n, " (every stage holds at "
+             "least one layer).");
+    return stage_starts_;
+  }
+  LF_CHECK(stages > 0 && n >= stages, ValueError, "lf::Pipeline: ", n, " layers cannot make ", stages, " stages (each "
+           "stage needs at least one layer). Split the model into more layers, or run fewer stages (pipeline_size x "
+           "stages_per_rank).");
+  std::vector<int64_t> starts;
+  int64_t begin = 0;
+  for (int s = 0; s < stages; ++s) {
+    starts.push_back(begin);
+    begin += n / stages + (s < n % stages ? 1 : 0);
+  }
+  return starts;
+}
+
+at::Tensor PipelineImpl::run_layers(int64_t begin, int64_t end, const at::Tensor& input) {
+  at::Tensor x = input;
+  for (int64_t i = begin; i < end; ++i) x = layers_[static_cast<size_t>(i)].second.forward(x);
+  return x;
+}
+
+// ---- the executor ----
+
+namespace {
+// A profiler range with a name made only while a profiler runs.
+class ScheduleRange {
+ public:
+  template <class Name>
+  explicit ScheduleRange(Name&& name) : range_(at::RecordScope::USER_SCOPE) {
+    if (range_.isActive()) range_.before(name());
+  }
+
+ private:
+  at::RecordFunction range_;
+};
+
+std::string describe(c10::IntArrayRef shape, at::ScalarType dtype) {
+  std::ostringstream out;
+  out << c10::toString(dtype) << shape;
+  return out.str();
+}
+
+std::string reason_of(const std::exception& error) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&error)) return c10_error->what_without_backtrace();
+  return error.what();
+}
+
+// The loss returned by a training step: its backward hands each parameter the step's gradient
+// times the loss's own gradient, so fabric.backward(loss) (or 2 * loss) means what it means for a
+// loss computed in one process, and ddp's hooks average the gradients as they arrive.
+struct ScheduleGradients : torch::autograd::Node {
+  std::vector<at::Tensor> gradients;  // by the node's inputs (the parameters), undefined: unused
+  std::string name() const override { return "lf::PipelineStepBackward"; }
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grad_outputs) override {
+    LF_CHECK(!gradients.empty() || next_edges().empty(), RuntimeError, "fabric.backward: this pipeline step's "
+             "gradients were applied already. Call backward once per forward of the lf::Pipeline.");
+    torch::autograd::variable_list out(num_outputs());
+    const at::Tensor& scale = grad_outputs.at(0);
+    for (size_t i = 0; i < gradients.size(); ++i) {
+      if (!gradients[i].defined()) continue;
+      out[i] = scale.defined() ? gradients[i].mul_(scale.to(gradients[i].scalar_type())) : gradients[i];
+    }
+    gradients.clear();
+    return out;
+  }
+};
+}  // namespace
+
+class PipelineRuntime {
+ public:
+  PipelineRuntime(const PipelineOptions& options, std::shared_ptr<DeviceMesh> mesh, int global_rank, at::Device device,
+                  std::shared_ptr<PipelineStepStats> stats)
+      : options_(options), mesh_(std::move(mesh)), global_rank_(global_rank), device_(device), stats_(std::move(stats)) {}
+
+  int pipe_size() const { return mesh_->size("pipe"); }
+  int pipe_rank() const { return mesh_->coordinate("pipe"); }
+  int stages() const { return pipe_size() * options_.stages_per_rank; }
+  int rank_of(int stage) const { return stage % pipe_size(); }
+  bool is_local(int stage) const { return rank_of(stage) == pipe_rank(); }
+  Collective& pipe() const { return mesh_->data_group(); }  // the mesh's first dimension is "pipe"
+
+  at::Tensor run(PipelineImpl& pipeline, const at::Tensor& input, const at::Tensor& target);
+
+ private:
+  // The shape and dtype crossing from stage `stage` to the next, agreed on at the first step.
+  struct Boundary {
+    bool agreed = false;
+    std::vector<int64_t> shape;
+    at::ScalarType dtype = at::kFloat;
+  };
+  // One micro-batch at one stage, from its forward to its backward.
+  struct InFlight {
+    at::Tensor input, output, loss;
+  };
+  static int activation_tag(int stage) { return 3 * stage + 1; }
+  static int gradient_tag(int stage) { return 3 * stage + 2; }
+  static int shape_tag(int stage) { return 3 * stage + 3; }
+
+  void send(const at::Tensor& tensor, int to_stage, int tag);
+  at::Tensor receive(const Boundary& boundary, int from_stage, int tag, double& waited);
+  void send_activation(int stage, int micro_batch, const at::Tensor& output);
+  at::Tensor receive_activation(int stage, double& waited);
+  std::string where(int stage, const char* what, int micro_batch) const;
+
+  PipelineOptions options_;
+  std::shared_ptr<DeviceMesh> mesh_;
+  int global_rank_;
+  at::Device device_;
+  std::shared_ptr<PipelineStepStats> stats_;
+  std::map<int, Boundary> sent_, received_;  // by the stage the activation leaves
+  std::vector<std::function<void()>> pending_sends_;
+};
+
+std::string PipelineRuntime::where(int stage, const char* what, int micro_batch) const {
+  std::ostringstream out;
+  out << "pipeline stage " << stage << " (global rank " << global_rank_ << ", pipe rank " << pipe_rank() << ") " << what
+      << " micro-batch " << micro_batch;
+  return out.str();
+}
+
+void PipelineRuntime::send(const at::Tensor& tensor, int to_stage, int tag) {
+  at::Tensor wire = tensor.detach().to(pipe().device()).contiguous();
+  pending_sends_.push_back(pipe().send_start(wire, rank_of(to_stage), tag));
+}
+
+at::Tensor PipelineRuntime::receive(const Boundary& boundary, int from_stage, int tag, double& waited) {
+  at::Tensor wire = at::empty(boundary.shape, at::TensorOptions().dtype(boundary.dtype).device(pipe().device()));
+  const auto start = std::chrono::steady_clock::now();
+  pipe().recv_start_(wire, rank_of(from_stage), tag)();
+  waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return wire.to(device_);
+}
+
+void PipelineRuntime::send_activation(int stage, int micro_batch, const at::Tensor& output) {
+  Boundary& boundary = sent_[stage];
+  if (!boundary.agreed) {
+    LF_CHECK(output.dim() <= 8, ValueError, "Pipeline stage ", stage, "'s output has ", output.dim(), " dimensions; "
+             "the pipeline carries tensors of at most 8 between stages. Reshape the output before the stage ends.");
+    boundary = {true, output.sizes().vec(), output.scalar_type()};
+    at::Tensor shape = at::full({10}, -1, at::kLong);
+    shape[0] = output.dim();
+    shape[1] = static_cast<int64_t>(output.scalar_type());
+    for (int64_t d = 0; d < output.dim(); ++d) shape[2 + d] = output.size(d);
+    send(shape, stage + 1, shape_tag(stage));
+  }
+  LF_CHECK(output.sizes().vec() == boundary.shape && output.scalar_type() == boundary.dtype, ValueError,
+           "Pipeline stage ", stage, " (global rank ", global_rank_, ") outputs ",
+           describe(output.sizes(), output.scalar_type()), " for micro-batch ", micro_batch, ", but the stages agreed on ",
+           describe(boundary.shape, boundary.dtype), " at the first step. Every step must pass the same shape between "
+           "stages: give every batch the same size (drop_last=true) and every sequence the same length.");
+  send(output, stage + 1, activation_tag(stage));
+}
+
+at::Tensor PipelineRuntime::receive_activation(int stage, double& waited) {
+  Boundary& boundary = received_[stage - 1];
+  if (!boundary.agreed) {
+    Boundary shape_of_shape{true, {10}, at::kLong};
+    at::Tensor shape = receive(shape_of_shape, stage - 1, shape_tag(stage - 1), waited).cpu();
+    const int64_t dims = shape[0].item<int64_t>();
+    boundary.shape.clear();
+    for (int64_t d = 0; d < dims; ++d) boundary.shape.push_back(shape[2 + d].item<int64_t>());
+    boundary.dtype = static_cast<at::ScalarType>(shape[1].item<int64_t>());
+    boundary.agreed = true;
+  }
+  return receive(boundary, stage - 1, activation_tag(stage - 1), waited);
+}
+
+at::Tensor PipelineRuntime::run(PipelineImpl& pipeline, const at::Tensor& input, const at::Tensor& target) {
+  const int m = options_.micro_batches;
+  LF_CHECK(input.dim() >= 1 && input.size(0) % m == 0, ValueError, "lf::Pipeline forward: a batch of ",
+           input.dim() >= 1 ? input.size(0) : 0, " samples cannot be split into micro_batches=", m, " equal "
+           "micro-batches. Choose a batch size that is a multiple of ", m, " (drop_last=true keeps every batch whole), "
+           "or set PipelineOptions::micro_batches to a divisor of the batch size.");
+  LF_CHECK(target.dim() >= 1 && target.size(0) == input.size(0), ValueError, "lf::Pipeline forward: the target has ",
+           target.dim() >= 1 ? target.size(0) : 0, " samples along dimension 0 but the input has ", input.size(0),
+           ". Give one target per input sample.");
+  const bool training = torch::GradMode::is_enabled();
+  const int S = stages();
+  const std::vector<int64_t> starts = pipeline.stage_starts(S);
+  const auto stage_end = [&](int s) { return s + 1 < S ? starts[static_cast<size_t>(s) + 1] : pipeline.size(); };
+  std::vector<PipelineAction> actions;
+  if (training) {
+    actions = pipeline_actions(options_.schedule, pipe_size(), pipe_rank(), options_.stages_per_rank, m);
+  } else {
+    for (int chunk = 0; chunk < options_.stages_per_rank; ++chunk) {
+      for (int i = 0; i < m; ++i) actions.push_back({PipelineAction::Kind::Forward, chunk * pipe_size() + pipe_rank(), i});
+    }
+  }
+  // The parameters each local stage trains, and the step's gradient of each.
+  std::map<int, std::vector<at::Tensor>> parameters;
+  std::vector<at::Tensor> trained;
+  std::map<const c10::TensorImpl*, size_t> index;
+  for (int s = pipe_rank(); s < S; s += pipe_size()) {
+    for (int64_t l = starts[static_cast<size_t>(s)]; l < stage_end(s); ++l) {
+      for (const auto& p : pipeline.layers_[static_cast<size_t>(l)].second.ptr()->parameters()) {
+        if (!p.requires_grad() || index.count(p.unsafeGetTensorImpl())) continue;
+        index[p.unsafeGetTensorImpl()] = trained.size();
+        trained.push_back(p);
+        parameters[s].push_back(p);
+      }
+    }
+  }
+  std::vector<at::Tensor> step_gradients(trained.size());
+
+  const std::vector<at::Tensor> inputs = input.chunk(m), targets = target.chunk(m);
+  std::map<std::pair<int, int>, InFlight> in_flight;                 // (stage, micro-batch)
+  std::map<std::pair<int, int>, at::Tensor> handed_on, handed_back;  // between two stages of this rank
+  std::vector<at::Tensor> losses(static_cast<size_t>(m));
+  double waited = 0.0;
+  int peak = 0;
+  pending_sends_.clear();
+  const auto start = std::chrono::steady_clock::now();
+  for (const PipelineAction& action : actions) {
+    const int s = action.stage, i = action.micro_batch;
+    const bool forward = action.kind == PipelineAction::Kind::Forward;
+    ScheduleRange range([&] {
+      return std::string(forward ? "lf::pipeline forward" : "lf::pipeline backward") + " stage " + std::to_string(s) +
+             " micro-batch " + std::to_string(i);
+    });
+    try {
+      if (forward) {
+        at::Tensor x;
+        if (s == 0) {
+          x = inputs[static_cast<size_t>(i)];
+        } else if (is_local(s - 1)) {
+          x = handed_on.at({s, i});
+          handed_on.erase({s, i});
+        } else {
+          x = receive_activation(s, waited);
+        }
+        if (training && x.is_floating_point()) x = x.detach().requires_grad_(true);
+        InFlight& slot = in_flight[{s, i}];
+        peak = std::max(peak, static_cast<int>(in_flight.size()));
+        at::Tensor y = pipeline.run_layers(starts[static_cast<size_t>(s)], stage_end(s), x);
+        if (s == S - 1) {
+          at::Tensor loss = pipeline.loss_(y, targets[static_cast<size_t>(i)]);
+          LF_CHECK(loss.numel() == 1, ValueError, "lf::Pipeline: the loss function returned shape ", loss.sizes(),
+                   "; it must return one value (a mean over the micro-batch).");
+          losses[static_cast<size_t>(i)] = loss.detach().reshape({});
+          if (training) slot.loss = loss.reshape({});
+        } else if (is_local(s + 1)) {
+          handed_on[{s + 1, i}] = y.detach();
+        } else {
+          send_activation(s, i, y);
+        }
+        if (training) {
+          slot.input = x;
+          slot.output = y;
+        } else {
+          in_flight.erase({s, i});
+        }
+      } else {
+        InFlight slot = std::move(in_flight.at({s, i}));
+        in_flight.erase({s, i});
+        at::Tensor root, seed;
+        if (s == S - 1) {
+          root = slot.loss;
+          seed = at::full({}, 1.0 / m, root.options());  // the step's loss is the micro-batches' mean
+        } else {
+          root = slot.output;
+          if (is_local(s + 1)) {
+            seed = handed_back.at({s, i});
+            handed_back.erase({s, i});
+          } else {
+            seed = receive({true, root.sizes().vec(), root.scalar_type()}, s + 1, gradient_tag(s), waited);
+          }
+        }
+        std::vector<at::Tensor> wrt;
+        const bool input_grad = slot.input.requires_grad();
+        if (input_grad) wrt.push_back(slot.input);
+        const auto& own = parameters[s];
+        wrt.insert(wrt.end(), own.begin(), own.end());
+        std::vector<at::Tensor> grads;
+        {
+          // Backward formulas run as written, never autocast (as PyTorch advises).
+          c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+          grads = torch::autograd::grad({root}, wrt, {seed}, /*retain_graph=*/false, /*create_graph=*/false,
+                                        /*allow_unused=*/true);
+        }
+        for (size_t k = input_grad ? 1 : 0; k < grads.size(); ++k) {
+          if (!grads[k].defined()) continue;
+          at::Tensor& sum = step_gradients[index.at(wrt[k].unsafeGetTensorImpl())];
+          if (sum.defined()) sum.add_(grads[k]);
+          else sum = grads[k];
+        }
+        if (s > 0) {
+          at::Tensor back = input_grad && grads[0].defined() ? grads[0] : at::zeros_like(slot.input);
+          if (is_local(s - 1)) handed_back[{s - 1, i}] = back;
+          else send(back, s - 1, gradient_tag(s - 1));
+        }
+      }
+    } catch (const Error&) {
+      throw;  // the library's own errors name the stage already
+    } catch (const std::exception& error) {
+      throw RuntimeError(where(s, forward ? "failed in the forward of" : "failed in the backward of", i) + ": " +
+                         reason_of(error));
+    }
+  }
+  for (auto& wait : pending_sends_) {
+    try {
+      wait();
+    } catch (const std::exception& error) {
+      throw RuntimeError("pipeline (global rank " + std::to_string(global_rank_) + ", pipe rank " +
+                         std::to_string(pipe_rank()) + ") could not send to a neighbouring stage: " + reason_of(error));
+    }
+  }
+  pending_sends_.clear();
+  const double step = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // The mean loss, from the last stage's rank to every rank of the pipe group.
+  at::Tensor loss = is_local(S - 1) ? at::stack(losses).mean().to(at::kFloat).to(pipe().device())
+                                    : at::empty({}, at::TensorOptions().dtype(at::kFloat).device(pipe().device()));
+  if (pipe_size() > 1) pipe().broadcast_(loss, rank_of(S - 1));
+  loss = loss.to(device_);
+  if (training) {
+    *stats_ = {step, std::max(0.0, step - waited), peak};
+    if (!trained.empty()) {
+      auto node = std::shared_ptr<ScheduleGradients>(new ScheduleGradients(), torch::autograd::deleteNode);
+      torch::autograd::edge_list edges;
+      for (const auto& p : trained) edges.push_back(torch::autograd::impl::gradient_edge(p));
+      node->set_next_edges(std::move(edges));
+      node->gradients = std::move(step_gradients);
+      torch::autograd::set_history(loss, node);
+    }
+  }
+  return loss;
+}
+
+at::Tensor PipelineImpl::forward(const at::Tensor& input, const at::Tensor& target) {
+  if (runtime_ != nullptr) return runtime_->run(*this, input, target);
+  return loss_(run_layers(0, size(), input), target);
+}
+
+// ---- the strategy ----
+
+namespace {
+// Each stage's tensors are whole on its ranks; data rank 0 of the stage writes them.
+class StageLayout : public CheckpointLayout {
+ public:
+  explicit StageLayout(const DeviceMesh& mesh) : mesh_(mesh) {}
+  std::optional<Placement> placement(const at::Tensor& tensor) const override {
+    Placement placement = Placement::whole(tensor.sizes().vec());
+    placement.writes = mesh_.coordinate("data") == 0;
+    return placement;
+  }
+
+ private:
+  const DeviceMesh& mesh_;
+};
+
+std::pair<int, int> pipeline_shape(const PipelineOptions& options, int world_size) {
+  int pipe = options.pipeline_size.value_or(0), data = options.data_parallel_size.value_or(0);
+  if (pipe == 0 && data == 0) pipe = world_size, data = 1;
+  if (pipe == 0) pipe = data > 0 && world_size % data == 0 ? world_size / data : -1;
+  if (data == 0) data = pipe > 0 && world_size % pipe == 0 ? world_size / pipe : -1;
+  LF_CHECK(pipe > 0 && data > 0 && pipe * data == world_size, ValueError, "PipelineOptions: pipeline_size=",
+           options.pipeline_size ? std::to_string(*options.pipeline_size) : std::string("unset"),
+           " and data_parallel_size=",
+           options.data_parallel_size ? std::to_string(*options.data_parallel_size) : std::string("unset"),
+           " do not make the world size ", world_size, " (pipe x data must equal it). Set sizes whose product is ",
+           world_size, ", or launch pipe x data processes.");
+  return {pipe, data};
+}
+}  // namespace
+
+PipelineOptions::PipelineOptions() { data_parallel.name = "pipeline"; }
+
+StrategySpec pipeline_strategy(PipelineOptions options) {
+  for (const auto& [name, size] : {std::pair{"pipeline_size", options.pipeline_size},
+                                   std::pair{"data_parallel_size", options.data_parallel_size}}) {
+    LF_CHECK(!size || *size > 0, ValueError, "PipelineOptions: ", name, "=", size.value_or(0),
+             " must be positive, or unset.");
+  }
+  LF_CHECK(options.micro_batches > 0, ValueError, "PipelineOptions: micro_batches=", options.micro_batches,
+           " must be positive (torch's n_microbatches; 4 to 8 per stage keeps the bubble small).");
+  check_pipeline_schedule("PipelineOptions", options.schedule, options.pipeline_size.value_or(1), options.stages_per_rank,
+                          options.micro_batches);
+  ddp_strategy(options.data_parallel);  // checks the ddp settings
+  const std::string name = options.data_parallel.name;
+  return StrategySpec{name, [options](StrategyContext context) -> std::shared_ptr<Strategy> {
+                        return std::make_shared<PipelineStrategy>(std::move(context), options);
+                      }};
+}
+
+PipelineStrategy::PipelineStrategy(StrategyContext context, PipelineOptions options)
+    : DDPStrategy(std::move(context), options.data_parallel), options_(std::move(options)),
+      last_step_(std::make_shared<PipelineStepStats>()) {}
+
+PipelineStrategy::~PipelineStrategy() = default;
+
+void PipelineStrategy::setup_environment() {
+  if (mesh_ != nullptr) return;
+  DDPStrategy::setup_environment();
+  const auto [pipe, data] = pipeline_shape(options_, world_size());
+  check_pipeline_schedule("PipelineOptions", options_.schedule, pipe, options_.stages_per_rank, options_.micro_batches);
+  mesh_ = std::make_shared<DeviceMesh>(collective(), pipe, data, std::array<std::string, 2>{"pipe", "data"});
+  // Point-to-point connections to the neighbouring stages' ranks, made now in one global order.
+  std::set<int> peers;
+  if (pipe > 1) {
+    const int r = pipe_rank();
+    if (r > 0 || options_.stages_per_rank > 1) peers.insert((r + pipe - 1) % pipe);
+    if (r < pipe - 1 || options_.stages_per_rank > 1) peers.insert((r + 1) % pipe);
+  }
+  mesh_->data_group().connect_point_to_point(std::vector<int>(peers.begin(), peers.end()));
+}
+
+const std::shared_ptr<DeviceMesh>& PipelineStrategy::device_mesh() const {
+  LF_CHECK(mesh_ != nullptr, RuntimeError, "PipelineStrategy::device_mesh: the mesh forms in setup_environment "
+           "(fabric.launch() or the first fabric.setup); call it after.");
+  return mesh_;
+}
+
+int PipelineStrategy::pipe_rank() const { return device_mesh()->coordinate("pipe"); }
+
+std::vector<int> PipelineStrategy::local_stages() const {
+  std::vector<int> stages;
+  for (int chunk = 0; chunk < options_.stages_per_rank; ++chunk) stages.push_back(chunk * mesh_->size("pipe") + pipe_rank());
+  return stages;
+}
+
+std::shared_ptr<Collective> PipelineStrategy::data_parallel_group() { return device_mesh()->shared_tensor_group(); }
+
+void PipelineStrategy::keep_local_stages(PipelineImpl& pipeline) const {
+  const int stages = mesh_->size("pipe") * options_.stages_per_rank;
+  const std::vector<int64_t> starts = pipeline.stage_starts(stages);  // ValueError when it cannot split
+  std::vector<bool> keep(static_cast<size_t>(pipeline.size()), false);
+  for (int s : local_stages()) {
+    const int64_t end = s + 1 < stages ? starts[static_cast<size_t>(s) + 1] : pipeline.size();
+    for (int64_t l = starts[static_cast<size_t>(s)]; l < end; ++l) keep[static_cast<size_t>(l)] = true;
+  }
+  for (size_t l = 0; l < keep.size(); ++l) {
+    auto& [name, layer] = pipeline.layers_[l];
+    if (keep[l] || layer.is_empty()) continue;
+    pipeline.unregister_module(name);
+    layer = torch::nn::AnyModule();  // other ranks' layers: their memory is freed here
+  }
+}
+
+namespace {
+PipelineImpl& as_pipeline(torch::nn::Module& module) {
+  auto* pipeline = dynamic_cast<PipelineImpl*>(&module);
+  LF_CHECK(pipeline != nullptr, ValueError, "The pipeline strategy sets up an lf::Pipeline (the model's layers in a "
+           "Sequential and its loss), but got a ", module.name(), ". Wrap the model: "
+           "fabric.setup(lf::Pipeline(layers, loss), optimizer) (docs/pipeline-parallel.md).");
+  return *pipeline;
+}
+}  // namespace
+
+void PipelineStrategy::materialize_meta_tensors(torch::nn::Module& module) {
+  setup_environment();
+  keep_local_stages(as_pipeline(module));  // only this rank's stages get memory
+  DDPStrategy::materialize_meta_tensors(module);
+}
+
+void PipelineStrategy::module_to_device(torch::nn::Module& module) const {
+  keep_local_stages(as_pipeline(module));  // only this rank's stages move
+  DDPStrategy::module_to_device(module);
+}
+
+void PipelineStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module) {
+  setup_environment();
+  PipelineImpl& pipeline = as_pipeline(*module);
+  keep_local_stages(pipeline);
+  DDPStrategy::setup_module(module);  // data rank 0's values to its stage's data group, gradient hooks
+  for (const auto& parameter : module->parameters()) local_parameters_.insert(parameter.unsafeGetTensorImpl());
+  pipeline.runtime_ = std::make_shared<PipelineRuntime>(options_, mesh_, global_rank(), root_device(), last_step_);
+}
+
+void PipelineStrategy::setup_optimizer(torch::optim::Optimizer& optimizer) {
+  for (auto& group : optimizer.param_groups()) {
+    auto& params = group.params();
+    params.erase(std::remove_if(params.begin(), params.end(),
+                                [&](const at::Tensor& p) { return local_parameters_.count(p.unsafeGetTensorImpl()) == 0; }),
+                 params.end());
+  }
+}
+
+double PipelineStrategy::clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm,
+                                                double norm_type, bool error_if_nonfinite) {
+  // Each stage's gradients are distinct (summed over the pipe group); a stage's data replicas hold
+  // the same averaged gradients, counted once.
+  return TensorParallelPlan::clip(parameters, {}, {&device_mesh()->data_group()}, {}, max_norm, norm_type,
+                                  error_if_nonfinite, root_device());
+}
+
+Strategy::SamplerShare PipelineStrategy::sampler_share() const {
+  return {mesh_ ? mesh_->size("data") : pipeline_shape(options_, world_size()).second,
+          mesh_ ? mesh_->coordinate("data") : global_rank() % pipeline_shape(options_, world_size()).second};
+}
+
+void PipelineStrategy::backward(at::Tensor& loss, torch::nn::Module* module, const BackwardOptions& options) {
+  LF_CHECK(!options.create_graph, ValueError, "fabric.backward(loss, BackwardOptions().higher_order()): the pipeline "
+           "strategy computes each micro-batch's gradients inside the schedule, so there is no graph of them to "
+           "differentiate again. Run gradient penalties under ddp or fsdp.");
+  DDPStrategy::backward(loss, module, options);
+}
+
+CheckpointWrite PipelineStrategy::prepare_checkpoint(const std::string& call, const fs::path& path, const State& state,
+                                                     const StateFilter& filter, bool host_copy) {
+  return prepare_sharded_save(*this, call, path, state, filter, host_copy, StageLayout(*device_mesh()), false);
+}
+
+StateDict PipelineStrategy::load_checkpoint(const fs::path& path, State* state, bool strict) {
+  StageLayout layout(*device_mesh());
+  return load_sharded(*this, path, state, strict, layout);
+}
+
+PipelineStepStats PipelineStrategy::last_step() const { return *last_step_; }
+
+}  // namespace lightning::fabric

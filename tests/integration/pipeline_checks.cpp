@@ -1,0 +1,226 @@
+// The pipeline strategy in a real job under lightning-run: the GPT of examples/common/pipeline_gpt.h
+// in stages across the pipe ranks (ddp over the data ranks) trains SGD steps with momentum and
+// gradient clipping on one global batch per step, split by the data rank. Every rank compares the
+// returned loss (averaged over the data ranks) and the clipped norm each step, and its stages'
+// parameters after training, with the same model trained in this process on the whole batches
+// (float32, within 1e-5); and checks the mesh, the sampler's share and how many micro-batches the
+// schedule held at once. Prints "FAIL: ..." and exits 1 on a mismatch, "pipeline checks passed on
+// rank R (stages S, data D of N)" otherwise.
+//   lightning-run model --accelerator cpu --devices 4 lf_pipeline_checks [flags]
+//   --pipe P                 pipeline_size (default: every rank)
+//   --schedule NAME          GPipe, 1F1B (default) or Interleaved1F1B
+//   --micro-batches M        default 4
+//   --stages-per-rank V      default 1
+//   --steps N                default 20
+//   --batch B                the global batch (default 16)
+//   --blocks K               transformer blocks (default 6: 8 layers with embedding and head)
+//   --stage-starts a,b,...   the split, explicitly
+//   --fail-stage S           the first block of stage S throws in its third forward
+//   --save PATH / --resume PATH   fabric.save({model, optimizer, step}) after training / load it
+//                            first and train from its step on (the reference trains from 0)
+//   --bench                  no reference; prints each rank's step time, idle fraction and peak
+//                            micro-batches in flight, as medians over the steps after the first
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
+#include <string>
+
+#include "lightning/fabric.h"
+#include "pipeline_gpt.h"
+
+namespace lf = lightning::fabric;
+
+namespace {
+examples::PipelineGptSettings kSettings{/*vocab=*/32, /*seq=*/8, /*d_model=*/16, /*heads=*/4, /*blocks=*/6};
+
+int failures = 0;
+void expect(bool ok, const std::string& what) {
+  if (ok) return;
+  std::cout << "FAIL: " << what << std::endl;
+  ++failures;
+}
+
+struct Flags {
+  std::optional<int> pipe;
+  lf::PipelineOptions options;
+  int64_t steps = 20, batch = 16;
+  int fail_stage = -1;
+  std::vector<int64_t> stage_starts;
+  std::string save, resume;
+  bool bench = false;
+};
+
+Flags parse(int argc, char** argv) {
+  Flags flags;
+  for (int i = 1; i < argc; ++i) {
+    const std::string name = argv[i];
+    const bool has_value = i + 1 < argc;
+    if (name == "--pipe" && has_value) flags.options.pipeline_size = std::atoi(argv[++i]);
+    else if (name == "--schedule" && has_value) flags.options.schedule = argv[++i];
+    else if (name == "--micro-batches" && has_value) flags.options.micro_batches = std::atoi(argv[++i]);
+    else if (name == "--stages-per-rank" && has_value) flags.options.stages_per_rank = std::atoi(argv[++i]);
+    else if (name == "--steps" && has_value) flags.steps = std::atoll(argv[++i]);
+    else if (name == "--batch" && has_value) flags.batch = std::atoll(argv[++i]);
+    else if (name == "--blocks" && has_value) kSettings.blocks = std::atoll(argv[++i]);
+    else if (name == "--d-model" && has_value) kSettings.d_model = std::atoll(argv[++i]);
+    else if (name == "--seq" && has_value) kSettings.seq = std::atoll(argv[++i]);
+    else if (name == "--fail-stage" && has_value) flags.fail_stage = std::atoi(argv[++i]);
+    else if (name == "--save" && has_value) flags.save = argv[++i];
+    else if (name == "--resume" && has_value) flags.resume = argv[++i];
+    else if (name == "--bench") flags.bench = true;
+    else if (name == "--stage-starts" && has_value) {
+      std::stringstream list(argv[++i]);
+      for (std::string item; std::getline(list, item, ',');) flags.stage_starts.push_back(std::atoll(item.c_str()));
+    } else {
+      std::cout << "FAIL: unknown argument " << name << std::endl;
+      std::exit(2);
+    }
+  }
+  return flags;
+}
+
+// A block that throws in its forward once armed, for --fail-stage.
+struct TrippingBlockImpl : examples::GptBlockImpl {
+  using GptBlockImpl::GptBlockImpl;
+  torch::Tensor forward(const torch::Tensor& x) {
+    if (fail_after >= 0 && calls++ >= fail_after) throw std::runtime_error("injected fault in a block's forward");
+    return GptBlockImpl::forward(x);
+  }
+  int64_t calls = 0, fail_after = -1;
+};
+TORCH_MODULE(TrippingBlock);
+
+torch::nn::Sequential layers(int trip_layer) {
+  torch::nn::Sequential built{examples::GptEmbedding(kSettings)};
+  for (int64_t b = 0; b < kSettings.blocks; ++b) {
+    TrippingBlock block(kSettings);
+    if (b + 1 == trip_layer) block->fail_after = 2;
+    built->push_back(block);
+  }
+  built->push_back(examples::GptHead(kSettings));
+  return built;
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values.empty() ? 0.0 : values[values.size() / 2];
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags = parse(argc, argv);
+  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").strategy(lf::pipeline_strategy(flags.options)));
+  auto& strategy = fabric.strategy_as<lf::PipelineStrategy>();
+  strategy.setup_environment();
+  const auto& mesh = strategy.device_mesh();
+  const int pipe = mesh->size("pipe"), data = mesh->size("data"), data_rank = mesh->coordinate("data");
+  const int stages = pipe * flags.options.stages_per_rank;
+  const auto loss = [](const at::Tensor& logits, const at::Tensor& targets) {
+    return examples::pipeline_gpt_loss(logits, targets);
+  };
+  // The layer that trips: the first block of the failing stage (the split of the unarmed model).
+  int trip_layer = -1;
+  if (flags.fail_stage >= 0) {
+    lf::Pipeline probe(layers(-1), loss, flags.stage_starts);
+    trip_layer = static_cast<int>(std::max<int64_t>(1, probe->stage_starts(stages)[static_cast<size_t>(flags.fail_stage)]));
+  }
+
+  torch::manual_seed(42);
+  lf::Pipeline model(layers(trip_layer), loss, flags.stage_starts);
+  torch::manual_seed(42);
+  lf::Pipeline reference(layers(-1), loss, flags.stage_starts);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD reference_sgd(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  auto [net, optimizer] = fabric.setup(model, sgd);
+
+  const auto share = strategy.sampler_share();
+  expect(share.replicas == data && share.rank == data_rank, "sampler share (" + std::to_string(share.replicas) + ", " +
+         std::to_string(share.rank) + "), expected the data dimension's (" + std::to_string(data) + ", " +
+         std::to_string(data_rank) + ")");
+  for (const auto& group : optimizer.optimizer().param_groups()) {
+    expect(group.params().size() == net.module()->parameters().size(),
+           "the optimizer keeps " + std::to_string(group.params().size()) + " parameters, this rank's stages hold " +
+           std::to_string(net.module()->parameters().size()));
+  }
+
+  int64_t first_step = 0;
+  if (!flags.resume.empty()) {
+    lf::State state{{"model", net}, {"optimizer", optimizer}, {"step", int64_t{0}}};
+    fabric.load(flags.resume, state);
+    first_step = state.at("step").value().toInt();
+  }
+  const int64_t rows = flags.batch / data;
+  std::vector<double> step_times, idle, peaks;
+  for (int64_t step = 0; step < first_step + flags.steps; ++step) {
+    auto [ids, targets] = examples::pipeline_gpt_batch(kSettings, flags.batch, step);
+    // The reference: the whole global batch in one process.
+    reference_sgd.zero_grad();
+    at::Tensor reference_loss = reference(ids, targets);
+    reference_loss.backward();
+    const double reference_norm = torch::nn::utils::clip_grad_norm_(reference->parameters(), 1.0);
+    reference_sgd.step();
+    if (step < first_step) continue;
+
+    optimizer.zero_grad();
+    at::Tensor loss_value = net(ids.narrow(0, data_rank * rows, rows), targets.narrow(0, data_rank * rows, rows));
+    fabric.backward(loss_value);
+    const double norm = fabric.clip_gradients(net, optimizer, lf::GradientClipping().norm(1.0))->item<double>();
+    optimizer.step();
+    const double mean_loss = fabric.all_reduce(loss_value.detach(), "mean").item<double>();
+    const auto stats = strategy.last_step();
+    if (step > first_step) {
+      step_times.push_back(stats.step_seconds);
+      idle.push_back(stats.idle_fraction());
+      peaks.push_back(stats.peak_micro_batches);
+    }
+    if (flags.bench) continue;
+    expect(std::abs(mean_loss - reference_loss.item<double>()) <= 1e-5,
+           "step " + std::to_string(step) + ": loss " + std::to_string(mean_loss) + ", one process " +
+           std::to_string(reference_loss.item<double>()));
+    expect(std::abs(norm - reference_norm) <= 1e-5 * std::max(1.0, reference_norm),
+           "step " + std::to_string(step) + ": clipped norm " + std::to_string(norm) + ", one process " +
+           std::to_string(reference_norm));
+  }
+
+  const int pipe_rank = strategy.pipe_rank();
+  const int64_t m = flags.options.micro_batches;
+  const int v = flags.options.stages_per_rank;
+  if (!flags.bench && flags.options.schedule == "GPipe") {
+    expect(median(peaks) == m * v, "GPipe held " + std::to_string(median(peaks)) + " micro-batches at once, expected all " +
+           std::to_string(m * v));
+  }
+  if (!flags.bench && flags.options.schedule == "1F1B") {
+    const double bound = std::min<int64_t>(m, pipe - pipe_rank);
+    expect(median(peaks) <= bound, "1F1B held " + std::to_string(median(peaks)) + " micro-batches at once, expected at "
+           "most " + std::to_string(bound) + " (pipe size - pipe rank)");
+  }
+
+  std::map<std::string, at::Tensor> expected;
+  for (const auto& item : reference->named_parameters()) expected[item.key()] = item.value();
+  if (!flags.bench) {
+    for (const auto& item : net.module()->named_parameters()) {
+      const at::Tensor& want = expected.at(item.key());
+      const double difference = (item.value().detach() - want).abs().max().item<double>();
+      expect(difference <= 1e-5, "parameter " + item.key() + " differs from the one-process run by " +
+             std::to_string(difference));
+    }
+  }
+  if (!flags.save.empty()) {
+    lf::State state{{"model", net}, {"optimizer", optimizer}, {"step", first_step + flags.steps}};
+    fabric.save(flags.save, state);
+  }
+  std::ostringstream local;
+  for (int s : strategy.local_stages()) local << (local.tellp() > 0 ? "," : "") << s;
+  if (flags.bench) {
+    std::cout << "pipeline bench rank " << fabric.global_rank() << " stages " << local.str() << " schedule "
+              << flags.options.schedule << " micro-batches " << m << " step_ms " << median(step_times) * 1e3
+              << " idle " << median(idle) << " peak_micro_batches " << median(peaks) << std::endl;
+  }
+  if (failures > 0) return 1;
+  std::cout << "pipeline checks passed on rank " << fabric.global_rank() << " (stages " << local.str() << ", data "
+            << data_rank << " of " << data << ")" << std::endl;
+  return 0;
+}
