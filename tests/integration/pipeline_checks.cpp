@@ -16,6 +16,7 @@
 //   --blocks K               transformer blocks (default 6: 8 layers with embedding and head)
 //   --stage-starts a,b,...   the split, explicitly
 //   --fail-stage S           the first block of stage S throws in its third forward
+//   --halve-batch-after N    steps after step N get half the batch (stage outputs change shape)
 //   --save PATH / --resume PATH   fabric.save({model, optimizer, step}) after training / load it
 //                            first and train from its step on (the reference trains from 0)
 //   --bench                  no reference; prints each rank's step time, idle fraction and peak
@@ -47,7 +48,7 @@ struct Flags {
   std::optional<int> pipe;
   lf::PipelineOptions options;
   int64_t steps = 20, batch = 16;
-  int fail_stage = -1;
+  int fail_stage = -1, halve_batch_after = -1;
   std::vector<int64_t> stage_starts;
   std::string save, resume;
   bool bench = false;
@@ -68,6 +69,7 @@ Flags parse(int argc, char** argv) {
     else if (name == "--d-model" && has_value) kSettings.d_model = std::atoll(argv[++i]);
     else if (name == "--seq" && has_value) kSettings.seq = std::atoll(argv[++i]);
     else if (name == "--fail-stage" && has_value) flags.fail_stage = std::atoi(argv[++i]);
+    else if (name == "--halve-batch-after" && has_value) flags.halve_batch_after = std::atoi(argv[++i]);
     else if (name == "--save" && has_value) flags.save = argv[++i];
     else if (name == "--resume" && has_value) flags.resume = argv[++i];
     else if (name == "--bench") flags.bench = true;
@@ -152,10 +154,11 @@ int main(int argc, char** argv) {
     fabric.load(flags.resume, state);
     first_step = state.at("step").value().toInt();
   }
-  const int64_t rows = flags.batch / data;
   std::vector<double> step_times, idle, peaks;
   for (int64_t step = 0; step < first_step + flags.steps; ++step) {
-    auto [ids, targets] = examples::pipeline_gpt_batch(kSettings, flags.batch, step);
+    const int64_t batch = flags.halve_batch_after >= 0 && step > flags.halve_batch_after ? flags.batch / 2 : flags.batch;
+    const int64_t rows = batch / data;
+    auto [ids, targets] = examples::pipeline_gpt_batch(kSettings, batch, step);
     // The reference: the whole global batch in one process.
     reference_sgd.zero_grad();
     at::Tensor reference_loss = reference(ids, targets);

@@ -31,6 +31,14 @@ namespace fs = std::filesystem;
 
 // ---- lf::Pipeline ----
 
+namespace {
+std::string bracketed(const std::vector<int64_t>& values) {
+  std::string out = "[";
+  for (size_t i = 0; i < values.size(); ++i) out += (i ? ", " : "") + std::to_string(values[i]);
+  return out + "]";
+}
+}  // namespace
+
 PipelineImpl::PipelineImpl(const torch::nn::Sequential& layers, LossFunction loss, std::vector<int64_t> starts)
     : loss_(std::move(loss)), stage_starts_(std::move(starts)) {
   LF_CHECK(!layers.is_empty() && layers->size() > 0, ValueError, "lf::Pipeline: the Sequential has no layers. Give "
@@ -49,12 +57,12 @@ std::vector<int64_t> PipelineImpl::stage_starts(int stages) const {
   const int64_t n = size();
   if (!stage_starts_.empty()) {
     LF_CHECK(static_cast<int>(stage_starts_.size()) == stages, ValueError, "lf::Pipeline: stage_starts has ",
-             stage_starts_.size(), " entries ", stage_starts_, ", but the pipeline runs ", stages, " stages (pipe size x "
+             stage_starts_.size(), " entries ", bracketed(stage_starts_), ", but the pipeline runs ", stages, " stages (pipe size x "
              "stages_per_rank). Give one start per stage, or none to split the ", n, " layers evenly.");
     bool valid = stage_starts_.front() == 0;
     for (size_t i = 1; i < stage_starts_.size(); ++i) valid = valid && stage_starts_[i] > stage_starts_[i - 1];
     valid = valid && stage_starts_.back() < n;
-    LF_CHECK(valid, ValueError, "lf::Pipeline: stage_starts ", stage_starts_, " cannot split ", n, " layers: the "
+    LF_CHECK(valid, ValueError, "lf::Pipeline: stage_starts ", bracketed(stage_starts_), " cannot split ", n, " layers: the "
              "first start must be 0, each start greater than the one before and below ", n, " (every stage holds at "
              "least one layer).");
     return stage_starts_;
