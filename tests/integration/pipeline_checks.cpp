@@ -19,6 +19,9 @@
 //   --halve-batch-after N    steps after step N get half the batch (stage outputs change shape)
 //   --save PATH / --resume PATH   fabric.save({model, optimizer, step}) after training / load it
 //                            first and train from its step on (the reference trains from 0)
+//   --adam                   AdamW (step counts in the optimizer state; eps 1e-3, so that gradients
+//                            that are rounding noise, such as the key bias's, stay noise) instead of
+//                            SGD with momentum
 //   --bench                  no reference; prints each rank's step time, idle fraction and peak
 //                            micro-batches in flight, as medians over the steps after the first
 #include <torch/torch.h>
@@ -51,7 +54,7 @@ struct Flags {
   int fail_stage = -1, halve_batch_after = -1;
   std::vector<int64_t> stage_starts;
   std::string save, resume;
-  bool bench = false;
+  bool bench = false, adam = false;
 };
 
 Flags parse(int argc, char** argv) {
@@ -73,6 +76,7 @@ Flags parse(int argc, char** argv) {
     else if (name == "--save" && has_value) flags.save = argv[++i];
     else if (name == "--resume" && has_value) flags.resume = argv[++i];
     else if (name == "--bench") flags.bench = true;
+    else if (name == "--adam") flags.adam = true;
     else if (name == "--stage-starts" && has_value) {
       std::stringstream list(argv[++i]);
       for (std::string item; std::getline(list, item, ',');) flags.stage_starts.push_back(std::atoll(item.c_str()));
@@ -134,8 +138,13 @@ int main(int argc, char** argv) {
   lf::Pipeline model(layers(trip_layer), loss, flags.stage_starts);
   torch::manual_seed(42);
   lf::Pipeline reference(layers(-1), loss, flags.stage_starts);
-  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  torch::optim::SGD reference_sgd(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  const auto make_optimizer = [&](const std::vector<at::Tensor>& parameters) -> std::shared_ptr<torch::optim::Optimizer> {
+    if (flags.adam) return std::make_shared<torch::optim::AdamW>(parameters, torch::optim::AdamWOptions(0.01).eps(1e-3));
+    return std::make_shared<torch::optim::SGD>(parameters, torch::optim::SGDOptions(0.1).momentum(0.9));
+  };
+  std::shared_ptr<torch::optim::Optimizer> sgd = make_optimizer(model->parameters());
+  std::shared_ptr<torch::optim::Optimizer> reference_optimizer = make_optimizer(reference->parameters());
+  torch::optim::Optimizer& reference_sgd = *reference_optimizer;
   auto [net, optimizer] = fabric.setup(model, sgd);
 
   const auto share = strategy.sampler_share();

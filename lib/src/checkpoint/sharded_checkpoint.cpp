@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <torch/optim/optimizer.h>
 #include <unistd.h>
+#include <set>
 
 #include "lightning/fabric/checkpoint/atomic_file.h"
 #include "lightning/fabric/checkpoint/background_write.h"
@@ -70,6 +71,10 @@ Placements place_local(const State& state, StateDict& local, const CheckpointLay
         if (!placement) continue;
         dict.insert_or_assign(parameter.key(), saved_tensor(layout.saved_value(parameter.value())));
         placements[key + "/" + parameter.key()] = *placement;
+      }
+      for (const auto& buffer : entry.module()->named_buffers(/*recurse=*/true)) {
+        if (!dict.contains(buffer.key())) continue;
+        if (auto placement = layout.placement(buffer.value())) placements[key + "/" + buffer.key()] = *placement;
       }
     } else if (entry.optimizer() != nullptr && dict.contains("state")) {
       const auto per_parameter = dict.at("state").toGenericDict();
@@ -163,9 +168,60 @@ Placements parameter_placements(const State& state, const CheckpointLayout& layo
   return placements;
 }
 
+// For a layout whose ranks hold only some tensors (every_rank_holds_every_tensor false): drops
+// what the checkpoint holds for tensors this rank's state lacks (other stages' parameters,
+// buffers and optimizer state) and lists, in each optimizer group, this rank's parameters of that
+// group with the hyperparameters as saved (one optimizer over the whole model gives every rank
+// the same groups). Optimizer state keyed by name is kept so; by index is left as it is.
+void keep_what_this_rank_holds(const State& state, StateDict& loaded, const CheckpointLayout& layout) {
+  if (layout.every_rank_holds_every_tensor()) return;
+  for (const auto& [key, entry] : state) {
+    if (!loaded.contains(key) || !loaded.at(key).isGenericDict()) continue;
+    StateDict dict = make_state_dict();
+    for (const auto& item : loaded.at(key).toGenericDict()) dict.insert(item.key(), item.value());
+    if (entry.module() != nullptr) {
+      std::set<std::string> held;
+      for (const auto& item : entry.module()->named_parameters(/*recurse=*/true)) held.insert(item.key());
+      for (const auto& item : entry.module()->named_buffers(/*recurse=*/true)) held.insert(item.key());
+      StateDict kept = make_state_dict();
+      for (const auto& item : dict) {
+        if (held.count(item.key().toStringRef())) kept.insert(item.key(), item.value());
+      }
+      loaded.insert_or_assign(key, kept);
+    } else if (entry.optimizer() != nullptr && keys_state_by_name(dict)) {
+      torch::optim::Optimizer& optimizer = *entry.optimizer();
+      const std::vector<std::string> names = layout.optimizer_parameter_names(state, optimizer);
+      const std::set<std::string> held(names.begin(), names.end());
+      const auto all = dict.at("state").toGenericDict();
+      c10::impl::GenericDict kept(all.keyType(), all.valueType());
+      for (const auto& item : all) {
+        if (!item.key().isString() || held.count(item.key().toStringRef())) kept.insert(item.key(), item.value());
+      }
+      dict.insert_or_assign("state", kept);
+      if (dict.contains("param_groups") && dict.at("param_groups").isList()) {
+        c10::impl::GenericList groups(c10::AnyType::get());
+        size_t next = 0, g = 0;
+        for (const c10::IValue group : dict.at("param_groups").toList()) {
+          StateDict copy = make_state_dict();
+          for (const auto& item : group.toGenericDict()) copy.insert(item.key(), item.value());
+          c10::List<std::string> params;
+          const size_t count = g < optimizer.param_groups().size() ? optimizer.param_groups()[g].params().size() : 0;
+          for (size_t k = 0; k < count && next < names.size(); ++k) params.push_back(names[next++]);
+          copy.insert_or_assign("params", params);
+          groups.push_back(copy);
+          ++g;
+        }
+        dict.insert_or_assign("param_groups", groups);
+      }
+      loaded.insert_or_assign(key, dict);
+    }
+  }
+}
+
 StateDict read_whole_file(const fs::path& path, State* state, bool strict, CheckpointLayout& layout) {
   StateDict checkpoint = load_state_dict_file(path);
   if (state == nullptr) return checkpoint;
+  keep_what_this_rank_holds(*state, checkpoint, layout);
   for (const auto& named : *state) {  // named, not bound: the lambda below captures key
     const std::string& key = named.first;
     const StateEntry& entry = named.second;
@@ -238,6 +294,7 @@ StateDict read_dcp_folder(const fs::path& path, State* state, bool strict, Check
     for (const auto& item : load_state_dict_file(path / dcp::kLightningMetaFile)) loaded.insert_or_assign(item.key(), item.value());
   }
   if (state == nullptr) return loaded;
+  keep_what_this_rank_holds(*state, loaded, layout);
   for (const auto& [key, names] : optimizer_names) {
     if (!loaded.contains(key) || !loaded.at(key).isGenericDict()) continue;
     loaded.insert_or_assign(key, optimizer_state_by_index(loaded.at(key).toGenericDict(), names, key, strict));
@@ -291,7 +348,7 @@ CheckpointWrite prepare_sharded_save(ParallelStrategy& strategy, const std::stri
         auto found = placements.find(slash_path);
         return found == placements.end() ? std::nullopt : std::optional<Placement>(found->second);
       };
-      rules.writes_whole = strategy.is_global_zero();
+      rules.writes_whole = layout.every_rank_holds_every_tensor() ? strategy.is_global_zero() : layout.writes_unplaced();
       return dcp::collect_save_items(state, local, rules, rest);
     });
   }

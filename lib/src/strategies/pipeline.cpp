@@ -399,7 +399,8 @@ at::Tensor PipelineImpl::forward(const at::Tensor& input, const at::Tensor& targ
 // ---- the strategy ----
 
 namespace {
-// Each stage's tensors are whole on its ranks; data rank 0 of the stage writes them.
+// Each stage's tensors (parameters, buffers, optimizer state) are whole on its ranks; data rank 0
+// of the stage writes them.
 class StageLayout : public CheckpointLayout {
  public:
   explicit StageLayout(const DeviceMesh& mesh) : mesh_(mesh) {}
@@ -408,6 +409,8 @@ class StageLayout : public CheckpointLayout {
     placement.writes = mesh_.coordinate("data") == 0;
     return placement;
   }
+  bool every_rank_holds_every_tensor() const override { return false; }
+  bool writes_unplaced() const override { return mesh_.coordinate("data") == 0; }
 
  private:
   const DeviceMesh& mesh_;

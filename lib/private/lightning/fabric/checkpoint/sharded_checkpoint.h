@@ -38,8 +38,17 @@ class CheckpointLayout {
  public:
   virtual ~CheckpointLayout() = default;
   /// Where this rank's value of `parameter` lies, for a parameter as a set-up module holds it or
-  /// as an optimizer holds it; nullopt: whole and equal on every rank (rank 0 saves it).
+  /// as an optimizer holds it, or for a module's buffer; nullopt: whole and equal on every rank
+  /// (rank 0 saves it).
   virtual std::optional<Placement> placement(const at::Tensor& parameter) const = 0;
+  /// Whether every rank holds every tensor of the state (fsdp, model_parallel): then rank 0 saves
+  /// what has no placement (plain values, optimizer step counts and groups), and each rank reads
+  /// every entry. The pipeline holds each stage's tensors on its ranks only: false; then every rank
+  /// for which writes_unplaced() is true saves its unplaced leaves (a key written by several ranks
+  /// keeps the lowest rank's value: plain values are the same everywhere), and each rank restores
+  /// only what its state holds.
+  virtual bool every_rank_holds_every_tensor() const { return true; }
+  virtual bool writes_unplaced() const { return false; }
   /// The value saved for a placed module parameter. Default: the parameter (fsdp: its shard).
   virtual at::Tensor saved_value(const at::Tensor& parameter) const { return parameter; }
   /// The names of the optimizer's parameters in index order (optimizer state is keyed by them in
