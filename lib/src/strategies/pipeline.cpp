@@ -528,6 +528,9 @@ void PipelineStrategy::module_to_device(torch::nn::Module& module) const {
 void PipelineStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module) {
   setup_environment();
   PipelineImpl& pipeline = as_pipeline(*module);
+  LF_CHECK(precision()->loss_scaler() == nullptr, ValueError, "The pipeline strategy cannot use a precision with a "
+           "loss scaler (16-mixed): an overflow found on one stage would have to skip the step on every stage. "
+           "Choose precision \"bf16-mixed\", \"bf16-true\" or \"32-true\".");
   keep_local_stages(pipeline);
   DDPStrategy::setup_module(module);  // data rank 0's values to its stage's data group, gradient hooks
   for (const auto& parameter : module->parameters()) local_parameters_.insert(parameter.unsafeGetTensorImpl());
