@@ -1,8 +1,10 @@
 // A GPT-style language model as consecutive layers for lf::Pipeline (docs/pipeline-parallel.md):
 // token and position embedding, pre-norm transformer blocks (causal self-attention, MLP), and a
 // final LayerNorm with the vocabulary head. Each layer takes the previous one's output tensor, so
-// the pipeline strategy can cut the model between any two of them. Used by examples/pipeline_gpt
-// and the pipeline tests.
+// the pipeline strategy can cut the model between any two of them. With tensor_parallel set, the
+// blocks are examples/common/tensor_parallel_gpt.h's and the head is column-parallel (logits split
+// by vocabulary), so the pipeline strategy's tensor_parallel_size splits them inside each stage.
+// Used by the pipeline tests.
 #pragma once
 
 #include <lightning/fabric.h>
@@ -11,10 +13,13 @@
 #include <cmath>
 #include <utility>
 
+#include "tensor_parallel_gpt.h"
+
 namespace examples {
 
 struct PipelineGptSettings {
   int64_t vocab = 256, seq = 32, d_model = 64, heads = 4, blocks = 6;
+  bool tensor_parallel = false;
 };
 
 struct GptEmbeddingImpl : torch::nn::Module {
@@ -64,17 +69,35 @@ struct GptHeadImpl : torch::nn::Module {
 };
 TORCH_MODULE(GptHead);
 
+/// The tensor-parallel head: the final norm, then the vocabulary split across the tensor group.
+struct GptParallelHeadImpl : torch::nn::Module {
+  explicit GptParallelHeadImpl(const PipelineGptSettings& s)
+      : norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({s.d_model})))),
+        proj(register_module("proj", tp::ColumnParallelLinear(tp::ParallelLinearOptions(s.d_model, s.vocab)))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return proj(norm(x)); }  // [B, L, D] -> [B, L, V/T]
+  torch::nn::LayerNorm norm;
+  tp::ColumnParallelLinear proj;
+};
+TORCH_MODULE(GptParallelHead);
+
 /// The layers in order: embedding, `blocks` blocks, head.
 inline torch::nn::Sequential pipeline_gpt_layers(const PipelineGptSettings& s) {
   torch::nn::Sequential layers{GptEmbedding(s)};
-  for (int64_t b = 0; b < s.blocks; ++b) layers->push_back(GptBlock(s));
-  layers->push_back(GptHead(s));
+  TensorParallelGptSettings parallel{s.vocab, s.seq, s.d_model, s.heads, s.blocks};
+  for (int64_t b = 0; b < s.blocks; ++b) {
+    if (s.tensor_parallel) layers->push_back(TensorParallelBlock(parallel));
+    else layers->push_back(GptBlock(s));
+  }
+  if (s.tensor_parallel) layers->push_back(GptParallelHead(s));
+  else layers->push_back(GptHead(s));
   return layers;
 }
 
-/// Next-token cross entropy, mean over every position.
-inline torch::Tensor pipeline_gpt_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
-  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+/// Next-token cross entropy, mean over every position: over vocabulary-split logits with the
+/// mesh's tensor group, or torch's cross_entropy when mesh is null (whole logits).
+inline torch::Tensor pipeline_gpt_loss(const torch::Tensor& logits, const torch::Tensor& targets,
+                                       const lightning::fabric::DeviceMesh* mesh = nullptr) {
+  return tensor_parallel_gpt_loss(logits, targets, mesh);
 }
 
 /// Batch `step` of a fixed synthetic corpus: each row counts up from a seeded start (mod vocab),

@@ -2,8 +2,9 @@
 # Pipeline checkpoints through the sharded-checkpoint engine: a 4-stage 1F1B job (AdamW, so step
 # counts are in the optimizer state) saves a folder after 10 steps; jobs of other shapes resume it
 # (2 pipe x 2 data under GPipe, 2 ranks x 2 stages each under Interleaved1F1B) and train 10 more
-# steps equal to the unbroken 20 in one process (lf_pipeline_checks compares every step); then
-# `lightning-run model consolidate` makes one file, which one process resumes the same way.
+# steps equal to the unbroken 20 in one process (lf_pipeline_checks compares every step); the
+# same across tensor-parallel shapes; then `lightning-run model consolidate` makes one file, which
+# one process resumes the same way.
 # Usage: pipeline_checkpoints.sh LIGHTNING_RUN PIPELINE_CHECKS
 set -uo pipefail
 run="$1"; checks="$2"
@@ -21,6 +22,11 @@ job() {  # job DEVICES FLAGS...: one job that must exit 0
 job 4 --pipe 4 --schedule 1F1B --steps 10 --save "$dir/ck"
 job 4 --pipe 2 --schedule GPipe --steps 10 --resume "$dir/ck"
 job 2 --pipe 2 --schedule Interleaved1F1B --stages-per-rank 2 --steps 10 --resume "$dir/ck"
+# With tensor parallelism inside the stages: (2 pipe, 2 tensor) saves; (4 pipe) unsplit and
+# (2 data, 2 tensor) in one stage resume it.
+job 4 --tensor 2 --pipe 2 --steps 10 --save "$dir/ck3d"
+job 4 --tensor 1 --pipe 4 --steps 10 --resume "$dir/ck3d"
+job 4 --tensor 2 --pipe 1 --steps 10 --resume "$dir/ck3d"
 if "$run" model consolidate "$dir/ck" --output-file "$dir/one.pt" >/dev/null; then
   if output="$("$checks" --adam --steps 10 --resume "$dir/one.pt" 2>&1)"; then
     echo "ok: one process resumed the consolidated file"

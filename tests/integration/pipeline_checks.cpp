@@ -8,6 +8,7 @@
 // rank R (stages S, data D of N)" otherwise.
 //   lightning-run model --accelerator cpu --devices 4 lf_pipeline_checks [flags]
 //   --pipe P                 pipeline_size (default: every rank)
+//   --tensor T               tensor_parallel_size: the GPT's tensor-parallel variant, split in each stage
 //   --schedule NAME          GPipe, 1F1B (default) or Interleaved1F1B
 //   --micro-batches M        default 4
 //   --stages-per-rank V      default 1
@@ -63,6 +64,10 @@ Flags parse(int argc, char** argv) {
     const std::string name = argv[i];
     const bool has_value = i + 1 < argc;
     if (name == "--pipe" && has_value) flags.options.pipeline_size = std::atoi(argv[++i]);
+    else if (name == "--tensor" && has_value) {
+      flags.options.tensor_parallel_size = std::atoi(argv[++i]);
+      kSettings.tensor_parallel = true;
+    }
     else if (name == "--schedule" && has_value) flags.options.schedule = argv[++i];
     else if (name == "--micro-batches" && has_value) flags.options.micro_batches = std::atoi(argv[++i]);
     else if (name == "--stages-per-rank" && has_value) flags.options.stages_per_rank = std::atoi(argv[++i]);
@@ -100,6 +105,7 @@ struct TrippingBlockImpl : examples::GptBlockImpl {
 TORCH_MODULE(TrippingBlock);
 
 torch::nn::Sequential layers(int trip_layer) {
+  if (kSettings.tensor_parallel) return examples::pipeline_gpt_layers(kSettings);
   torch::nn::Sequential built{examples::GptEmbedding(kSettings)};
   for (int64_t b = 0; b < kSettings.blocks; ++b) {
     TrippingBlock block(kSettings);
@@ -122,9 +128,13 @@ int main(int argc, char** argv) {
   auto& strategy = fabric.strategy_as<lf::PipelineStrategy>();
   strategy.setup_environment();
   const auto& mesh = strategy.device_mesh();
-  const int pipe = mesh->size("pipe"), data = mesh->size("data"), data_rank = mesh->coordinate("data");
+  const int pipe = strategy.pipe_size(), data = mesh->data_size(), data_rank = mesh->data_rank();
   const int stages = pipe * flags.options.stages_per_rank;
-  const auto loss = [](const at::Tensor& logits, const at::Tensor& targets) {
+  const lf::DeviceMesh* split_by = kSettings.tensor_parallel ? mesh.get() : nullptr;
+  const auto loss = [split_by](const at::Tensor& logits, const at::Tensor& targets) {
+    return examples::pipeline_gpt_loss(logits, targets, split_by);
+  };
+  const auto reference_loss_of = [](const at::Tensor& logits, const at::Tensor& targets) {
     return examples::pipeline_gpt_loss(logits, targets);
   };
   // The layer that trips: the first block of the failing stage (the split of the unarmed model).
@@ -137,7 +147,7 @@ int main(int argc, char** argv) {
   torch::manual_seed(42);
   lf::Pipeline model(layers(trip_layer), loss, flags.stage_starts);
   torch::manual_seed(42);
-  lf::Pipeline reference(layers(-1), loss, flags.stage_starts);
+  lf::Pipeline reference(layers(-1), reference_loss_of, flags.stage_starts);
   const auto make_optimizer = [&](const std::vector<at::Tensor>& parameters) -> std::shared_ptr<torch::optim::Optimizer> {
     if (flags.adam) return std::make_shared<torch::optim::AdamW>(parameters, torch::optim::AdamWOptions(0.01).eps(1e-3));
     return std::make_shared<torch::optim::SGD>(parameters, torch::optim::SGDOptions(0.1).momentum(0.9));
@@ -213,8 +223,16 @@ int main(int argc, char** argv) {
   std::map<std::string, at::Tensor> expected;
   for (const auto& item : reference->named_parameters()) expected[item.key()] = item.value();
   if (!flags.bench) {
+    int64_t split = 0;
+    for (const auto& item : net.module()->named_parameters()) split += item.value().sizes() != expected.at(item.key()).sizes();
+    expect(mesh->tensor_size() == 1 || split > 0, "tensor_parallel_size " + std::to_string(mesh->tensor_size()) +
+           " split none of this rank's parameters");
     for (const auto& item : net.module()->named_parameters()) {
-      const at::Tensor& want = expected.at(item.key());
+      at::Tensor want = expected.at(item.key());
+      for (int64_t d = 0; d < want.dim(); ++d) {  // a tensor-parallel slice: this tensor rank's part
+        const int64_t size = item.value().size(d);
+        if (size != want.size(d)) want = want.narrow(d, mesh->tensor_rank() * size, size);
+      }
       const double difference = (item.value().detach() - want).abs().max().item<double>();
       expect(difference <= 1e-5, "parameter " + item.key() + " differs from the one-process run by " +
              std::to_string(difference));

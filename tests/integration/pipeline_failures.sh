@@ -29,7 +29,7 @@ expect "3 layers cannot make 4 stages" -- --pipe 4 --blocks 1
 expect "a batch of 18 samples cannot be split into micro_batches=4" -- --pipe 4 --batch 18
 expect "Pipeline stage 0 (global rank 0) outputs Float[2, 8, 16] for micro-batch 0, but the stages agreed on Float[4, 8, 16]" \
   -- --pipe 4 --halve-batch-after 1
-expect "pipeline_size=3 and data_parallel_size=unset do not make the world size 4" -- --pipe 3
+expect "pipeline_size=3, data_parallel_size=unset and tensor_parallel_size=1 do not make the world size 4" -- --pipe 3
 expect "schedule=\"Interleaved1F1B\" takes micro-batches 4 at a time" \
   -- --pipe 4 --schedule Interleaved1F1B --stages-per-rank 2 --micro-batches 6 --blocks 10
 expect "schedule=\"1F1B\" runs one stage per rank, but stages_per_rank=2" -- --pipe 2 --stages-per-rank 2

@@ -23,6 +23,7 @@
 #include "lightning/fabric/plugins/collectives/collective.h"
 #include "lightning/fabric/strategies/pipeline_schedule.h"
 #include "lightning/fabric/strategies/tensor_parallel_plan.h"
+#include "lightning/fabric/tensor_parallel/layers.h"
 #include "lightning/fabric/utilities/meta_init.h"
 
 namespace lightning::fabric {
@@ -139,7 +140,7 @@ class PipelineRuntime {
       : options_(options), mesh_(std::move(mesh)), global_rank_(global_rank), device_(device), stats_(std::move(stats)) {}
 
   int pipe_size() const { return mesh_->size("pipe"); }
-  int pipe_rank() const { return mesh_->coordinate("pipe"); }
+  int pipe_rank() const { return mesh_->coordinate("pipe"); }  // mesh_: (pipe, stage ranks)
   int stages() const { return pipe_size() * options_.stages_per_rank; }
   int rank_of(int stage) const { return stage % pipe_size(); }
   bool is_local(int stage) const { return rank_of(stage) == pipe_rank(); }
@@ -399,39 +400,48 @@ at::Tensor PipelineImpl::forward(const at::Tensor& input, const at::Tensor& targ
 // ---- the strategy ----
 
 namespace {
-// Each stage's tensors (parameters, buffers, optimizer state) are whole on its ranks; data rank 0
-// of the stage writes them.
+// Each stage's tensors (parameters, buffers, optimizer state) live on its ranks only: a tensor
+// split by tensor parallelism is this rank's box of it, written by data rank 0; any other is
+// whole, written by the stage's first rank (data and tensor rank 0), as is what has no placement.
 class StageLayout : public CheckpointLayout {
  public:
-  explicit StageLayout(const DeviceMesh& mesh) : mesh_(mesh) {}
+  explicit StageLayout(const TensorParallelPlan& plan) : plan_(plan) {}
   std::optional<Placement> placement(const at::Tensor& tensor) const override {
+    if (auto split = plan_.placement(tensor)) return split;
     Placement placement = Placement::whole(tensor.sizes().vec());
-    placement.writes = mesh_.coordinate("data") == 0;
+    placement.writes = writes_unplaced();
     return placement;
   }
   bool every_rank_holds_every_tensor() const override { return false; }
-  bool writes_unplaced() const override { return mesh_.coordinate("data") == 0; }
+  bool writes_unplaced() const override { return plan_.mesh()->data_rank() == 0 && plan_.mesh()->tensor_rank() == 0; }
 
  private:
-  const DeviceMesh& mesh_;
+  const TensorParallelPlan& plan_;
 };
 
+// (pipe, data) sizes for this world size: pipe x data x tensor must make it.
 std::pair<int, int> pipeline_shape(const PipelineOptions& options, int world_size) {
+  const int tensor = options.tensor_parallel_size;
   int pipe = options.pipeline_size.value_or(0), data = options.data_parallel_size.value_or(0);
-  if (pipe == 0 && data == 0) pipe = world_size, data = 1;
-  if (pipe == 0) pipe = data > 0 && world_size % data == 0 ? world_size / data : -1;
-  if (data == 0) data = pipe > 0 && world_size % pipe == 0 ? world_size / pipe : -1;
-  LF_CHECK(pipe > 0 && data > 0 && pipe * data == world_size, ValueError, "PipelineOptions: pipeline_size=",
-           options.pipeline_size ? std::to_string(*options.pipeline_size) : std::string("unset"),
-           " and data_parallel_size=",
-           options.data_parallel_size ? std::to_string(*options.data_parallel_size) : std::string("unset"),
-           " do not make the world size ", world_size, " (pipe x data must equal it). Set sizes whose product is ",
-           world_size, ", or launch pipe x data processes.");
+  const int stage_ranks = world_size % tensor == 0 ? world_size / tensor : -1;
+  if (pipe == 0 && data == 0) pipe = stage_ranks, data = 1;
+  if (pipe == 0) pipe = data > 0 && stage_ranks % data == 0 ? stage_ranks / data : -1;
+  if (data == 0) data = pipe > 0 && stage_ranks % pipe == 0 ? stage_ranks / pipe : -1;
+  LF_CHECK(pipe > 0 && data > 0 && static_cast<int64_t>(pipe) * data * tensor == world_size, ValueError,
+           "PipelineOptions: pipeline_size=", options.pipeline_size ? std::to_string(*options.pipeline_size) : std::string("unset"),
+           ", data_parallel_size=", options.data_parallel_size ? std::to_string(*options.data_parallel_size) : std::string("unset"),
+           " and tensor_parallel_size=", tensor, " do not make the world size ", world_size, " (pipe x data x tensor "
+           "must equal it). Set sizes whose product is ", world_size, ", or launch pipe x data x tensor processes.");
   return {pipe, data};
 }
 }  // namespace
 
-PipelineOptions::PipelineOptions() { data_parallel.name = "pipeline"; }
+PipelineOptions::PipelineOptions() {
+  data_parallel.name = "pipeline";
+  parallelize = [](const std::shared_ptr<torch::nn::Module>& module, const std::shared_ptr<DeviceMesh>& mesh) {
+    tensor_parallel::shard_tensor_parallel_layers(*module, mesh);
+  };
+}
 
 StrategySpec pipeline_strategy(PipelineOptions options) {
   for (const auto& [name, size] : {std::pair{"pipeline_size", options.pipeline_size},
@@ -439,6 +449,10 @@ StrategySpec pipeline_strategy(PipelineOptions options) {
     LF_CHECK(!size || *size > 0, ValueError, "PipelineOptions: ", name, "=", size.value_or(0),
              " must be positive, or unset.");
   }
+  LF_CHECK(options.tensor_parallel_size > 0, ValueError, "PipelineOptions: tensor_parallel_size=",
+           options.tensor_parallel_size, " must be positive (1: no tensor parallelism).");
+  LF_CHECK(options.parallelize != nullptr, ValueError, "PipelineOptions: parallelize is empty. Give the function that "
+           "applies tensor parallelism to the stages, or keep the default (shard every tensor-parallel layer).");
   LF_CHECK(options.micro_batches > 0, ValueError, "PipelineOptions: micro_batches=", options.micro_batches,
            " must be positive (torch's n_microbatches; 4 to 8 per stage keeps the bubble small).");
   check_pipeline_schedule("PipelineOptions", options.schedule, options.pipeline_size.value_or(1), options.stages_per_rank,
@@ -457,11 +471,18 @@ PipelineStrategy::PipelineStrategy(StrategyContext context, PipelineOptions opti
 PipelineStrategy::~PipelineStrategy() = default;
 
 void PipelineStrategy::setup_environment() {
-  if (mesh_ != nullptr) return;
+  if (pipe_mesh_ != nullptr) return;
   DDPStrategy::setup_environment();
   const auto [pipe, data] = pipeline_shape(options_, world_size());
   check_pipeline_schedule("PipelineOptions", options_.schedule, pipe, options_.stages_per_rank, options_.micro_batches);
-  mesh_ = std::make_shared<DeviceMesh>(collective(), pipe, data, std::array<std::string, 2>{"pipe", "data"});
+  const int tensor = options_.tensor_parallel_size;
+  pipe_mesh_ = std::make_shared<DeviceMesh>(collective(), pipe, data * tensor, std::array<std::string, 2>{"pipe", "stage"});
+  ModelParallelOptions stage;
+  stage.parallelize = options_.parallelize;
+  stage.data_parallel_size = data;
+  stage.tensor_parallel_size = tensor;
+  plan_ = std::make_unique<TensorParallelPlan>(stage);
+  plan_->form_mesh(pipe_mesh_->tensor_group(), num_processes());  // the stage's ranks as (data, tensor)
   // Point-to-point connections to the neighbouring stages' ranks, made now in one global order.
   std::set<int> peers;
   if (pipe > 1) {
@@ -469,27 +490,35 @@ void PipelineStrategy::setup_environment() {
     if (r > 0 || options_.stages_per_rank > 1) peers.insert((r + pipe - 1) % pipe);
     if (r < pipe - 1 || options_.stages_per_rank > 1) peers.insert((r + 1) % pipe);
   }
-  mesh_->data_group().connect_point_to_point(std::vector<int>(peers.begin(), peers.end()));
+  pipe_mesh_->data_group().connect_point_to_point(std::vector<int>(peers.begin(), peers.end()));
 }
 
 const std::shared_ptr<DeviceMesh>& PipelineStrategy::device_mesh() const {
-  LF_CHECK(mesh_ != nullptr, RuntimeError, "PipelineStrategy::device_mesh: the mesh forms in setup_environment "
+  LF_CHECK(plan_ != nullptr, RuntimeError, "PipelineStrategy::device_mesh: the mesh forms in setup_environment "
            "(fabric.launch() or the first fabric.setup); call it after.");
-  return mesh_;
+  return plan_->mesh();
 }
 
-int PipelineStrategy::pipe_rank() const { return device_mesh()->coordinate("pipe"); }
+int PipelineStrategy::pipe_size() const {
+  return pipe_mesh_ ? pipe_mesh_->size("pipe") : pipeline_shape(options_, world_size()).first;
+}
+
+int PipelineStrategy::pipe_rank() const {
+  LF_CHECK(pipe_mesh_ != nullptr, RuntimeError, "PipelineStrategy::pipe_rank: the mesh forms in setup_environment "
+           "(fabric.launch() or the first fabric.setup); call it after.");
+  return pipe_mesh_->coordinate("pipe");
+}
 
 std::vector<int> PipelineStrategy::local_stages() const {
   std::vector<int> stages;
-  for (int chunk = 0; chunk < options_.stages_per_rank; ++chunk) stages.push_back(chunk * mesh_->size("pipe") + pipe_rank());
+  for (int chunk = 0; chunk < options_.stages_per_rank; ++chunk) stages.push_back(chunk * pipe_size() + pipe_rank());
   return stages;
 }
 
-std::shared_ptr<Collective> PipelineStrategy::data_parallel_group() { return device_mesh()->shared_tensor_group(); }
+std::shared_ptr<Collective> PipelineStrategy::data_parallel_group() { return device_mesh()->shared_data_group(); }
 
 void PipelineStrategy::keep_local_stages(PipelineImpl& pipeline) const {
-  const int stages = mesh_->size("pipe") * options_.stages_per_rank;
+  const int stages = pipe_size() * options_.stages_per_rank;
   const std::vector<int64_t> starts = pipeline.stage_starts(stages);  // ValueError when it cannot split
   std::vector<bool> keep(static_cast<size_t>(pipeline.size()), false);
   for (int s : local_stages()) {
@@ -532,9 +561,15 @@ void PipelineStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& mo
            "loss scaler (16-mixed): an overflow found on one stage would have to skip the step on every stage. "
            "Choose precision \"bf16-mixed\", \"bf16-true\" or \"32-true\".");
   keep_local_stages(pipeline);
+  if (options_.tensor_parallel_size > 1) {
+    // The stage's first rank's values on every rank of the stage before splitting, so every slice
+    // is a slice of one tensor and every unsplit tensor agrees within its tensor group.
+    broadcast_module_from_rank_zero(*module, {}, &pipe_mesh_->tensor_group());
+    plan_->parallelize(module);
+  }
   DDPStrategy::setup_module(module);  // data rank 0's values to its stage's data group, gradient hooks
   for (const auto& parameter : module->parameters()) local_parameters_.insert(parameter.unsafeGetTensorImpl());
-  pipeline.runtime_ = std::make_shared<PipelineRuntime>(options_, mesh_, global_rank(), root_device(), last_step_);
+  pipeline.runtime_ = std::make_shared<PipelineRuntime>(options_, pipe_mesh_, global_rank(), root_device(), last_step_);
 }
 
 void PipelineStrategy::setup_optimizer(torch::optim::Optimizer& optimizer) {
@@ -548,15 +583,19 @@ void PipelineStrategy::setup_optimizer(torch::optim::Optimizer& optimizer) {
 
 double PipelineStrategy::clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm,
                                                 double norm_type, bool error_if_nonfinite) {
-  // Each stage's gradients are distinct (summed over the pipe group); a stage's data replicas hold
-  // the same averaged gradients, counted once.
-  return TensorParallelPlan::clip(parameters, {}, {&device_mesh()->data_group()}, {}, max_norm, norm_type,
+  // Each stage's gradients are distinct (summed over the pipe group), and so are a split
+  // parameter's slices (summed over the tensor group too); a stage's data replicas hold the same
+  // averaged gradients, and its tensor group the same unsplit ones, counted once.
+  std::vector<at::Tensor> split, whole;
+  for (const auto& parameter : parameters) (plan_->split_dim(parameter) ? split : whole).push_back(parameter);
+  Collective& pipe = pipe_mesh_->data_group();
+  return TensorParallelPlan::clip(split, whole, {&pipe, &device_mesh()->tensor_group()}, {&pipe}, max_norm, norm_type,
                                   error_if_nonfinite, root_device());
 }
 
 Strategy::SamplerShare PipelineStrategy::sampler_share() const {
-  return {mesh_ ? mesh_->size("data") : pipeline_shape(options_, world_size()).second,
-          mesh_ ? mesh_->coordinate("data") : global_rank() % pipeline_shape(options_, world_size()).second};
+  const int data = pipeline_shape(options_, world_size()).second, tensor = options_.tensor_parallel_size;
+  return {data, global_rank() / tensor % data};
 }
 
 void PipelineStrategy::backward(at::Tensor& loss, torch::nn::Module* module, const BackwardOptions& options) {
@@ -568,11 +607,11 @@ void PipelineStrategy::backward(at::Tensor& loss, torch::nn::Module* module, con
 
 CheckpointWrite PipelineStrategy::prepare_checkpoint(const std::string& call, const fs::path& path, const State& state,
                                                      const StateFilter& filter, bool host_copy) {
-  return prepare_sharded_save(*this, call, path, state, filter, host_copy, StageLayout(*device_mesh()), false);
+  return prepare_sharded_save(*this, call, path, state, filter, host_copy, StageLayout(*plan_), false);
 }
 
 StateDict PipelineStrategy::load_checkpoint(const fs::path& path, State* state, bool strict) {
-  StageLayout layout(*device_mesh());
+  StageLayout layout(*plan_);
   return load_sharded(*this, path, state, strict, layout);
 }
 

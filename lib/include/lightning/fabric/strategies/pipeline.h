@@ -1,7 +1,8 @@
 // Pipeline parallelism: the model's layers in stages across the ranks of a "pipe" mesh
 // dimension, micro-batches flowing through them under a schedule (GPipe, 1F1B, interleaved 1F1B),
-// with ddp on a "data" dimension, as torch.distributed.pipelining with DDP on the other mesh
-// dimension (docs/pipeline-parallel.md).
+// with ddp on a "data" dimension and tensor parallelism inside each stage, as
+// torch.distributed.pipelining with DDP and tensor parallelism on the other mesh dimensions
+// (docs/pipeline-parallel.md).
 //
 //   torch::nn::Sequential layers(embedding, block_1, ..., block_n, head);   // one tensor to the next
 //   lf::Pipeline model(layers, [](const at::Tensor& logits, const at::Tensor& target) {
@@ -39,7 +40,8 @@
 
 namespace lightning::fabric {
 
-class PipelineRuntime;  // the schedule's executor (private to the library)
+class PipelineRuntime;     // the schedule's executor (private to the library)
+class TensorParallelPlan;  // model_parallel.h
 
 /// A model as consecutive layers (each takes the previous layer's output tensor and returns one
 /// tensor) and the loss of the last layer's output against a target. Under the pipeline
@@ -89,8 +91,15 @@ struct LF_API PipelineOptions {
   /// data_parallel_size, or the world size when that is unset too.
   std::optional<int> pipeline_size;
   /// Replicas of the whole pipeline (ddp over each stage's data group). Unset: world size /
-  /// pipeline_size, or 1 when that is unset too.
+  /// (pipeline_size x tensor_parallel_size), or 1 when pipeline_size is unset too.
   std::optional<int> data_parallel_size;
+  /// Ranks that split each stage's tensor-parallel layers (tensor_parallel/layers.h); 1: none.
+  int tensor_parallel_size = 1;
+  /// Applies tensor parallelism to this rank's stages (called once per set-up module with the
+  /// stage's (data, tensor) mesh), as ModelParallelOptions::parallelize. Default: shard every
+  /// tensor-parallel layer.
+  std::function<void(const std::shared_ptr<torch::nn::Module>& module, const std::shared_ptr<DeviceMesh>& mesh)>
+      parallelize;
   /// "GPipe", "1F1B" or "Interleaved1F1B" (torch.distributed.pipelining's ScheduleGPipe,
   /// Schedule1F1B, ScheduleInterleaved1F1B).
   std::string schedule = "1F1B";
@@ -121,12 +130,15 @@ class LF_API PipelineStrategy : public DDPStrategy, public MeshStrategy {
   PipelineStrategy(StrategyContext context, PipelineOptions options);
   ~PipelineStrategy() override;
 
-  /// Forms the process group and the (pipe, data) mesh (collective). ValueError when the sizes do
-  /// not make the world size.
+  /// Forms the process group and the (pipe, data, tensor) mesh (collective). ValueError when the
+  /// sizes do not make the world size.
   void setup_environment() override;
-  /// Shape (pipe size, data size), dimensions named "pipe" and "data"; rank = pipe rank x data
-  /// size + data rank, so a stage's data group is consecutive ranks.
+  /// This rank's stage mesh: (data size, tensor size) over the ranks of its stage, as
+  /// model_parallel's mesh (the one parallelize and the tensor-parallel loss take). Ranks are
+  /// rank = pipe rank x (data x tensor) + data rank x tensor + tensor rank: a stage's ranks are
+  /// consecutive, its tensor groups innermost.
   const std::shared_ptr<DeviceMesh>& device_mesh() const override;
+  int pipe_size() const;
   int pipe_rank() const;
   /// The stages this rank runs, along the model.
   std::vector<int> local_stages() const;
@@ -161,7 +173,8 @@ class LF_API PipelineStrategy : public DDPStrategy, public MeshStrategy {
  private:
   void keep_local_stages(PipelineImpl& pipeline) const;
   PipelineOptions options_;
-  std::shared_ptr<DeviceMesh> mesh_;
+  std::shared_ptr<DeviceMesh> pipe_mesh_;  // (pipe, stage ranks): its first dimension's groups are the pipe groups
+  std::unique_ptr<TensorParallelPlan> plan_;  // the stage mesh and the split parameters
   std::shared_ptr<PipelineStepStats> last_step_;       // written by every set-up pipeline's steps
   std::set<const c10::TensorImpl*> local_parameters_;  // this rank's stages' parameters
 };
