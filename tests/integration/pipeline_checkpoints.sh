@@ -14,19 +14,22 @@ failed=0
 job() {  # job DEVICES FLAGS...: one job that must exit 0
   local devices="$1"; shift
   local output
-  if ! output="$("$run" model --accelerator cpu --devices "$devices" --process-group-backend gloo "$checks" --adam "$@" 2>&1)"; then
+  if ! output="$("$run" model --accelerator cpu --devices "$devices" --process-group-backend gloo "$checks" "$@" 2>&1)"; then
     echo "FAIL: $devices devices, $*:"; echo "$output" | tail -n 15; failed=1; return
   fi
   echo "ok: $devices devices, $*"
 }
-job 4 --pipe 4 --schedule 1F1B --steps 10 --save "$dir/ck"
-job 4 --pipe 2 --schedule GPipe --steps 10 --resume "$dir/ck"
-job 2 --pipe 2 --schedule Interleaved1F1B --stages-per-rank 2 --steps 10 --resume "$dir/ck"
+job 4 --adam --pipe 4 --schedule 1F1B --steps 10 --save "$dir/ck"
+job 4 --adam --pipe 2 --schedule GPipe --steps 10 --resume "$dir/ck"
+job 2 --adam --pipe 2 --schedule Interleaved1F1B --stages-per-rank 2 --steps 10 --resume "$dir/ck"
+# SGD without momentum: no per-parameter state, only the groups.
+job 4 --no-momentum --pipe 4 --steps 10 --save "$dir/ck-sgd"
+job 4 --no-momentum --pipe 2 --steps 10 --resume "$dir/ck-sgd"
 # With tensor parallelism inside the stages: (2 pipe, 2 tensor) saves; (4 pipe) unsplit and
 # (2 data, 2 tensor) in one stage resume it.
-job 4 --tensor 2 --pipe 2 --steps 10 --save "$dir/ck3d"
-job 4 --tensor 1 --pipe 4 --steps 10 --resume "$dir/ck3d"
-job 4 --tensor 2 --pipe 1 --steps 10 --resume "$dir/ck3d"
+job 4 --adam --tensor 2 --pipe 2 --steps 10 --save "$dir/ck3d"
+job 4 --adam --tensor 1 --pipe 4 --steps 10 --resume "$dir/ck3d"
+job 4 --adam --tensor 2 --pipe 1 --steps 10 --resume "$dir/ck3d"
 if "$run" model consolidate "$dir/ck" --output-file "$dir/one.pt" >/dev/null; then
   if output="$("$checks" --adam --steps 10 --resume "$dir/one.pt" 2>&1)"; then
     echo "ok: one process resumed the consolidated file"

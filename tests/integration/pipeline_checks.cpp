@@ -20,15 +20,18 @@
 //   --halve-batch-after N    steps after step N get half the batch (stage outputs change shape)
 //   --save PATH / --resume PATH   fabric.save({model, optimizer, step}) after training / load it
 //                            first and train from its step on (the reference trains from 0)
+//   --no-momentum            SGD without momentum (no per-parameter optimizer state)
 //   --adam                   AdamW (step counts in the optimizer state; eps 1e-3, so that gradients
 //                            that are rounding noise, such as the key bias's, stay noise) instead of
 //                            SGD with momentum
-//   --bench                  no reference; prints each rank's step time, idle fraction and peak
-//                            micro-batches in flight, as medians over the steps after the first
+//   --bench                  no reference; prints each rank's step time (the slowest rank's), idle
+//                            fraction against it, forward and backward time, peak micro-batches in
+//                            flight and peak resident memory, as medians over the steps after the first
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -55,7 +58,7 @@ struct Flags {
   int fail_stage = -1, halve_batch_after = -1;
   std::vector<int64_t> stage_starts;
   std::string save, resume;
-  bool bench = false, adam = false;
+  bool bench = false, adam = false, momentum = true;
 };
 
 Flags parse(int argc, char** argv) {
@@ -82,6 +85,7 @@ Flags parse(int argc, char** argv) {
     else if (name == "--resume" && has_value) flags.resume = argv[++i];
     else if (name == "--bench") flags.bench = true;
     else if (name == "--adam") flags.adam = true;
+    else if (name == "--no-momentum") flags.momentum = false;
     else if (name == "--stage-starts" && has_value) {
       std::stringstream list(argv[++i]);
       for (std::string item; std::getline(list, item, ',');) flags.stage_starts.push_back(std::atoll(item.c_str()));
@@ -114,6 +118,15 @@ torch::nn::Sequential layers(int trip_layer) {
   }
   built->push_back(examples::GptHead(kSettings));
   return built;
+}
+
+// This process's peak resident memory (VmHWM), in MiB.
+double peak_rss_mb() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::atof(line.c_str() + 6) / 1024.0;
+  }
+  return 0.0;
 }
 
 double median(std::vector<double> values) {
@@ -150,7 +163,7 @@ int main(int argc, char** argv) {
   lf::Pipeline reference(layers(-1), reference_loss_of, flags.stage_starts);
   const auto make_optimizer = [&](const std::vector<at::Tensor>& parameters) -> std::shared_ptr<torch::optim::Optimizer> {
     if (flags.adam) return std::make_shared<torch::optim::AdamW>(parameters, torch::optim::AdamWOptions(0.01).eps(1e-3));
-    return std::make_shared<torch::optim::SGD>(parameters, torch::optim::SGDOptions(0.1).momentum(0.9));
+    return std::make_shared<torch::optim::SGD>(parameters, torch::optim::SGDOptions(0.1).momentum(flags.momentum ? 0.9 : 0.0));
   };
   std::shared_ptr<torch::optim::Optimizer> sgd = make_optimizer(model->parameters());
   std::shared_ptr<torch::optim::Optimizer> reference_optimizer = make_optimizer(reference->parameters());
@@ -173,7 +186,7 @@ int main(int argc, char** argv) {
     fabric.load(flags.resume, state);
     first_step = state.at("step").value().toInt();
   }
-  std::vector<double> step_times, idle, peaks;
+  std::vector<double> step_times, idle, peaks, forwards, backwards;
   for (int64_t step = 0; step < first_step + flags.steps; ++step) {
     const int64_t batch = flags.halve_batch_after >= 0 && step > flags.halve_batch_after ? flags.batch / 2 : flags.batch;
     const int64_t rows = batch / data;
@@ -194,9 +207,13 @@ int main(int argc, char** argv) {
     const double mean_loss = fabric.all_reduce(loss_value.detach(), "mean").item<double>();
     const auto stats = strategy.last_step();
     if (step > first_step) {
-      step_times.push_back(stats.step_seconds);
-      idle.push_back(stats.idle_fraction());
+      // The pipeline's makespan is its slowest rank's step: each rank idles 1 - compute / makespan.
+      const double makespan = fabric.all_reduce(stats.step_seconds, lf::ReduceOp::Max);
+      step_times.push_back(makespan);
+      idle.push_back(1.0 - stats.compute_seconds / makespan);
       peaks.push_back(stats.peak_micro_batches);
+      forwards.push_back(stats.forward_seconds);
+      backwards.push_back(stats.backward_seconds);
     }
     if (flags.bench) continue;
     expect(std::abs(mean_loss - reference_loss.item<double>()) <= 1e-5,
@@ -247,7 +264,9 @@ int main(int argc, char** argv) {
   if (flags.bench) {
     std::cout << "pipeline bench rank " << fabric.global_rank() << " stages " << local.str() << " schedule "
               << flags.options.schedule << " micro-batches " << m << " step_ms " << median(step_times) * 1e3
-              << " idle " << median(idle) << " peak_micro_batches " << median(peaks) << std::endl;
+              << " idle " << median(idle) << " forward_ms " << median(forwards) * 1e3 << " backward_ms "
+              << median(backwards) * 1e3 << " peak_micro_batches " << median(peaks) << " peak_rss_mb "
+              << peak_rss_mb() << std::endl;
   }
   if (failures > 0) return 1;
   std::cout << "pipeline checks passed on rank " << fabric.global_rank() << " (stages " << local.str() << ", data "

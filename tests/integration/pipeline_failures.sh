@@ -27,7 +27,7 @@ expect "stage_starts has 3 entries [0, 3, 6], but the pipeline runs 4 stages" --
 expect "stage_starts [0, 3, 3, 6] cannot split 8 layers" -- --pipe 4 --stage-starts 0,3,3,6
 expect "3 layers cannot make 4 stages" -- --pipe 4 --blocks 1
 expect "a batch of 18 samples cannot be split into micro_batches=4" -- --pipe 4 --batch 18
-expect "Pipeline stage 0 (global rank 0) outputs Float[2, 8, 16] for micro-batch 0, but the stages agreed on Float[4, 8, 16]" \
+expect "this batch [8, 8] makes micro-batches of shape [2, 8], but the first step's were [4, 8]" \
   -- --pipe 4 --halve-batch-after 1
 expect "pipeline_size=3, data_parallel_size=unset and tensor_parallel_size=1 do not make the world size 4" -- --pipe 3
 expect "schedule=\"Interleaved1F1B\" takes micro-batches 4 at a time" \

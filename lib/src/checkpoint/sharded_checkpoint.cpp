@@ -188,16 +188,19 @@ void keep_what_this_rank_holds(const State& state, StateDict& loaded, const Chec
         if (held.count(item.key().toStringRef())) kept.insert(item.key(), item.value());
       }
       loaded.insert_or_assign(key, kept);
-    } else if (entry.optimizer() != nullptr && keys_state_by_name(dict)) {
+    } else if (entry.optimizer() != nullptr && (!dict.contains("state") || keys_state_by_name(dict))) {
+      // (no "state": an optimizer without per-parameter state, e.g. SGD without momentum)
       torch::optim::Optimizer& optimizer = *entry.optimizer();
       const std::vector<std::string> names = layout.optimizer_parameter_names(state, optimizer);
       const std::set<std::string> held(names.begin(), names.end());
-      const auto all = dict.at("state").toGenericDict();
-      c10::impl::GenericDict kept(all.keyType(), all.valueType());
-      for (const auto& item : all) {
-        if (!item.key().isString() || held.count(item.key().toStringRef())) kept.insert(item.key(), item.value());
+      if (dict.contains("state")) {
+        const auto all = dict.at("state").toGenericDict();
+        c10::impl::GenericDict kept(all.keyType(), all.valueType());
+        for (const auto& item : all) {
+          if (!item.key().isString() || held.count(item.key().toStringRef())) kept.insert(item.key(), item.value());
+        }
+        dict.insert_or_assign("state", kept);
       }
-      dict.insert_or_assign("state", kept);
       if (dict.contains("param_groups") && dict.at("param_groups").isList()) {
         c10::impl::GenericList groups(c10::AnyType::get());
         size_t next = 0, g = 0;

@@ -101,6 +101,10 @@ class ScheduleRange {
   at::RecordFunction range_;
 };
 
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 std::string describe(c10::IntArrayRef shape, at::ScalarType dtype) {
   std::ostringstream out;
   out << c10::toString(dtype) << shape;
@@ -135,9 +139,10 @@ struct ScheduleGradients : torch::autograd::Node {
 
 class PipelineRuntime {
  public:
-  PipelineRuntime(const PipelineOptions& options, std::shared_ptr<DeviceMesh> mesh, int global_rank, at::Device device,
-                  std::shared_ptr<PipelineStepStats> stats)
-      : options_(options), mesh_(std::move(mesh)), global_rank_(global_rank), device_(device), stats_(std::move(stats)) {}
+  PipelineRuntime(const PipelineOptions& options, std::shared_ptr<DeviceMesh> mesh, std::shared_ptr<Collective> backward,
+                  int global_rank, at::Device device, std::shared_ptr<PipelineStepStats> stats)
+      : options_(options), mesh_(std::move(mesh)), backward_(std::move(backward)), global_rank_(global_rank),
+        device_(device), stats_(std::move(stats)) {}
 
   int pipe_size() const { return mesh_->size("pipe"); }
   int pipe_rank() const { return mesh_->coordinate("pipe"); }  // mesh_: (pipe, stage ranks)
@@ -146,9 +151,12 @@ class PipelineRuntime {
   bool is_local(int stage) const { return rank_of(stage) == pipe_rank(); }
   Collective& pipe() const { return mesh_->data_group(); }  // the mesh's first dimension is "pipe"
 
+  /// One step (PipelineImpl::forward). After a failure every later call is refused: the stages
+  /// are out of step.
   at::Tensor run(PipelineImpl& pipeline, const at::Tensor& input, const at::Tensor& target);
 
  private:
+  at::Tensor run_step(PipelineImpl& pipeline, const at::Tensor& input, const at::Tensor& target);
   // The shape and dtype crossing from stage `stage` to the next, agreed on at the first step.
   struct Boundary {
     bool agreed = false;
@@ -163,19 +171,28 @@ class PipelineRuntime {
   static int gradient_tag(int stage) { return 3 * stage + 2; }
   static int shape_tag(int stage) { return 3 * stage + 3; }
 
-  void send(const at::Tensor& tensor, int to_stage, int tag);
-  at::Tensor receive(const Boundary& boundary, int from_stage, int tag, double& waited);
+  void send(Collective& group, const at::Tensor& tensor, int to_stage, int tag, std::tuple<int, int, int> key);
+  void finish_send(std::tuple<int, int, int> key);
+  at::Tensor receive(Collective& group, const Boundary& boundary, int from_stage, int tag);
   void send_activation(int stage, int micro_batch, const at::Tensor& output);
-  at::Tensor receive_activation(int stage, double& waited);
+  at::Tensor receive_activation(int stage);
   std::string where(int stage, const char* what, int micro_batch) const;
 
   PipelineOptions options_;
   std::shared_ptr<DeviceMesh> mesh_;
+  // The pipe group's twin that carries gradients: activations and gradients flow in opposite
+  // directions at once under 1F1B, and on one gloo connection per pair two large messages crossing
+  // stall each other (measured: a 1 MB gradient waited a second behind an activation).
+  std::shared_ptr<Collective> backward_;
   int global_rank_;
   at::Device device_;
   std::shared_ptr<PipelineStepStats> stats_;
   std::map<int, Boundary> sent_, received_;  // by the stage the activation leaves
-  std::vector<std::function<void()>> pending_sends_;
+  std::vector<int64_t> micro_batch_shape_;    // the input's, per micro-batch, at the first step
+  // Sends in flight, by (stage sent from, micro-batch, kind): an activation's is finished as soon
+  // as its gradient comes back (the next stage has it then), the rest at the step's end.
+  std::map<std::tuple<int, int, int>, std::function<void()>> pending_sends_;
+  std::string failure_;  // why a step failed; empty while none has
 };
 
 std::string PipelineRuntime::where(int stage, const char* what, int micro_batch) const {
@@ -185,16 +202,23 @@ std::string PipelineRuntime::where(int stage, const char* what, int micro_batch)
   return out.str();
 }
 
-void PipelineRuntime::send(const at::Tensor& tensor, int to_stage, int tag) {
-  at::Tensor wire = tensor.detach().to(pipe().device()).contiguous();
-  pending_sends_.push_back(pipe().send_start(wire, rank_of(to_stage), tag));
+void PipelineRuntime::send(Collective& group, const at::Tensor& tensor, int to_stage, int tag,
+                           std::tuple<int, int, int> key) {
+  at::Tensor wire = tensor.detach().to(group.device()).contiguous();
+  pending_sends_[key] = group.send_start(wire, rank_of(to_stage), tag);
 }
 
-at::Tensor PipelineRuntime::receive(const Boundary& boundary, int from_stage, int tag, double& waited) {
-  at::Tensor wire = at::empty(boundary.shape, at::TensorOptions().dtype(boundary.dtype).device(pipe().device()));
-  const auto start = std::chrono::steady_clock::now();
-  pipe().recv_start_(wire, rank_of(from_stage), tag)();
-  waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+void PipelineRuntime::finish_send(std::tuple<int, int, int> key) {
+  auto found = pending_sends_.find(key);
+  if (found == pending_sends_.end()) return;
+  auto wait = std::move(found->second);
+  pending_sends_.erase(found);
+  wait();
+}
+
+at::Tensor PipelineRuntime::receive(Collective& group, const Boundary& boundary, int from_stage, int tag) {
+  at::Tensor wire = at::empty(boundary.shape, at::TensorOptions().dtype(boundary.dtype).device(group.device()));
+  group.recv_start_(wire, rank_of(from_stage), tag)();
   return wire.to(device_);
 }
 
@@ -208,31 +232,42 @@ void PipelineRuntime::send_activation(int stage, int micro_batch, const at::Tens
     shape[0] = output.dim();
     shape[1] = static_cast<int64_t>(output.scalar_type());
     for (int64_t d = 0; d < output.dim(); ++d) shape[2 + d] = output.size(d);
-    send(shape, stage + 1, shape_tag(stage));
+    send(pipe(), shape, stage + 1, shape_tag(stage), {stage, micro_batch, 2});
   }
   LF_CHECK(output.sizes().vec() == boundary.shape && output.scalar_type() == boundary.dtype, ValueError,
            "Pipeline stage ", stage, " (global rank ", global_rank_, ") outputs ",
            describe(output.sizes(), output.scalar_type()), " for micro-batch ", micro_batch, ", but the stages agreed on ",
            describe(boundary.shape, boundary.dtype), " at the first step. Every step must pass the same shape between "
            "stages: give every batch the same size (drop_last=true) and every sequence the same length.");
-  send(output, stage + 1, activation_tag(stage));
+  send(pipe(), output, stage + 1, activation_tag(stage), {stage, micro_batch, 0});
 }
 
-at::Tensor PipelineRuntime::receive_activation(int stage, double& waited) {
+at::Tensor PipelineRuntime::receive_activation(int stage) {
   Boundary& boundary = received_[stage - 1];
   if (!boundary.agreed) {
     Boundary shape_of_shape{true, {10}, at::kLong};
-    at::Tensor shape = receive(shape_of_shape, stage - 1, shape_tag(stage - 1), waited).cpu();
+    at::Tensor shape = receive(pipe(), shape_of_shape, stage - 1, shape_tag(stage - 1)).cpu();
     const int64_t dims = shape[0].item<int64_t>();
     boundary.shape.clear();
     for (int64_t d = 0; d < dims; ++d) boundary.shape.push_back(shape[2 + d].item<int64_t>());
     boundary.dtype = static_cast<at::ScalarType>(shape[1].item<int64_t>());
     boundary.agreed = true;
   }
-  return receive(boundary, stage - 1, activation_tag(stage - 1), waited);
+  return receive(pipe(), boundary, stage - 1, activation_tag(stage - 1));
 }
 
 at::Tensor PipelineRuntime::run(PipelineImpl& pipeline, const at::Tensor& input, const at::Tensor& target) {
+  LF_CHECK(failure_.empty(), RuntimeError, "lf::Pipeline forward: an earlier step of this pipeline failed (", failure_,
+           "), which left its stages out of step with each other. Start the job again, from a checkpoint.");
+  try {
+    return run_step(pipeline, input, target);
+  } catch (const std::exception& error) {
+    failure_ = reason_of(error);
+    throw;
+  }
+}
+
+at::Tensor PipelineRuntime::run_step(PipelineImpl& pipeline, const at::Tensor& input, const at::Tensor& target) {
   const int m = options_.micro_batches;
   LF_CHECK(input.dim() >= 1 && input.size(0) % m == 0, ValueError, "lf::Pipeline forward: a batch of ",
            input.dim() >= 1 ? input.size(0) : 0, " samples cannot be split into micro_batches=", m, " equal "
@@ -241,6 +276,15 @@ at::Tensor PipelineRuntime::run(PipelineImpl& pipeline, const at::Tensor& input,
   LF_CHECK(target.dim() >= 1 && target.size(0) == input.size(0), ValueError, "lf::Pipeline forward: the target has ",
            target.dim() >= 1 ? target.size(0) : 0, " samples along dimension 0 but the input has ", input.size(0),
            ". Give one target per input sample.");
+  // Every rank checks the micro-batch's shape against the first step's before anything is sent,
+  // so a changed batch size or sequence length fails on all ranks alike, none left waiting.
+  std::vector<int64_t> micro_shape = input.sizes().vec();
+  micro_shape[0] /= m;
+  if (micro_batch_shape_.empty()) micro_batch_shape_ = micro_shape;
+  LF_CHECK(micro_shape == micro_batch_shape_, ValueError, "lf::Pipeline forward: this batch ", input.sizes(),
+           " makes micro-batches of shape ", bracketed(micro_shape), ", but the first step's were ",
+           bracketed(micro_batch_shape_), ", and the shapes crossing between stages were agreed on then. Give every "
+           "batch the same size (drop_last=true) and every sequence the same length.");
   const bool training = torch::GradMode::is_enabled();
   const int S = stages();
   const std::vector<int64_t> starts = pipeline.stage_starts(S);
@@ -273,7 +317,7 @@ at::Tensor PipelineRuntime::run(PipelineImpl& pipeline, const at::Tensor& input,
   std::map<std::pair<int, int>, InFlight> in_flight;                 // (stage, micro-batch)
   std::map<std::pair<int, int>, at::Tensor> handed_on, handed_back;  // between two stages of this rank
   std::vector<at::Tensor> losses(static_cast<size_t>(m));
-  double waited = 0.0;
+  double forward_seconds = 0.0, backward_seconds = 0.0;
   int peak = 0;
   pending_sends_.clear();
   const auto start = std::chrono::steady_clock::now();
@@ -293,14 +337,16 @@ at::Tensor PipelineRuntime::run(PipelineImpl& pipeline, const at::Tensor& input,
           x = handed_on.at({s, i});
           handed_on.erase({s, i});
         } else {
-          x = receive_activation(s, waited);
+          x = receive_activation(s);
         }
-        if (training && x.is_floating_point()) x = x.detach().requires_grad_(true);
+        if (training && s > 0 && x.is_floating_point()) x = x.detach().requires_grad_(true);
         InFlight& slot = in_flight[{s, i}];
         peak = std::max(peak, static_cast<int>(in_flight.size()));
+        const auto computing = std::chrono::steady_clock::now();
         at::Tensor y = pipeline.run_layers(starts[static_cast<size_t>(s)], stage_end(s), x);
+        at::Tensor loss = s == S - 1 ? pipeline.loss_(y, targets[static_cast<size_t>(i)]) : at::Tensor();
+        forward_seconds += seconds_since(computing);
         if (s == S - 1) {
-          at::Tensor loss = pipeline.loss_(y, targets[static_cast<size_t>(i)]);
           LF_CHECK(loss.numel() == 1, ValueError, "lf::Pipeline: the loss function returned shape ", loss.sizes(),
                    "; it must return one value (a mean over the micro-batch).");
           losses[static_cast<size_t>(i)] = loss.detach().reshape({});
@@ -329,7 +375,8 @@ at::Tensor PipelineRuntime::run(PipelineImpl& pipeline, const at::Tensor& input,
             seed = handed_back.at({s, i});
             handed_back.erase({s, i});
           } else {
-            seed = receive({true, root.sizes().vec(), root.scalar_type()}, s + 1, gradient_tag(s), waited);
+            seed = receive(*backward_, {true, root.sizes().vec(), root.scalar_type()}, s + 1, gradient_tag(s));
+            finish_send({s, i, 0});  // the next stage had the activation: its gradient depends on it
           }
         }
         std::vector<at::Tensor> wrt;
@@ -338,6 +385,7 @@ at::Tensor PipelineRuntime::run(PipelineImpl& pipeline, const at::Tensor& input,
         const auto& own = parameters[s];
         wrt.insert(wrt.end(), own.begin(), own.end());
         std::vector<at::Tensor> grads;
+        const auto computing = std::chrono::steady_clock::now();
         {
           // Backward formulas run as written, never autocast (as PyTorch advises).
           c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
@@ -348,12 +396,13 @@ at::Tensor PipelineRuntime::run(PipelineImpl& pipeline, const at::Tensor& input,
           if (!grads[k].defined()) continue;
           at::Tensor& sum = step_gradients[index.at(wrt[k].unsafeGetTensorImpl())];
           if (sum.defined()) sum.add_(grads[k]);
-          else sum = grads[k];
+          else sum = grads[k].clone();  // autograd's result may alias another (the input's gradient)
         }
+        backward_seconds += seconds_since(computing);
         if (s > 0) {
           at::Tensor back = input_grad && grads[0].defined() ? grads[0] : at::zeros_like(slot.input);
           if (is_local(s - 1)) handed_back[{s - 1, i}] = back;
-          else send(back, s - 1, gradient_tag(s - 1));
+          else send(*backward_, back, s - 1, gradient_tag(s - 1), {s, i, 1});
         }
       }
     } catch (const Error&) {
@@ -363,7 +412,7 @@ at::Tensor PipelineRuntime::run(PipelineImpl& pipeline, const at::Tensor& input,
                          reason_of(error));
     }
   }
-  for (auto& wait : pending_sends_) {
+  for (auto& [key, wait] : pending_sends_) {
     try {
       wait();
     } catch (const std::exception& error) {
@@ -379,7 +428,7 @@ at::Tensor PipelineRuntime::run(PipelineImpl& pipeline, const at::Tensor& input,
   if (pipe_size() > 1) pipe().broadcast_(loss, rank_of(S - 1));
   loss = loss.to(device_);
   if (training) {
-    *stats_ = {step, std::max(0.0, step - waited), peak};
+    *stats_ = {step, forward_seconds + backward_seconds, forward_seconds, backward_seconds, peak};
     if (!trained.empty()) {
       auto node = std::shared_ptr<ScheduleGradients>(new ScheduleGradients(), torch::autograd::deleteNode);
       torch::autograd::edge_list edges;
@@ -490,7 +539,12 @@ void PipelineStrategy::setup_environment() {
     if (r > 0 || options_.stages_per_rank > 1) peers.insert((r + pipe - 1) % pipe);
     if (r < pipe - 1 || options_.stages_per_rank > 1) peers.insert((r + 1) % pipe);
   }
-  pipe_mesh_->data_group().connect_point_to_point(std::vector<int>(peers.begin(), peers.end()));
+  Collective& pipe_group = pipe_mesh_->data_group();
+  std::vector<int> pipe_ranks;
+  for (int r = 0; r < pipe; ++r) pipe_ranks.push_back(r);
+  gradient_group_ = std::make_shared<Collective>(pipe_group, pipe_group.next_group_name("gradients"), pipe_ranks);
+  pipe_group.connect_point_to_point(std::vector<int>(peers.begin(), peers.end()));
+  gradient_group_->connect_point_to_point(std::vector<int>(peers.begin(), peers.end()));
 }
 
 const std::shared_ptr<DeviceMesh>& PipelineStrategy::device_mesh() const {
@@ -520,10 +574,33 @@ std::shared_ptr<Collective> PipelineStrategy::data_parallel_group() { return dev
 void PipelineStrategy::keep_local_stages(PipelineImpl& pipeline) const {
   const int stages = pipe_size() * options_.stages_per_rank;
   const std::vector<int64_t> starts = pipeline.stage_starts(stages);  // ValueError when it cannot split
+  const auto end_of = [&](int s) { return s + 1 < stages ? starts[static_cast<size_t>(s) + 1] : pipeline.size(); };
+  const bool whole = std::none_of(pipeline.layers_.begin(), pipeline.layers_.end(),
+                                  [](const auto& layer) { return layer.second.is_empty(); });
+  if (whole) {  // before any layer was dropped: check the split once
+    std::map<const c10::TensorImpl*, std::string> owner;  // parameter -> the first layer holding it
+    for (int s = 0; s < stages; ++s) {
+      bool trains = false;
+      for (int64_t l = starts[static_cast<size_t>(s)]; l < end_of(s); ++l) {
+        const auto& [name, layer] = pipeline.layers_[static_cast<size_t>(l)];
+        for (const auto& item : layer.ptr()->named_parameters()) {
+          trains = trains || item.value().requires_grad();
+          const std::string here = name + "." + item.key();
+          auto [found, first] = owner.emplace(item.value().unsafeGetTensorImpl(), here);
+          LF_CHECK(first || found->second.rfind(name + ".", 0) == 0, ValueError, "lf::Pipeline: parameter ", here,
+                   " is also ", found->second, " (a tied weight), and the split puts the two layers in different "
+                   "stages, which would train separate copies. Keep tied layers in one stage (stage_starts), or untie "
+                   "them.");
+        }
+      }
+      LF_CHECK(trains, ValueError, "lf::Pipeline: stage ", s, " (layers ", starts[static_cast<size_t>(s)], " to ",
+               end_of(s) - 1, ") has no parameter to train, so its ranks would have no gradients to take part in "
+               "backward with. Move a trained layer into it (stage_starts), or run fewer stages.");
+    }
+  }
   std::vector<bool> keep(static_cast<size_t>(pipeline.size()), false);
   for (int s : local_stages()) {
-    const int64_t end = s + 1 < stages ? starts[static_cast<size_t>(s) + 1] : pipeline.size();
-    for (int64_t l = starts[static_cast<size_t>(s)]; l < end; ++l) keep[static_cast<size_t>(l)] = true;
+    for (int64_t l = starts[static_cast<size_t>(s)]; l < end_of(s); ++l) keep[static_cast<size_t>(l)] = true;
   }
   for (size_t l = 0; l < keep.size(); ++l) {
     auto& [name, layer] = pipeline.layers_[l];
@@ -569,7 +646,8 @@ void PipelineStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& mo
   }
   DDPStrategy::setup_module(module);  // data rank 0's values to its stage's data group, gradient hooks
   for (const auto& parameter : module->parameters()) local_parameters_.insert(parameter.unsafeGetTensorImpl());
-  pipeline.runtime_ = std::make_shared<PipelineRuntime>(options_, pipe_mesh_, global_rank(), root_device(), last_step_);
+  pipeline.runtime_ =
+      std::make_shared<PipelineRuntime>(options_, pipe_mesh_, gradient_group_, global_rank(), root_device(), last_step_);
 }
 
 void PipelineStrategy::setup_optimizer(torch::optim::Optimizer& optimizer) {
@@ -602,6 +680,9 @@ void PipelineStrategy::backward(at::Tensor& loss, torch::nn::Module* module, con
   LF_CHECK(!options.create_graph, ValueError, "fabric.backward(loss, BackwardOptions().higher_order()): the pipeline "
            "strategy computes each micro-batch's gradients inside the schedule, so there is no graph of them to "
            "differentiate again. Run gradient penalties under ddp or fsdp.");
+  LF_CHECK(options.inputs.empty(), ValueError, "fabric.backward(loss, BackwardOptions().only(...)): the pipeline "
+           "strategy hands a step's gradients to all of this rank's parameters at once. Freeze the parameters you do "
+           "not want trained (requires_grad false) instead.");
   DDPStrategy::backward(loss, module, options);
 }
 

@@ -118,9 +118,11 @@ LF_API StrategySpec pipeline_strategy(PipelineOptions options = PipelineOptions(
 
 /// One training step of this rank, as the schedule ran it (PipelineStrategy::last_step).
 struct LF_API PipelineStepStats {
-  double step_seconds = 0;     // from the first action to the last send's completion
-  double compute_seconds = 0;  // in forwards, losses and backwards (not waiting for a neighbour)
-  int peak_micro_batches = 0;  // most micro-batches whose activations this rank held at once
+  double step_seconds = 0;      // from the first action to the last send's completion
+  double compute_seconds = 0;   // forward_seconds + backward_seconds
+  double forward_seconds = 0;   // in this rank's stage forwards (and the loss on the last stage)
+  double backward_seconds = 0;  // in its backwards; the rest of the step is communication and waiting
+  int peak_micro_batches = 0;   // most micro-batches whose activations this rank held at once
   /// The fraction of the step this rank idled (the bubble): 1 - compute / step.
   double idle_fraction() const { return step_seconds > 0 ? 1.0 - compute_seconds / step_seconds : 0.0; }
 };
@@ -174,6 +176,7 @@ class LF_API PipelineStrategy : public DDPStrategy, public MeshStrategy {
   void keep_local_stages(PipelineImpl& pipeline) const;
   PipelineOptions options_;
   std::shared_ptr<DeviceMesh> pipe_mesh_;  // (pipe, stage ranks): its first dimension's groups are the pipe groups
+  std::shared_ptr<Collective> gradient_group_;  // this rank's pipe group again, for gradients
   std::unique_ptr<TensorParallelPlan> plan_;  // the stage mesh and the split parameters
   std::shared_ptr<PipelineStepStats> last_step_;       // written by every set-up pipeline's steps
   std::set<const c10::TensorImpl*> local_parameters_;  // this rank's stages' parameters
