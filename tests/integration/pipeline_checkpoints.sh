@@ -3,7 +3,7 @@
 # counts are in the optimizer state) saves a folder after 10 steps; jobs of other shapes resume it
 # (2 pipe x 2 data under GPipe, 2 ranks x 2 stages each under Interleaved1F1B) and train 10 more
 # steps equal to the unbroken 20 in one process (lf_pipeline_checks compares every step); the
-# same across tensor-parallel shapes; then `lightning-run model consolidate` makes one file, which
+# same across fsdp and tensor-parallel shapes; then `lightning-run model consolidate` makes one file, which
 # one process resumes the same way.
 # Usage: pipeline_checkpoints.sh LIGHTNING_RUN PIPELINE_CHECKS
 set -uo pipefail
@@ -25,6 +25,11 @@ job 2 --adam --pipe 2 --schedule Interleaved1F1B --stages-per-rank 2 --steps 10 
 # SGD without momentum: no per-parameter state, only the groups.
 job 4 --no-momentum --pipe 4 --steps 10 --save "$dir/ck-sgd"
 job 4 --no-momentum --pipe 2 --steps 10 --resume "$dir/ck-sgd"
+# fsdp on the data dimension: (2 pipe, 2 data) FULL_SHARD saves; ddp over 4 stages and
+# SHARD_GRAD_OP over 4 data ranks in one stage resume it.
+job 4 --adam --fsdp FULL_SHARD --pipe 2 --steps 10 --save "$dir/ck-fsdp"
+job 4 --adam --pipe 4 --steps 10 --resume "$dir/ck-fsdp"
+job 4 --adam --fsdp SHARD_GRAD_OP --pipe 1 --steps 10 --resume "$dir/ck-fsdp"
 # With tensor parallelism inside the stages: (2 pipe, 2 tensor) saves; (4 pipe) unsplit and
 # (2 data, 2 tensor) in one stage resume it.
 job 4 --adam --tensor 2 --pipe 2 --steps 10 --save "$dir/ck3d"

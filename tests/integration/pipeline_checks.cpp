@@ -9,6 +9,7 @@
 //   lightning-run model --accelerator cpu --devices 4 lf_pipeline_checks [flags]
 //   --pipe P                 pipeline_size (default: every rank)
 //   --tensor T               tensor_parallel_size: the GPT's tensor-parallel variant, split in each stage
+//   --fsdp SHARDING          fsdp on the data dimension (FULL_SHARD, SHARD_GRAD_OP or NO_SHARD)
 //   --schedule NAME          GPipe, 1F1B (default) or Interleaved1F1B
 //   --micro-batches M        default 4
 //   --stages-per-rank V      default 1
@@ -67,7 +68,10 @@ Flags parse(int argc, char** argv) {
     const std::string name = argv[i];
     const bool has_value = i + 1 < argc;
     if (name == "--pipe" && has_value) flags.options.pipeline_size = std::atoi(argv[++i]);
-    else if (name == "--tensor" && has_value) {
+    else if (name == "--fsdp" && has_value) {
+      flags.options.data_parallel_strategy = "fsdp";
+      flags.options.fully_sharded.sharding_strategy = lf::parse_sharding_strategy(argv[++i]);
+    } else if (name == "--tensor" && has_value) {
       flags.options.tensor_parallel_size = std::atoi(argv[++i]);
       kSettings.tensor_parallel = true;
     }
@@ -138,8 +142,8 @@ double median(std::vector<double> values) {
 int main(int argc, char** argv) {
   Flags flags = parse(argc, argv);
   lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").strategy(lf::pipeline_strategy(flags.options)));
-  auto& strategy = fabric.strategy_as<lf::PipelineStrategy>();
-  strategy.setup_environment();
+  auto& strategy = fabric.strategy_as<lf::PipelineParallel>();
+  fabric.strategy()->setup_environment();
   const auto& mesh = strategy.device_mesh();
   const int pipe = strategy.pipe_size(), data = mesh->data_size(), data_rank = mesh->data_rank();
   const int stages = pipe * flags.options.stages_per_rank;
@@ -170,7 +174,7 @@ int main(int argc, char** argv) {
   torch::optim::Optimizer& reference_sgd = *reference_optimizer;
   auto [net, optimizer] = fabric.setup(model, sgd);
 
-  const auto share = strategy.sampler_share();
+  const auto share = fabric.strategy()->sampler_share();
   expect(share.replicas == data && share.rank == data_rank, "sampler share (" + std::to_string(share.replicas) + ", " +
          std::to_string(share.rank) + "), expected the data dimension's (" + std::to_string(data) + ", " +
          std::to_string(data_rank) + ")");
@@ -191,12 +195,16 @@ int main(int argc, char** argv) {
     const int64_t batch = flags.halve_batch_after >= 0 && step > flags.halve_batch_after ? flags.batch / 2 : flags.batch;
     const int64_t rows = batch / data;
     auto [ids, targets] = examples::pipeline_gpt_batch(kSettings, batch, step);
-    // The reference: the whole global batch in one process.
-    reference_sgd.zero_grad();
-    at::Tensor reference_loss = reference(ids, targets);
-    reference_loss.backward();
-    const double reference_norm = torch::nn::utils::clip_grad_norm_(reference->parameters(), 1.0);
-    reference_sgd.step();
+    // The reference: the whole global batch in one process (not under --bench).
+    at::Tensor reference_loss;
+    double reference_norm = 0.0;
+    if (!flags.bench) {
+      reference_sgd.zero_grad();
+      reference_loss = reference(ids, targets);
+      reference_loss.backward();
+      reference_norm = torch::nn::utils::clip_grad_norm_(reference->parameters(), 1.0);
+      reference_sgd.step();
+    }
     if (step < first_step) continue;
 
     optimizer.zero_grad();
@@ -237,6 +245,18 @@ int main(int argc, char** argv) {
            "most " + std::to_string(bound) + " (pipe size - pipe rank)");
   }
 
+  // Under fsdp the stage's full parameters exist only while gathered.
+  auto* fsdp = dynamic_cast<lf::FSDPStrategy*>(fabric.strategy().get());
+  lf::ScopeGuard full = fsdp ? fsdp->summon_full_parameters(*net.module()) : lf::ScopeGuard();
+  if (fsdp != nullptr && data > 1 && flags.options.fully_sharded.sharding_strategy != lf::ShardingStrategy::NoShard) {
+    int64_t stepped = 0, held = 0;  // the optimizer steps shards: about 1 / data of the stage
+    for (const auto& group : optimizer.optimizer().param_groups()) {
+      for (const auto& p : group.params()) stepped += p.numel();
+    }
+    for (const auto& p : net.module()->parameters()) held += p.numel();
+    expect(stepped * data <= held + data * 64, "fsdp: the optimizer steps " + std::to_string(stepped) + " elements of "
+           "this stage's " + std::to_string(held) + ", not a 1/" + std::to_string(data) + " share");
+  }
   std::map<std::string, at::Tensor> expected;
   for (const auto& item : reference->named_parameters()) expected[item.key()] = item.value();
   if (!flags.bench) {

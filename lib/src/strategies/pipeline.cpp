@@ -15,12 +15,15 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <set>
 #include <numeric>
 #include <unordered_set>
 
 #include "lightning/fabric/checkpoint/sharded_checkpoint.h"
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/plugins/collectives/collective.h"
+#include "lightning/fabric/strategies/fsdp_engine.h"
+#include "lightning/fabric/strategies/pipeline_plan.h"
 #include "lightning/fabric/strategies/pipeline_schedule.h"
 #include "lightning/fabric/strategies/tensor_parallel_plan.h"
 #include "lightning/fabric/tensor_parallel/layers.h"
@@ -446,28 +449,9 @@ at::Tensor PipelineImpl::forward(const at::Tensor& input, const at::Tensor& targ
   return loss_(run_layers(0, size(), input), target);
 }
 
-// ---- the strategy ----
+// ---- what both strategies share ----
 
 namespace {
-// Each stage's tensors (parameters, buffers, optimizer state) live on its ranks only: a tensor
-// split by tensor parallelism is this rank's box of it, written by data rank 0; any other is
-// whole, written by the stage's first rank (data and tensor rank 0), as is what has no placement.
-class StageLayout : public CheckpointLayout {
- public:
-  explicit StageLayout(const TensorParallelPlan& plan) : plan_(plan) {}
-  std::optional<Placement> placement(const at::Tensor& tensor) const override {
-    if (auto split = plan_.placement(tensor)) return split;
-    Placement placement = Placement::whole(tensor.sizes().vec());
-    placement.writes = writes_unplaced();
-    return placement;
-  }
-  bool every_rank_holds_every_tensor() const override { return false; }
-  bool writes_unplaced() const override { return plan_.mesh()->data_rank() == 0 && plan_.mesh()->tensor_rank() == 0; }
-
- private:
-  const TensorParallelPlan& plan_;
-};
-
 // (pipe, data) sizes for this world size: pipe x data x tensor must make it.
 std::pair<int, int> pipeline_shape(const PipelineOptions& options, int world_size) {
   const int tensor = options.tensor_parallel_size;
@@ -482,6 +466,21 @@ std::pair<int, int> pipeline_shape(const PipelineOptions& options, int world_siz
            " and tensor_parallel_size=", tensor, " do not make the world size ", world_size, " (pipe x data x tensor "
            "must equal it). Set sizes whose product is ", world_size, ", or launch pipe x data x tensor processes.");
   return {pipe, data};
+}
+
+// The checks of what fsdp cannot do inside a pipeline (see FSDPPipelineStrategy).
+const PipelineOptions& fully_sharded_checked(const PipelineOptions& options) {
+  LF_CHECK(options.fully_sharded.sharding_strategy != ShardingStrategy::HybridShard, ValueError,
+           "PipelineOptions: fully_sharded.sharding_strategy=HYBRID_SHARD needs a replica dimension the pipeline's "
+           "mesh does not have. Choose FULL_SHARD, SHARD_GRAD_OP or NO_SHARD (sharded over the stage's data group).");
+  LF_CHECK(options.fully_sharded.auto_wrap_min_params == 0 && options.fully_sharded.auto_wrap.empty(), ValueError,
+           "PipelineOptions: fully_sharded.auto_wrap (or auto_wrap_min_params) makes sharding units inside a stage, "
+           "which every micro-batch's forward and backward would gather again. Each stage is one unit under the "
+           "pipeline: leave auto_wrap unset.");
+  LF_CHECK(options.tensor_parallel_size == 1, ValueError, "PipelineOptions: data_parallel_strategy=\"fsdp\" with "
+           "tensor_parallel_size=", options.tensor_parallel_size, " is not supported yet. Use data_parallel_strategy="
+           "\"ddp\" for (pipe, data, tensor), or tensor_parallel_size=1 with fsdp.");
+  return options;
 }
 }  // namespace
 
@@ -506,32 +505,46 @@ StrategySpec pipeline_strategy(PipelineOptions options) {
            " must be positive (torch's n_microbatches; 4 to 8 per stage keeps the bubble small).");
   check_pipeline_schedule("PipelineOptions", options.schedule, options.pipeline_size.value_or(1), options.stages_per_rank,
                           options.micro_batches);
-  ddp_strategy(options.data_parallel);  // checks the ddp settings
+  LF_CHECK(options.data_parallel_strategy == "ddp" || options.data_parallel_strategy == "fsdp", ValueError,
+           "PipelineOptions: data_parallel_strategy=\"", options.data_parallel_strategy, "\" is not valid. Choose "
+           "\"ddp\" (each stage's data replicas hold it whole) or \"fsdp\" (each stage sharded over its data group).");
   const std::string name = options.data_parallel.name;
+  if (options.data_parallel_strategy == "ddp") {
+    ddp_strategy(options.data_parallel);  // checks the ddp settings
+    return StrategySpec{name, [options](StrategyContext context) -> std::shared_ptr<Strategy> {
+                          return std::make_shared<PipelineStrategy>(std::move(context), options);
+                        }};
+  }
+  fully_sharded_checked(options);
+  fsdp_strategy(options.fully_sharded);  // checks the fsdp settings
   return StrategySpec{name, [options](StrategyContext context) -> std::shared_ptr<Strategy> {
-                        return std::make_shared<PipelineStrategy>(std::move(context), options);
+                        return std::make_shared<FSDPPipelineStrategy>(std::move(context), options);
                       }};
 }
 
-PipelineStrategy::PipelineStrategy(StrategyContext context, PipelineOptions options)
-    : DDPStrategy(std::move(context), options.data_parallel), options_(std::move(options)),
-      last_step_(std::make_shared<PipelineStepStats>()) {}
+PipelinePlan::PipelinePlan(PipelineOptions options)
+    : options_(std::move(options)), last_step_(std::make_shared<PipelineStepStats>()) {}
 
-PipelineStrategy::~PipelineStrategy() = default;
+std::pair<int, int> PipelinePlan::shape(int world_size) const { return pipeline_shape(options_, world_size); }
 
-void PipelineStrategy::setup_environment() {
-  if (pipe_mesh_ != nullptr) return;
-  DDPStrategy::setup_environment();
-  const auto [pipe, data] = pipeline_shape(options_, world_size());
+void PipelinePlan::form(Collective& world, int per_node) {
+  if (formed()) return;
+  const auto [pipe, data] = shape(world.world_size());
   check_pipeline_schedule("PipelineOptions", options_.schedule, pipe, options_.stages_per_rank, options_.micro_batches);
   const int tensor = options_.tensor_parallel_size;
-  pipe_mesh_ = std::make_shared<DeviceMesh>(collective(), pipe, data * tensor, std::array<std::string, 2>{"pipe", "stage"});
+  pipe_mesh_ = std::make_shared<DeviceMesh>(world, pipe, data * tensor, std::array<std::string, 2>{"pipe", "stage"});
   ModelParallelOptions stage;
   stage.parallelize = options_.parallelize;
   stage.data_parallel_size = data;
   stage.tensor_parallel_size = tensor;
-  plan_ = std::make_unique<TensorParallelPlan>(stage);
-  plan_->form_mesh(pipe_mesh_->tensor_group(), num_processes());  // the stage's ranks as (data, tensor)
+  tensor_plan_ = std::make_unique<TensorParallelPlan>(stage);
+  tensor_plan_->form_mesh(pipe_mesh_->tensor_group(), per_node);  // the stage's ranks as (data, tensor)
+  // Gradients travel on a twin of the pipe group: under 1F1B activations and gradients cross
+  // between two ranks at once, and each direction then has a connection of its own.
+  Collective& pipe_group = pipe_mesh_->data_group();
+  std::vector<int> pipe_ranks(static_cast<size_t>(pipe));
+  std::iota(pipe_ranks.begin(), pipe_ranks.end(), 0);
+  gradient_group_ = std::make_shared<Collective>(pipe_group, pipe_group.next_group_name("gradients"), pipe_ranks);
   // Point-to-point connections to the neighbouring stages' ranks, made now in one global order.
   std::set<int> peers;
   if (pipe > 1) {
@@ -539,39 +552,51 @@ void PipelineStrategy::setup_environment() {
     if (r > 0 || options_.stages_per_rank > 1) peers.insert((r + pipe - 1) % pipe);
     if (r < pipe - 1 || options_.stages_per_rank > 1) peers.insert((r + 1) % pipe);
   }
-  Collective& pipe_group = pipe_mesh_->data_group();
-  std::vector<int> pipe_ranks;
-  for (int r = 0; r < pipe; ++r) pipe_ranks.push_back(r);
-  gradient_group_ = std::make_shared<Collective>(pipe_group, pipe_group.next_group_name("gradients"), pipe_ranks);
   pipe_group.connect_point_to_point(std::vector<int>(peers.begin(), peers.end()));
   gradient_group_->connect_point_to_point(std::vector<int>(peers.begin(), peers.end()));
 }
 
-const std::shared_ptr<DeviceMesh>& PipelineStrategy::device_mesh() const {
-  LF_CHECK(plan_ != nullptr, RuntimeError, "PipelineStrategy::device_mesh: the mesh forms in setup_environment "
-           "(fabric.launch() or the first fabric.setup); call it after.");
-  return plan_->mesh();
+const std::shared_ptr<DeviceMesh>& PipelinePlan::stage_mesh() const {
+  LF_CHECK(formed(), RuntimeError, "The pipeline strategy's mesh forms in setup_environment (fabric.launch() or the "
+           "first fabric.setup); call it after.");
+  return tensor_plan_->mesh();
 }
 
-int PipelineStrategy::pipe_size() const {
-  return pipe_mesh_ ? pipe_mesh_->size("pipe") : pipeline_shape(options_, world_size()).first;
+Collective& PipelinePlan::pipe_group() const {
+  stage_mesh();  // formed
+  return pipe_mesh_->data_group();
 }
 
-int PipelineStrategy::pipe_rank() const {
-  LF_CHECK(pipe_mesh_ != nullptr, RuntimeError, "PipelineStrategy::pipe_rank: the mesh forms in setup_environment "
-           "(fabric.launch() or the first fabric.setup); call it after.");
+Collective& PipelinePlan::stage_group() const {
+  stage_mesh();
+  return pipe_mesh_->tensor_group();
+}
+
+int PipelinePlan::pipe_size() const {
+  stage_mesh();
+  return pipe_mesh_->size("pipe");
+}
+
+int PipelinePlan::pipe_rank() const {
+  stage_mesh();
   return pipe_mesh_->coordinate("pipe");
 }
 
-std::vector<int> PipelineStrategy::local_stages() const {
+std::vector<int> PipelinePlan::local_stages() const {
   std::vector<int> stages;
   for (int chunk = 0; chunk < options_.stages_per_rank; ++chunk) stages.push_back(chunk * pipe_size() + pipe_rank());
   return stages;
 }
 
-std::shared_ptr<Collective> PipelineStrategy::data_parallel_group() { return device_mesh()->shared_data_group(); }
+PipelineImpl& PipelinePlan::as_pipeline(torch::nn::Module& module) {
+  auto* pipeline = dynamic_cast<PipelineImpl*>(&module);
+  LF_CHECK(pipeline != nullptr, ValueError, "The pipeline strategy sets up an lf::Pipeline (the model's layers in a "
+           "Sequential and its loss), but got a ", module.name(), ". Wrap the model: "
+           "fabric.setup(lf::Pipeline(layers, loss), optimizer) (docs/pipeline-parallel.md).");
+  return *pipeline;
+}
 
-void PipelineStrategy::keep_local_stages(PipelineImpl& pipeline) const {
+void PipelinePlan::keep_local_stages(PipelineImpl& pipeline) const {
   const int stages = pipe_size() * options_.stages_per_rank;
   const std::vector<int64_t> starts = pipeline.stage_starts(stages);  // ValueError when it cannot split
   const auto end_of = [&](int s) { return s + 1 < stages ? starts[static_cast<size_t>(s) + 1] : pipeline.size(); };
@@ -610,47 +635,13 @@ void PipelineStrategy::keep_local_stages(PipelineImpl& pipeline) const {
   }
 }
 
-namespace {
-PipelineImpl& as_pipeline(torch::nn::Module& module) {
-  auto* pipeline = dynamic_cast<PipelineImpl*>(&module);
-  LF_CHECK(pipeline != nullptr, ValueError, "The pipeline strategy sets up an lf::Pipeline (the model's layers in a "
-           "Sequential and its loss), but got a ", module.name(), ". Wrap the model: "
-           "fabric.setup(lf::Pipeline(layers, loss), optimizer) (docs/pipeline-parallel.md).");
-  return *pipeline;
-}
-}  // namespace
-
-void PipelineStrategy::materialize_meta_tensors(torch::nn::Module& module) {
-  setup_environment();
-  keep_local_stages(as_pipeline(module));  // only this rank's stages get memory
-  DDPStrategy::materialize_meta_tensors(module);
-}
-
-void PipelineStrategy::module_to_device(torch::nn::Module& module) const {
-  keep_local_stages(as_pipeline(module));  // only this rank's stages move
-  DDPStrategy::module_to_device(module);
-}
-
-void PipelineStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module) {
-  setup_environment();
-  PipelineImpl& pipeline = as_pipeline(*module);
-  LF_CHECK(precision()->loss_scaler() == nullptr, ValueError, "The pipeline strategy cannot use a precision with a "
-           "loss scaler (16-mixed): an overflow found on one stage would have to skip the step on every stage. "
-           "Choose precision \"bf16-mixed\", \"bf16-true\" or \"32-true\".");
-  keep_local_stages(pipeline);
-  if (options_.tensor_parallel_size > 1) {
-    // The stage's first rank's values on every rank of the stage before splitting, so every slice
-    // is a slice of one tensor and every unsplit tensor agrees within its tensor group.
-    broadcast_module_from_rank_zero(*module, {}, &pipe_mesh_->tensor_group());
-    plan_->parallelize(module);
-  }
-  DDPStrategy::setup_module(module);  // data rank 0's values to its stage's data group, gradient hooks
-  for (const auto& parameter : module->parameters()) local_parameters_.insert(parameter.unsafeGetTensorImpl());
+void PipelinePlan::attach(PipelineImpl& pipeline, int global_rank, at::Device device) {
+  for (const auto& parameter : pipeline.parameters()) local_parameters_.insert(parameter.unsafeGetTensorImpl());
   pipeline.runtime_ =
-      std::make_shared<PipelineRuntime>(options_, pipe_mesh_, gradient_group_, global_rank(), root_device(), last_step_);
+      std::make_shared<PipelineRuntime>(options_, pipe_mesh_, gradient_group_, global_rank, device, last_step_);
 }
 
-void PipelineStrategy::setup_optimizer(torch::optim::Optimizer& optimizer) {
+void PipelinePlan::keep_local_parameters(torch::optim::Optimizer& optimizer) const {
   for (auto& group : optimizer.param_groups()) {
     auto& params = group.params();
     params.erase(std::remove_if(params.begin(), params.end(),
@@ -659,43 +650,241 @@ void PipelineStrategy::setup_optimizer(torch::optim::Optimizer& optimizer) {
   }
 }
 
-double PipelineStrategy::clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm,
-                                                double norm_type, bool error_if_nonfinite) {
-  // Each stage's gradients are distinct (summed over the pipe group), and so are a split
-  // parameter's slices (summed over the tensor group too); a stage's data replicas hold the same
-  // averaged gradients, and its tensor group the same unsplit ones, counted once.
-  std::vector<at::Tensor> split, whole;
-  for (const auto& parameter : parameters) (plan_->split_dim(parameter) ? split : whole).push_back(parameter);
-  Collective& pipe = pipe_mesh_->data_group();
-  return TensorParallelPlan::clip(split, whole, {&pipe, &device_mesh()->tensor_group()}, {&pipe}, max_norm, norm_type,
-                                  error_if_nonfinite, root_device());
+Strategy::SamplerShare PipelinePlan::sampler_share(int world_size, int global_rank) const {
+  const int data = shape(world_size).second, tensor = options_.tensor_parallel_size;
+  return {data, global_rank / tensor % data};
 }
 
-Strategy::SamplerShare PipelineStrategy::sampler_share() const {
-  const int data = pipeline_shape(options_, world_size()).second, tensor = options_.tensor_parallel_size;
-  return {data, global_rank() / tensor % data};
+void PipelinePlan::check_precision(const Precision& precision) {
+  LF_CHECK(precision.loss_scaler() == nullptr, ValueError, "The pipeline strategy cannot use a precision with a "
+           "loss scaler (16-mixed): an overflow found on one stage would have to skip the step on every stage. "
+           "Choose precision \"bf16-mixed\", \"bf16-true\" or \"32-true\".");
 }
 
-void PipelineStrategy::backward(at::Tensor& loss, torch::nn::Module* module, const BackwardOptions& options) {
+void PipelinePlan::check_backward(const BackwardOptions& options) {
   LF_CHECK(!options.create_graph, ValueError, "fabric.backward(loss, BackwardOptions().higher_order()): the pipeline "
            "strategy computes each micro-batch's gradients inside the schedule, so there is no graph of them to "
            "differentiate again. Run gradient penalties under ddp or fsdp.");
   LF_CHECK(options.inputs.empty(), ValueError, "fabric.backward(loss, BackwardOptions().only(...)): the pipeline "
            "strategy hands a step's gradients to all of this rank's parameters at once. Freeze the parameters you do "
            "not want trained (requires_grad false) instead.");
+}
+
+namespace {
+// The ddp pipeline's checkpoint layout. Each stage's tensors (parameters, buffers, optimizer
+// state) live on its ranks only: a tensor split by tensor parallelism is this rank's box of it,
+// written by data rank 0; any other is whole, written by the stage's first rank (data and tensor
+// rank 0), as is what has no placement.
+class StageLayout : public CheckpointLayout {
+ public:
+  explicit StageLayout(const TensorParallelPlan& plan) : plan_(plan) {}
+  std::optional<Placement> placement(const at::Tensor& tensor) const override {
+    if (auto split = plan_.placement(tensor)) return split;
+    Placement placement = Placement::whole(tensor.sizes().vec());
+    placement.writes = writes_unplaced();
+    return placement;
+  }
+  bool every_rank_holds_every_tensor() const override { return false; }
+  bool writes_unplaced() const override { return plan_.mesh()->data_rank() == 0 && plan_.mesh()->tensor_rank() == 0; }
+
+ private:
+  const TensorParallelPlan& plan_;
+};
+
+// The fsdp pipeline's: fsdp's flat shards of each stage's parameters (every data rank writes its
+// own), everything else whole from the stage's data rank 0.
+class ShardedStageLayout : public CheckpointLayout {
+ public:
+  ShardedStageLayout(CheckpointLayout& engine, const DeviceMesh& stage) : engine_(engine), stage_(stage) {}
+  std::optional<Placement> placement(const at::Tensor& tensor) const override {
+    if (auto shard = engine_.placement(tensor)) return shard;
+    Placement placement = Placement::whole(tensor.sizes().vec());
+    placement.writes = writes_unplaced();
+    return placement;
+  }
+  at::Tensor saved_value(const at::Tensor& parameter) const override { return engine_.saved_value(parameter); }
+  std::vector<std::string> optimizer_parameter_names(const State& state, torch::optim::Optimizer& optimizer) const override {
+    return engine_.optimizer_parameter_names(state, optimizer);
+  }
+  StateDict restore(State& state, const StateDict& local, bool strict) override {
+    return engine_.restore(state, local, strict);
+  }
+  bool every_rank_holds_every_tensor() const override { return false; }
+  bool writes_unplaced() const override { return stage_.data_rank() == 0; }
+
+ private:
+  CheckpointLayout& engine_;
+  const DeviceMesh& stage_;
+};
+
+// True when some module inside the pipeline is an lf::FSDPUnit.
+bool holds_fsdp_unit(const torch::nn::Module& module) {
+  for (const auto& child : module.modules(/*include_self=*/false)) {
+    if (dynamic_cast<const FSDPUnitImpl*>(child.get()) != nullptr) return true;
+  }
+  return false;
+}
+}  // namespace
+
+// ---- ddp on the data dimension ----
+
+PipelineStrategy::PipelineStrategy(StrategyContext context, PipelineOptions options)
+    : DDPStrategy(std::move(context), options.data_parallel), plan_(std::make_unique<PipelinePlan>(std::move(options))) {}
+
+PipelineStrategy::~PipelineStrategy() = default;
+
+void PipelineStrategy::setup_environment() {
+  if (plan_->formed()) return;
+  DDPStrategy::setup_environment();
+  plan_->form(collective(), num_processes());
+}
+
+const std::shared_ptr<DeviceMesh>& PipelineStrategy::device_mesh() const { return plan_->stage_mesh(); }
+int PipelineStrategy::pipe_size() const { return plan_->pipe_size(); }
+int PipelineStrategy::pipe_rank() const { return plan_->pipe_rank(); }
+std::vector<int> PipelineStrategy::local_stages() const { return plan_->local_stages(); }
+PipelineStepStats PipelineStrategy::last_step() const { return plan_->last_step(); }
+std::shared_ptr<Collective> PipelineStrategy::data_parallel_group() { return device_mesh()->shared_data_group(); }
+
+void PipelineStrategy::materialize_meta_tensors(torch::nn::Module& module) {
+  setup_environment();
+  plan_->keep_local_stages(PipelinePlan::as_pipeline(module));  // only this rank's stages get memory
+  DDPStrategy::materialize_meta_tensors(module);
+}
+
+void PipelineStrategy::module_to_device(torch::nn::Module& module) const {
+  plan_->keep_local_stages(PipelinePlan::as_pipeline(module));  // only this rank's stages move
+  DDPStrategy::module_to_device(module);
+}
+
+void PipelineStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module) {
+  setup_environment();
+  PipelineImpl& pipeline = PipelinePlan::as_pipeline(*module);
+  PipelinePlan::check_precision(*precision());
+  plan_->keep_local_stages(pipeline);
+  if (plan_->options().tensor_parallel_size > 1) {
+    // The stage's first rank's values on every rank of the stage before splitting, so every slice
+    // is a slice of one tensor and every unsplit tensor agrees within its tensor group.
+    broadcast_module_from_rank_zero(*module, {}, &plan_->stage_group());
+    plan_->tensor_plan().parallelize(module);
+  }
+  DDPStrategy::setup_module(module);  // data rank 0's values to its stage's data group, gradient hooks
+  plan_->attach(pipeline, global_rank(), root_device());
+}
+
+void PipelineStrategy::setup_optimizer(torch::optim::Optimizer& optimizer) { plan_->keep_local_parameters(optimizer); }
+
+double PipelineStrategy::clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm,
+                                                double norm_type, bool error_if_nonfinite) {
+  // Each stage's gradients are distinct (summed over the pipe group), and so are a split
+  // parameter's slices (summed over the tensor group too); a stage's data replicas hold the same
+  // averaged gradients, and its tensor group the same unsplit ones, counted once.
+  std::vector<at::Tensor> split, whole;
+  for (const auto& parameter : parameters) (plan_->tensor_plan().split_dim(parameter) ? split : whole).push_back(parameter);
+  Collective& pipe = plan_->pipe_group();
+  return TensorParallelPlan::clip(split, whole, {&pipe, &device_mesh()->tensor_group()}, {&pipe}, max_norm, norm_type,
+                                  error_if_nonfinite, root_device());
+}
+
+Strategy::SamplerShare PipelineStrategy::sampler_share() const { return plan_->sampler_share(world_size(), global_rank()); }
+
+void PipelineStrategy::backward(at::Tensor& loss, torch::nn::Module* module, const BackwardOptions& options) {
+  PipelinePlan::check_backward(options);
   DDPStrategy::backward(loss, module, options);
 }
 
 CheckpointWrite PipelineStrategy::prepare_checkpoint(const std::string& call, const fs::path& path, const State& state,
                                                      const StateFilter& filter, bool host_copy) {
-  return prepare_sharded_save(*this, call, path, state, filter, host_copy, StageLayout(*plan_), false);
+  return prepare_sharded_save(*this, call, path, state, filter, host_copy, StageLayout(plan_->tensor_plan()), false);
 }
 
 StateDict PipelineStrategy::load_checkpoint(const fs::path& path, State* state, bool strict) {
-  StageLayout layout(*plan_);
+  StageLayout layout(plan_->tensor_plan());
   return load_sharded(*this, path, state, strict, layout);
 }
 
-PipelineStepStats PipelineStrategy::last_step() const { return *last_step_; }
+// ---- fsdp on the data dimension ----
+
+FSDPPipelineStrategy::FSDPPipelineStrategy(StrategyContext context, PipelineOptions options)
+    : FSDPStrategy(std::move(context), fully_sharded_checked(options).fully_sharded),
+      plan_(std::make_unique<PipelinePlan>(std::move(options))) {}
+
+FSDPPipelineStrategy::~FSDPPipelineStrategy() = default;
+
+std::string FSDPPipelineStrategy::name() const { return plan_->options().data_parallel.name; }
+
+void FSDPPipelineStrategy::setup_environment() {
+  if (plan_->formed()) return;
+  FSDPStrategy::setup_environment();
+  plan_->form(collective(), num_processes());
+  shard_over(plan_->stage_mesh()->shared_data_group());
+}
+
+const std::shared_ptr<DeviceMesh>& FSDPPipelineStrategy::device_mesh() const { return plan_->stage_mesh(); }
+int FSDPPipelineStrategy::pipe_size() const { return plan_->pipe_size(); }
+int FSDPPipelineStrategy::pipe_rank() const { return plan_->pipe_rank(); }
+std::vector<int> FSDPPipelineStrategy::local_stages() const { return plan_->local_stages(); }
+PipelineStepStats FSDPPipelineStrategy::last_step() const { return plan_->last_step(); }
+Collective& FSDPPipelineStrategy::data_parallel_group() { return device_mesh()->data_group(); }
+int FSDPPipelineStrategy::data_parallel_size() const { return plan_->shape(world_size()).second; }
+int FSDPPipelineStrategy::data_parallel_rank() const { return sampler_share().rank; }
+
+void FSDPPipelineStrategy::materialize_meta_tensors(torch::nn::Module& module) {
+  setup_environment();
+  plan_->keep_local_stages(PipelinePlan::as_pipeline(module));
+  FSDPStrategy::materialize_meta_tensors(module);
+}
+
+void FSDPPipelineStrategy::module_to_device(torch::nn::Module& module) const {
+  plan_->keep_local_stages(PipelinePlan::as_pipeline(module));
+  FSDPStrategy::module_to_device(module);
+}
+
+void FSDPPipelineStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module) {
+  setup_environment();
+  PipelineImpl& pipeline = PipelinePlan::as_pipeline(*module);
+  PipelinePlan::check_precision(*precision());
+  LF_CHECK(!holds_fsdp_unit(*module), ValueError, "The pipeline strategy with fsdp on the data dimension makes each "
+           "stage one sharding unit, but the lf::Pipeline holds an lf::FSDPUnit, which every micro-batch's forward "
+           "and backward would gather again. Use its plain layers.");
+  plan_->keep_local_stages(pipeline);
+  FSDPStrategy::setup_module(module);  // data rank 0's values to the stage's data group, then sharded over it
+  plan_->attach(pipeline, global_rank(), root_device());
+}
+
+void FSDPPipelineStrategy::setup_optimizer(torch::optim::Optimizer& optimizer) {
+  plan_->keep_local_parameters(optimizer);
+  FSDPStrategy::setup_optimizer(optimizer);  // the stage's parameters become their shards
+}
+
+double FSDPPipelineStrategy::clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm,
+                                                    double norm_type, bool error_if_nonfinite) {
+  // The optimizer steps shards: distinct across the shard group (under NO_SHARD each data rank
+  // holds the whole stage, counted once) and across the stages.
+  std::vector<Collective*> groups;
+  if (shard_group_size() > 1) groups.push_back(&shard_group());
+  groups.push_back(&plan_->pipe_group());
+  return TensorParallelPlan::clip(parameters, {}, groups, {}, max_norm, norm_type, error_if_nonfinite, root_device());
+}
+
+Strategy::SamplerShare FSDPPipelineStrategy::sampler_share() const {
+  return plan_->sampler_share(world_size(), global_rank());
+}
+
+void FSDPPipelineStrategy::backward(at::Tensor& loss, torch::nn::Module* module, const BackwardOptions& options) {
+  PipelinePlan::check_backward(options);
+  FSDPStrategy::backward(loss, module, options);
+}
+
+CheckpointWrite FSDPPipelineStrategy::prepare_checkpoint(const std::string& call, const fs::path& path,
+                                                         const State& state, const StateFilter& filter, bool host_copy) {
+  return prepare_sharded_save(*this, call, path, state, filter, host_copy, ShardedStageLayout(*engine_, *device_mesh()),
+                              false);
+}
+
+StateDict FSDPPipelineStrategy::load_checkpoint(const fs::path& path, State* state, bool strict) {
+  ShardedStageLayout layout(*engine_, *device_mesh());
+  return load_sharded(*this, path, state, strict, layout);
+}
 
 }  // namespace lightning::fabric

@@ -29,19 +29,18 @@
 #include <functional>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "lightning/fabric/strategies/ddp.h"
 #include "lightning/fabric/strategies/device_mesh.h"
+#include "lightning/fabric/strategies/fsdp.h"
 #include "lightning/fabric/strategies/model_parallel.h"
 
 namespace lightning::fabric {
 
-class PipelineRuntime;     // the schedule's executor (private to the library)
-class TensorParallelPlan;  // model_parallel.h
+class PipelineRuntime;  // the schedule's executor (private to the library)
 
 /// A model as consecutive layers (each takes the previous layer's output tensor and returns one
 /// tensor) and the loss of the last layer's output against a target. Under the pipeline
@@ -76,7 +75,7 @@ class LF_API PipelineImpl : public torch::nn::Module {
   const LossFunction& loss() const { return loss_; }
 
  private:
-  friend class PipelineStrategy;
+  friend class PipelinePlan;
   friend class PipelineRuntime;
   std::vector<std::pair<std::string, torch::nn::AnyModule>> layers_;
   LossFunction loss_;
@@ -107,16 +106,22 @@ struct LF_API PipelineOptions {
   int micro_batches = 4;
   /// Stages on each rank: 1, or more with Interleaved1F1B or GPipe (stage s on pipe rank s % P).
   int stages_per_rank = 1;
+  /// What runs on the data dimension: "ddp" (PipelineStrategy) or "fsdp" (FSDPPipelineStrategy).
+  std::string data_parallel_strategy = "ddp";
   /// The data dimension's ddp: buckets, process group, buffer broadcast. Its name is the
-  /// strategy's ("pipeline").
+  /// strategy's ("pipeline") under either data dimension.
   DDPOptions data_parallel;
+  /// The data dimension's fsdp: FULL_SHARD, SHARD_GRAD_OP or NO_SHARD, mixed precision, process
+  /// group (units: each stage is one; auto_wrap is refused).
+  FSDPOptions fully_sharded;
 };
 
 /// For FabricOptions().strategy(...). ValueError for non-positive sizes or micro_batches, an
-/// unknown schedule, or a schedule that cannot run stages_per_rank stages per rank.
+/// unknown schedule or data_parallel_strategy, a schedule that cannot run stages_per_rank stages
+/// per rank, or invalid ddp or fsdp settings.
 LF_API StrategySpec pipeline_strategy(PipelineOptions options = PipelineOptions());
 
-/// One training step of this rank, as the schedule ran it (PipelineStrategy::last_step).
+/// One training step of this rank, as the schedule ran it (PipelineParallel::last_step).
 struct LF_API PipelineStepStats {
   double step_seconds = 0;      // from the first action to the last send's completion
   double compute_seconds = 0;   // forward_seconds + backward_seconds
@@ -127,7 +132,25 @@ struct LF_API PipelineStepStats {
   double idle_fraction() const { return step_seconds > 0 ? 1.0 - compute_seconds / step_seconds : 0.0; }
 };
 
-class LF_API PipelineStrategy : public DDPStrategy, public MeshStrategy {
+/// What both pipeline strategies offer, whatever runs on the data dimension:
+/// fabric.strategy_as<lf::PipelineParallel>().last_step(). device_mesh() is this rank's stage
+/// mesh, (data size, tensor size) over the ranks of its stage, as model_parallel's (the one
+/// parallelize and the tensor-parallel loss take). Ranks are rank = pipe rank x (data x tensor) +
+/// data rank x tensor + tensor rank: a stage's ranks are consecutive, its tensor groups innermost.
+class LF_API PipelineParallel : public MeshStrategy {
+ public:
+  virtual int pipe_size() const = 0;
+  virtual int pipe_rank() const = 0;
+  /// The stages this rank runs, along the model.
+  virtual std::vector<int> local_stages() const = 0;
+  /// The last training step's timing on this rank (zeros before the first).
+  virtual PipelineStepStats last_step() const = 0;
+};
+
+class PipelinePlan;  // the meshes, the kept layers, the executor (private to the library)
+
+/// The pipeline with ddp on the data dimension (PipelineOptions::data_parallel_strategy "ddp").
+class LF_API PipelineStrategy : public DDPStrategy, public PipelineParallel {
  public:
   PipelineStrategy(StrategyContext context, PipelineOptions options);
   ~PipelineStrategy() override;
@@ -135,51 +158,83 @@ class LF_API PipelineStrategy : public DDPStrategy, public MeshStrategy {
   /// Forms the process group and the (pipe, data, tensor) mesh (collective). ValueError when the
   /// sizes do not make the world size.
   void setup_environment() override;
-  /// This rank's stage mesh: (data size, tensor size) over the ranks of its stage, as
-  /// model_parallel's mesh (the one parallelize and the tensor-parallel loss take). Ranks are
-  /// rank = pipe rank x (data x tensor) + data rank x tensor + tensor rank: a stage's ranks are
-  /// consecutive, its tensor groups innermost.
   const std::shared_ptr<DeviceMesh>& device_mesh() const override;
-  int pipe_size() const;
-  int pipe_rank() const;
-  /// The stages this rank runs, along the model.
-  std::vector<int> local_stages() const;
-  const PipelineOptions& pipeline_options() const { return options_; }
+  int pipe_size() const override;
+  int pipe_rank() const override;
+  std::vector<int> local_stages() const override;
+  PipelineStepStats last_step() const override;
 
   void materialize_meta_tensors(torch::nn::Module& module) override;
   void module_to_device(torch::nn::Module& module) const override;
-  /// Keeps this rank's stages of an lf::Pipeline (ValueError for any other module, or a split
-  /// that does not match the stage count), then sets them up for ddp over the data group.
+  /// Keeps this rank's stages of an lf::Pipeline (ValueError for any other module, a split that
+  /// does not match the stage count, tied weights across stages, a stage with nothing to train),
+  /// splits their tensor-parallel layers, then sets them up for ddp over the data group.
   void setup_module(const std::shared_ptr<torch::nn::Module>& module) override;
   /// Drops the parameters of other ranks' stages from the optimizer's groups.
   void setup_optimizer(torch::optim::Optimizer& optimizer) override;
-  /// The norm over every stage's gradients (each counted once).
+  /// The norm over every stage's gradients (each element counted once).
   double clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type,
                                 bool error_if_nonfinite) override;
   SamplerShare sampler_share() const override;
   /// Refuses fabric.backward's options the pipeline cannot honour (see docs), then as ddp.
   void backward(at::Tensor& loss, torch::nn::Module* module, const BackwardOptions& options) override;
-  /// Reads a folder or file written under any pipeline shape (or by one process) and restores
-  /// this rank's stages (collective).
+  /// Reads a folder or file written under any pipeline shape and restores this rank's stages
+  /// (collective).
   StateDict load_checkpoint(const std::filesystem::path& path, State* state, bool strict) override;
-  /// The last training step's timing on this rank (zeros before the first).
-  PipelineStepStats last_step() const;
 
  protected:
   std::shared_ptr<Collective> data_parallel_group() override;
-  /// A folder (torch.distributed.checkpoint's layout): each stage's tensors written by its data
-  /// rank 0; `lightning-run model consolidate` turns it into one file.
+  /// A folder (torch.distributed.checkpoint's layout): each stage's tensors written by its ranks;
+  /// `lightning-run model consolidate` turns it into one file.
   CheckpointWrite prepare_checkpoint(const std::string& call, const std::filesystem::path& path, const State& state,
                                      const StateFilter& filter, bool host_copy) override;
 
  private:
-  void keep_local_stages(PipelineImpl& pipeline) const;
-  PipelineOptions options_;
-  std::shared_ptr<DeviceMesh> pipe_mesh_;  // (pipe, stage ranks): its first dimension's groups are the pipe groups
-  std::shared_ptr<Collective> gradient_group_;  // this rank's pipe group again, for gradients
-  std::unique_ptr<TensorParallelPlan> plan_;  // the stage mesh and the split parameters
-  std::shared_ptr<PipelineStepStats> last_step_;       // written by every set-up pipeline's steps
-  std::set<const c10::TensorImpl*> local_parameters_;  // this rank's stages' parameters
+  std::unique_ptr<PipelinePlan> plan_;
+};
+
+/// The pipeline with fsdp on the data dimension (data_parallel_strategy "fsdp"): each stage's
+/// parameters sharded over its data group, gradients reduce-scattered there, optimizer state
+/// sharded. Each stage is one sharding unit: its full parameters are gathered at the step's first
+/// forward and kept through the schedule (every micro-batch's forward and backward) until
+/// fabric.backward has reduce-scattered the step's gradients; FULL_SHARD then frees them until the
+/// next step, SHARD_GRAD_OP keeps them (as Python's fully_shard(reshard_after_forward=False),
+/// which TorchTitan uses under pipelining).
+class LF_API FSDPPipelineStrategy : public FSDPStrategy, public PipelineParallel {
+ public:
+  /// ValueError for HYBRID_SHARD, auto-wrapped units, or tensor_parallel_size > 1.
+  FSDPPipelineStrategy(StrategyContext context, PipelineOptions options);
+  ~FSDPPipelineStrategy() override;
+  std::string name() const override;
+
+  void setup_environment() override;
+  const std::shared_ptr<DeviceMesh>& device_mesh() const override;
+  int pipe_size() const override;
+  int pipe_rank() const override;
+  std::vector<int> local_stages() const override;
+  PipelineStepStats last_step() const override;
+
+  void materialize_meta_tensors(torch::nn::Module& module) override;
+  void module_to_device(torch::nn::Module& module) const override;
+  /// As PipelineStrategy's, then fsdp over the stage's data group (ValueError for an lf::FSDPUnit
+  /// inside the pipeline: the stage is the unit).
+  void setup_module(const std::shared_ptr<torch::nn::Module>& module) override;
+  void setup_optimizer(torch::optim::Optimizer& optimizer) override;
+  double clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type,
+                                bool error_if_nonfinite) override;
+  SamplerShare sampler_share() const override;
+  void backward(at::Tensor& loss, torch::nn::Module* module, const BackwardOptions& options) override;
+  StateDict load_checkpoint(const std::filesystem::path& path, State* state, bool strict) override;
+
+ protected:
+  Collective& data_parallel_group() override;
+  int data_parallel_size() const override;
+  int data_parallel_rank() const override;
+  CheckpointWrite prepare_checkpoint(const std::string& call, const std::filesystem::path& path, const State& state,
+                                     const StateFilter& filter, bool host_copy) override;
+
+ private:
+  std::unique_ptr<PipelinePlan> plan_;
 };
 
 }  // namespace lightning::fabric

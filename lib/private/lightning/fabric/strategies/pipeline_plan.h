@@ -1,0 +1,68 @@
+// What both pipeline strategies share, whatever runs on the data dimension (ddp:
+// PipelineStrategy, fsdp: FSDPPipelineStrategy): the (pipe, data, tensor) mesh and its groups,
+// which layers this rank keeps, the schedule's executor attached to each set-up lf::Pipeline, the
+// optimizer's share, the sampler's share and the checks every pipeline makes. Private to the
+// library (docs/pipeline-parallel.md).
+#pragma once
+
+#include <memory>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "lightning/fabric/strategies/pipeline.h"
+#include "lightning/fabric/strategies/tensor_parallel_plan.h"
+
+namespace lightning::fabric {
+
+class Collective;
+
+class PipelinePlan {
+ public:
+  explicit PipelinePlan(PipelineOptions options);
+  const PipelineOptions& options() const { return options_; }
+
+  /// (pipe, data) for this world size; ValueError unless pipe x data x tensor makes it.
+  std::pair<int, int> shape(int world_size) const;
+  /// Forms the meshes and groups once (collective over world), and connects each rank to its
+  /// neighbouring stages' ranks.
+  void form(Collective& world, int per_node);
+  bool formed() const { return pipe_mesh_ != nullptr; }
+  /// The stage's (data, tensor) mesh; RuntimeError before form.
+  const std::shared_ptr<DeviceMesh>& stage_mesh() const;
+  const TensorParallelPlan& tensor_plan() const { return *tensor_plan_; }
+  TensorParallelPlan& tensor_plan() { return *tensor_plan_; }
+  /// This rank's pipe group (its neighbours in other stages, same data and tensor coordinates).
+  Collective& pipe_group() const;
+  /// Every rank of this rank's stage (data x tensor of them).
+  Collective& stage_group() const;
+  int pipe_size() const;
+  int pipe_rank() const;
+  std::vector<int> local_stages() const;
+
+  /// ValueError unless module is an lf::Pipeline.
+  static PipelineImpl& as_pipeline(torch::nn::Module& module);
+  /// Checks the split (once), then unregisters and frees every layer of other ranks' stages.
+  void keep_local_stages(PipelineImpl& pipeline) const;
+  /// After the data dimension's setup: notes this rank's parameters and gives the pipeline its
+  /// executor.
+  void attach(PipelineImpl& pipeline, int global_rank, at::Device device);
+  /// Drops other ranks' parameters from the optimizer's groups.
+  void keep_local_parameters(torch::optim::Optimizer& optimizer) const;
+  Strategy::SamplerShare sampler_share(int world_size, int global_rank) const;
+  PipelineStepStats last_step() const { return *last_step_; }
+
+  /// Refusals every pipeline shares: a precision with a loss scaler; backward options it cannot honour.
+  static void check_precision(const Precision& precision);
+  static void check_backward(const BackwardOptions& options);
+
+ private:
+  PipelineOptions options_;
+  std::shared_ptr<DeviceMesh> pipe_mesh_;         // (pipe, stage ranks): first-dimension groups are the pipe groups
+  std::shared_ptr<Collective> gradient_group_;    // this rank's pipe group again, for gradients
+  std::unique_ptr<TensorParallelPlan> tensor_plan_;  // the stage mesh and the split parameters
+  std::shared_ptr<PipelineStepStats> last_step_;  // written by every attached pipeline's steps
+  std::set<const c10::TensorImpl*> local_parameters_;
+};
+
+}  // namespace lightning::fabric
