@@ -21,6 +21,8 @@
 //   --halve-batch-after N    steps after step N get half the batch (stage outputs change shape)
 //   --save PATH / --resume PATH   fabric.save({model, optimizer, step}) after training / load it
 //                            first and train from its step on (the reference trains from 0)
+//   --meta                   build the model under fabric.init_module(true): on the meta device, only
+//                            this rank's stages materialised (with the values a normal build has)
 //   --no-momentum            SGD without momentum (no per-parameter optimizer state)
 //   --adam                   AdamW (step counts in the optimizer state; eps 1e-3, so that gradients
 //                            that are rounding noise, such as the key bias's, stay noise) instead of
@@ -59,7 +61,7 @@ struct Flags {
   int fail_stage = -1, halve_batch_after = -1;
   std::vector<int64_t> stage_starts;
   std::string save, resume;
-  bool bench = false, adam = false, momentum = true;
+  bool bench = false, adam = false, momentum = true, meta = false;
 };
 
 Flags parse(int argc, char** argv) {
@@ -90,6 +92,7 @@ Flags parse(int argc, char** argv) {
     else if (name == "--bench") flags.bench = true;
     else if (name == "--adam") flags.adam = true;
     else if (name == "--no-momentum") flags.momentum = false;
+    else if (name == "--meta") flags.meta = true;
     else if (name == "--stage-starts" && has_value) {
       std::stringstream list(argv[++i]);
       for (std::string item; std::getline(list, item, ',');) flags.stage_starts.push_back(std::atoll(item.c_str()));
@@ -162,7 +165,16 @@ int main(int argc, char** argv) {
   }
 
   torch::manual_seed(42);
+  std::optional<lf::ScopeGuard> on_meta;
+  if (flags.meta) on_meta.emplace(fabric.init_module(/*empty_init=*/true));
   lf::Pipeline model(layers(trip_layer), loss, flags.stage_starts);
+  on_meta.reset();
+  if (flags.meta) {
+    int64_t meta = 0;
+    for (const auto& p : model->parameters()) meta += p.is_meta();
+    expect(meta == static_cast<int64_t>(model->parameters().size()), "init_module(true) built " +
+           std::to_string(meta) + " of " + std::to_string(model->parameters().size()) + " parameters on the meta device");
+  }
   torch::manual_seed(42);
   lf::Pipeline reference(layers(-1), reference_loss_of, flags.stage_starts);
   const auto make_optimizer = [&](const std::vector<at::Tensor>& parameters) -> std::shared_ptr<torch::optim::Optimizer> {

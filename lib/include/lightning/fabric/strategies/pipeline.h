@@ -164,6 +164,8 @@ class LF_API PipelineStrategy : public DDPStrategy, public PipelineParallel {
   std::vector<int> local_stages() const override;
   PipelineStepStats last_step() const override;
 
+  /// init_module(true) builds on the meta device; setup materialises only this rank's stages.
+  bool builds_on_meta_device() const override { return true; }
   void materialize_meta_tensors(torch::nn::Module& module) override;
   void module_to_device(torch::nn::Module& module) const override;
   /// Keeps this rank's stages of an lf::Pipeline (ValueError for any other module, a split that
