@@ -21,6 +21,7 @@
 //   --halve-batch-after N    steps after step N get half the batch (stage outputs change shape)
 //   --save PATH / --resume PATH   fabric.save({model, optimizer, step}) after training / load it
 //                            first and train from its step on (the reference trains from 0)
+//   --from-launcher          no strategy in code: lightning-run --strategy pipeline's defaults
 //   --meta                   build the model under fabric.init_module(true): on the meta device, only
 //                            this rank's stages materialised (with the values a normal build has)
 //   --no-momentum            SGD without momentum (no per-parameter optimizer state)
@@ -29,7 +30,8 @@
 //                            SGD with momentum
 //   --bench                  no reference; prints each rank's step time (the slowest rank's), idle
 //                            fraction against it, forward and backward time, peak micro-batches in
-//                            flight and peak resident memory, as medians over the steps after the first
+//                            flight, as medians over the steps after the first, and how far training
+//                            raised the peak resident memory above what setup left (activations)
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -61,7 +63,7 @@ struct Flags {
   int fail_stage = -1, halve_batch_after = -1;
   std::vector<int64_t> stage_starts;
   std::string save, resume;
-  bool bench = false, adam = false, momentum = true, meta = false;
+  bool bench = false, adam = false, momentum = true, meta = false, from_launcher = false;
 };
 
 Flags parse(int argc, char** argv) {
@@ -93,6 +95,7 @@ Flags parse(int argc, char** argv) {
     else if (name == "--adam") flags.adam = true;
     else if (name == "--no-momentum") flags.momentum = false;
     else if (name == "--meta") flags.meta = true;
+    else if (name == "--from-launcher") flags.from_launcher = true;
     else if (name == "--stage-starts" && has_value) {
       std::stringstream list(argv[++i]);
       for (std::string item; std::getline(list, item, ',');) flags.stage_starts.push_back(std::atoll(item.c_str()));
@@ -127,11 +130,11 @@ torch::nn::Sequential layers(int trip_layer) {
   return built;
 }
 
-// This process's peak resident memory (VmHWM), in MiB.
-double peak_rss_mb() {
+// This process's resident memory now (VmRSS) or at its peak (VmHWM), in MiB.
+double rss_mb(const std::string& field = "VmHWM:") {
   std::ifstream status("/proc/self/status");
   for (std::string line; std::getline(status, line);) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::atof(line.c_str() + 6) / 1024.0;
+    if (line.rfind(field, 0) == 0) return std::atof(line.c_str() + field.size()) / 1024.0;
   }
   return 0.0;
 }
@@ -144,7 +147,9 @@ double median(std::vector<double> values) {
 
 int main(int argc, char** argv) {
   Flags flags = parse(argc, argv);
-  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").strategy(lf::pipeline_strategy(flags.options)));
+  lf::FabricOptions options = lf::FabricOptions().accelerator("cpu");
+  if (!flags.from_launcher) options.strategy(lf::pipeline_strategy(flags.options));
+  lf::Fabric fabric(options);
   auto& strategy = fabric.strategy_as<lf::PipelineParallel>();
   fabric.strategy()->setup_environment();
   const auto& mesh = strategy.device_mesh();
@@ -203,6 +208,7 @@ int main(int argc, char** argv) {
     first_step = state.at("step").value().toInt();
   }
   std::vector<double> step_times, idle, peaks, forwards, backwards;
+  const double rss_before_training = rss_mb("VmRSS:");
   for (int64_t step = 0; step < first_step + flags.steps; ++step) {
     const int64_t batch = flags.halve_batch_after >= 0 && step > flags.halve_batch_after ? flags.batch / 2 : flags.batch;
     const int64_t rows = batch / data;
@@ -297,8 +303,8 @@ int main(int argc, char** argv) {
     std::cout << "pipeline bench rank " << fabric.global_rank() << " stages " << local.str() << " schedule "
               << flags.options.schedule << " micro-batches " << m << " step_ms " << median(step_times) * 1e3
               << " idle " << median(idle) << " forward_ms " << median(forwards) * 1e3 << " backward_ms "
-              << median(backwards) * 1e3 << " peak_micro_batches " << median(peaks) << " peak_rss_mb "
-              << peak_rss_mb() << std::endl;
+              << median(backwards) * 1e3 << " peak_micro_batches " << median(peaks) << " training_rss_growth_mb "
+              << rss_mb() - rss_before_training << std::endl;
   }
   if (failures > 0) return 1;
   std::cout << "pipeline checks passed on rank " << fabric.global_rank() << " (stages " << local.str() << ", data "
