@@ -41,6 +41,7 @@
 #include <sstream>
 #include <string>
 
+#include "expect.h"
 #include "lightning/fabric.h"
 #include "pipeline_gpt.h"
 
@@ -49,12 +50,7 @@ namespace lf = lightning::fabric;
 namespace {
 examples::PipelineGptSettings kSettings{/*vocab=*/32, /*seq=*/8, /*d_model=*/16, /*heads=*/4, /*blocks=*/6};
 
-int failures = 0;
-void expect(bool ok, const std::string& what) {
-  if (ok) return;
-  std::cout << "FAIL: " << what << std::endl;
-  ++failures;
-}
+using checks::expect;
 
 struct Flags {
   std::optional<int> pipe;
@@ -306,7 +302,7 @@ int main(int argc, char** argv) {
               << median(backwards) * 1e3 << " peak_micro_batches " << median(peaks) << " training_rss_growth_mb "
               << rss_mb() - rss_before_training << std::endl;
   }
-  if (failures > 0) return 1;
+  if (checks::failures() > 0) return 1;
   std::cout << "pipeline checks passed on rank " << fabric.global_rank() << " (stages " << local.str() << ", data "
             << data_rank << " of " << data << ")" << std::endl;
   return 0;

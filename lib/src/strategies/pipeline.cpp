@@ -27,6 +27,7 @@
 #include "lightning/fabric/strategies/pipeline_schedule.h"
 #include "lightning/fabric/strategies/tensor_parallel_plan.h"
 #include "lightning/fabric/tensor_parallel/layers.h"
+#include "lightning/fabric/utilities/profiled_range.h"
 #include "lightning/fabric/utilities/meta_init.h"
 
 namespace lightning::fabric {
@@ -92,18 +93,6 @@ at::Tensor PipelineImpl::run_layers(int64_t begin, int64_t end, const at::Tensor
 // ---- the executor ----
 
 namespace {
-// A profiler range with a name made only while a profiler runs.
-class ScheduleRange {
- public:
-  template <class Name>
-  explicit ScheduleRange(Name&& name) : range_(at::RecordScope::USER_SCOPE) {
-    if (range_.isActive()) range_.before(name());
-  }
-
- private:
-  at::RecordFunction range_;
-};
-
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -327,7 +316,7 @@ at::Tensor PipelineRuntime::run_step(PipelineImpl& pipeline, const at::Tensor& i
   for (const PipelineAction& action : actions) {
     const int s = action.stage, i = action.micro_batch;
     const bool forward = action.kind == PipelineAction::Kind::Forward;
-    ScheduleRange range([&] {
+    ProfiledRange range([&] {
       return std::string(forward ? "lf::pipeline forward" : "lf::pipeline backward") + " stage " + std::to_string(s) +
              " micro-batch " + std::to_string(i);
     });

@@ -17,6 +17,7 @@
 #include "lightning/fabric/hang/hang_watchdog.h"
 #include "lightning/fabric/plugins/collectives/collective_backend.h"
 #include "lightning/fabric/plugins/collectives/collective_rendezvous.h"
+#include "lightning/fabric/utilities/profiled_range.h"
 
 namespace lightning::fabric {
 namespace {
@@ -222,20 +223,6 @@ std::string call_text(const int64_t* fields) {
   return text.str();
 }
 
-// A profiler range (utilities/profiler.h) named as the flight recorder names the call: "#12 all_gather
-// float32[4, 8] on world" (no "#seq" without a recorder). Free when no profiler runs: the name is
-// built only when one does.
-class ProfiledCall {
- public:
-  template <class Name>
-  explicit ProfiledCall(Name&& name) : range_(at::RecordScope::USER_SCOPE) {
-    if (range_.isActive()) range_.before(name());
-  }
-
- private:
-  at::RecordFunction range_;
-};
-
 std::string call_name(uint64_t seq, const char* op, const std::string& group, const at::Tensor* tensor) {
   std::ostringstream name;
   if (seq != 0) name << "#" << seq << " ";
@@ -256,7 +243,7 @@ class RecordedCall {
 
  private:
   flight::Scope scope_;
-  ProfiledCall range_;
+  ProfiledRange range_;
 };
 
 RecordedCall record(flight::Recorder* recorder, const char* op, const std::string& group, const at::Tensor* tensor) {
@@ -381,7 +368,7 @@ uint64_t Collective::begin_async(int op, const at::Tensor& tensor) {
                                                   tensor.sizes().data(), tensor.sizes().size(),
                                                   static_cast<uint64_t>(tensor.numel()))
                                 : 0;
-  if (impl_->options.settings.check_collectives) {
+  if (impl_->options.settings.check_collectives && op != kSend && op != kRecv) {  // point-to-point: the peer alone
     if (recorder) recorder->wait(seq);
     try {
       check_call(op, &tensor);
@@ -425,7 +412,7 @@ std::function<void()> Collective::all_reduce_start_(at::Tensor& tensor) {
 
 void Collective::wait_recorded(const c10::intrusive_ptr<c10d::Work>& work, uint64_t seq) const {
   flight::Recorder* recorder = impl_->recorder;
-  const ProfiledCall range([&] {
+  const ProfiledRange range([&] {
     const auto call = recorder ? recorder->call(seq) : std::nullopt;
     return (call ? call->describe() : "collective on " + impl_->name) + " (wait)";
   });
@@ -633,45 +620,30 @@ void Collective::recv_(at::Tensor& tensor, int src) {
   stage.write_back();
 }
 
-namespace {
-void check_started_point_to_point(const char* call, const at::Tensor& tensor, at::Device device, int peer, int rank,
-                                  int world_size, int tag) {
-  LF_CHECK(peer >= 0 && peer < world_size && peer != rank, ValueError, call, ": peer ", peer,
-           " must be another rank of the group (0..", world_size - 1, ", not this rank ", rank, ").");
-  LF_CHECK(tensor.device() == device && tensor.is_contiguous() && tag >= 0, ValueError, call, ": the tensor must be "
-           "contiguous and on the group's device ", device, " and the tag non-negative; got ", tensor.device(),
-           tensor.is_contiguous() ? "" : " (not contiguous)", ", tag ", tag, ".");
-}
-}  // namespace
 
 std::function<void()> Collective::send_start(const at::Tensor& tensor, int dst, int tag) {
-  check_started_point_to_point("send_start", tensor, impl_->device, dst, impl_->rank, impl_->world_size, tag);
-  ++impl_->operations;
-  flight::Recorder* recorder = impl_->recorder;
-  const uint64_t seq = recorder ? recorder->begin(op_name(kSend), impl_->name, dtype_name(tensor.scalar_type()),
-                                                  tensor.sizes().data(), tensor.sizes().size(),
-                                                  static_cast<uint64_t>(tensor.numel()))
-                                : 0;
-  std::vector<at::Tensor> one{tensor};
-  auto work = issue_recorded(recorder, seq, /*runs_in_call=*/false, [&] {
-    return point_to_point(dst, [&](c10d::Backend& group, int peer) { return group.send(one, peer, tag); });
-  });
-  return [this, work, seq, one] { wait_recorded(work, seq); };  // one: the bytes stay alive until sent
+  return start_point_to_point(kSend, tensor, dst, tag);
 }
 
 std::function<void()> Collective::recv_start_(at::Tensor& tensor, int src, int tag) {
-  check_started_point_to_point("recv_start_", tensor, impl_->device, src, impl_->rank, impl_->world_size, tag);
-  ++impl_->operations;
-  flight::Recorder* recorder = impl_->recorder;
-  const uint64_t seq = recorder ? recorder->begin(op_name(kRecv), impl_->name, dtype_name(tensor.scalar_type()),
-                                                  tensor.sizes().data(), tensor.sizes().size(),
-                                                  static_cast<uint64_t>(tensor.numel()))
-                                : 0;
+  return start_point_to_point(kRecv, tensor, src, tag);
+}
+
+std::function<void()> Collective::start_point_to_point(int op, const at::Tensor& tensor, int peer, int tag) {
+  const char* call = op == kSend ? "send_start" : "recv_start_";
+  LF_CHECK(peer >= 0 && peer < impl_->world_size && peer != impl_->rank, ValueError, call, ": peer ", peer,
+           " must be another rank of the group (0..", impl_->world_size - 1, ", not this rank ", impl_->rank, ").");
+  LF_CHECK(tensor.device() == impl_->device && tensor.is_contiguous() && tag >= 0, ValueError, call, ": the tensor "
+           "must be contiguous and on the group's device ", impl_->device, " and the tag non-negative; got ",
+           tensor.device(), tensor.is_contiguous() ? "" : " (not contiguous)", ", tag ", tag, ".");
+  const uint64_t seq = begin_async(op, tensor);
   std::vector<at::Tensor> one{tensor};
-  auto work = issue_recorded(recorder, seq, /*runs_in_call=*/false, [&] {
-    return point_to_point(src, [&](c10d::Backend& group, int peer) { return group.recv(one, peer, tag); });
+  auto work = issue_recorded(impl_->recorder, seq, /*runs_in_call=*/false, [&] {
+    return point_to_point(peer, [&](c10d::Backend& group, int rank) {
+      return op == kSend ? group.send(one, rank, tag) : group.recv(one, rank, tag);
+    });
   });
-  return [this, work, seq, one] { wait_recorded(work, seq); };
+  return [this, work, seq, one] { wait_recorded(work, seq); };  // one: the bytes stay alive until done
 }
 
 void Collective::connect_point_to_point(const std::vector<int>& peers) {

@@ -155,11 +155,14 @@ class Collective {
   void compare_calls(int op, const at::Tensor* tensor, const std::string& call);
   /// The gloo group of this rank and peer (ranks of this group) for point-to-point on shm.
   Collective& pair_with(int peer);
+  /// send_start and recv_start_ (op kSend or kRecv): checked, recorded, issued.
+  std::function<void()> start_point_to_point(int op, const at::Tensor& tensor, int peer, int tag);
   /// Issues a point-to-point op with peer (a rank of this group) on the group that carries it:
   /// this one, or on shm pair_with(peer)'s, with peer's rank there.
   c10::intrusive_ptr<c10d::Work> point_to_point(int peer,
                                                 const std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend&, int)>& issue);
-  /// Counts, records and checks (check_collectives) an op about to be issued asynchronously;
+  /// Counts, records and checks (check_collectives; not point-to-point, which only the peer takes
+  /// part in) an op about to be issued asynchronously;
   /// returns its flight record (0 without a recorder), ended as failed when the check throws.
   uint64_t begin_async(int op, const at::Tensor& tensor);
   /// Counts, records, checks (check_collectives) and issues one all-reduce of work, which is on
