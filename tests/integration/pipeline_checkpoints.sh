@@ -30,11 +30,13 @@ job 4 --no-momentum --pipe 2 --steps 10 --resume "$dir/ck-sgd"
 job 4 --adam --fsdp FULL_SHARD --pipe 2 --steps 10 --save "$dir/ck-fsdp"
 job 4 --adam --pipe 4 --steps 10 --resume "$dir/ck-fsdp"
 job 4 --adam --fsdp SHARD_GRAD_OP --pipe 1 --steps 10 --resume "$dir/ck-fsdp"
-# With tensor parallelism inside the stages: (2 pipe, 2 tensor) saves; (4 pipe) unsplit and
-# (2 data, 2 tensor) in one stage resume it.
+# With tensor parallelism inside the stages: ddp's (2 pipe, 2 tensor) saves and fsdp's (2 data,
+# 2 tensor) resumes it; fsdp's saves, and (4 pipe) unsplit and ddp's (2 pipe, 2 tensor) resume it.
 job 4 --adam --tensor 2 --pipe 2 --steps 10 --save "$dir/ck3d"
-job 4 --adam --tensor 1 --pipe 4 --steps 10 --resume "$dir/ck3d"
-job 4 --adam --tensor 2 --pipe 1 --steps 10 --resume "$dir/ck3d"
+job 4 --adam --tensor 2 --pipe 1 --fsdp FULL_SHARD --steps 10 --resume "$dir/ck3d"
+job 4 --adam --tensor 2 --pipe 1 --fsdp FULL_SHARD --steps 10 --save "$dir/ck3d-fsdp"
+job 4 --adam --tensor 1 --pipe 4 --steps 10 --resume "$dir/ck3d-fsdp"
+job 4 --adam --tensor 2 --pipe 2 --steps 10 --resume "$dir/ck3d-fsdp"
 if "$run" model consolidate "$dir/ck" --output-file "$dir/one.pt" >/dev/null; then
   if output="$("$checks" --adam --steps 10 --resume "$dir/one.pt" 2>&1)"; then
     echo "ok: one process resumed the consolidated file"

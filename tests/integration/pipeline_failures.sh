@@ -35,5 +35,5 @@ expect "schedule=\"Interleaved1F1B\" takes micro-batches 4 at a time" \
 expect "schedule=\"1F1B\" runs one stage per rank, but stages_per_rank=2" -- --pipe 2 --stages-per-rank 2
 expect "schedule=\"ZeroBubble\" is not valid" -- --schedule ZeroBubble
 expect "fully_sharded.sharding_strategy=HYBRID_SHARD needs a replica dimension" -- --pipe 2 --fsdp HYBRID_SHARD
-expect "data_parallel_strategy=\"fsdp\" with tensor_parallel_size=2 is not supported yet" -- --pipe 2 --fsdp FULL_SHARD --tensor 2
+expect "with fsdp and tensor_parallel_size=2 is not supported yet" -- --pipe 2 --fsdp FULL_SHARD --tensor 2 --meta
 exit $failed

@@ -466,9 +466,6 @@ const PipelineOptions& fully_sharded_checked(const PipelineOptions& options) {
            "PipelineOptions: fully_sharded.auto_wrap (or auto_wrap_min_params) makes sharding units inside a stage, "
            "which every micro-batch's forward and backward would gather again. Each stage is one unit under the "
            "pipeline: leave auto_wrap unset.");
-  LF_CHECK(options.tensor_parallel_size == 1, ValueError, "PipelineOptions: data_parallel_strategy=\"fsdp\" with "
-           "tensor_parallel_size=", options.tensor_parallel_size, " is not supported yet. Use data_parallel_strategy="
-           "\"ddp\" for (pipe, data, tensor), or tensor_parallel_size=1 with fsdp.");
   return options;
 }
 }  // namespace
@@ -680,8 +677,8 @@ class StageLayout : public CheckpointLayout {
   const TensorParallelPlan& plan_;
 };
 
-// The fsdp pipeline's: fsdp's flat shards of each stage's parameters (every data rank writes its
-// own), everything else whole from the stage's data rank 0.
+// The fsdp pipeline's: fsdp's flat shards of each stage's parameters (of their tensor-parallel
+// slices' boxes, with a tensor dimension), everything else whole from the stage's first rank.
 class ShardedStageLayout : public CheckpointLayout {
  public:
   ShardedStageLayout(CheckpointLayout& engine, const DeviceMesh& stage) : engine_(engine), stage_(stage) {}
@@ -699,7 +696,7 @@ class ShardedStageLayout : public CheckpointLayout {
     return engine_.restore(state, local, strict);
   }
   bool every_rank_holds_every_tensor() const override { return false; }
-  bool writes_unplaced() const override { return stage_.data_rank() == 0; }
+  bool writes_unplaced() const override { return stage_.data_rank() == 0 && stage_.tensor_rank() == 0; }
 
  private:
   CheckpointLayout& engine_;
@@ -796,7 +793,17 @@ StateDict PipelineStrategy::load_checkpoint(const fs::path& path, State* state, 
 
 FSDPPipelineStrategy::FSDPPipelineStrategy(StrategyContext context, PipelineOptions options)
     : FSDPStrategy(std::move(context), fully_sharded_checked(options).fully_sharded),
-      plan_(std::make_unique<PipelinePlan>(std::move(options))) {}
+      plan_(std::make_unique<PipelinePlan>(std::move(options))) {
+  // With a tensor dimension fsdp shards each parameter as this rank holds it (its tensor-parallel
+  // slice): in checkpoints a flat range of the slice's box. A whole parameter's shards are the
+  // same on every rank of a tensor group: its first rank writes them.
+  engine_->outer_placement = [this](const at::Tensor& parameter, const std::vector<int64_t>& shape) {
+    if (auto split = plan_->tensor_plan().split_placement(parameter, shape)) return *split;
+    Placement whole = Placement::whole(shape);
+    whole.writes = plan_->stage_mesh()->tensor_rank() == 0;
+    return whole;
+  };
+}
 
 FSDPPipelineStrategy::~FSDPPipelineStrategy() = default;
 
@@ -820,6 +827,10 @@ int FSDPPipelineStrategy::data_parallel_rank() const { return sampler_share().ra
 
 void FSDPPipelineStrategy::materialize_meta_tensors(torch::nn::Module& module) {
   setup_environment();
+  LF_CHECK(plan_->options().tensor_parallel_size == 1, ValueError, "fabric.init_module(true) under the pipeline "
+           "strategy with fsdp and tensor_parallel_size=", plan_->options().tensor_parallel_size, " is not supported "
+           "yet: build the model normally (init_module(false)), or use ddp on the data dimension, where meta "
+           "initialisation works with a tensor dimension.");
   plan_->keep_local_stages(PipelinePlan::as_pipeline(module));
   FSDPStrategy::materialize_meta_tensors(module);
 }
@@ -837,6 +848,11 @@ void FSDPPipelineStrategy::setup_module(const std::shared_ptr<torch::nn::Module>
            "stage one sharding unit, but the lf::Pipeline holds an lf::FSDPUnit, which every micro-batch's forward "
            "and backward would gather again. Use its plain layers.");
   plan_->keep_local_stages(pipeline);
+  if (plan_->options().tensor_parallel_size > 1) {
+    // As under ddp: the stage's first rank's values on every rank of the stage, then split.
+    broadcast_module_from_rank_zero(*module, {}, &plan_->stage_group());
+    plan_->tensor_plan().parallelize(module);
+  }
   FSDPStrategy::setup_module(module);  // data rank 0's values to the stage's data group, then sharded over it
   plan_->attach(pipeline, global_rank(), root_device());
 }
@@ -849,11 +865,20 @@ void FSDPPipelineStrategy::setup_optimizer(torch::optim::Optimizer& optimizer) {
 double FSDPPipelineStrategy::clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm,
                                                     double norm_type, bool error_if_nonfinite) {
   // The optimizer steps shards: distinct across the shard group (under NO_SHARD each data rank
-  // holds the whole stage, counted once) and across the stages.
-  std::vector<Collective*> groups;
-  if (shard_group_size() > 1) groups.push_back(&shard_group());
-  groups.push_back(&plan_->pipe_group());
-  return TensorParallelPlan::clip(parameters, {}, groups, {}, max_norm, norm_type, error_if_nonfinite, root_device());
+  // holds the whole stage, counted once) and across the stages; a split parameter's shards also
+  // across the tensor group, where a whole one's repeat (counted once).
+  std::vector<at::Tensor> split, whole;
+  for (const auto& shard : parameters) {
+    const auto* p = engine_->find_shard(shard);
+    (p != nullptr && plan_->tensor_plan().split_dim(p->parameter) ? split : whole).push_back(shard);
+  }
+  std::vector<Collective*> whole_over;
+  if (shard_group_size() > 1) whole_over.push_back(&shard_group());
+  whole_over.push_back(&plan_->pipe_group());
+  std::vector<Collective*> split_over = whole_over;
+  split_over.push_back(&device_mesh()->tensor_group());
+  return TensorParallelPlan::clip(split, whole, split_over, whole_over, max_norm, norm_type, error_if_nonfinite,
+                                  root_device());
 }
 
 Strategy::SamplerShare FSDPPipelineStrategy::sampler_share() const {

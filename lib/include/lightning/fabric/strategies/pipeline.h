@@ -204,7 +204,10 @@ class LF_API PipelineStrategy : public DDPStrategy, public PipelineParallel {
 /// which TorchTitan uses under pipelining).
 class LF_API FSDPPipelineStrategy : public FSDPStrategy, public PipelineParallel {
  public:
-  /// ValueError for HYBRID_SHARD, auto-wrapped units, or tensor_parallel_size > 1.
+  /// ValueError for HYBRID_SHARD or auto-wrapped units. With a tensor dimension each rank shards
+  /// its tensor-parallel slices over the stage's data group (as FSDPModelParallelStrategy).
+  /// init_module(true) with a tensor dimension is refused (meta initialisation works without one,
+  /// and under ddp with one).
   FSDPPipelineStrategy(StrategyContext context, PipelineOptions options);
   ~FSDPPipelineStrategy() override;
   std::string name() const override;
