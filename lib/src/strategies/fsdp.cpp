@@ -184,11 +184,10 @@ void FSDPStrategy::Engine::materialize(torch::nn::Module& module) {
     state = on_device.cpu();
   };
   options.require_shared_generator = true;
-  // Shapes are compared before the replay (afterwards the sharded parameters hold 0 elements),
-  // over the ranks that hold the same model (every rank, but one stage's under the pipeline).
+  // Shapes are compared before the replay: afterwards the sharded parameters hold 0 elements.
   std::vector<at::Tensor> all = module.parameters();
   for (const auto& buffer : module.buffers()) all.push_back(buffer);
-  strategy_.data_parallel_group().check_same_tensors(all, "The model passed to fabric.setup");
+  strategy_.same_model_group().check_same_tensors(all, "The model passed to fabric.setup");
   const int parts = strategy_.shard_group_size(), part = strategy_.shard_group_rank();
   std::map<std::string, const c10::TensorImpl*> by_name;
   for (const auto& item : module.named_parameters()) by_name.emplace(item.key(), item.value().unsafeGetTensorImpl());

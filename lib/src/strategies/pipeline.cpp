@@ -27,6 +27,7 @@
 #include "lightning/fabric/strategies/pipeline_schedule.h"
 #include "lightning/fabric/strategies/tensor_parallel_plan.h"
 #include "lightning/fabric/tensor_parallel/layers.h"
+#include "lightning/fabric/utilities/activation_checkpoint.h"
 #include "lightning/fabric/utilities/profiled_range.h"
 #include "lightning/fabric/utilities/meta_init.h"
 
@@ -184,7 +185,8 @@ class PipelineRuntime {
   // Sends in flight, by (stage sent from, micro-batch, kind): an activation's is finished as soon
   // as its gradient comes back (the next stage has it then), the rest at the step's end.
   std::map<std::tuple<int, int, int>, std::function<void()>> pending_sends_;
-  std::string failure_;  // why a step failed; empty while none has
+  std::string failure_;  // why a step failed after communicating; empty while none has
+  bool communicating_ = false;  // this step has passed its checks and may have sent or received
 };
 
 std::string PipelineRuntime::where(int stage, const char* what, int micro_batch) const {
@@ -251,10 +253,11 @@ at::Tensor PipelineRuntime::receive_activation(int stage) {
 at::Tensor PipelineRuntime::run(PipelineImpl& pipeline, const at::Tensor& input, const at::Tensor& target) {
   LF_CHECK(failure_.empty(), RuntimeError, "lf::Pipeline forward: an earlier step of this pipeline failed (", failure_,
            "), which left its stages out of step with each other. Start the job again, from a checkpoint.");
+  communicating_ = false;
   try {
     return run_step(pipeline, input, target);
   } catch (const std::exception& error) {
-    failure_ = reason_of(error);
+    if (communicating_) failure_ = reason_of(error);  // a refusal before any send leaves the stages in step
     throw;
   }
 }
@@ -312,6 +315,7 @@ at::Tensor PipelineRuntime::run_step(PipelineImpl& pipeline, const at::Tensor& i
   double forward_seconds = 0.0, backward_seconds = 0.0;
   int peak = 0;
   pending_sends_.clear();
+  communicating_ = true;
   const auto start = std::chrono::steady_clock::now();
   for (const PipelineAction& action : actions) {
     const int s = action.stage, i = action.micro_batch;
@@ -404,15 +408,17 @@ at::Tensor PipelineRuntime::run_step(PipelineImpl& pipeline, const at::Tensor& i
                          reason_of(error));
     }
   }
+  std::string send_failure;  // every send is waited for (its flight record ended), the first failure kept
   for (auto& [key, wait] : pending_sends_) {
     try {
       wait();
     } catch (const std::exception& error) {
-      throw RuntimeError("pipeline (global rank " + std::to_string(global_rank_) + ", pipe rank " +
-                         std::to_string(pipe_rank()) + ") could not send to a neighbouring stage: " + reason_of(error));
+      if (send_failure.empty()) send_failure = reason_of(error);
     }
   }
   pending_sends_.clear();
+  LF_CHECK(send_failure.empty(), RuntimeError, "pipeline (global rank ", global_rank_, ", pipe rank ", pipe_rank(),
+           ") could not send to a neighbouring stage: ", send_failure);
   const double step = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   // The mean loss, from the last stage's rank to every rank of the pipe group.
   at::Tensor loss = is_local(S - 1) ? at::stack(losses).mean().to(at::kFloat).to(pipe().device())
@@ -466,6 +472,10 @@ const PipelineOptions& fully_sharded_checked(const PipelineOptions& options) {
            "PipelineOptions: fully_sharded.auto_wrap (or auto_wrap_min_params) makes sharding units inside a stage, "
            "which every micro-batch's forward and backward would gather again. Each stage is one unit under the "
            "pipeline: leave auto_wrap unset.");
+  LF_CHECK(options.fully_sharded.state_dict_type == "sharded", ValueError, "PipelineOptions: "
+           "fully_sharded.state_dict_type=\"", options.fully_sharded.state_dict_type, "\": the pipeline saves a "
+           "folder, each stage's ranks their parts. Leave it \"sharded\" and run `lightning-run model consolidate "
+           "DIR` for one file.");
   return options;
 }
 }  // namespace
@@ -589,7 +599,8 @@ void PipelinePlan::keep_local_stages(PipelineImpl& pipeline) const {
   const bool whole = std::none_of(pipeline.layers_.begin(), pipeline.layers_.end(),
                                   [](const auto& layer) { return layer.second.is_empty(); });
   if (whole) {  // before any layer was dropped: check the split once
-    std::map<const c10::TensorImpl*, std::string> owner;  // parameter -> the first layer holding it
+    // parameter -> the stage and name of the first layer holding it
+    std::map<const c10::TensorImpl*, std::pair<int, std::string>> owner;
     for (int s = 0; s < stages; ++s) {
       bool trains = false;
       for (int64_t l = starts[static_cast<size_t>(s)]; l < end_of(s); ++l) {
@@ -597,11 +608,11 @@ void PipelinePlan::keep_local_stages(PipelineImpl& pipeline) const {
         for (const auto& item : layer.ptr()->named_parameters()) {
           trains = trains || item.value().requires_grad();
           const std::string here = name + "." + item.key();
-          auto [found, first] = owner.emplace(item.value().unsafeGetTensorImpl(), here);
-          LF_CHECK(first || found->second.rfind(name + ".", 0) == 0, ValueError, "lf::Pipeline: parameter ", here,
-                   " is also ", found->second, " (a tied weight), and the split puts the two layers in different "
-                   "stages, which would train separate copies. Keep tied layers in one stage (stage_starts), or untie "
-                   "them.");
+          auto [found, first] = owner.emplace(item.value().unsafeGetTensorImpl(), std::pair{s, here});
+          LF_CHECK(first || found->second.first == s, ValueError, "lf::Pipeline: parameter ", here, " (stage ", s,
+                   ") is also ", found->second.second, " (stage ", found->second.first, "): a tied weight, which "
+                   "the split puts in two stages, so they would train separate copies. Keep tied layers in one stage "
+                   "(stage_starts), or untie them.");
         }
       }
       LF_CHECK(trains, ValueError, "lf::Pipeline: stage ", s, " (layers ", starts[static_cast<size_t>(s)], " to ",
@@ -647,6 +658,18 @@ void PipelinePlan::check_precision(const Precision& precision) {
            "Choose precision \"bf16-mixed\", \"bf16-true\" or \"32-true\".");
 }
 
+void PipelinePlan::check_layers(const PipelineImpl& pipeline) {
+  for (const auto& [name, layer] : pipeline.layers_) {
+    if (layer.is_empty()) continue;
+    for (const auto& module : layer.ptr()->modules(/*include_self=*/true)) {
+      LF_CHECK(!is_checkpointed(*module), ValueError, "The pipeline strategy runs an lf::Pipeline's layers itself, so "
+               "activation checkpointing (SetupOptions::activation_checkpointing or the strategy's policy) does not "
+               "reach them; layer ", name, " holds a checkpointed module. Set the model up without an "
+               "activation-checkpointing policy.");
+    }
+  }
+}
+
 void PipelinePlan::check_backward(const BackwardOptions& options) {
   LF_CHECK(!options.create_graph, ValueError, "fabric.backward(loss, BackwardOptions().higher_order()): the pipeline "
            "strategy computes each micro-batch's gradients inside the schedule, so there is no graph of them to "
@@ -688,7 +711,9 @@ class ShardedStageLayout : public CheckpointLayout {
     placement.writes = writes_unplaced();
     return placement;
   }
-  at::Tensor saved_value(const at::Tensor& parameter) const override { return engine_.saved_value(parameter); }
+  at::Tensor saved_value(const at::Tensor& parameter) const override {
+    return engine_.placement(parameter) ? engine_.saved_value(parameter) : parameter;  // not fsdp's: itself
+  }
   std::vector<std::string> optimizer_parameter_names(const State& state, torch::optim::Optimizer& optimizer) const override {
     return engine_.optimizer_parameter_names(state, optimizer);
   }
@@ -748,6 +773,7 @@ void PipelineStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& mo
   PipelineImpl& pipeline = PipelinePlan::as_pipeline(*module);
   PipelinePlan::check_precision(*precision());
   plan_->keep_local_stages(pipeline);
+  PipelinePlan::check_layers(pipeline);
   if (plan_->options().tensor_parallel_size > 1) {
     // The stage's first rank's values on every rank of the stage before splitting, so every slice
     // is a slice of one tensor and every unsplit tensor agrees within its tensor group.
@@ -824,6 +850,7 @@ PipelineStepStats FSDPPipelineStrategy::last_step() const { return plan_->last_s
 Collective& FSDPPipelineStrategy::data_parallel_group() { return device_mesh()->data_group(); }
 int FSDPPipelineStrategy::data_parallel_size() const { return plan_->shape(world_size()).second; }
 int FSDPPipelineStrategy::data_parallel_rank() const { return sampler_share().rank; }
+Collective& FSDPPipelineStrategy::same_model_group() { return plan_->stage_group(); }
 
 void FSDPPipelineStrategy::materialize_meta_tensors(torch::nn::Module& module) {
   setup_environment();
@@ -848,6 +875,7 @@ void FSDPPipelineStrategy::setup_module(const std::shared_ptr<torch::nn::Module>
            "stage one sharding unit, but the lf::Pipeline holds an lf::FSDPUnit, which every micro-batch's forward "
            "and backward would gather again. Use its plain layers.");
   plan_->keep_local_stages(pipeline);
+  PipelinePlan::check_layers(pipeline);
   if (plan_->options().tensor_parallel_size > 1) {
     // As under ddp: the stage's first rank's values on every rank of the stage, then split.
     broadcast_module_from_rank_zero(*module, {}, &plan_->stage_group());

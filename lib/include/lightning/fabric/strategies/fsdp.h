@@ -167,6 +167,9 @@ class LF_API FSDPStrategy : public ParallelStrategy {
   virtual Collective& data_parallel_group() { return collective(); }
   virtual int data_parallel_size() const { return world_size(); }
   virtual int data_parallel_rank() const { return global_rank(); }
+  /// The ranks that build the same model, over which meta initialisation compares it: every rank;
+  /// one stage's under the pipeline strategy (FSDPPipelineStrategy).
+  virtual Collective& same_model_group() { return collective(); }
   /// materialize_meta_tensors' steps: the units are made (from the parameters' shapes now), then
   /// before_replay runs (if set), then the module is materialised.
   void materialize_in_units(torch::nn::Module& module, const std::function<void()>& before_replay);

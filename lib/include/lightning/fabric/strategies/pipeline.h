@@ -1,8 +1,8 @@
 // Pipeline parallelism: the model's layers in stages across the ranks of a "pipe" mesh
 // dimension, micro-batches flowing through them under a schedule (GPipe, 1F1B, interleaved 1F1B),
-// with ddp on a "data" dimension and tensor parallelism inside each stage, as
-// torch.distributed.pipelining with DDP and tensor parallelism on the other mesh dimensions
-// (docs/pipeline-parallel.md).
+// with ddp or fsdp on a "data" dimension and tensor parallelism inside each stage, as
+// torch.distributed.pipelining with DDP or FSDP and tensor parallelism on the other mesh
+// dimensions (docs/pipeline-parallel.md).
 //
 //   torch::nn::Sequential layers(embedding, block_1, ..., block_n, head);   // one tensor to the next
 //   lf::Pipeline model(layers, [](const at::Tensor& logits, const at::Tensor& target) {
@@ -10,7 +10,8 @@
 //   lf::PipelineOptions pp;
 //   pp.schedule = "1F1B";  pp.micro_batches = 8;  pp.data_parallel_size = 2;
 //   lf::Fabric fabric(lf::FabricOptions().strategy(lf::pipeline_strategy(pp)).devices(8));
-//   auto [net, optimizer] = fabric.setup(model, torch::optim::AdamW(model->parameters()));
+//   torch::optim::AdamW adamw(model->parameters());
+//   auto [net, optimizer] = fabric.setup(model, adamw);
 //   auto loss = net(input, target);  // every micro-batch's forward and backward, in schedule order
 //   fabric.backward(loss);           // applies this step's gradients (and averages them over data)
 //   optimizer.step();                // steps this rank's stages
@@ -87,7 +88,7 @@ TORCH_MODULE(Pipeline);
 struct LF_API PipelineOptions {
   PipelineOptions();
   /// Ranks along the pipe dimension (stages run on them in order). Unset: world size /
-  /// data_parallel_size, or the world size when that is unset too.
+  /// (data_parallel_size x tensor_parallel_size), data_parallel_size counting 1 when unset.
   std::optional<int> pipeline_size;
   /// Replicas of the whole pipeline (ddp over each stage's data group). Unset: world size /
   /// (pipeline_size x tensor_parallel_size), or 1 when pipeline_size is unset too.
@@ -197,14 +198,15 @@ class LF_API PipelineStrategy : public DDPStrategy, public PipelineParallel {
 
 /// The pipeline with fsdp on the data dimension (data_parallel_strategy "fsdp"): each stage's
 /// parameters sharded over its data group, gradients reduce-scattered there, optimizer state
-/// sharded. Each stage is one sharding unit: its full parameters are gathered at the step's first
-/// forward and kept through the schedule (every micro-batch's forward and backward) until
-/// fabric.backward has reduce-scattered the step's gradients; FULL_SHARD then frees them until the
-/// next step, SHARD_GRAD_OP keeps them (as Python's fully_shard(reshard_after_forward=False),
-/// which TorchTitan uses under pipelining).
+/// sharded. A rank's stages are one sharding unit: their full parameters are gathered at the
+/// step's first forward and kept through the schedule (every micro-batch's forward and backward)
+/// until fabric.backward has reduce-scattered the step's gradients; FULL_SHARD then frees them
+/// until the next step, SHARD_GRAD_OP keeps them (as Python's
+/// fully_shard(reshard_after_forward=False), which TorchTitan uses under pipelining).
 class LF_API FSDPPipelineStrategy : public FSDPStrategy, public PipelineParallel {
  public:
-  /// ValueError for HYBRID_SHARD or auto-wrapped units. With a tensor dimension each rank shards
+  /// ValueError for HYBRID_SHARD, auto-wrapped units or state_dict_type "full" (the pipeline
+  /// saves folders; consolidate makes the file). With a tensor dimension each rank shards
   /// its tensor-parallel slices over the stage's data group (as FSDPModelParallelStrategy).
   /// init_module(true) with a tensor dimension is refused (meta initialisation works without one,
   /// and under ddp with one).
@@ -235,6 +237,7 @@ class LF_API FSDPPipelineStrategy : public FSDPStrategy, public PipelineParallel
   Collective& data_parallel_group() override;
   int data_parallel_size() const override;
   int data_parallel_rank() const override;
+  Collective& same_model_group() override;
   CheckpointWrite prepare_checkpoint(const std::string& call, const std::filesystem::path& path, const State& state,
                                      const StateFilter& filter, bool host_copy) override;
 

@@ -55,6 +55,9 @@ class PipelinePlan {
   /// Refusals every pipeline shares: a precision with a loss scaler; backward options it cannot honour.
   static void check_precision(const Precision& precision);
   static void check_backward(const BackwardOptions& options);
+  /// ValueError when activation checkpointing marked a kept layer (the executor calls the layers
+  /// directly, so it would not take effect).
+  static void check_layers(const PipelineImpl& pipeline);
 
  private:
   PipelineOptions options_;
