@@ -4,11 +4,18 @@ test that must catch each, and reports caught or missed (docs/testing.md, "Plant
 demand, not in CI: the scratch build is cold the first time (about 10 minutes on 2 cores), then
 each bug costs a rebuild of its unity batch, the relinks and its test.
 
-    python3 scripts/planted_bugs.py [NAME...]     no name: every bug; --list: the table
+    python3 scripts/planted_bugs.py [NAME...]          no name: every bug; --list: the table
+    python3 scripts/planted_bugs.py --check [NAME...]  the table still applies (no build)
 Every test in the table must pass on the unchanged tree first. Exit status 0 when every planted
 bug was caught, 1 otherwise (a change that no longer applies or compiles counts as not caught). PLANTED_DIR (default
-/tmp/lf-planted) holds the scratch copy and its build."""
+/tmp/lf-planted) holds the scratch copy and its build.
+
+--check (CTest: docs.planted_bugs_each_row_applies_once) builds nothing: every row's file exists,
+its line occurs there exactly once, its change differs from it, and its test is a name CTest
+would have (read from tests/CMakeLists.txt and the folders it adds, see ctest_names). Exit status
+1, naming each bad row, when any fails."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,7 +29,9 @@ BUGS = [
      "if (!options_.broadcast_buffers || world_size() < 2) return;", "return;",
      "ddp.checks_on_2_ranks"),
     ("tensor-group-broadcast-skipped", "lib/src/strategies/model_parallel.cpp",
-     "if (world_size() > 1) broadcast_module_from_rank_zero(*module, {}, &collective());", ";",
+     "if (world_size() > 1) broadcast_module_from_rank_zero(*module, {}, &collective());\n"
+     "  plan_->parallelize(module);\n  DDPStrategy::setup_module(module);",
+     ";\n  plan_->parallelize(module);\n  DDPStrategy::setup_module(module);",
      "model_parallel.trains_like_one_process_on_mesh_1x2_gloo"),
     ("gradients-summed-not-averaged", "lib/src/internal/gradient_reducer.cpp",
      "bucket.flat.div_(world);", ";",
@@ -35,7 +44,7 @@ BUGS = [
      "if (world_size() < 2 || !loss.defined() || !loss.grad_fn()) return;", "return;",
      "fsdp.FULL_SHARD_matches_the_full_batch_reference_on_2_ranks"),
     ("set-epoch-ignored", "lib/src/utilities/data.cpp",
-     "epoch_ = next_epoch_->value();", ";",
+     "epoch_ = *control_->next_epoch;", ";",
      "unit.test_data"),
     ("flops-counted-again-under-autocast", "lib/src/utilities/throughput.cpp",
      "if (kind != Counted::None && t_counted_depth++ == 0)", "if (kind != Counted::None)",
@@ -63,7 +72,7 @@ BUGS = [
      "if (grad.defined()) grad = grad / scale;", ";",
      "research_loops.match_one_process_single_bf16-mixed-scaled"),
     ("all-gather-drops-gradients", "lib/src/fabric.cpp",
-     "return options.sync_grads ? GatherWithGradients::apply(tensor, group) : group->all_gather(tensor);",
+     "return options.sync_grads ? GatherWithGradients::apply(tensor, group, options.group) : group->all_gather(tensor);",
      "return group->all_gather(tensor);",
      "research_loops.match_one_process_ddp_32-true_on_2_ranks"),
     ("fsdp-no-grad-forward-frees-saved-parameters", "lib/src/strategies/fsdp.cpp",
@@ -73,7 +82,354 @@ BUGS = [
      "NodePtr state = pop(), object = pop();\n        auto unbuilt",
      "NodePtr state = pop(), object = std::make_shared<Node>(*pop());\n        auto unbuilt",
      "unit.test_checkpoint_format"),
+    ("pipeline-micro-batch-gradients-summed", "lib/src/strategies/pipeline.cpp",
+     "seed = at::full({}, 1.0 / m, root.options());", "seed = at::full({}, 1.0, root.options());",
+     "pipeline.trains_like_one_process_4x1x1_1F1B_gloo"),
+    ("pipeline-1f1b-warmup-one-too-many", "lib/src/strategies/pipeline_schedule.cpp",
+     "warmup = std::min(P - rank - 1, total);", "warmup = std::min(P - rank, total);",
+     "unit.test_pipeline_schedule"),
+    ("streaming-resume-restarts-the-epoch", "lib/src/data/streaming_loader.cpp",
+     "p.current.taken = last.taken;", ";",
+     "unit.test_streaming"),
+    ("resume-generators-not-restored", "lib/src/checkpoint/resume_state.cpp",
+     "here[i].set_state(row.narrow(0, offset, sizes[i]).clone());", ";",
+     "unit.test_resume_state"),
+    ("resume-save-before-a-pass-forgets-the-position", "lib/src/checkpoint/resume_state.cpp",
+     "if (control.next_epoch) {", "if (false) {",
+     "unit.test_resume_state"),
+    ("sync-batch-norm-count-ignores-spatial-dims", "lib/src/sync_batch_norm.cpp",
+     "at::full({1}, static_cast<double>(input.numel() / std::max<int64_t>(channels, 1)),",
+     "at::full({1}, static_cast<double>(input.size(0)),",
+     "ddp.sync_batch_norm_equals_one_process_batch_norm_on_2_ranks"),
+    # lf::snapshot_state_dict's deep CPU copy: the line is the one that function must hold.
+    ("state-dict-snapshot-shares-storage", "lib/src/checkpoint/state_dict.cpp",
+     "copy.emplace(name, tensor.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true));",
+     "copy.emplace(name, tensor);",
+     "unit.test_state_dict"),
 ]
+
+
+# ---- --check: the table still applies, without a build ----
+
+def cmake_commands(text):
+    """The commands of a CMake file: (name, [(text, quoted)], line). Arguments are unevaluated;
+    nested parentheses come through as arguments of their own, as CMake passes them to if()."""
+    commands, i, n, line = [], 0, len(text), 1
+
+    def skip_comment(i):  # at '#': a line comment or a bracket comment
+        bracket = re.match(r"#\[(=*)\[", text[i:i + 40])
+        if bracket:
+            end = text.find("]" + bracket.group(1) + "]", i)
+            return n if end < 0 else end + len(bracket.group(1)) + 2
+        end = text.find("\n", i)
+        return n if end < 0 else end
+
+    while i < n:
+        c = text[i]
+        if c.isspace():
+            i += 1
+            continue
+        if c == "#":
+            i = skip_comment(i)
+            continue
+        word = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\s*\(").match(text, i)
+        if not word:
+            raise ValueError(f"line {text.count(chr(10), 0, i) + 1}: expected a command, found {text[i:i + 30]!r}")
+        name, line = word.group(0).split("(")[0].strip().lower(), text.count("\n", 0, i) + 1
+        i, depth, args = word.end(), 0, []
+        while True:
+            if i >= n:
+                raise ValueError(f"line {line}: {name}( is never closed")
+            c = text[i]
+            if c.isspace():
+                i += 1
+            elif c == "#":
+                i = skip_comment(i)
+            elif c == "(":
+                depth += 1
+                args.append(("(", False))
+                i += 1
+            elif c == ")":
+                i += 1
+                if depth == 0:
+                    break
+                depth -= 1
+                args.append((")", False))
+            elif c == '"':
+                value, i = [], i + 1
+                while text[i] != '"':
+                    if text[i] == "\\":
+                        following = text[i + 1]
+                        if following != "\n":  # a backslash before a newline continues the line
+                            value.append({"n": "\n", "t": "\t", "r": "\r"}.get(following, following))
+                        i += 2
+                    else:
+                        value.append(text[i])
+                        i += 1
+                args.append(("".join(value), True))
+                i += 1
+            elif re.match(r"\[=*\[", text[i:i + 40]):
+                opening = re.match(r"\[(=*)\[", text[i:i + 40])
+                end = text.find("]" + opening.group(1) + "]", i)
+                args.append((text[i + opening.end():end].lstrip("\n"), True))
+                i = end + len(opening.group(1)) + 2
+            else:
+                value = []
+                while i < n and not text[i].isspace() and text[i] not in "()#":
+                    if text[i] == "\\":
+                        value.append(text[i:i + 2])  # kept: a \; must not split the list
+                        i += 2
+                    elif text[i] == '"':  # a quoted part inside an unquoted argument (-DX="a b")
+                        close = text.index('"', i + 1)
+                        value.append(text[i:close + 1])
+                        i = close + 1
+                    else:
+                        value.append(text[i])
+                        i += 1
+                args.append(("".join(value), False))
+        commands.append((name, args, line))
+    return commands
+
+
+class CTestNames:
+    """The CTest names the tests' CMakeLists.txt files make, read without CMake: an interpreter of
+    the commands those files use (set, list, string, math, foreach, function, add_subdirectory)
+    with lf_add_test, add_test, lf_add_test_binary and target_sources built in, and the Catch2
+    file tests (lf_add_catch_file_tests: LABEL.FILE for each source of a lf_add_test_binary
+    binary with a TEST_CASE) made as tests/CMakeLists.txt makes them. Every branch of every if()
+    is taken, so a test made only under some option (LF_BUILD_EXAMPLES, a sanitizer build) counts;
+    every other command (add_executable, set_tests_properties, message, ...) is skipped."""
+
+    CATCH_CASE = re.compile(r"^[ \t]*(TEST_CASE|TEST_CASE_METHOD|SCENARIO|TEMPLATE_TEST_CASE)[ \t]*\(", re.M)
+
+    def __init__(self, root):
+        self.root = root
+        self.names = set()
+        self.functions = {}
+        self.binaries = {}  # name -> (label, [source paths])
+        tests = os.path.join(root, "tests")
+        variables = {"PROJECT_SOURCE_DIR": root, "CMAKE_SOURCE_DIR": root, "PROJECT_BINARY_DIR": os.path.join(root, "build"),
+                     "CMAKE_BINARY_DIR": os.path.join(root, "build")}
+        self.directory(tests, variables)
+        for label, sources in self.binaries.values():
+            for source in sources:
+                if not os.path.isfile(source):
+                    continue  # a generated source: no TEST_CASE of ours
+                with open(source, errors="replace") as file:
+                    if self.CATCH_CASE.search(file.read()):
+                        self.names.add(f"{label}.{os.path.splitext(os.path.basename(source))[0]}")
+
+    def directory(self, folder, parent):
+        variables = dict(parent)
+        variables.update(CMAKE_CURRENT_SOURCE_DIR=folder,
+                         CMAKE_CURRENT_BINARY_DIR=os.path.join(self.root, "build", os.path.relpath(folder, self.root)))
+        path = os.path.join(folder, "CMakeLists.txt")
+        with open(path) as file:
+            try:
+                commands = cmake_commands(file.read())
+                self.block(commands, [variables], path)
+            except (ValueError, IndexError) as error:
+                raise ValueError(f"{os.path.relpath(path, self.root)}: {error}") from None
+
+    @staticmethod
+    def expand(text, scope):
+        reference = re.compile(r"\$\{([^${}]*)\}")
+        for _ in range(100):  # inner references first: ${a_${b}}
+            text, count = reference.subn(lambda m: scope[-1].get(m.group(1), ""), text)
+            if not count:
+                break
+        return re.sub(r"\$ENV\{[^}]*\}", "", text)
+
+    def arguments(self, args, scope):
+        out = []
+        for text, quoted in args:
+            value = self.expand(text, scope)
+            if quoted:
+                out.append(value)
+            else:
+                out.extend(part.replace("\\;", ";") for part in re.split(r"(?<!\\);", value) if part != "")
+        return out
+
+    @staticmethod
+    def matching(commands, start, opening, closing):
+        depth = 0
+        for k in range(start, len(commands)):
+            if commands[k][0] in opening:
+                depth += 1
+            elif commands[k][0] in closing:
+                depth -= 1
+                if depth == 0:
+                    return k
+        raise ValueError(f"{commands[start][0]}() at line {commands[start][2]} has no {sorted(closing)[0]}()")
+
+    def block(self, commands, scope, path):
+        k = 0
+        while k < len(commands):
+            name, args, line = commands[k]
+            if name == "foreach":
+                end = self.matching(commands, k, {"foreach"}, {"endforeach"})
+                values = self.arguments(args, scope)
+                variable, items = values[0], values[1:]
+                if items[:1] == ["RANGE"]:
+                    bounds = [int(v) for v in items[1:]]
+                    items = [str(v) for v in (range(bounds[0] + 1) if len(bounds) == 1 else
+                                              range(bounds[0], bounds[1] + 1, bounds[2] if len(bounds) > 2 else 1))]
+                elif items[:1] == ["IN"]:
+                    listed, mode = [], None
+                    for item in items[1:]:
+                        if item in ("LISTS", "ITEMS"):
+                            mode = item
+                        elif mode == "LISTS":
+                            listed += [v for v in scope[-1].get(item, "").split(";") if v]
+                        else:
+                            listed.append(item)
+                    items = listed
+                for item in items:
+                    scope[-1][variable] = item
+                    self.block(commands[k + 1:end], scope, path)
+                k = end + 1
+            elif name == "if":  # every branch, in order
+                end = self.matching(commands, k, {"if"}, {"endif"})
+                body = [c for c in commands[k + 1:end]]
+                self.block([c for c in body if not (c[0] in ("elseif", "else") and self.depth_zero(body, c))], scope, path)
+                k = end + 1
+            elif name in ("function", "macro"):
+                end = self.matching(commands, k, {"function", "macro"}, {"endfunction", "endmacro"})
+                values = self.arguments(args, scope)
+                self.functions[values[0].lower()] = (values[1:], commands[k + 1:end])
+                k = end + 1
+            else:
+                self.command(name, self.arguments(args, scope), scope, path)
+                k += 1
+
+    @staticmethod
+    def depth_zero(body, command):  # an elseif/else of this if, not of one nested in it
+        depth = 0
+        for c in body:
+            if c is command:
+                return depth == 0
+            depth += c[0] == "if"
+            depth -= c[0] == "endif"
+        return False
+
+    def command(self, name, values, scope, path):
+        variables = scope[-1]
+        folder = variables.get("CMAKE_CURRENT_SOURCE_DIR", "")
+        if name in ("lf_add_test", "add_test"):
+            if "NAME" in values and values.index("NAME") + 1 < len(values):
+                self.names.add(values[values.index("NAME") + 1])
+            elif name == "add_test" and values:
+                self.names.add(values[0])
+        elif name == "lf_add_test_binary":
+            self.binaries[values[0]] = (values[1], [os.path.join(folder, v) for v in values[2:]])
+        elif name == "target_sources" and values and values[0] in self.binaries:
+            self.binaries[values[0]][1].extend(os.path.join(folder, v) for v in values[1:]
+                                               if v not in ("PRIVATE", "PUBLIC", "INTERFACE"))
+        elif name == "lf_add_catch_file_tests":
+            pass  # made for every binary at the end, as tests/CMakeLists.txt does
+        elif name == "add_subdirectory":
+            self.directory(os.path.normpath(os.path.join(folder, values[0])), variables)
+        elif name == "set" and values:
+            parent = values[-1] == "PARENT_SCOPE"
+            if parent:
+                values = values[:-1]
+            if "CACHE" in values:
+                values = values[:values.index("CACHE")]
+            target = scope[-2] if parent and len(scope) > 1 else variables
+            if len(values) == 1:
+                target.pop(values[0], None)
+            else:
+                target[values[0]] = ";".join(values[1:])
+        elif name == "unset" and values:
+            variables.pop(values[0], None)
+        elif name == "list" and len(values) >= 2:
+            self.list_command(values, variables)
+        elif name == "string" and values:
+            self.string_command(values, variables)
+        elif name == "math" and len(values) >= 3 and values[0] == "EXPR":
+            expression = values[2]
+            if re.fullmatch(r"[0-9+\-*/%() \t]*", expression):
+                variables[values[1]] = str(int(eval(expression.replace("/", "//"))))
+        elif name in self.functions:
+            parameters, body = self.functions[name]
+            local = dict(variables)
+            for index, value in enumerate(values):
+                local[f"ARGV{index}"] = value
+            for parameter, value in zip(parameters, values):
+                local[parameter] = value
+            local.update(ARGC=str(len(values)), ARGV=";".join(values), ARGN=";".join(values[len(parameters):]))
+            self.block(body, scope + [local], path)
+
+    @staticmethod
+    def list_command(values, variables):
+        operation, name = values[0], values[1]
+        items = [v for v in variables.get(name, "").split(";") if v]
+        if operation == "APPEND":
+            variables[name] = ";".join(items + values[2:])
+        elif operation == "PREPEND":
+            variables[name] = ";".join(values[2:] + items)
+        elif operation == "LENGTH":
+            variables[values[2]] = str(len(items))
+        elif operation == "GET":
+            variables[values[-1]] = ";".join(items[int(i)] for i in values[2:-1] if -len(items) <= int(i) < len(items))
+        elif operation in ("POP_FRONT", "POP_BACK"):
+            for out in values[2:]:
+                if items:
+                    variables[out] = items.pop(0 if operation == "POP_FRONT" else -1)
+            variables[name] = ";".join(items)
+
+    @staticmethod
+    def string_command(values, variables):
+        operation = values[0]
+        if operation == "REPLACE" and len(values) >= 4:
+            variables[values[3]] = "".join(values[4:]).replace(values[1], values[2])
+        elif operation == "REGEX" and len(values) >= 5 and values[1] in ("MATCH", "REPLACE"):
+            pattern = values[2]
+            if values[1] == "MATCH":
+                found = re.search(pattern, "".join(values[4:]))
+                variables[values[3]] = found.group(0) if found else ""
+                for index in range(10):
+                    group = found.group(index) if found and index <= (found.re.groups) else None
+                    variables[f"CMAKE_MATCH_{index}"] = group or ""
+            elif len(values) >= 5:
+                replacement = re.sub(r"\\([0-9])", r"\\g<\1>", values[3])
+                variables[values[4]] = re.sub(pattern, replacement, "".join(values[5:]))
+        elif operation in ("TOUPPER", "TOLOWER") and len(values) >= 3:
+            variables[values[2]] = values[1].upper() if operation == "TOUPPER" else values[1].lower()
+
+
+def check(bugs):
+    """The reasons each row does not apply, by row name (an empty dict: every row applies)."""
+    try:
+        names = CTestNames(ROOT).names
+    except (ValueError, OSError) as error:
+        return {"(every row)": [f"the CTest names could not be read from the tests' CMakeLists.txt: {error} "
+                                f"(teach CTestNames in scripts/planted_bugs.py the new construct)"]}
+    problems = {}
+    for name, path, before, after, test in bugs:
+        reasons = []
+        if [bug[0] for bug in BUGS].count(name) > 1:
+            reasons.append("another row has the same name: name each row once")
+        file = os.path.join(ROOT, path)
+        if not os.path.isfile(file):
+            reasons.append(f"{path} does not exist")
+        else:
+            with open(file, errors="replace") as source:
+                count = source.read().count(before)
+            if count == 0:
+                reasons.append(f"the line to change is not in {path} (the code moved: find where, update "
+                               f"the row): {before!r}")
+            elif count > 1:
+                reasons.append(f"the line to change occurs {count} times in {path}, not once (add a neighbouring "
+                               f"line to the row's text so that it names one place): {before!r}")
+        if after == before:
+            reasons.append("the planted text is the line itself: it plants nothing")
+        if test not in names:
+            reasons.append(f"no CTest test is named {test} (tests/**/CMakeLists.txt make {len(names)} names; "
+                           f"name an existing test that checks what the bug breaks)")
+        if reasons:
+            problems[name] = reasons
+    return problems
 
 
 def run(command, **kwargs):
@@ -121,6 +477,21 @@ def plant(source, bug):
 
 def main():
     names = sys.argv[1:]
+    if names[:1] == ["--check"]:
+        unknown = set(names[1:]) - {bug[0] for bug in BUGS}
+        if unknown:
+            print("planted_bugs --check: unknown bug(s) " + ", ".join(sorted(unknown)) + "; --list shows them", file=sys.stderr)
+            return 2
+        chosen = [bug for bug in BUGS if not names[1:] or bug[0] in names[1:]]
+        problems = check(chosen)
+        for name, reasons in problems.items():
+            for reason in reasons:
+                print(f"FAIL: planted_bugs row {name}: {reason}")
+        if problems:
+            print(f"planted_bugs --check: {len(problems)} of {len(chosen)} rows do not apply (scripts/planted_bugs.py, BUGS)")
+            return 1
+        print(f"planted_bugs --check: every row applies once ({len(chosen)} rows)")
+        return 0
     if names == ["--list"]:
         for bug in BUGS:
             print(f"{bug[0]}: {bug[1]}: '{bug[2]}' -> '{bug[3]}' (caught by {bug[4]})")
