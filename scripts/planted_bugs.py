@@ -103,8 +103,8 @@ BUGS = [
      "ddp.sync_batch_norm_equals_one_process_batch_norm_on_2_ranks"),
     # lf::snapshot_state_dict's deep CPU copy: the line is the one that function must hold.
     ("state-dict-snapshot-shares-storage", "lib/src/checkpoint/state_dict.cpp",
-     "copy.emplace(name, tensor.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true));",
-     "copy.emplace(name, tensor);",
+     "return tensor.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);",
+     "return tensor;",
      "unit.test_state_dict"),
 ]
 

@@ -19,7 +19,8 @@ phase_end "sanitize.sh install"
 # The programs the selected tests run.
 export TARGETS="${SANITIZE_TARGETS:-lightning-run lightning-run-launcher lf_unit_tests lf_launcher_unit_tests
   lf_launcher_tests lf_collective_checks lf_ddp_checks lf_fsdp_checks lf_shm_checks lf_hang_program
-  lf_checkpoint_tool lf_background_save_checks lf_model_parallel_checks lf_planted_leak}"
+  lf_checkpoint_tool lf_background_save_checks lf_model_parallel_checks lf_planted_leak lf_sync_batch_norm_checks
+  lf_pipeline_checks lf_research_loop_checks lf_streaming_checks}"
 "$root/scripts/build.sh" -DLF_SANITIZE=address,undefined -DLF_BUILD_EXAMPLES=OFF -DLF_BUILD_BENCHMARKS=OFF \
   -DCMAKE_CXX_FLAGS_RELEASE="-O1 -DNDEBUG" -DLF_WITH_CUDA="${LF_WITH_CUDA:-ON}"
 phase_end "sanitize.sh build"

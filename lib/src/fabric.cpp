@@ -272,6 +272,7 @@ void Fabric::backward(at::Tensor loss, const BackwardOptions& options) {
   RECORD_USER_SCOPE("lf::backward");  // a profiler range (utilities/profiler.h); free when none runs
   refuse_loss_from_unset_model(loss);
   connector_->strategy->settle_background_save(/*wait=*/false);
+  if (nonfinite_watch_) nonfinite_watch_->before_backward();
   {
     detail::BackwardScope scope;
     connector_->strategy->backward(loss, nullptr, options);

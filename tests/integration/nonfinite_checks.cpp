@@ -3,8 +3,8 @@
 //   - an overflow planted in module fc2's weights on rank 1 at step 3: NonFiniteError on every
 //     rank at step 3, ranks() == {1}, naming aten::mul in module 'fc2';
 //   - a NaN loss made outside the modules on rank 0 (log of -1): names the loss and rank 0;
-//   - gradients made non-finite by a square root at 0 while the forward stays finite: names the
-//     gradients of fc2's parameters and no origin rank;
+//   - gradients made non-finite on rank 1 by a square root at 0 while the forward stays finite:
+//     caught before the gradient reduction, naming rank 1, the step and module 'fc2';
 //   - a NaN in the branch torch::where drops on rank 0 (finite loss, NaN gradients): names
 //     aten::sqrt with module 'fc1' and rank 0;
 //   - then clean steps whose forward masks scores with -inf (as attention does): no error;
@@ -100,13 +100,20 @@ int main(int argc, char** argv) {
   expect(contains(message, "rank 0: the loss, while every operation of the set-up modules' forward gave finite values"),
          "the NaN loss is named as the loss's, got: " + message);
 
-  message = run(fabric, model, optimizer, 0, [&](int, const at::Tensor& x) {
-    return (model(x, false) * 0).abs().sqrt().sum();
+  message = run(fabric, model, optimizer, 1, [&](int at, const at::Tensor& x) {
+    if (at == 1 && rank == 1) return (model(x, false) * 0).abs().sqrt().sum();
+    return model(x, false).pow(2).mean();
   }, step, ranks);
   std::cout << "rank " << rank << " gradients: " << message << std::endl;
-  expect(ranks.empty(), "non-finite gradients name no origin rank");
-  expect(contains(message, "non-finite gradients") && contains(message, "the gradients of fc2."),
-         "non-finite gradients are named with fc2's parameters, got: " + message);
+  expect(step == 6 + 1, "the non-finite gradients are found at the second step of this run (call 7), got " +
+                            std::to_string(step));
+  expect(ranks == std::vector<int>{1}, "non-finite gradients name rank 1, where the backward produced them");
+  expect(contains(message, "at step 7 ") && contains(message, "the first non-finite value appeared on rank 1") &&
+             contains(message, "rank 1: the gradient of 'fc2.") && contains(message, "module 'fc2'") &&
+             contains(message, "before the gradient reduction"),
+         "non-finite gradients are named by rank 1, the step and module 'fc2', got: " + message);
+  expect(!contains(message, "\n  rank 0:") && contains(message, "(rank 0: non-finite gradients, received through"),
+         "rank 0 received the gradients through the reduction only, got: " + message);
 
   message = run(fabric, model, optimizer, 0, [&](int, const at::Tensor& x) {
     return model(x, false, false, /*dropped_nan=*/rank == 0).pow(2).mean();

@@ -28,6 +28,26 @@
 //   --adam                   AdamW (step counts in the optimizer state; eps 1e-3, so that gradients
 //                            that are rounding noise, such as the key bias's, stay noise) instead of
 //                            SGD with momentum
+//   --refusals               before setup, every rank tries setups the strategy refuses (not an
+//                            lf::Pipeline, a weight tied across stages, a stage with nothing to train,
+//                            activation checkpointing, an lf::FSDPUnit under fsdp); at the first step a
+//                            target of the wrong length, backward with higher_order() and with only(...),
+//                            and a second backward: each must be refused on every rank, naming the cause,
+//                            and the job then trains on like one process
+//   --catch-refusals         an lf::Error is printed as "rank R refused: ..." and the rank exits 4, even
+//                            after lightning-run began stopping the job (SIGTERM ignored)
+//   --loss-scaler            precision with a loss scaler (bf16-mixed plus 16-mixed's scaler): setup must
+//                            be refused on every rank, which then meet at a barrier and exit 0
+//   --retry-after-failure    with --fail-stage: the failing rank catches the failure and runs the next
+//                            step, which must be refused; it prints both and exits 3
+//   --loss-per-sample        the loss returns one value per sample: the last stage fails naming it
+//   --seed-by-data-rank      each data replica builds the model from another seed (the data rank's):
+//                            the broadcast within each stage at setup must make them one model
+//   --eval-no-grad           after training, evaluate a batch under NoGradGuard (forwards only): its
+//                            loss equals one process's and nothing trains
+//   --precision P            bf16-mixed: compare with one process's float32 run within 3e-2 (relative)
+//   --accumulate K           K micro-steps per optimizer step (the global batch split in K), the first
+//                            K-1 under fabric.no_backward_sync, each backward of loss / K
 //   --bench                  no reference; prints each rank's step time (the slowest rank's), idle
 //                            fraction against it, forward and backward time, peak micro-batches in
 //                            flight, as medians over the steps after the first, and how far training
@@ -35,8 +55,10 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -60,6 +82,10 @@ struct Flags {
   std::vector<int64_t> stage_starts;
   std::string save, resume;
   bool bench = false, adam = false, momentum = true, meta = false, from_launcher = false;
+  bool refusals = false, loss_scaler = false, retry_after_failure = false, loss_per_sample = false;
+  bool seed_by_data_rank = false, eval_no_grad = false, catch_refusals = false;
+  std::string precision;
+  int64_t accumulate = 1;
 };
 
 Flags parse(int argc, char** argv) {
@@ -92,6 +118,15 @@ Flags parse(int argc, char** argv) {
     else if (name == "--no-momentum") flags.momentum = false;
     else if (name == "--meta") flags.meta = true;
     else if (name == "--from-launcher") flags.from_launcher = true;
+    else if (name == "--refusals") flags.refusals = true;
+    else if (name == "--catch-refusals") flags.catch_refusals = true;
+    else if (name == "--loss-scaler") flags.loss_scaler = true;
+    else if (name == "--retry-after-failure") flags.retry_after_failure = true;
+    else if (name == "--loss-per-sample") flags.loss_per_sample = true;
+    else if (name == "--seed-by-data-rank") flags.seed_by_data_rank = true;
+    else if (name == "--eval-no-grad") flags.eval_no_grad = true;
+    else if (name == "--precision" && has_value) flags.precision = argv[++i];
+    else if (name == "--accumulate" && has_value) flags.accumulate = std::atoll(argv[++i]);
     else if (name == "--stage-starts" && has_value) {
       std::stringstream list(argv[++i]);
       for (std::string item; std::getline(list, item, ',');) flags.stage_starts.push_back(std::atoll(item.c_str()));
@@ -135,16 +170,93 @@ double rss_mb(const std::string& field = "VmHWM:") {
   return 0.0;
 }
 
+// A layer holding a weight it was given, so that two layers can hold the same tensor (tied).
+struct HeldWeightImpl : torch::nn::Module {
+  explicit HeldWeightImpl(const at::Tensor& shared) { weight = register_parameter("weight", shared); }
+  torch::Tensor forward(const torch::Tensor& x) { return torch::matmul(x, weight); }
+  at::Tensor weight;
+};
+TORCH_MODULE(HeldWeight);
+
+// Every refusal is expected on every rank, before anything is sent (nothing blocks), and leaves
+// the strategy usable: "refused on rank R: WHAT: message" is printed for the script to count.
+void expect_refused(int rank, const std::string& what, const std::string& text, const std::function<void()>& attempt) {
+  const std::string message = checks::refusal(attempt);
+  checks::expect(message.find(text) != std::string::npos, what + ": expected a refusal mentioning '" + text + "', got: " +
+                                                              message);
+  std::cout << "refused on rank " << rank << ": " << what << ": " << message << std::endl;
+}
+
+// The setups the pipeline strategy refuses, tried in turn on every rank (--refusals).
+void check_setup_refusals(lf::Fabric& fabric, bool fsdp) {
+  const int rank = fabric.global_rank();
+  const auto square = [](const at::Tensor& out, const at::Tensor& y) { return (out - y).pow(2).mean(); };
+  const auto linears = [] {
+    torch::nn::Sequential built;
+    for (int l = 0; l < 4; ++l) built->push_back(torch::nn::Linear(8, 8));
+    return built;
+  };
+  expect_refused(rank, "a plain module", "sets up an lf::Pipeline", [&] { fabric.setup_module(linears()); });
+  const at::Tensor shared = torch::randn({8, 8}).requires_grad_(true);
+  torch::nn::Sequential tied{HeldWeight(shared), torch::nn::Linear(8, 8), torch::nn::Linear(8, 8), HeldWeight(shared)};
+  expect_refused(rank, "a weight tied across stages", "a tied weight, which the split puts in two stages",
+                 [&] { fabric.setup_module(lf::Pipeline(tied, square)); });
+  torch::nn::Sequential frozen = linears();
+  for (int l = 2; l < 4; ++l) {
+    for (auto& p : frozen[l]->parameters()) p.requires_grad_(false);
+  }
+  expect_refused(rank, "a stage with nothing to train", "has no parameter to train",
+                 [&] { fabric.setup_module(lf::Pipeline(frozen, square)); });
+  // A policy matching a layer of the first stage only: the other stages' ranks hold nothing it
+  // marked, and must refuse all the same.
+  lf::SetupOptions checkpointed;
+  checkpointed.activation_checkpointing =
+      lf::ModulePolicy([](const torch::nn::Module&, const std::string& name) { return name == "0"; });
+  expect_refused(rank, "activation checkpointing of the first stage's layer", "activation checkpointing",
+                 [&] { fabric.setup_module(checkpointed, lf::Pipeline(linears(), square)); });
+  if (fsdp) {
+    torch::nn::Sequential wrapped{lf::FSDPUnit(torch::nn::Linear(8, 8)), torch::nn::Linear(8, 8),
+                                  torch::nn::Linear(8, 8), torch::nn::Linear(8, 8)};
+    expect_refused(rank, "an lf::FSDPUnit in a stage under fsdp", "holds an lf::FSDPUnit",
+                   [&] { fabric.setup_module(lf::Pipeline(wrapped, square)); });
+  }
+}
+
 double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   return values.empty() ? 0.0 : values[values.size() / 2];
 }
 }  // namespace
 
+int run(const Flags& flags_given);
+
 int main(int argc, char** argv) {
   Flags flags = parse(argc, argv);
+  if (!flags.catch_refusals) return run(flags);
+  // Every rank prints its refusal and exits 4, also after the first to exit has made lightning-run
+  // stop the others (SIGTERM, then SIGKILL 10 s later): a rank that was not refused, and waits in
+  // a collective instead, never prints.
+  std::signal(SIGTERM, SIG_IGN);
+  try {
+    return run(flags);
+  } catch (const lf::Error& error) {
+    const char* rank = std::getenv("RANK");
+    std::cout << "rank " << (rank != nullptr ? rank : "?") << " refused: " << error.what() << std::endl;
+    return 4;
+  }
+}
+
+int run(const Flags& flags_given) {
+  Flags flags = flags_given;
   lf::FabricOptions options = lf::FabricOptions().accelerator("cpu");
   if (!flags.from_launcher) options.strategy(lf::pipeline_strategy(flags.options));
+  if (flags.loss_scaler) {
+    options.plugin(std::make_shared<lf::MixedPrecision>("bf16-mixed", torch::kBFloat16, std::make_shared<lf::LossScaler>()));
+  } else if (!flags.precision.empty()) {
+    options.precision(flags.precision);
+  }
+  // bf16-mixed against one process's float32 run: relative, as the research loops' checks.
+  const double tolerance = flags.precision == "bf16-mixed" ? 3e-2 : 1e-5;
   lf::Fabric fabric(options);
   auto& strategy = fabric.strategy_as<lf::PipelineParallel>();
   fabric.strategy()->setup_environment();
@@ -152,8 +264,10 @@ int main(int argc, char** argv) {
   const int pipe = strategy.pipe_size(), data = mesh->data_size(), data_rank = mesh->data_rank();
   const int stages = pipe * flags.options.stages_per_rank;
   const lf::DeviceMesh* split_by = kSettings.tensor_parallel ? mesh.get() : nullptr;
-  const auto loss = [split_by](const at::Tensor& logits, const at::Tensor& targets) {
-    return examples::pipeline_gpt_loss(logits, targets, split_by);
+  const bool per_sample = flags.loss_per_sample;
+  const auto loss = [split_by, per_sample](const at::Tensor& logits, const at::Tensor& targets) {
+    const at::Tensor mean = examples::pipeline_gpt_loss(logits, targets, split_by);
+    return per_sample ? mean.expand({logits.size(0)}) : mean;
   };
   const auto reference_loss_of = [](const at::Tensor& logits, const at::Tensor& targets) {
     return examples::pipeline_gpt_loss(logits, targets);
@@ -165,7 +279,10 @@ int main(int argc, char** argv) {
     trip_layer = static_cast<int>(std::max<int64_t>(1, probe->stage_starts(stages)[static_cast<size_t>(flags.fail_stage)]));
   }
 
-  torch::manual_seed(42);
+  if (flags.refusals) check_setup_refusals(fabric, flags.options.data_parallel_strategy == "fsdp");
+  // Data replicas built from other seeds than the first replica's (42) must be made its copy by
+  // the broadcast within each stage at setup.
+  torch::manual_seed(flags.seed_by_data_rank ? 42 + 1000 * data_rank : 42);
   std::optional<lf::ScopeGuard> on_meta;
   if (flags.meta) on_meta.emplace(fabric.init_module(/*empty_init=*/true));
   lf::Pipeline model(layers(trip_layer), loss, flags.stage_starts);
@@ -185,7 +302,17 @@ int main(int argc, char** argv) {
   std::shared_ptr<torch::optim::Optimizer> sgd = make_optimizer(model->parameters());
   std::shared_ptr<torch::optim::Optimizer> reference_optimizer = make_optimizer(reference->parameters());
   torch::optim::Optimizer& reference_sgd = *reference_optimizer;
-  auto [net, optimizer] = fabric.setup(model, sgd);
+  if (flags.loss_scaler) {  // refused at setup on every rank; the barrier shows that none was left waiting
+    expect_refused(fabric.global_rank(), "a precision with a loss scaler", "cannot use a precision with a loss scaler",
+                   [&] { fabric.setup(model, sgd); });
+    fabric.barrier();
+    if (checks::failures() > 0) return 1;
+    std::cout << "pipeline checks passed on rank " << fabric.global_rank() << " (a loss scaler refused)" << std::endl;
+    return 0;
+  }
+  auto setup = fabric.setup(model, sgd);  // (C++17 lambdas cannot capture structured bindings)
+  auto& net = std::get<0>(setup);
+  auto& optimizer = std::get<1>(setup);
 
   const auto share = fabric.strategy()->sampler_share();
   expect(share.replicas == data && share.rank == data_rank, "sampler share (" + std::to_string(share.replicas) + ", " +
@@ -222,8 +349,44 @@ int main(int argc, char** argv) {
     if (step < first_step) continue;
 
     optimizer.zero_grad();
-    at::Tensor loss_value = net(ids.narrow(0, data_rank * rows, rows), targets.narrow(0, data_rank * rows, rows));
-    fabric.backward(loss_value);
+    const at::Tensor my_ids = ids.narrow(0, data_rank * rows, rows), my_targets = targets.narrow(0, data_rank * rows, rows);
+    if (flags.refusals && step == first_step) {
+      expect_refused(fabric.global_rank(), "a target of another length", "Give one target per input sample",
+                     [&] { net(my_ids, my_targets.narrow(0, 0, rows - 1)); });
+    }
+    at::Tensor loss_value;
+    if (flags.accumulate > 1) {  // K micro-steps, the first K-1 without the gradient reduction
+      const int64_t part = rows / flags.accumulate;
+      std::vector<at::Tensor> parts;
+      for (int64_t k = 0; k < flags.accumulate; ++k) {
+        auto skip = fabric.no_backward_sync(net, /*enabled=*/k + 1 < flags.accumulate);
+        const at::Tensor piece = net(my_ids.narrow(0, k * part, part), my_targets.narrow(0, k * part, part));
+        fabric.backward(piece / static_cast<double>(flags.accumulate));
+        parts.push_back(piece.detach());
+      }
+      loss_value = at::stack(parts).mean();
+    } else {
+      try {
+        loss_value = net(my_ids, my_targets);
+      } catch (const std::exception& error) {
+        if (!flags.retry_after_failure) throw;
+        std::cout << "rank " << fabric.global_rank() << " step " << step << " failed: " << error.what() << std::endl;
+        const std::string retry = checks::refusal([&] { net(my_ids, my_targets); });
+        std::cout << "rank " << fabric.global_rank() << " the next step: " << retry << std::endl;
+        std::exit(3);
+      }
+      if (flags.refusals && step == first_step) {
+        expect_refused(fabric.global_rank(), "backward with higher_order()", "higher_order()",
+                       [&] { fabric.backward(loss_value, lf::BackwardOptions().higher_order()); });
+        expect_refused(fabric.global_rank(), "backward with only(...)", "only(...)",
+                       [&] { fabric.backward(loss_value, lf::BackwardOptions().only({net.module()->parameters()[0]})); });
+      }
+      fabric.backward(loss_value);
+      if (flags.refusals && step == first_step) {
+        expect_refused(fabric.global_rank(), "a second backward of one step", "gradients were applied already",
+                       [&] { fabric.backward(loss_value); });
+      }
+    }
     const double norm = fabric.clip_gradients(net, optimizer, lf::GradientClipping().norm(1.0))->item<double>();
     optimizer.step();
     const double mean_loss = fabric.all_reduce(loss_value.detach(), "mean").item<double>();
@@ -238,10 +401,10 @@ int main(int argc, char** argv) {
       backwards.push_back(stats.backward_seconds);
     }
     if (flags.bench) continue;
-    expect(std::abs(mean_loss - reference_loss.item<double>()) <= 1e-5,
+    expect(std::abs(mean_loss - reference_loss.item<double>()) <= tolerance * std::max(1.0, std::abs(reference_loss.item<double>())),
            "step " + std::to_string(step) + ": loss " + std::to_string(mean_loss) + ", one process " +
            std::to_string(reference_loss.item<double>()));
-    expect(std::abs(norm - reference_norm) <= 1e-5 * std::max(1.0, reference_norm),
+    expect(std::abs(norm - reference_norm) <= tolerance * std::max(1.0, reference_norm),
            "step " + std::to_string(step) + ": clipped norm " + std::to_string(norm) + ", one process " +
            std::to_string(reference_norm));
   }
@@ -284,10 +447,30 @@ int main(int argc, char** argv) {
         const int64_t size = item.value().size(d);
         if (size != want.size(d)) want = want.narrow(d, mesh->tensor_rank() * size, size);
       }
-      const double difference = (item.value().detach() - want).abs().max().item<double>();
-      expect(difference <= 1e-5, "parameter " + item.key() + " differs from the one-process run by " +
+      const double difference = (item.value().detach().to(at::kFloat) - want).abs().max().item<double>() /
+                                (tolerance > 1e-5 ? std::max(1e-2, want.abs().max().item<double>()) : 1.0);
+      expect(difference <= tolerance, "parameter " + item.key() + " differs from the one-process run by " +
              std::to_string(difference));
     }
+  }
+  if (flags.eval_no_grad && !flags.bench) {
+    // Evaluation: forwards only, every micro-batch, the mean loss on every rank; nothing trains.
+    auto [ids, targets] = examples::pipeline_gpt_batch(kSettings, flags.batch, first_step + flags.steps);
+    const int64_t rows = flags.batch / data;
+    std::vector<at::Tensor> before;
+    for (const auto& p : net.module()->parameters()) before.push_back(p.detach().clone());
+    torch::NoGradGuard no_grad;
+    const at::Tensor evaluated = net(ids.narrow(0, data_rank * rows, rows), targets.narrow(0, data_rank * rows, rows));
+    const double mean = fabric.all_reduce(evaluated, "mean").item<double>();
+    const double want = reference(ids, targets).item<double>();
+    expect(!evaluated.requires_grad(), "the loss evaluated under NoGradGuard requires a gradient");
+    expect(std::abs(mean - want) <= tolerance * std::max(1.0, std::abs(want)),
+           "evaluation under NoGradGuard: loss " + std::to_string(mean) + ", one process " + std::to_string(want));
+    size_t k = 0;
+    for (const auto& p : net.module()->parameters()) {
+      expect(torch::equal(p.detach(), before[k++]), "evaluation under NoGradGuard changed a parameter");
+    }
+    std::cout << "rank " << fabric.global_rank() << " evaluated under NoGradGuard: loss " << mean << std::endl;
   }
   if (!flags.save.empty()) {
     lf::State state{{"model", net}, {"optimizer", optimizer}, {"step", first_step + flags.steps}};

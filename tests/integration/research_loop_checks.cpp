@@ -10,6 +10,8 @@
 //     the critic computes in 16 bits). bf16-mixed-scaled adds a loss scaler (16-mixed's, which
 //     this CPU cannot run: it falls back to bf16-mixed there, as in Python), so fabric.grad must
 //     take the scale out of the penalty's gradient; no step may be skipped;
+//   - a MAML inner step: fabric.grad with respect to the parameters (higher_order), the outer loss
+//     through the fast weights (single and ddp; fsdp's parameters are whole only in its forward);
 //   - retain_graph: two fabric.backward on one loss give twice the gradient;
 //   - inputs: only the named parameter moves;
 //   - a no-grad forward between a forward and its backward changes nothing;
@@ -172,6 +174,49 @@ void check_gradient_penalty(Run& run) {
       expect(scaler->get_scale() == 65536.0, "loss scaler: no step was skipped (scale " +
                                                  std::to_string(scaler->get_scale()) + ")");
     }
+  });
+}
+
+// The critic's forward with other weights (MAML's fast weights), as make_critic's layers.
+torch::Tensor critic_with(const torch::Tensor& x, const std::vector<torch::Tensor>& w) {
+  namespace F = torch::nn::functional;
+  const auto hidden = torch::tanh(F::linear(torch::tanh(F::linear(x, w[0], w[1])), w[2], w[3]));
+  return F::linear(hidden, w[4], w[5]);
+}
+
+// A MAML inner step: fabric.grad with respect to the parameters (higher_order), fast weights
+// p - a * g, and the outer loss through them, differentiated back through the inner gradient.
+// Under ddp each rank adapts on its own rows and the outer gradients are averaged, so one process
+// averages the ranks' outer losses. Not under fsdp: its full parameters exist only inside the
+// module's forward, so weights used outside it are not the model's.
+void check_inner_step_on_parameters(Run& run) {
+  if (run.strategy == "fsdp") return;
+  constexpr double kInner = 0.05;
+  const int64_t rows = run.rows(), chunks = run.real.size(0) / rows;
+  const auto expected = reference_step([&](torch::nn::Sequential& critic) {
+    const auto parameters = critic->parameters();
+    torch::Tensor outer = torch::zeros({});
+    for (int64_t c = 0; c < chunks; ++c) {
+      const auto inner = critic->forward(run.real.narrow(0, c * rows, rows)).pow(2).mean();
+      const auto g = torch::autograd::grad({inner}, parameters, {}, std::nullopt, /*create_graph=*/true);
+      std::vector<torch::Tensor> fast;
+      for (size_t i = 0; i < parameters.size(); ++i) fast.push_back(parameters[i] - kInner * g[i]);
+      outer = outer + critic_with(run.fake.narrow(0, c * rows, rows), fast).pow(2).mean();
+    }
+    return outer / static_cast<double>(chunks);
+  });
+  with_critic(run, [&](torch::nn::Sequential& critic, auto& model, auto& optimizer) {
+    const auto parameters = critic->parameters();
+    const auto inner = model(run.mine(run.real)).pow(2).mean();
+    const auto g = run.fabric.grad({inner}, parameters, lf::GradOptions().higher_order());
+    expect(g.size() == parameters.size() && g[0].requires_grad(),
+           "fabric.grad with respect to the parameters returns one differentiable gradient per parameter");
+    std::vector<torch::Tensor> fast;
+    for (size_t i = 0; i < parameters.size(); ++i) fast.push_back(parameters[i] - kInner * g[i].to(parameters[i].dtype()));
+    run.fabric.backward(critic_with(run.mine(run.fake), fast).pow(2).mean());
+    optimizer.step();
+    optimizer.zero_grad();
+    expect_weights(run, critic, expected, "MAML inner step (fabric.grad with respect to the parameters)");
   });
 }
 
@@ -422,6 +467,7 @@ int main(int argc, char** argv) {
   Run run{fabric, strategy, precision, precision == "32-true" ? 1e-5 : 3e-2, torch::randn({rows, 6}),
           torch::randn({rows, 6}) + 1, torch::rand({rows, 1}), recorder};
   check_gradient_penalty(run);
+  check_inner_step_on_parameters(run);
   check_retain_graph(run);
   check_forward_without_gradients_before_backward(run);
   check_inputs(run);

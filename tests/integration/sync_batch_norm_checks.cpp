@@ -3,7 +3,9 @@
 // gradients, parameter gradients (after ddp's averaging) and running statistics within 1e-5 on
 // every rank, for [N, C] and [N, C, L] (1-D), 2-D and 3-D inputs, over two training steps and an
 // evaluation forward; convert_sync_batchnorm on nested Sequentials (and its refusal of a typed
-// member); set_process_group over pairs of ranks. Each rank prints "FAIL: ..." per failed check and exits 1 if any failed.
+// member); set_process_group over pairs of ranks, forward and backward. With argument bf16-mixed:
+// a Linear and a SyncBatchNorm under that precision against one process's float32 model (3e-2).
+// Each rank prints "FAIL: ..." per failed check and exits 1 if any failed.
 #include <torch/torch.h>
 
 #include <iostream>
@@ -20,9 +22,11 @@ double relative_error(const torch::Tensor& ours, const torch::Tensor& reference)
   return ((ours - reference).abs().max() / reference.abs().max().clamp_min(1e-6)).item<double>();
 }
 
+double tolerance = 1e-5;  // bf16-mixed: 3e-2 against one process's float32 BatchNorm
+
 void expect_close(const torch::Tensor& ours, const torch::Tensor& reference, const std::string& what) {
-  const double error = relative_error(ours, reference);
-  expect(error <= 1e-5, what + " differs from one process's BatchNorm by " + std::to_string(error));
+  const double error = relative_error(ours.to(torch::kFloat), reference.to(torch::kFloat));
+  expect(error <= tolerance, what + " differs from one process's BatchNorm by " + std::to_string(error));
 }
 
 // One input shape per sample ({} for [N, C]); Norm is the LibTorch BatchNorm of that rank.
@@ -127,7 +131,9 @@ void check_converter(lf::Fabric& fabric) {
 }
 
 // set_process_group: ranks in pairs ({0, 1}, {2, 3}; alone on 2 ranks) normalise over their
-// pair's rows only, against one process's BatchNorm over those rows.
+// pair's rows only, against one process's BatchNorm over those rows: the output, the running mean,
+// the input gradient (the backward's sums over the pair only) and the parameter gradients (ddp
+// averages them over every rank: times the world size, they are the pairs' sum).
 void check_subgroup(lf::Fabric& fabric) {
   const int world = fabric.world_size(), rank = fabric.global_rank();
   const int pair_size = world >= 4 ? 2 : 1;
@@ -144,18 +150,83 @@ void check_subgroup(lf::Fabric& fabric) {
   norm->set_process_group(mine);
   auto model = fabric.setup_module(norm);
   const auto inputs = torch::randn({2 * world, 3}) * 3 + 1;
+  const auto output_grads = torch::randn({2 * world, 3});
   const int first = mine->ranks().front();
-  const auto output = model(inputs.narrow(0, 2 * rank, 2));
-  const auto pair_output = reference(inputs.narrow(0, 2 * first, 2 * pair_size));
+  const auto local = inputs.narrow(0, 2 * rank, 2).clone().requires_grad_();
+  const auto output = model(local);
+  fabric.backward((output * output_grads.narrow(0, 2 * rank, 2)).sum());
+  const auto pair_inputs = inputs.narrow(0, 2 * first, 2 * pair_size).clone().requires_grad_();
+  const auto pair_output = reference(pair_inputs);
+  (pair_output * output_grads.narrow(0, 2 * first, 2 * pair_size)).sum().backward();
   expect_close(output, pair_output.narrow(0, 2 * (rank - first), 2), "set_process_group: the output over the pair's rows");
   expect_close(norm->running_mean, reference->running_mean, "set_process_group: the running mean over the pair's rows");
+  expect_close(local.grad(), pair_inputs.grad().narrow(0, 2 * (rank - first), 2),
+               "set_process_group: the input gradient over the pair's rows");
+  // Every pair's reference, for the parameter gradients ddp averaged over all ranks.
+  torch::Tensor weight_sum = torch::zeros({3}), bias_sum = torch::zeros({3});
+  for (int pair = 0; pair < world; pair += pair_size) {
+    torch::manual_seed(9);
+    torch::nn::BatchNorm1d each(3);
+    const auto rows = inputs.narrow(0, 2 * pair, 2 * pair_size);
+    (each(rows) * output_grads.narrow(0, 2 * pair, 2 * pair_size)).sum().backward();
+    weight_sum += each->weight.grad();
+    bias_sum += each->bias.grad();
+  }
+  expect_close(norm->weight.grad() * world, weight_sum, "set_process_group: the weight gradient (the pairs' sum)");
+  expect_close(norm->bias.grad() * world, bias_sum, "set_process_group: the bias gradient (the pairs' sum)");
+}
+
+// bf16-mixed on every rank: a Linear (autocast to bf16) feeding a SyncBatchNorm, two training
+// steps, against one process's float32 model over the whole batch within 3e-2 (relative).
+void check_bf16_mixed(lf::Fabric& fabric) {
+  const int world = fabric.world_size(), rank = fabric.global_rank();
+  const auto build = [] {
+    torch::manual_seed(21);
+    // No bias before the norm: its exact gradient is zero (the norm takes the mean out), which a
+    // relative comparison cannot take.
+    return torch::nn::Sequential(torch::nn::Linear(torch::nn::LinearOptions(6, 4).bias(false)), torch::nn::BatchNorm1d(4));
+  };
+  auto reference = build();
+  auto converted = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(lf::convert_sync_batchnorm(build().ptr()));
+  auto model = fabric.setup_module(converted);
+  for (int step = 0; step < 2; ++step) {
+    const std::string at = "bf16-mixed step " + std::to_string(step) + ": ";
+    const auto inputs = torch::randn({4 * world, 6}) * 2 + 1;
+    const auto output_grads = torch::randn({4 * world, 4});
+    converted->zero_grad();
+    reference->zero_grad();
+    const auto output = model(inputs.narrow(0, 4 * rank, 4));
+    expect(output.scalar_type() == torch::kFloat || output.scalar_type() == torch::kBFloat16,
+           at + "the output's dtype is neither float32 nor bf16");
+    fabric.backward((output.to(torch::kFloat) * output_grads.narrow(0, 4 * rank, 4)).sum());
+    const auto whole = reference->forward(inputs);
+    (whole * output_grads).sum().backward();
+    expect_close(output, whole.narrow(0, 4 * rank, 4), at + "the output");
+    const auto ours = converted->parameters(), theirs = reference->parameters();
+    for (size_t i = 0; i < ours.size(); ++i) {
+      expect_close(ours[i].grad() * world, theirs[i].grad(), at + "the gradient of parameter " + std::to_string(i));
+    }
+    const auto& ours_bn = *std::dynamic_pointer_cast<lf::SyncBatchNormImpl>(converted->ptr(1));
+    const auto& reference_bn = *std::dynamic_pointer_cast<torch::nn::BatchNorm1dImpl>(reference->ptr(1));
+    expect_close(ours_bn.running_mean, reference_bn.running_mean, at + "the running mean");
+    expect_close(ours_bn.running_var, reference_bn.running_var, at + "the running variance");
+  }
 }
 
 }  // namespace
 
-int main() {
-  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").strategy("ddp"));
+int main(int argc, char** argv) {
+  const std::string precision = argc > 1 ? argv[1] : "32-true";
+  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").strategy("ddp").precision(precision));
   lf::Fabric::seed_everything(17);  // the same data on every rank; each keeps its own rows
+  if (precision == "bf16-mixed") {
+    tolerance = 3e-2;
+    check_bf16_mixed(fabric);
+    if (checks::failures() > 0) return 1;
+    std::cout << "rank " << fabric.global_rank() << ": SyncBatchNorm under bf16-mixed equals one process's float32 "
+              << "BatchNorm" << std::endl;
+    return 0;
+  }
   check_shape(fabric, torch::nn::BatchNorm1d(3), {}, "[N, C]");
   check_shape(fabric, torch::nn::BatchNorm1d(torch::nn::BatchNormOptions(3).momentum(0.3)), {5}, "[N, C, L]");
   check_shape(fabric, torch::nn::BatchNorm2d(4), {3, 2}, "[N, C, H, W]");

@@ -86,6 +86,40 @@ StateDict module_state_dict(const torch::nn::Module& module) {
   return state;
 }
 
+namespace {
+c10::IValue snapshot_value(const c10::IValue& value) {
+  if (value.isTensor()) {
+    const at::Tensor& tensor = value.toTensor();
+    if (!tensor.defined()) return value;
+    return tensor.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
+  }
+  if (value.isGenericDict()) {
+    const c10::impl::GenericDict source = value.toGenericDict();
+    c10::impl::GenericDict copy(source.keyType(), source.valueType());
+    for (const auto& item : source) copy.insert(item.key(), snapshot_value(item.value()));
+    return copy;
+  }
+  if (value.isList()) {
+    const c10::List<c10::IValue> source = value.toList();
+    c10::impl::GenericList copy(source.elementType());
+    copy.reserve(source.size());
+    for (const c10::IValue& element : source) copy.push_back(snapshot_value(element));
+    return copy;
+  }
+  if (value.isTuple()) {
+    std::vector<c10::IValue> elements;
+    for (const c10::IValue& element : value.toTupleRef().elements()) elements.push_back(snapshot_value(element));
+    return c10::ivalue::Tuple::create(std::move(elements));
+  }
+  return value;  // numbers, strings, None: immutable
+}
+}  // namespace
+
+StateDict snapshot_state_dict(const StateDict& state) {
+  torch::NoGradGuard no_grad;
+  return snapshot_value(c10::IValue(state)).toGenericDict();
+}
+
 void load_module_state_dict(torch::nn::Module& module, const StateDict& state, bool strict) {
   auto own = module.named_parameters(true);
   for (const auto& buffer : module.named_buffers(true)) own.insert(buffer.key(), buffer.value());

@@ -111,6 +111,7 @@ ScopeGuard NonFiniteWatch::observe(torch::nn::Module& module) {
     for (const auto& item : module.named_parameters(/*recurse=*/true)) {
       labels_[item.value().unsafeGetTensorImpl()] = module_path_of(item.key(), root);
     }
+    hook_gradients(module);
     handle_ = at::addThreadLocalCallback(at::RecordFunctionCallback(&NonFiniteWatch::on_start, &NonFiniteWatch::on_end)
                                              .needsInputs(true)
                                              .needsOutputs(true)
@@ -122,6 +123,33 @@ ScopeGuard NonFiniteWatch::observe(torch::nn::Module& module) {
       handle_ = 0;
     }
   });
+}
+
+void NonFiniteWatch::hook_gradients(torch::nn::Module& module) {
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    const at::Tensor& parameter = item.value();
+    if (!parameter.requires_grad()) continue;
+    auto known = hooked_.find(parameter.unsafeGetTensorImpl());
+    if (known != hooked_.end() && !known->second.expired()) continue;  // (a freed tensor's address may be reused)
+    parameter.register_hook([name = item.key()](const at::Tensor& gradient) {
+      if (NonFiniteWatch* watch = active()) watch->record_gradient(name, gradient);
+    });
+    hooked_.insert_or_assign(parameter.unsafeGetTensorImpl(), parameter.getIntrusivePtr());
+  }
+}
+
+void NonFiniteWatch::record_gradient(const std::string& parameter, const at::Tensor& gradient) {
+  if (!watched_tensor(gradient)) return;
+  at::RecordFunctionGuard not_observed(false);
+  at::NoGradGuard no_grad;
+  at::Tensor probe = nonfinite_probe(gradient);
+  std::lock_guard<std::mutex> lock(gradients_mutex_);
+  if (gradient_events_.size() < kMaxEvents) gradient_events_.push_back({std::move(probe), parameter});
+}
+
+void NonFiniteWatch::before_backward() {
+  std::lock_guard<std::mutex> lock(gradients_mutex_);
+  gradient_events_.clear();
 }
 
 std::unique_ptr<at::ObserverContext> NonFiniteWatch::on_start(const at::RecordFunction& fn) {
@@ -179,19 +207,25 @@ void NonFiniteWatch::keep_first_nonfinite_events() {
 }
 
 std::string NonFiniteWatch::local_finding(const at::Tensor& loss, const NamedGradients& gradients, bool check_gradients,
-                                          bool& forward_or_loss) {
+                                          bool& origin) {
   at::RecordFunctionGuard not_observed(false);
   at::NoGradGuard no_grad;
   std::vector<Event> events = std::move(events_);
   events_.clear();
-  forward_or_loss = false;
+  std::vector<GradientEvent> produced;
+  {
+    std::lock_guard<std::mutex> lock(gradients_mutex_);
+    produced = std::move(gradient_events_);
+    gradient_events_.clear();
+  }
+  origin = false;
   // Forward outputs count only when the loss is not finite: a -inf mask (attention's) or a NaN
   // that a later operation drops is no finding while the loss stays finite.
   std::vector<at::Tensor> event_probes;
   event_probes.reserve(events.size());
   for (const auto& event : events) event_probes.push_back(event.bad);
   if (loss.defined() && watched_tensor(loss) && !std::isfinite(probe_values({nonfinite_probe(loss)})[0])) {
-    forward_or_loss = true;
+    origin = true;
     const std::vector<double> totals = probe_values(event_probes);
     const Event* first_weak = nullptr;
     for (size_t i = 0; i < events.size(); ++i) {
@@ -206,6 +240,15 @@ std::string NonFiniteWatch::local_finding(const at::Tensor& loss, const NamedGra
            "computation or from outside the modules)";
   }
   if (!check_gradients) return "";
+  // This rank's own gradients, in the order the backward produced them, before any reduction.
+  std::vector<at::Tensor> produced_probes;
+  produced_probes.reserve(produced.size());
+  for (const auto& event : produced) produced_probes.push_back(event.bad);
+  const std::vector<double> produced_totals = probe_values(produced_probes);
+  const GradientEvent* first_gradient = nullptr;
+  for (size_t i = 0; i < produced.size() && first_gradient == nullptr; ++i) {
+    if (!std::isfinite(produced_totals[i])) first_gradient = &produced[i];
+  }
   std::vector<std::string> names;  // in backward order (last registered first)
   std::vector<at::Tensor> probes;
   for (auto item = gradients.rbegin(); item != gradients.rend(); ++item) {
@@ -220,29 +263,34 @@ std::string NonFiniteWatch::local_finding(const at::Tensor& loss, const NamedGra
     if (std::isfinite(totals[i])) continue;
     if (++count <= 8) listed += (listed.empty() ? "" : ", ") + names[i];
   }
-  if (count == 0) return "";
+  if (count == 0 && first_gradient == nullptr) return "";
   if (count > 8) listed += ", ... (" + std::to_string(count) + " in all)";
+  if (first_gradient == nullptr) {  // every gradient this rank produced was finite: the reduction brought it
+    return "the gradients of " + listed + " (in backward order), while the loss was finite and no forward output "
+           "held NaN or +inf";
+  }
+  origin = true;
   // A NaN or +inf in the forward that the loss did not see (a branch torch::where dropped) still
   // reaches the gradients (0 x NaN): it is then where this began.
   const std::vector<double> forward_totals = probe_values(event_probes);
   for (size_t i = 0; i < events.size(); ++i) {
     if (nonfinite_kind(forward_totals[i]) != 2) continue;
-    forward_or_loss = true;
     return "the output of " + events[i].op + ", in the forward, " + events[i].module + "; the loss stayed finite and " +
-           "the gradients of " + listed + " (in backward order) did not";
+           "the gradient of '" + first_gradient->parameter + "' did not";
   }
-  return "the gradients of " + listed + " (in backward order), while the loss was finite and no forward output held "
-         "NaN or +inf";
+  return "the gradient of '" + first_gradient->parameter + "', in the backward, module '" +
+         module_path_of(first_gradient->parameter, "(the root module)") + "' (the first non-finite gradient this rank " +
+         "produced, before the gradient reduction), while the loss and every forward output were finite";
 }
 
 void NonFiniteWatch::after_backward(Fabric& fabric, const at::Tensor& loss, const NamedGradients& gradients,
                                     bool check_gradients) {
   const int64_t step = step_++;
-  bool forward_or_loss = false;
-  std::string mine = local_finding(loss, gradients, check_gradients, forward_or_loss);
+  bool began_here = false;
+  std::string mine = local_finding(loss, gradients, check_gradients, began_here);
   if (mine.size() >= static_cast<size_t>(kDescriptionBytes) - 1) mine.resize(kDescriptionBytes - 2);
   at::Tensor row = at::zeros({kDescriptionBytes}, at::kByte);
-  row[0] = forward_or_loss ? 1 : 0;
+  row[0] = began_here ? 1 : 0;
   std::memcpy(row.data_ptr<uint8_t>() + 1, mine.data(), mine.size());
   const int world = fabric.world_size();
   at::Tensor all = world == 1 ? row.unsqueeze(0) : fabric.all_gather(row.to(fabric.device())).cpu();
@@ -269,7 +317,7 @@ void NonFiniteWatch::after_backward(Fabric& fabric, const at::Tensor& loss, cons
   std::string ranks;
   for (int rank : origin) ranks += (ranks.empty() ? "" : ", ") + std::to_string(rank);
   throw NonFiniteError("fabric.backward at step " + std::to_string(step) + " (FabricOptions::detect_nonfinite): " +
-                           (origin.empty() ? std::string("non-finite gradients")
+                           (origin.empty() ? std::string("non-finite gradients after the gradient reduction")
                                            : "the first non-finite value appeared on rank " + ranks) +
                            "; where each rank saw one first:" + found,
                        step, origin);

@@ -658,16 +658,31 @@ void PipelinePlan::check_precision(const Precision& precision) {
            "Choose precision \"bf16-mixed\", \"bf16-true\" or \"32-true\".");
 }
 
-void PipelinePlan::check_layers(const PipelineImpl& pipeline) {
+void PipelinePlan::check_layers(const PipelineImpl& pipeline, Collective& world, bool refuse_fsdp_units) {
+  // This rank holds only its stages' layers by now, so what it finds is shared with every rank (one
+  // small all-reduce): all refuse alike, and none goes on into a collective the others never join.
+  std::string checkpointed, unit;
   for (const auto& [name, layer] : pipeline.layers_) {
     if (layer.is_empty()) continue;
     for (const auto& module : layer.ptr()->modules(/*include_self=*/true)) {
-      LF_CHECK(!is_checkpointed(*module), ValueError, "The pipeline strategy runs an lf::Pipeline's layers itself, so "
-               "activation checkpointing (SetupOptions::activation_checkpointing or the strategy's policy) does not "
-               "reach them; layer ", name, " holds a checkpointed module. Set the model up without an "
-               "activation-checkpointing policy.");
+      if (checkpointed.empty() && is_checkpointed(*module)) checkpointed = name;
+      if (unit.empty() && refuse_fsdp_units && dynamic_cast<const FSDPUnitImpl*>(module.get()) != nullptr) unit = name;
     }
   }
+  at::Tensor found = at::tensor({static_cast<int64_t>(!checkpointed.empty()), static_cast<int64_t>(!unit.empty())},
+                                at::kLong).to(world.device());
+  world.all_reduce_(found, ReduceOp::Max);
+  found = found.cpu();
+  const auto which = [](const std::string& local) {
+    return local.empty() ? std::string("a layer of another stage") : "layer " + local;
+  };
+  LF_CHECK(found[0].item<int64_t>() == 0, ValueError, "The pipeline strategy runs an lf::Pipeline's layers itself, so "
+           "activation checkpointing (SetupOptions::activation_checkpointing or the strategy's policy) does not "
+           "reach them; ", which(checkpointed), " holds a checkpointed module. Set the model up without an "
+           "activation-checkpointing policy.");
+  LF_CHECK(found[1].item<int64_t>() == 0, ValueError, "The pipeline strategy with fsdp on the data dimension makes each "
+           "stage one sharding unit, but the lf::Pipeline holds an lf::FSDPUnit (", which(unit), "), which every "
+           "micro-batch's forward and backward would gather again. Use its plain layers.");
 }
 
 void PipelinePlan::check_backward(const BackwardOptions& options) {
@@ -728,13 +743,6 @@ class ShardedStageLayout : public CheckpointLayout {
   const DeviceMesh& stage_;
 };
 
-// True when some module inside the pipeline is an lf::FSDPUnit.
-bool holds_fsdp_unit(const torch::nn::Module& module) {
-  for (const auto& child : module.modules(/*include_self=*/false)) {
-    if (dynamic_cast<const FSDPUnitImpl*>(child.get()) != nullptr) return true;
-  }
-  return false;
-}
 }  // namespace
 
 // ---- ddp on the data dimension ----
@@ -773,7 +781,7 @@ void PipelineStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& mo
   PipelineImpl& pipeline = PipelinePlan::as_pipeline(*module);
   PipelinePlan::check_precision(*precision());
   plan_->keep_local_stages(pipeline);
-  PipelinePlan::check_layers(pipeline);
+  PipelinePlan::check_layers(pipeline, collective(), /*refuse_fsdp_units=*/false);
   if (plan_->options().tensor_parallel_size > 1) {
     // The stage's first rank's values on every rank of the stage before splitting, so every slice
     // is a slice of one tensor and every unsplit tensor agrees within its tensor group.
@@ -871,11 +879,8 @@ void FSDPPipelineStrategy::setup_module(const std::shared_ptr<torch::nn::Module>
   setup_environment();
   PipelineImpl& pipeline = PipelinePlan::as_pipeline(*module);
   PipelinePlan::check_precision(*precision());
-  LF_CHECK(!holds_fsdp_unit(*module), ValueError, "The pipeline strategy with fsdp on the data dimension makes each "
-           "stage one sharding unit, but the lf::Pipeline holds an lf::FSDPUnit, which every micro-batch's forward "
-           "and backward would gather again. Use its plain layers.");
   plan_->keep_local_stages(pipeline);
-  PipelinePlan::check_layers(pipeline);
+  PipelinePlan::check_layers(pipeline, collective(), /*refuse_fsdp_units=*/true);
   if (plan_->options().tensor_parallel_size > 1) {
     // As under ddp: the stage's first rank's values on every rank of the stage, then split.
     broadcast_module_from_rank_zero(*module, {}, &plan_->stage_group());

@@ -246,3 +246,28 @@ TEST_CASE("a policy matching blocks that the parent calls directly is refused at
     }
   }
 }
+
+TEST_CASE("frozen blocks under a policy: recomputed through lf::call as PyTorch's checkpoint, called directly "
+          "unchecked (documented)", "[checkpoint]") {
+  for (bool through_call : {true, false}) {
+    lf::Fabric fabric(lf::FabricOptions().accelerator("cpu"), lf::env::map_env({}));
+    torch::manual_seed(4);
+    Net net(8, 2, 0.0, through_call);
+    torch::manual_seed(4);
+    Net plain(8, 2, 0.0, /*through_call=*/false);
+    for (auto& p : net->parameters()) p.requires_grad_(false);
+    for (auto& p : plain->parameters()) p.requires_grad_(false);
+    lf::SetupOptions options;
+    options.activation_checkpointing = lf::ModulePolicy::of_type<BlockImpl>();
+    auto model = fabric.setup_module(options, net);
+    const auto input = torch::randn({3, 8});
+    auto x = input.clone().requires_grad_();  // the gradient must reach what comes before the blocks
+    fabric.backward(model(x).pow(2).sum());
+    auto reference = input.clone().requires_grad_();
+    plain(reference).pow(2).sum().backward();
+    CHECK(torch::allclose(x.grad(), reference.grad(), 1e-6, 1e-6));
+    // Through lf::call: the forward, then the recompute in backward; called directly: no recompute
+    // and no error, since a frozen block leaves no gradient to tell that it ran.
+    CHECK(net->blocks[0]->calls == (through_call ? 2 : 1));
+  }
+}

@@ -13,8 +13,15 @@
 namespace lightning::fabric {
 
 /// Parameters and buffers by their dotted names, as CPU tensors: the one state dict of a module
-/// (FabricModule::state_dict() returns it too).
+/// (FabricModule::state_dict() returns it too). As PyTorch's state_dict(), a CPU tensor here
+/// shares storage with the module's (it changes as training goes on); take a snapshot to keep one.
 LF_API StateDict module_state_dict(const torch::nn::Module& module);
+
+/// A deep copy that shares nothing with the original: every tensor, also inside nested dicts,
+/// lists and tuples (an optimizer's state), detached and copied to the CPU. Python's
+/// copy.deepcopy(model.state_dict()): `best = lf::snapshot_state_dict(model.state_dict())` keeps
+/// its values while training goes on.
+LF_API StateDict snapshot_state_dict(const StateDict& state);
 /// Copies values into the module's parameters and buffers (on their devices and dtypes). strict:
 /// the keys must match both ways (RuntimeError listing missing and unexpected keys); shapes must
 /// always match.

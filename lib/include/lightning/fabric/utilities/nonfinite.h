@@ -7,8 +7,11 @@
 //      +inf (else one with -inf only) is named, with the operation and the module it belongs to
 //      (the one whose parameters it, or the last operation before it that used parameters, read);
 //      with none, the loss itself is named;
-//   2. else (not under a loss scaler, whose skipped steps are its own business): the parameters
-//      whose gradients are not finite, in backward order (the last registered first);
+//   2. else (not under a loss scaler, whose skipped steps are its own business): the first
+//      gradient that rank's backward produced non-finite, before the gradient reduction (ddp's
+//      all-reduce, fsdp's reduce-scatter), named by the parameter's qualified name and its module;
+//      the ranks that only received it through the reduction are listed as its echo; where every
+//      rank produced finite gradients and the reduction overflowed, the reduced ones are named;
 // and NonFiniteError is thrown on every rank alike. Forward outputs with -inf (attention masks)
 // or NaN that the loss does not see are no finding.
 // LibTorch modules have no forward hooks, so operations are observed through ATen's
@@ -37,7 +40,8 @@ class LF_API NonFiniteError : public RuntimeError {
       : RuntimeError(message), step_(step), ranks_(std::move(ranks)) {}
   /// fabric.backward calls before the one that found it (the optimizer step, in a plain loop).
   int64_t step() const { return step_; }
-  /// The ranks where it appeared first (their forward or loss); empty for gradients only.
+  /// The ranks where it appeared first (their forward, loss or own gradients); empty when only the
+  /// reduced gradients are non-finite (the reduction itself overflowed).
   const std::vector<int>& ranks() const { return ranks_; }
 
  private:

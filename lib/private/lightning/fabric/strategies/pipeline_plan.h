@@ -55,9 +55,10 @@ class PipelinePlan {
   /// Refusals every pipeline shares: a precision with a loss scaler; backward options it cannot honour.
   static void check_precision(const Precision& precision);
   static void check_backward(const BackwardOptions& options);
-  /// ValueError when activation checkpointing marked a kept layer (the executor calls the layers
-  /// directly, so it would not take effect).
-  static void check_layers(const PipelineImpl& pipeline);
+  /// ValueError on every rank when activation checkpointing marked a layer of any rank (the
+  /// executor calls the layers directly, so it would not take effect) or, refuse_fsdp_units, a
+  /// layer holds an lf::FSDPUnit. A collective over world: every rank calls it at setup.
+  static void check_layers(const PipelineImpl& pipeline, Collective& world, bool refuse_fsdp_units);
 
  private:
   PipelineOptions options_;
