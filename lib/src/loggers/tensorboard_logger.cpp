@@ -4,6 +4,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -60,12 +61,15 @@ void length_delimited(std::string& out, int field, std::string_view payload) {
 
 // Event { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5; }
 // Summary { repeated Value value = 1; }  Value { string tag = 1; float simple_value = 2; }
+// Fields in number order and step 0 left out, as protobuf serializes them (PyTorch's bytes).
 std::string event(double wall_time, int64_t step, const std::string& file_version, const std::string& summary) {
   std::string out;
   varint(out, 1 << 3 | 1);
   fixed(out, wall_time);
-  varint(out, 2 << 3 | 0);
-  varint(out, static_cast<uint64_t>(step));
+  if (step != 0) {
+    varint(out, 2 << 3 | 0);
+    varint(out, static_cast<uint64_t>(step));
+  }
   if (!file_version.empty()) length_delimited(out, 3, file_version);
   if (!summary.empty()) length_delimited(out, 5, summary);
   return out;
@@ -85,13 +89,13 @@ void packed_doubles(std::string& out, int field, const std::vector<double>& valu
   length_delimited(out, field, payload);
 }
 
-// Summary.Value { tag = 1; metadata = 9; then one of simple_value = 2, image = 4, histo = 5,
-// tensor = 8 } inside a Summary { value = 1 }. value_field 0: none (the hparams summaries).
+// Summary.Value { tag = 1; one of simple_value = 2, image = 4, histo = 5, tensor = 8; metadata = 9 }
+// inside a Summary { value = 1 }. value_field 0: none (the hparams summaries).
 std::string summary_of(const std::string& tag, int value_field, const std::string& value, const std::string& metadata = "") {
   std::string entry;
   length_delimited(entry, 1, tag);
-  if (!metadata.empty()) length_delimited(entry, 9, metadata);
   if (value_field != 0) length_delimited(entry, value_field, value);
+  if (!metadata.empty()) length_delimited(entry, 9, metadata);
   std::string summary;
   length_delimited(summary, 1, entry);
   return summary;
@@ -167,6 +171,18 @@ at::Tensor make_image_grid(const at::Tensor& images, int64_t nrow, int64_t paddi
     grid.narrow(1, top, height).narrow(2, left, width).copy_(images[i]);
   }
   return grid;
+}
+
+HParam::HParam(const at::Tensor& value) : kind_(Kind::Number) {
+  LF_CHECK(value.defined() && value.dim() <= 1 && value.numel() >= 1 && !value.is_complex(), ValueError,
+           "HParam(tensor): expected a real 1-D tensor with at least one element (its first element is the value, as "
+           "torch.utils.tensorboard's hparams reads a tensor) or a 0-D tensor; got ",
+           value.defined() ? c10::str(c10::toString(value.scalar_type()), " of shape ", value.sizes())
+                           : std::string("an undefined tensor"),
+           ". Pass a number instead (tensor.item<double>()), or text.");
+  at::Tensor first = (value.dim() == 1 ? value[0] : value).detach().to(at::kCPU);
+  if (first.scalar_type() == at::kBFloat16) first = first.to(at::kHalf);  // PyTorch's make_np goes through float16
+  number_ = first.to(at::kDouble).item<double>();
 }
 
 std::string HParam::to_string() const {
@@ -259,15 +275,17 @@ void TensorBoardLogger::log_hyperparams(const std::map<std::string, HParam>& par
   std::map<std::string, double> shown = metrics;
   if (shown.empty() && default_hp_metric_) shown["hp_metric"] = -1;
   if (!shown.empty()) log_metrics(shown, 0);
+  // HParamsPluginData.version (field 1) is PLUGIN_DATA_VERSION = 0, which protobuf leaves out.
   const auto plugin_data = [](int field, const std::string& message) {
     std::string data;
-    varint_field(data, 1, 0);  // version
     length_delimited(data, field, message);
     return plugin_metadata("hparams", data);
   };
   // Experiment { hparam_infos = 4 { name = 1; type = 4 }; metric_infos = 5 { name = 1 { tag = 2 } } }
   // SessionStartInfo { hparams = 1 (map<string, google.protobuf.Value { number_value = 2;
-  // string_value = 3; bool_value = 4 }>); start_time_secs = 5 }
+  // string_value = 3 }>) } in key order (the std::map's), no start time, as PyTorch writes it.
+  // A flag is the number 1 or 0 (DATA_TYPE_FLOAT64), as PyTorch's hparams writes a Python bool: it
+  // tests isinstance(v, (int, float)) first, and bool is an int.
   std::string experiment, start;
   for (const auto& [key, value] : params) {
     std::string info, typed;
@@ -282,8 +300,8 @@ void TensorBoardLogger::log_hyperparams(const std::map<std::string, HParam>& par
         double_field(typed, 2, value.number());
         break;
       case HParam::Kind::Flag:
-        varint_field(info, 4, 2);  // DATA_TYPE_BOOL
-        varint_field(typed, 4, value.flag() ? 1 : 0);
+        varint_field(info, 4, 3);  // DATA_TYPE_FLOAT64
+        double_field(typed, 2, value.flag() ? 1.0 : 0.0);
         break;
     }
     length_delimited(experiment, 4, info);
@@ -298,7 +316,6 @@ void TensorBoardLogger::log_hyperparams(const std::map<std::string, HParam>& par
     length_delimited(info, 1, name);
     length_delimited(experiment, 5, info);
   }
-  double_field(start, 5, now_seconds());
   std::string end;
   varint_field(end, 1, 1);  // STATUS_SUCCESS, as PyTorch writes it
   write_summary(0, summary_of("_hparams_/experiment", 0, "", plugin_data(2, experiment)));
@@ -313,9 +330,26 @@ void TensorBoardLogger::log_image(const std::string& tag, const at::Tensor& imag
            image.defined() ? c10::str(image.sizes()) : std::string("an undefined tensor"), ".");
   LF_CHECK(image.is_floating_point() || image.scalar_type() == at::kByte, ValueError, "TensorBoardLogger::log_image(\"",
            tag, "\"): expected floating values in [0, 1] or uint8, got ", c10::toString(image.scalar_type()), ".");
-  at::Tensor chw = image.dim() == 2 ? image.unsqueeze(0) : image;
-  at::Tensor bytes = chw.is_floating_point() ? chw.detach().to(at::kFloat).clamp(0, 1).mul(255).round().to(at::kByte) : chw;
-  const at::Tensor hwc = bytes.to(at::kCPU).permute({1, 2, 0}).contiguous();
+  // As torch.utils.tensorboard.summary.image: grey ([H, W] or one channel) becomes RGB; floats are
+  // taken as float32 (bfloat16 through float16, as make_np), times 255 in float32, clipped to
+  // [0, 255] and truncated to uint8 (NaN gives 0); uint8 is kept as it is.
+  at::Tensor chw = (image.dim() == 2 ? image.unsqueeze(0) : image).detach().to(at::kCPU);
+  if (chw.size(0) == 1) chw = chw.expand({3, chw.size(1), chw.size(2)});
+  at::Tensor hwc = chw.permute({1, 2, 0});
+  if (hwc.is_floating_point()) {
+    if (hwc.scalar_type() == at::kBFloat16) hwc = hwc.to(at::kHalf);
+    const at::Tensor values = hwc.to(at::kFloat).contiguous();
+    at::Tensor bytes = at::empty(values.sizes(), at::TensorOptions().dtype(at::kByte));
+    const float* in = values.data_ptr<float>();
+    uint8_t* out = bytes.data_ptr<uint8_t>();
+    for (int64_t i = 0; i < values.numel(); ++i) {
+      const float scaled = in[i] * 255.0f;
+      out[i] = std::isnan(scaled) ? uint8_t{0} : static_cast<uint8_t>(std::min(std::max(scaled, 0.0f), 255.0f));
+    }
+    hwc = bytes;
+  } else {
+    hwc = hwc.contiguous();
+  }
   const int height = static_cast<int>(hwc.size(0)), width = static_cast<int>(hwc.size(1)), channels = static_cast<int>(hwc.size(2));
   // Summary.Image { height = 1; width = 2; colorspace = 3; encoded_image_string = 4 }
   std::string encoded;

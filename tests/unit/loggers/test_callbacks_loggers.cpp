@@ -149,6 +149,59 @@ TEST_CASE("write images, histograms, text and hyperparameters into $LF_TB_DIR", 
   std::cout << "event_file " << board.event_file().string() << std::endl;
 }
 
+// Hidden: tests/integration/tensorboard_vs_pytorch.sh runs it, has PyTorch's SummaryWriter write
+// the same images (from the bytes saved here: "image TAG STEP DTYPE FILE SIZES...") and
+// hyperparameters, and compares the two files' events.
+TEST_CASE("write images and hyperparameters of every kind into $LF_TB_DIR", "[.][tensorboard-pytorch]") {
+  const char* dir = std::getenv("LF_TB_DIR");
+  REQUIRE(dir != nullptr);
+  lf::TensorBoardLogger board(dir, "ours", 0);
+  // (k + 0.6) / 255 for k = 0..143: times 255 in float32 it lies just below or above k + 0.6, which
+  // truncation and rounding tell apart; then values below 0 and above 1, a NaN, 1 and 0.
+  const auto rgb = ((torch::arange(144, torch::kFloat) + 0.6) / 255).view({3, 6, 8});
+  rgb[0][0][0].fill_(-0.25);
+  rgb[1][0][0].fill_(1.75);
+  rgb[2][0][0].fill_(std::nan(""));
+  rgb[0][5][7].fill_(1.0);
+  rgb[1][5][7].fill_(0.0);
+  const std::vector<std::pair<std::string, torch::Tensor>> images = {
+      {"float32/rgb", rgb},
+      {"float64/grey_hw", ((torch::arange(20, torch::kDouble) * 13 + 0.5) / 255).view({4, 5})},
+      {"bfloat16/rgb", rgb.to(torch::kBFloat16)},
+      {"uint8/grey", (torch::arange(12, torch::kLong) * 21).to(torch::kByte).view({1, 3, 4})},
+      {"uint8/rgba", (torch::arange(60, torch::kLong) * 37).remainder(256).to(torch::kByte).view({4, 3, 5})},
+  };
+  for (size_t i = 0; i < images.size(); ++i) {
+    const auto& [tag, image] = images[i];
+    const auto step = static_cast<int64_t>(i + 1);
+    board.log_image(tag, image, step);
+    const torch::Tensor data = image.contiguous();
+    const std::string name = "image" + std::to_string(i) + ".bin";
+    std::ofstream(fs::path(dir) / name, std::ios::binary)
+        .write(static_cast<const char*>(data.data_ptr()), static_cast<std::streamsize>(data.nbytes()));
+    std::cout << "image " << tag << " " << step << " " << c10::toString(data.scalar_type()) << " " << name;
+    for (const int64_t size : data.sizes()) std::cout << " " << size;
+    std::cout << std::endl;
+  }
+  board.log_hyperparams({{"flag_on", true}, {"flag_off", false}, {"int", 12}, {"float", 3e-4}, {"text", "adamw"},
+                         {"text_empty", ""}, {"tensor_float32", torch::tensor({0.1f, 0.7f})},
+                         {"tensor_int64", torch::tensor({int64_t{7}})},
+                         {"tensor_bfloat16", torch::tensor({0.1f}).to(torch::kBFloat16)}},
+                        {{"val/acc", 0.5}, {"val/loss", 0.25}});
+  std::cout << "event_file " << board.event_file().string() << std::endl;
+}
+
+TEST_CASE("HParam reads a tensor as PyTorch's hparams does: the first element of a 1-D tensor", "[loggers]") {
+  CHECK(lf::HParam(torch::tensor({2.5, 1.0})).number() == 2.5);
+  CHECK(lf::HParam(torch::tensor({0.1f})).number() == static_cast<double>(0.1f));
+  CHECK(lf::HParam(torch::tensor({0.1f}).to(torch::kBFloat16)).number() == 0.10009765625);
+  CHECK(lf::HParam(torch::tensor(int64_t{7})).number() == 7);
+  CHECK(lf::HParam(torch::tensor({int64_t{7}})).kind() == lf::HParam::Kind::Number);
+  CHECK_THROWS_WITH(lf::HParam(torch::zeros({1, 1})), Contains("expected a real 1-D tensor") && Contains("[1, 1]"));
+  CHECK_THROWS_WITH(lf::HParam(torch::zeros({0})), Contains("expected a real 1-D tensor"));
+  CHECK_THROWS_WITH(lf::HParam(torch::Tensor()), Contains("an undefined tensor"));
+}
+
 TEST_CASE("TensorBoardLogger refuses images and histograms it cannot write", "[loggers]") {
   lf::TensorBoardLogger board(std::filesystem::temp_directory_path() / "lf-tb-refusals", "x", 0);
   CHECK_THROWS_WITH(board.log_image("a", torch::zeros({2, 4, 4})), Contains("expected [C, H, W] with C = 1, 3 or 4"));

@@ -31,7 +31,8 @@
 namespace lightning::fabric {
 
 /// A hyperparameter's value in TensorBoard's HParams tab: text, a number (sortable, plottable)
-/// or a flag, as Python's str, int/float and bool.
+/// or a flag, as Python's str, int/float and bool. A flag is written as the number 1 or 0, as
+/// PyTorch's hparams writes a bool; hparams.yaml keeps true/false.
 class LF_API HParam {
  public:
   enum class Kind { Text, Number, Flag };
@@ -44,6 +45,10 @@ class LF_API HParam {
                                                !std::is_same_v<Number, char>, int> = 0>
   HParam(Number number) : kind_(Kind::Number), number_(static_cast<double>(number)) {}
   HParam(bool flag) : kind_(Kind::Flag), flag_(flag) {}
+  /// A number from a tensor, as PyTorch's hparams reads one: the first element of a 1-D tensor
+  /// (bfloat16 through float16), or a 0-D tensor's value (which PyTorch refuses). ValueError
+  /// naming the shape for an empty, complex or more than 1-D tensor.
+  HParam(const at::Tensor& value);
   Kind kind() const { return kind_; }
   const std::string& text() const { return text_; }
   double number() const { return number_; }
@@ -73,7 +78,9 @@ class LF_API TensorBoardLogger : public Logger {
   /// log_hyperparams(params, metrics); log the same tags later to update them.
   void log_hyperparams(const std::map<std::string, HParam>& params, const std::map<std::string, double>& metrics);
   /// An image (SummaryWriter.add_image, CHW): [C, H, W] with C = 1, 3 or 4 (grey, RGB, RGBA), or
-  /// [H, W]; floating values in [0, 1] (clamped, then scaled to 0..255) or uint8. Stored as PNG.
+  /// [H, W]; floating values in [0, 1] or uint8. Stored as PyTorch's summary.image stores it: an
+  /// RGB or RGBA PNG (grey repeated into three channels), floats times 255 in float32, clipped to
+  /// [0, 255] and truncated (NaN gives 0), uint8 as given.
   /// step: the last step logged when unset. ValueError naming the shape or dtype otherwise.
   void log_image(const std::string& tag, const at::Tensor& image, std::optional<int64_t> step = std::nullopt);
   /// A histogram (add_histogram) of values' finite elements: bins equal-width buckets between
