@@ -98,6 +98,13 @@ void Fabric::launch() {
 }
 
 ScopeGuard Fabric::no_backward_sync(const torch::nn::Module& module, bool enabled) {
+  const bool set_up = std::any_of(setup_modules_.begin(), setup_modules_.end(),
+                                  [&](const std::weak_ptr<torch::nn::Module>& m) { return m.lock().get() == &module; });
+  LF_CHECK(set_up, TypeError, "You need to set up the model first before you can call `fabric.no_backward_sync()`: "
+           "`model = fabric.setup(model, ...)`. This module (", module.name(), ") was not set up by this Fabric; "
+           "pass the FabricModule that fabric.setup returned.");
+  // As Python: one device has nothing to synchronise, so there is nothing to warn about either.
+  if (dynamic_cast<const SingleDeviceStrategy*>(connector_->strategy.get()) != nullptr) return ScopeGuard();
   return connector_->strategy->no_backward_sync(module, enabled);
 }
 

@@ -97,6 +97,24 @@ TEST_CASE("cuda: save_in_background copies the GPU state once, into pinned memor
   std::filesystem::remove_all(folder);
 }
 
+// The backward of CUDA tensors runs on the autograd engine's thread for the GPU, which the count's
+// thread-local callback reaches through the engine's thread-local state.
+TEST_CASE("cuda: measure_flops counts the backward that runs on the GPU's autograd thread", "[gpu]") {
+  torch::nn::Linear net(16, 8);
+  net->to(torch::kCUDA);
+  const auto x = torch::randn({4, 16}, torch::kCUDA);
+  const auto x_grad = x.clone().requires_grad_();
+  const auto sum = [](const torch::Tensor& y) { return y.sum(); };
+  const int64_t forward = 2 * 4 * 16 * 8;
+  CHECK(lf::measure_flops(*net, [&] { return net(x); }) == forward);
+  CHECK(lf::measure_flops(*net, [&] { return net(x_grad); }, sum) == 3 * forward);
+  lf::Fabric fabric(lf::FabricOptions().accelerator("cuda").devices(1), lf::env::map_env({}));
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  auto setup = fabric.setup(net, sgd);
+  auto& model = std::get<0>(setup);
+  CHECK(lf::measure_flops(model, [&] { return model(x); }, sum) == 2 * forward);  // the weight's gradient only
+}
+
 // Hidden ([.]): run under lightning-run, which provides the rendezvous:
 //   lightning-run model --accelerator cuda --devices 1 --strategy ddp lf_gpu_tests "[nccl]"
 TEST_CASE("cuda: an nccl process group with world size 1 reduces and trains", "[.][nccl]") {

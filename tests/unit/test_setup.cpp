@@ -4,6 +4,8 @@
 
 #include "lightning/fabric.h"
 // Catch2 last: glog (inside LibTorch) defines its own CHECK macro, Catch2 must win.
+#include <iostream>
+#include <sstream>
 #include <type_traits>
 
 #include <catch2/catch.hpp>
@@ -264,6 +266,35 @@ TEST_CASE("seed_everything seeds torch and records PL_GLOBAL_SEED", "[fabric]") 
   lf::Fabric::seed_everything(123);
   CHECK(torch::equal(a, torch::rand({4})));
   CHECK(lf::Fabric::seed_everything() == 123);  // reuses the recorded seed
+}
+
+TEST_CASE("no_backward_sync refuses a model that was not set up, and is silent on one device, as Python",
+          "[setup][errors]") {
+  auto fabric = cpu_fabric();
+  torch::nn::Linear net(3, 3);
+  CHECK_THROWS_AS(fabric.no_backward_sync(*net), lf::TypeError);
+  CHECK_THROWS_WITH(fabric.no_backward_sync(*net, /*enabled=*/false),
+                    Contains("You need to set up the model first before you can call `fabric.no_backward_sync()`: "
+                             "`model = fabric.setup(model, ...)`"));
+  auto model = fabric.setup(net);
+  std::ostringstream warnings;  // what rank_zero_warn prints (std::cerr)
+  {
+    std::streambuf* previous = std::cerr.rdbuf(warnings.rdbuf());
+    lf::ScopeGuard restore([previous] { std::cerr.rdbuf(previous); });
+    auto skip = fabric.no_backward_sync(model);
+    auto same = fabric.no_backward_sync(*net);  // the module itself, now that it is set up
+  }
+  CHECK(warnings.str().find("no_backward_sync") == std::string::npos);
+  auto other = cpu_fabric();
+  CHECK_THROWS_AS(other.no_backward_sync(model), lf::TypeError);  // set up by another Fabric
+}
+
+TEST_CASE("no_backward_sync under ddp refuses a model that was not set up", "[setup][errors]") {
+  // No process group is created: the refusal comes before the strategy.
+  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").devices(2).strategy("ddp"), lf::env::map_env({}));
+  torch::nn::Linear net(3, 3);
+  CHECK_THROWS_AS(fabric.no_backward_sync(*net), lf::TypeError);
+  CHECK_THROWS_WITH(fabric.no_backward_sync(*net), Contains("You need to set up the model first"));
 }
 
 TEST_CASE("move_to_device=false leaves the module where it is", "[setup]") {

@@ -8,14 +8,19 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cmath>
+#include <mutex>
 #include <numeric>
+#include <sstream>
 #include <utility>
 #include <vector>
 
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/fabric.h"
 
+#include "lightning/fabric/utilities/rank_zero.h"
 #include "lightning/fabric/utilities/scope_guard.h"
+#include "lightning/fabric/wrappers.h"
 
 #ifdef LF_TORCH_HAS_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -31,6 +36,20 @@ Throughput::Throughput(ThroughputOptions options) : options_(std::move(options))
            " must be at least 2 (a rate needs two updates; default 100).");
   LF_CHECK(options_.log_every_n_updates >= 0, ValueError, "Throughput: log_every_n_updates=",
            options_.log_every_n_updates, " must be 0 (log when asked) or positive.");
+  const double factor = options_.sparse_cuda_acceleration_factor;
+  LF_CHECK(std::isfinite(factor) && factor >= 1.0, ValueError, "Throughput: sparse_cuda_acceleration_factor=", factor,
+           " is not valid: a sparse acceleration factor cannot reduce the available FLOPs. Give a finite factor of "
+           "at least 1 (2.0, the default, for 2:4 structured sparsity).");
+  if (!options_.available_flops || !(*options_.available_flops > 0)) return;  // no peak: no MFU to qualify
+  if (!options_.using_sparse_model) {
+    rank_zero_warn(detail::concat(
+        "Throughput: MFU assumes dense model FLOPs: available_flops=", *options_.available_flops,
+        " is the dense peak. For a 2:4-sparse model set ThroughputOptions::using_sparse_model = true (the peak is "
+        "then multiplied by sparse_cuda_acceleration_factor, default 2.0); set it to false to keep the dense peak "
+        "without this warning."));
+  } else if (*options_.using_sparse_model) {
+    *options_.available_flops *= factor;
+  }
 }
 
 namespace {
@@ -39,9 +58,23 @@ void push_bounded(std::deque<T>& window, T value, int size) {
   window.push_back(value);
   if (static_cast<int>(window.size()) > size) window.pop_front();
 }
+
+// Python's _MonotonicWindow: each running total exceeds the window's last value.
+template <class T>
+void check_increases(const std::deque<T>& window, T value, const char* name) {
+  if (window.empty() || value > window.back()) return;
+  throw ValueError(detail::concat(
+      "Throughput::update: Expected the value to increase, last: ", window.back(), ", current: ", value, " (", name,
+      "). time, batches, samples and lengths are running totals since the start, each greater than in the previous "
+      "update: pass the elapsed time and counts so far, not per-step values, or call reset() to start over."));
+}
 }  // namespace
 
 void Throughput::update(const ThroughputUpdate& update) {
+  check_increases(time_, update.time, "time");
+  check_increases(batches_, update.batches, "batches");
+  check_increases(samples_, update.samples, "samples");
+  if (update.lengths) check_increases(lengths_, *update.lengths, "lengths");
   LF_CHECK(update.samples >= update.batches, ValueError, "Throughput::update: samples (", update.samples,
            ") must be at least batches (", update.batches, "): both are running totals.");
   if (update.lengths) {
@@ -146,7 +179,12 @@ std::map<std::string, double> ThroughputMonitor::compute_and_log(std::optional<i
 // ---- measure_flops ----
 
 namespace {
+// One measurement at a time in the process: its number (from 1) and its count. The callbacks are
+// plain function pointers, so they reach the measurement through these.
+std::mutex g_measure_mutex;
+std::atomic<uint64_t> g_measurement{0};
 std::atomic<int64_t> g_counted_flops{0};
+thread_local bool t_measuring = false;  // measure_flops is running on this thread
 
 int64_t product(c10::IntArrayRef sizes) {
   return std::accumulate(sizes.begin(), sizes.end(), int64_t{1}, std::multiplies<int64_t>());
@@ -243,24 +281,49 @@ int64_t flops_of(const at::RecordFunction& call, Counted kind) {
 // Counted operators running on this thread. A counted operator called from inside another is not
 // counted again: autocast re-dispatches an addmm as an addmm of the cast inputs, and a kernel may
 // call another (a convolution's matrix products); the outermost call holds the whole count.
+// The depth belongs to one measurement (t_depth_measurement): a thread's first callback in a new
+// measurement starts it from 0, so whatever an earlier measurement left on any thread (an
+// exception, an operator whose end never ran) cannot silence this one's products.
 thread_local int t_counted_depth = 0;
+thread_local uint64_t t_depth_measurement = 0;
+
+void join_measurement() {
+  const uint64_t current = g_measurement.load();
+  if (t_depth_measurement == current) return;
+  t_depth_measurement = current;
+  t_counted_depth = 0;
+}
+
+// Inputs are readable in the start callback only.
+std::unique_ptr<at::ObserverContext> count_start(const at::RecordFunction& call) {
+  join_measurement();
+  const Counted kind = counted_kind(call.name());
+  if (kind != Counted::None && t_counted_depth++ == 0) g_counted_flops += flops_of(call, kind);
+  return nullptr;
+}
+
+void count_end(const at::RecordFunction& call, at::ObserverContext*) {
+  join_measurement();
+  if (counted_kind(call.name()) != Counted::None && t_counted_depth > 0) --t_counted_depth;
+}
 }  // namespace
 
 int64_t measure_flops(torch::nn::Module& model, const std::function<at::Tensor()>& forward_fn,
                       const std::function<at::Tensor(const at::Tensor&)>& loss_fn) {
   LF_CHECK(forward_fn != nullptr, ValueError, "measure_flops: forward_fn is empty.");
+  LF_CHECK(!t_measuring, RuntimeError, "measure_flops was called from inside another measure_flops on this thread "
+           "(its forward_fn or loss_fn). Measure once, from outside: the outer count already includes everything "
+           "its functions run.");
+  std::lock_guard<std::mutex> one_at_a_time(g_measure_mutex);
+  t_measuring = true;
+  ScopeGuard done([] { t_measuring = false; });
+  g_measurement.fetch_add(1);
   g_counted_flops = 0;
-  const auto handle = at::addGlobalCallback(
-      // Inputs are readable in the start callback only.
-      at::RecordFunctionCallback(
-          [](const at::RecordFunction& call) -> std::unique_ptr<at::ObserverContext> {
-            const Counted kind = counted_kind(call.name());
-            if (kind != Counted::None && t_counted_depth++ == 0) g_counted_flops += flops_of(call, kind);
-            return nullptr;
-          },
-          [](const at::RecordFunction& call, at::ObserverContext*) {
-            if (counted_kind(call.name()) != Counted::None) --t_counted_depth;
-          })
+  // A thread-local callback: it sees this thread's operators, and the autograd engine carries it to
+  // the threads that run this thread's backward (with the rest of the thread-local state), so the
+  // backward on a GPU's autograd thread counts while other threads' work does not.
+  const auto handle = at::addThreadLocalCallback(
+      at::RecordFunctionCallback(count_start, count_end)
           .needsInputs(true)
           .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
   ScopeGuard remove([handle] { at::removeCallback(handle); });
@@ -273,7 +336,12 @@ int64_t measure_flops(torch::nn::Module& model, const std::function<at::Tensor()
     ScopeGuard restore([&] {
       for (size_t i = 0; i < parameters.size(); ++i) parameters[i].mutable_grad() = kept[i];
     });
-    loss_fn(forward_fn()).backward();
+    at::Tensor loss = loss_fn(forward_fn());
+    // The outputs of a set-up model accept only a backward that Fabric runs (wrappers.h); this
+    // one is the count's own, plain: no gradient synchronisation (ddp averages only inside
+    // fabric.backward), no loss scaling, and its gradients are dropped above.
+    detail::BackwardScope counted_backward;
+    loss.backward();
   } else {
     torch::NoGradGuard no_grad;
     forward_fn();
@@ -320,15 +388,41 @@ std::optional<PeakFlops> chip_of(std::string name) {
 }
 }  // namespace
 
+namespace {
+// The dtype as Python prints it (torch.bfloat16), for messages that read as Python's.
+std::string python_dtype_name(c10::ScalarType dtype) {
+  switch (dtype) {
+    case c10::ScalarType::BFloat16: return "torch.bfloat16";
+    case c10::ScalarType::Half: return "torch.float16";
+    case c10::ScalarType::Float: return "torch.float32";
+    case c10::ScalarType::Double: return "torch.float64";
+    case c10::ScalarType::Char: return "torch.int8";
+    case c10::ScalarType::Byte: return "torch.uint8";
+    case c10::ScalarType::Int: return "torch.int32";
+    case c10::ScalarType::Long: return "torch.int64";
+    default: return c10::toString(dtype);
+  }
+}
+}  // namespace
+
 std::optional<double> available_flops(const std::string& device_name, c10::ScalarType dtype, bool tf32) {
   const auto chip = chip_of(device_name);
-  if (!chip) return std::nullopt;
+  if (!chip) {
+    rank_zero_warn("FLOPs not found for '" + device_name + "': available_flops knows A100, H100 (SXM, PCIe, NVL), "
+                   "H200 (SXM, NVL) and B200. No MFU is reported; measure this device's peak and pass "
+                   "ThroughputOptions::available_flops for one.");
+    return std::nullopt;
+  }
   switch (dtype) {
     case c10::ScalarType::BFloat16: return chip->bf16;
     case c10::ScalarType::Half: return chip->fp16;
     case c10::ScalarType::Float: return tf32 ? chip->tf32 : chip->fp32;
     case c10::ScalarType::Double: return chip->fp64;
-    default: return std::nullopt;
+    default:
+      rank_zero_warn("'" + device_name + "' does not support " + python_dtype_name(dtype) +
+                     " in available_flops' table (bfloat16, float16, float32 or TF32, float64). No MFU is reported; "
+                     "pass ThroughputOptions::available_flops for one.");
+      return std::nullopt;
   }
 }
 

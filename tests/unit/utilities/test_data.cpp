@@ -157,3 +157,18 @@ TEST_CASE("seed_everything seeds workers by default from Fabric, not from the fr
   lf::seed_everything(5);
   CHECK(std::string(std::getenv("PL_SEED_WORKERS")) == "0");
 }
+
+TEST_CASE("seed_everything refuses a seed outside numpy's uint32 bounds, as Python", "[seed][errors]") {
+  CHECK(lf::seed_everything(4294967295ULL) == 4294967295ULL);  // 2**32 - 1, the largest
+  // Python's seed_everything(10e9) raises ValueError; 10e9 converts to the same whole number here.
+  CHECK_THROWS_AS(lf::seed_everything(static_cast<uint64_t>(10e9)), lf::ValueError);
+  CHECK_THROWS_WITH(lf::seed_everything(static_cast<uint64_t>(10e9)),
+                    Contains("10000000000 is not in bounds, numpy accepts from 0 to 4294967295"));
+  CHECK_THROWS_WITH(lf::Fabric::seed_everything(4294967296ULL), Contains("4294967296 is not in bounds"));
+  // A negative int converted to uint64_t wraps far above the bounds: refused as well.
+  CHECK_THROWS_AS(lf::seed_everything(static_cast<uint64_t>(-1)), lf::ValueError);
+  CHECK(std::string(std::getenv("PL_GLOBAL_SEED")) == "4294967295");  // a refused seed changes nothing
+  setenv("PL_GLOBAL_SEED", "4294967296", 1);
+  CHECK_THROWS_WITH(lf::seed_everything(), Contains("4294967296 is not in bounds") && Contains("PL_GLOBAL_SEED"));
+  lf::seed_everything(5);  // a valid recorded seed for what runs next
+}

@@ -5,6 +5,12 @@
 #include "lightning/fabric/utilities/throughput.h"
 
 #include <ATen/autocast_mode.h>
+
+#include <atomic>
+#include <iostream>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
 // Catch2 last: glog (inside LibTorch) defines its own CHECK macro, Catch2 must win.
 #include <catch2/catch.hpp>
 
@@ -36,6 +42,82 @@ TEST_CASE("measure_flops counts a Conv2d from its output, kernel and input chann
   torch::nn::Conv2d grouped(torch::nn::Conv2dOptions(4, 8, 3).groups(2));
   const auto g = torch::randn({1, 4, 6, 6});
   CHECK(lf::measure_flops(*grouped, [&] { return grouped(g); }) == 2 * (8 * 4 * 4) * (4 / 2) * 9);
+}
+
+TEST_CASE("measure_flops on a set-up model counts what the raw module counts", "[throughput]") {
+  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").devices(1), lf::env::map_env({}));
+  torch::nn::Sequential net(torch::nn::Linear(16, 32), torch::nn::ReLU(), torch::nn::Linear(32, 8));
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  const auto x = torch::randn({4, 16});
+  const auto sum = [](const torch::Tensor& y) { return y.sum(); };
+  const int64_t raw_forward = lf::measure_flops(*net, [&] { return net->forward(x); });
+  const int64_t raw_step = lf::measure_flops(*net, [&] { return net->forward(x); }, sum);
+  CHECK(raw_forward == 2 * 4 * 16 * 32 + 2 * 4 * 32 * 8);
+  // The first Linear's input needs no gradient (its weight's only: 1x), the second's does (2x).
+  CHECK(raw_step == 2 * (2 * 4 * 16 * 32) + 3 * (2 * 4 * 32 * 8));
+  auto setup = fabric.setup(net, sgd);
+  auto& model = std::get<0>(setup);
+  CHECK(lf::measure_flops(model, [&] { return model(x); }) == raw_forward);
+  // The count's backward is its own: a set-up model's outputs accept it, and it leaves no gradient.
+  CHECK(lf::measure_flops(model, [&] { return model(x); }, sum) == raw_step);
+  CHECK(lf::measure_flops(*model, [&] { return model(x); }, sum) == raw_step);
+  for (const auto& parameter : net->parameters()) CHECK_FALSE(parameter.grad().defined());
+  // A plain backward on the model's output is still refused outside the count.
+  CHECK_THROWS_WITH(model(x).sum().backward(), Contains("fabric.backward(loss)"));
+  fabric.backward(model(x).sum());
+  CHECK(net->parameters().front().grad().defined());
+}
+
+TEST_CASE("measure_flops counts right after a measurement that threw", "[throughput]") {
+  torch::nn::Linear linear(16, 8);
+  const auto x = torch::randn({4, 16});
+  const int64_t forward = 2 * 4 * 16 * 8;
+  const auto sum = [](const torch::Tensor& y) { return y.sum(); };
+  // Thrown inside a counted product (shapes that do not multiply), after one that counted.
+  CHECK_THROWS(lf::measure_flops(*linear, [&] {
+    linear(x);
+    return torch::mm(x, torch::ones({3, 5}));
+  }));
+  CHECK(lf::measure_flops(*linear, [&] { return linear(x); }) == forward);
+  // Thrown from the backward (a gradient hook), between the counted products of forward and backward.
+  CHECK_THROWS(lf::measure_flops(*linear, [&] { return linear(x); }, [](const torch::Tensor& y) {
+    auto z = y * 2;
+    z.register_hook([](const torch::Tensor&) { throw std::runtime_error("a hook that fails"); });
+    return z.sum();
+  }));
+  CHECK(lf::measure_flops(*linear, [&] { return linear(x); }, sum) == 2 * forward);
+  CHECK_FALSE(linear->weight.grad().defined());  // the failed count's gradients were dropped too
+  // A measurement inside another one is refused, and leaves the next one right.
+  CHECK_THROWS_WITH(lf::measure_flops(*linear, [&] {
+    lf::measure_flops(*linear, [&] { return linear(x); });
+    return linear(x);
+  }), Contains("inside another measure_flops"));
+  CHECK(lf::measure_flops(*linear, [&] { return linear(x); }) == forward);
+}
+
+TEST_CASE("measure_flops does not count products running on another thread", "[throughput]") {
+  torch::nn::Linear linear(16, 8);
+  const auto x = torch::randn({4, 16});
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> products{0};
+  std::thread other([&] {
+    const auto a = torch::randn({32, 32});
+    while (!stop) {
+      torch::mm(a, a);
+      ++products;
+    }
+  });
+  lf::ScopeGuard join([&] {
+    stop = true;
+    other.join();
+  });
+  // forward_fn waits until the other thread has multiplied twice while the count runs.
+  const int64_t counted = lf::measure_flops(*linear, [&] {
+    const int64_t before = products.load();
+    while (products.load() < before + 2) std::this_thread::yield();
+    return linear(x);
+  });
+  CHECK(counted == 2 * 4 * 16 * 8);
 }
 
 namespace {
@@ -126,6 +208,104 @@ TEST_CASE("Throughput refuses inconsistent totals and a window of one", "[throug
   CHECK_THROWS_WITH(throughput.update({1.0, 1, 2, 1}), Contains("lengths (1) must be at least samples (2)"));
   throughput.update({1.0, 1, 2, 8});
   CHECK_THROWS_WITH(throughput.update({2.0, 2, 4}), Contains("always or never"));
+}
+
+namespace {
+// What fn prints to std::cerr, where rank_zero_warn writes.
+template <class Fn>
+std::string stderr_of(Fn&& fn) {
+  std::ostringstream text;
+  std::streambuf* previous = std::cerr.rdbuf(text.rdbuf());
+  lf::ScopeGuard restore([previous] { std::cerr.rdbuf(previous); });
+  fn();
+  return text.str();
+}
+}  // namespace
+
+TEST_CASE("Throughput refuses totals that do not increase, as Python's monotonic window", "[throughput][errors]") {
+  lf::ThroughputOptions options;
+  options.window_size = 2;
+  lf::Throughput throughput(options);
+  throughput.update({2.0, 1, 2, 4});
+  throughput.update({2.5, 2, 4, 8});
+  CHECK_THROWS_AS(throughput.update({2.5, 3, 6, 12}), lf::ValueError);
+  CHECK_THROWS_WITH(throughput.update({2.5, 3, 6, 12}),
+                    Contains("Expected the value to increase, last: 2.5, current: 2.5") && Contains("(time)"));
+  CHECK_THROWS_WITH(throughput.update({2.4, 3, 6, 12}), Contains("(time)"));
+  CHECK_THROWS_WITH(throughput.update({3.0, 2, 6, 12}), Contains("last: 2, current: 2") && Contains("(batches)"));
+  CHECK_THROWS_WITH(throughput.update({3.0, 3, 4, 12}), Contains("(samples)"));
+  CHECK_THROWS_WITH(throughput.update({3.0, 3, 6, 8}), Contains("(lengths)"));
+  // A refused update changes nothing.
+  const auto metrics = throughput.compute();
+  CHECK(metrics.at("time") == 2.5);
+  CHECK(metrics.at("device/batches_per_sec") == Approx(2.0));
+  throughput.update({3.0, 3, 6, 12});
+  CHECK(throughput.compute().at("batches") == 3);
+  throughput.reset();
+  throughput.update({0.5, 1, 1});  // reset starts the totals over
+  CHECK(throughput.compute().at("time") == 0.5);
+}
+
+TEST_CASE("Throughput: using_sparse_model scales the peak by sparse_cuda_acceleration_factor, as Python", "[throughput]") {
+  lf::ThroughputOptions options;
+  options.available_flops = 100.0;
+  options.using_sparse_model = false;
+  CHECK(*lf::Throughput(options).options().available_flops == 100.0);
+  options.using_sparse_model = true;
+  CHECK(*lf::Throughput(options).options().available_flops == 200.0);  // the default factor, 2
+  options.sparse_cuda_acceleration_factor = 4.0;
+  CHECK(*lf::Throughput(options).options().available_flops == 400.0);
+  options.available_flops.reset();  // no peak: nothing to scale, no error
+  CHECK_FALSE(lf::Throughput(options).options().available_flops);
+  options.available_flops = 100.0;
+  options.sparse_cuda_acceleration_factor = 0.5;
+  CHECK_THROWS_AS(lf::Throughput(options), lf::ValueError);
+  CHECK_THROWS_WITH(lf::Throughput(options), Contains("sparse_cuda_acceleration_factor=0.5") &&
+                                                 Contains("sparse acceleration factor cannot reduce"));
+
+  // MFU against the scaled peak: 10 FLOP/s over 50 dense, over 100 sparse.
+  for (const bool sparse : {false, true}) {
+    lf::ThroughputOptions mfu;
+    mfu.available_flops = 50.0;
+    mfu.window_size = 2;
+    mfu.using_sparse_model = sparse;
+    lf::Throughput throughput(mfu);
+    throughput.update({1.0, 1, 2, std::nullopt, 10.0});
+    throughput.update({2.0, 2, 4, std::nullopt, 10.0});
+    CHECK(throughput.compute().at("device/mfu") == Approx(sparse ? 0.1 : 0.2));
+  }
+}
+
+TEST_CASE("Throughput warns that MFU assumes dense FLOPs unless using_sparse_model is set", "[throughput]") {
+  lf::ThroughputOptions options;
+  options.available_flops = 100.0;
+  CHECK_THAT(stderr_of([&] { lf::Throughput throughput(options); }), Contains("MFU assumes dense model FLOPs"));
+  CHECK(*lf::Throughput(options).options().available_flops == 100.0);  // the dense peak, unscaled
+  for (const bool sparse : {false, true}) {  // an explicit choice silences it
+    options.using_sparse_model = sparse;
+    CHECK_THAT(stderr_of([&] { lf::Throughput throughput(options); }), !Contains("MFU assumes"));
+  }
+  // No peak: no MFU, nothing to warn about.
+  CHECK_THAT(stderr_of([] { lf::Throughput throughput; }), !Contains("MFU assumes"));
+}
+
+TEST_CASE("available_flops warns and gives nothing for an unknown GPU or dtype, as Python", "[throughput]") {
+  std::optional<double> peak = 1.0;
+  const std::string unknown = stderr_of([&] { peak = lf::available_flops("CocoNut", torch::kBFloat16); });
+  CHECK_FALSE(peak);
+  CHECK_THAT(unknown, Contains("FLOPs not found for 'CocoNut'"));
+  peak = 1.0;
+  const std::string dtype = stderr_of([&] { peak = lf::available_flops("NVIDIA H200", torch::kInt8); });
+  CHECK_FALSE(peak);
+  CHECK_THAT(dtype, Contains("'NVIDIA H200' does not support torch.int8"));
+  const std::string known = stderr_of([&] { peak = lf::available_flops("NVIDIA H100 PCIe", torch::kBFloat16); });
+  REQUIRE(peak);
+  CHECK(*peak == 756e12);
+  CHECK_THAT(known, !Contains("FLOPs not found") && !Contains("does not support"));
+  // A CPU has no table: nothing, silently (Python's get_available_flops does not warn for it either).
+  const std::string cpu = stderr_of([&] { peak = lf::available_flops(torch::Device(torch::kCPU), torch::kFloat32); });
+  CHECK_FALSE(peak);
+  CHECK_THAT(cpu, !Contains("FLOPs not found"));
 }
 
 namespace {

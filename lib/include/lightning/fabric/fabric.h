@@ -393,7 +393,9 @@ class LF_API Fabric {
 
   /// Skips the gradient all-reduce of `module` while the guard lives (gradient accumulation):
   ///   { auto skip = fabric.no_backward_sync(model, !last_micro_batch); fabric.backward(loss); }
-  /// With one process it is a no-op (with a warning).
+  /// TypeError, as Python, when the module was not set up by this Fabric (whatever `enabled`
+  /// says). Under single_device a silent no-op, as Python; under a strategy without gradient
+  /// synchronisation ("dp") a no-op with a warning.
   ScopeGuard no_backward_sync(const torch::nn::Module& module, bool enabled = true);
   template <class Impl>
   ScopeGuard no_backward_sync(const FabricModule<Impl>& module, bool enabled = true) {
@@ -551,7 +553,8 @@ class LF_API Fabric {
   }
   /// Seeds every generator and records the seed for samplers and workers; returns it. workers
   /// defaults to true here, as Python's Fabric.seed_everything (PL_SEED_WORKERS=1); the free
-  /// function lf::seed_everything defaults it to false, as Python's.
+  /// function lf::seed_everything defaults it to false, as Python's. ValueError for a seed above
+  /// 2**32 - 1, as lf::seed_everything.
   static uint64_t seed_everything(std::optional<uint64_t> seed = std::nullopt, bool workers = true);
   /// The precision's forward context (autocast for the mixed precisions) for code outside a
   /// FabricModule's forward, e.g. a loss:  { auto cast = fabric.autocast(); loss = criterion(out); }

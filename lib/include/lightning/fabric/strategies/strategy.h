@@ -87,7 +87,8 @@ class LF_API Strategy {
   /// nothing, the strategy runs one process.
   virtual void launch_processes() {}
   /// Skips the gradient synchronisation of `module` while the guard lives (accumulation).
-  /// Default: a no-op with a warning, as on a single device.
+  /// Default: a no-op with a warning (Fabric does not call it under single_device, which is
+  /// silent, as Python).
   virtual ScopeGuard no_backward_sync(const torch::nn::Module& module, bool enabled);
   /// Whether backward averages gradients across processes (ddp, fsdp: every ParallelStrategy
   /// running more than one process). Fabric::backward then refuses a loss that no set-up model

@@ -32,6 +32,8 @@
 namespace lightning::fabric {
 
 class Fabric;
+template <class ModuleImpl>
+class FabricModule;
 
 struct LF_API ThroughputOptions {
   /// Peak FLOP/s of one device, for MFU (unset: no MFU). ThroughputMonitor fills it from
@@ -46,9 +48,19 @@ struct LF_API ThroughputOptions {
   /// ThroughputMonitor: compute_and_log() after every this many updates (0, the default: only
   /// when you call it, as Python's ThroughputMonitor).
   int log_every_n_updates = 0;
+  /// Whether the model's matrix products run 2:4-sparse (Python's using_sparse_model). true:
+  /// available_flops (given or looked up) is multiplied by sparse_cuda_acceleration_factor, so
+  /// MFU is measured against the sparse peak; false: the dense peak. Unset (the default): the
+  /// dense peak, with a warning when available_flops is known, since MFU is ambiguous for a
+  /// sparse model. options().available_flops is the peak after scaling.
+  std::optional<bool> using_sparse_model;
+  /// The peak's gain from sparse products when using_sparse_model is true (default 2.0, the data
+  /// sheets' 2:4 factor). At least 1: sparsity cannot lower the peak.
+  double sparse_cuda_acceleration_factor = 2.0;
 };
 
-/// One update: running totals on this device since the start (each at least the previous one).
+/// One update: running totals on this device since the start. time, batches, samples and lengths
+/// each increase from one update to the next (as Python's monotonic window requires).
 struct LF_API ThroughputUpdate {
   double time = 0;       // seconds elapsed
   int64_t batches = 0;   // batches seen
@@ -59,15 +71,19 @@ struct LF_API ThroughputUpdate {
 
 class LF_API Throughput {
  public:
-  /// ValueError for world_size < 1 or window_size < 2.
+  /// ValueError for world_size < 1, window_size < 2 or sparse_cuda_acceleration_factor < 1.
+  /// Scales available_flops when using_sparse_model is true; warns (rank_zero_warn) when it is
+  /// unset and available_flops is known.
   explicit Throughput(ThroughputOptions options = {});
   virtual ~Throughput() = default;
 
-  /// ValueError when samples < batches or lengths < samples, or when lengths are given in some
-  /// updates and not in others.
+  /// ValueError when time, batches, samples or lengths does not increase on the previous update
+  /// (Python: "Expected the value to increase"), when samples < batches or lengths < samples, or
+  /// when lengths are given in some updates and not in others. A refused update changes nothing.
   void update(const ThroughputUpdate& update);
   /// The metrics named above.
   std::map<std::string, double> compute() const;
+  /// Empties every window: the next update may start the totals again.
   void reset();
   const ThroughputOptions& options() const { return options_; }
 
@@ -101,18 +117,35 @@ class LF_API ThroughputMonitor : public Throughput {
 /// attention kernels forward and backward): 2 FLOPs per multiply-add, as Python's FlopCounterMode
 /// counts them (also the attention backward's five products). Elementwise operations,
 /// normalisations and softmax are not counted. model is the module forward_fn runs: its gradients
-/// are set aside during the count and put back after it. Runs the passes for real; process-wide
-/// while it runs (other threads' products would be counted too).
+/// are set aside during the count and put back after it. Runs the passes for real. Counts the
+/// products of the calling thread and of the autograd threads running its backward, not those of
+/// other threads; one measurement runs at a time in the process (a concurrent call waits; a call
+/// from inside forward_fn or loss_fn is refused with RuntimeError).
+/// A set-up model works too (below): its forward runs as in training (device, precision), and
+/// the backward is the count's own plain one (no gradient synchronisation, no loss scaling), which
+/// its outputs then accept. Under ddp and fsdp a set-up model's forward is collective (call it on
+/// every rank); under fsdp count on the raw module before setup, whose parameters are whole.
 LF_API int64_t measure_flops(torch::nn::Module& model, const std::function<at::Tensor()>& forward_fn,
                              const std::function<at::Tensor(const at::Tensor&)>& loss_fn = nullptr);
+/// measure_flops on a set-up model (Python passes the _FabricModule the same way):
+///   auto model = fabric.setup(net);
+///   lf::measure_flops(model, [&] { return model(x); }, [](const torch::Tensor& y) { return y.sum(); });
+template <class ModuleImpl>
+int64_t measure_flops(const FabricModule<ModuleImpl>& model, const std::function<at::Tensor()>& forward_fn,
+                      const std::function<at::Tensor(const at::Tensor&)>& loss_fn = nullptr) {
+  torch::nn::Module& module = *model;
+  return measure_flops(module, forward_fn, loss_fn);
+}
 
 /// The dense (not sparsity-doubled) peak FLOP/s of one device for dtype, from the vendor's data
 /// sheet, or nullopt when unknown: no table for CPUs (measure your own peak and pass
 /// ThroughputOptions::available_flops). float32 on a GPU counts as TF32 when float32 matrix products
-/// may use TF32 (at::globalContext().allowTF32CuBLAS()).
+/// may use TF32 (at::globalContext().allowTF32CuBLAS()). A GPU not in the table, or a dtype the
+/// table has no figure for, gives nullopt with a warning (rank_zero_warn), as Python's
+/// get_available_flops; a CPU gives nullopt silently.
 LF_API std::optional<double> available_flops(const c10::Device& device, c10::ScalarType dtype);
 /// The same for a CUDA device name as the driver reports it (e.g. "NVIDIA H200"); "tf32" selects
-/// TF32 for float32.
+/// TF32 for float32. Warns as above for an unknown name or dtype.
 LF_API std::optional<double> available_flops(const std::string& device_name, c10::ScalarType dtype, bool tf32 = false);
 
 }  // namespace lightning::fabric
