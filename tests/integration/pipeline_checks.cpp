@@ -22,6 +22,10 @@
 //   --save PATH / --resume PATH   fabric.save({model, optimizer, step}) after training / load it
 //                            first and train from its step on (the reference trains from 0)
 //   --from-launcher          no strategy in code: lightning-run --strategy pipeline's defaults
+//   --single-device          no pipeline strategy: strategy "single_device" in one process, where the
+//                            lf::Pipeline runs loss(layers(x), y) and the optimizer holds every
+//                            parameter (as a program without pipelining would); not with --tensor,
+//                            --fsdp or --meta
 //   --meta                   build the model under fabric.init_module(true): on the meta device, only
 //                            this rank's stages materialised (with the values a normal build has)
 //   --no-momentum            SGD without momentum (no per-parameter optimizer state)
@@ -59,7 +63,7 @@ struct Flags {
   int fail_stage = -1, halve_batch_after = -1;
   std::vector<int64_t> stage_starts;
   std::string save, resume;
-  bool bench = false, adam = false, momentum = true, meta = false, from_launcher = false;
+  bool bench = false, adam = false, momentum = true, meta = false, from_launcher = false, single_device = false;
 };
 
 Flags parse(int argc, char** argv) {
@@ -92,6 +96,7 @@ Flags parse(int argc, char** argv) {
     else if (name == "--no-momentum") flags.momentum = false;
     else if (name == "--meta") flags.meta = true;
     else if (name == "--from-launcher") flags.from_launcher = true;
+    else if (name == "--single-device") flags.single_device = true;
     else if (name == "--stage-starts" && has_value) {
       std::stringstream list(argv[++i]);
       for (std::string item; std::getline(list, item, ',');) flags.stage_starts.push_back(std::atoll(item.c_str()));
@@ -99,6 +104,11 @@ Flags parse(int argc, char** argv) {
       std::cout << "FAIL: unknown argument " << name << std::endl;
       std::exit(2);
     }
+  }
+  if (flags.single_device && (kSettings.tensor_parallel || flags.options.data_parallel_strategy == "fsdp" || flags.meta)) {
+    std::cout << "FAIL: --single-device runs without the pipeline strategy, so --tensor, --fsdp and --meta do not apply"
+              << std::endl;
+    std::exit(2);
   }
   return flags;
 }
@@ -144,12 +154,16 @@ double median(std::vector<double> values) {
 int main(int argc, char** argv) {
   Flags flags = parse(argc, argv);
   lf::FabricOptions options = lf::FabricOptions().accelerator("cpu");
-  if (!flags.from_launcher) options.strategy(lf::pipeline_strategy(flags.options));
+  if (flags.single_device) options.strategy("single_device");
+  else if (!flags.from_launcher) options.strategy(lf::pipeline_strategy(flags.options));
   lf::Fabric fabric(options);
-  auto& strategy = fabric.strategy_as<lf::PipelineParallel>();
+  // nullptr under --single-device: one process, no mesh, one stage.
+  lf::PipelineParallel* strategy = flags.single_device ? nullptr : &fabric.strategy_as<lf::PipelineParallel>();
   fabric.strategy()->setup_environment();
-  const auto& mesh = strategy.device_mesh();
-  const int pipe = strategy.pipe_size(), data = mesh->data_size(), data_rank = mesh->data_rank();
+  std::shared_ptr<lf::DeviceMesh> mesh;
+  if (strategy != nullptr) mesh = strategy->device_mesh();
+  const int pipe = strategy != nullptr ? strategy->pipe_size() : 1;
+  const int data = mesh ? mesh->data_size() : 1, data_rank = mesh ? mesh->data_rank() : 0;
   const int stages = pipe * flags.options.stages_per_rank;
   const lf::DeviceMesh* split_by = kSettings.tensor_parallel ? mesh.get() : nullptr;
   const auto loss = [split_by](const at::Tensor& logits, const at::Tensor& targets) {
@@ -227,8 +241,8 @@ int main(int argc, char** argv) {
     const double norm = fabric.clip_gradients(net, optimizer, lf::GradientClipping().norm(1.0))->item<double>();
     optimizer.step();
     const double mean_loss = fabric.all_reduce(loss_value.detach(), "mean").item<double>();
-    const auto stats = strategy.last_step();
-    if (step > first_step) {
+    if (strategy != nullptr && step > first_step) {
+      const auto stats = strategy->last_step();
       // The pipeline's makespan is its slowest rank's step: each rank idles 1 - compute / makespan.
       const double makespan = fabric.all_reduce(stats.step_seconds, lf::ReduceOp::Max);
       step_times.push_back(makespan);
@@ -246,14 +260,14 @@ int main(int argc, char** argv) {
            std::to_string(reference_norm));
   }
 
-  const int pipe_rank = strategy.pipe_rank();
+  const int pipe_rank = strategy != nullptr ? strategy->pipe_rank() : 0;
   const int64_t m = flags.options.micro_batches;
   const int v = flags.options.stages_per_rank;
-  if (!flags.bench && flags.options.schedule == "GPipe") {
+  if (strategy != nullptr && !flags.bench && flags.options.schedule == "GPipe") {
     expect(median(peaks) == m * v, "GPipe held " + std::to_string(median(peaks)) + " micro-batches at once, expected all " +
            std::to_string(m * v));
   }
-  if (!flags.bench && flags.options.schedule == "1F1B") {
+  if (strategy != nullptr && !flags.bench && flags.options.schedule == "1F1B") {
     const double bound = std::min<int64_t>(m, pipe - pipe_rank);
     expect(median(peaks) <= bound, "1F1B held " + std::to_string(median(peaks)) + " micro-batches at once, expected at "
            "most " + std::to_string(bound) + " (pipe size - pipe rank)");
@@ -276,7 +290,8 @@ int main(int argc, char** argv) {
   if (!flags.bench) {
     int64_t split = 0;
     for (const auto& item : net.module()->named_parameters()) split += item.value().sizes() != expected.at(item.key()).sizes();
-    expect(mesh->tensor_size() == 1 || split > 0, "tensor_parallel_size " + std::to_string(mesh->tensor_size()) +
+    const int tensor_size = mesh ? mesh->tensor_size() : 1;
+    expect(tensor_size == 1 || split > 0, "tensor_parallel_size " + std::to_string(tensor_size) +
            " split none of this rank's parameters");
     for (const auto& item : net.module()->named_parameters()) {
       at::Tensor want = expected.at(item.key());
@@ -294,7 +309,8 @@ int main(int argc, char** argv) {
     fabric.save(flags.save, state);
   }
   std::ostringstream local;
-  for (int s : strategy.local_stages()) local << (local.tellp() > 0 ? "," : "") << s;
+  if (strategy == nullptr) local << "all";
+  for (int s : strategy != nullptr ? strategy->local_stages() : std::vector<int>{}) local << (local.tellp() > 0 ? "," : "") << s;
   if (flags.bench) {
     std::cout << "pipeline bench rank " << fabric.global_rank() << " stages " << local.str() << " schedule "
               << flags.options.schedule << " micro-batches " << m << " step_ms " << median(step_times) * 1e3
