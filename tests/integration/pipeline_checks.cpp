@@ -22,6 +22,10 @@
 //   --save PATH / --resume PATH   fabric.save({model, optimizer, step}) after training / load it
 //                            first and train from its step on (the reference trains from 0)
 //   --from-launcher          no strategy in code: lightning-run --strategy pipeline's defaults
+//   --single-device          no pipeline strategy: strategy "single_device" in one process, where the
+//                            lf::Pipeline runs loss(layers(x), y) and the optimizer holds every
+//                            parameter (as a program without pipelining would); not with --tensor,
+//                            --fsdp or --meta
 //   --meta                   build the model under fabric.init_module(true): on the meta device, only
 //                            this rank's stages materialised (with the values a normal build has)
 //   --no-momentum            SGD without momentum (no per-parameter optimizer state)
@@ -81,7 +85,7 @@ struct Flags {
   int fail_stage = -1, halve_batch_after = -1;
   std::vector<int64_t> stage_starts;
   std::string save, resume;
-  bool bench = false, adam = false, momentum = true, meta = false, from_launcher = false;
+  bool bench = false, adam = false, momentum = true, meta = false, from_launcher = false, single_device = false;
   bool refusals = false, loss_scaler = false, retry_after_failure = false, loss_per_sample = false;
   bool seed_by_data_rank = false, eval_no_grad = false, catch_refusals = false;
   std::string precision;
@@ -127,6 +131,7 @@ Flags parse(int argc, char** argv) {
     else if (name == "--eval-no-grad") flags.eval_no_grad = true;
     else if (name == "--precision" && has_value) flags.precision = argv[++i];
     else if (name == "--accumulate" && has_value) flags.accumulate = std::atoll(argv[++i]);
+    else if (name == "--single-device") flags.single_device = true;
     else if (name == "--stage-starts" && has_value) {
       std::stringstream list(argv[++i]);
       for (std::string item; std::getline(list, item, ',');) flags.stage_starts.push_back(std::atoll(item.c_str()));
@@ -134,6 +139,11 @@ Flags parse(int argc, char** argv) {
       std::cout << "FAIL: unknown argument " << name << std::endl;
       std::exit(2);
     }
+  }
+  if (flags.single_device && (kSettings.tensor_parallel || flags.options.data_parallel_strategy == "fsdp" || flags.meta)) {
+    std::cout << "FAIL: --single-device runs without the pipeline strategy, so --tensor, --fsdp and --meta do not apply"
+              << std::endl;
+    std::exit(2);
   }
   return flags;
 }
@@ -249,7 +259,8 @@ int main(int argc, char** argv) {
 int run(const Flags& flags_given) {
   Flags flags = flags_given;
   lf::FabricOptions options = lf::FabricOptions().accelerator("cpu");
-  if (!flags.from_launcher) options.strategy(lf::pipeline_strategy(flags.options));
+  if (flags.single_device) options.strategy("single_device");
+  else if (!flags.from_launcher) options.strategy(lf::pipeline_strategy(flags.options));
   if (flags.loss_scaler) {
     options.plugin(std::make_shared<lf::MixedPrecision>("bf16-mixed", torch::kBFloat16, std::make_shared<lf::LossScaler>()));
   } else if (!flags.precision.empty()) {
@@ -258,10 +269,13 @@ int run(const Flags& flags_given) {
   // bf16-mixed against one process's float32 run: relative, as the research loops' checks.
   const double tolerance = flags.precision == "bf16-mixed" ? 3e-2 : 1e-5;
   lf::Fabric fabric(options);
-  auto& strategy = fabric.strategy_as<lf::PipelineParallel>();
+  // nullptr under --single-device: one process, no mesh, one stage.
+  lf::PipelineParallel* strategy = flags.single_device ? nullptr : &fabric.strategy_as<lf::PipelineParallel>();
   fabric.strategy()->setup_environment();
-  const auto& mesh = strategy.device_mesh();
-  const int pipe = strategy.pipe_size(), data = mesh->data_size(), data_rank = mesh->data_rank();
+  std::shared_ptr<lf::DeviceMesh> mesh;
+  if (strategy != nullptr) mesh = strategy->device_mesh();
+  const int pipe = strategy != nullptr ? strategy->pipe_size() : 1;
+  const int data = mesh ? mesh->data_size() : 1, data_rank = mesh ? mesh->data_rank() : 0;
   const int stages = pipe * flags.options.stages_per_rank;
   const lf::DeviceMesh* split_by = kSettings.tensor_parallel ? mesh.get() : nullptr;
   const bool per_sample = flags.loss_per_sample;
@@ -390,8 +404,8 @@ int run(const Flags& flags_given) {
     const double norm = fabric.clip_gradients(net, optimizer, lf::GradientClipping().norm(1.0))->item<double>();
     optimizer.step();
     const double mean_loss = fabric.all_reduce(loss_value.detach(), "mean").item<double>();
-    const auto stats = strategy.last_step();
-    if (step > first_step) {
+    if (strategy != nullptr && step > first_step) {
+      const auto stats = strategy->last_step();
       // The pipeline's makespan is its slowest rank's step: each rank idles 1 - compute / makespan.
       const double makespan = fabric.all_reduce(stats.step_seconds, lf::ReduceOp::Max);
       step_times.push_back(makespan);
@@ -409,14 +423,14 @@ int run(const Flags& flags_given) {
            std::to_string(reference_norm));
   }
 
-  const int pipe_rank = strategy.pipe_rank();
+  const int pipe_rank = strategy != nullptr ? strategy->pipe_rank() : 0;
   const int64_t m = flags.options.micro_batches;
   const int v = flags.options.stages_per_rank;
-  if (!flags.bench && flags.options.schedule == "GPipe") {
+  if (strategy != nullptr && !flags.bench && flags.options.schedule == "GPipe") {
     expect(median(peaks) == m * v, "GPipe held " + std::to_string(median(peaks)) + " micro-batches at once, expected all " +
            std::to_string(m * v));
   }
-  if (!flags.bench && flags.options.schedule == "1F1B") {
+  if (strategy != nullptr && !flags.bench && flags.options.schedule == "1F1B") {
     const double bound = std::min<int64_t>(m, pipe - pipe_rank);
     expect(median(peaks) <= bound, "1F1B held " + std::to_string(median(peaks)) + " micro-batches at once, expected at "
            "most " + std::to_string(bound) + " (pipe size - pipe rank)");
@@ -439,7 +453,8 @@ int run(const Flags& flags_given) {
   if (!flags.bench) {
     int64_t split = 0;
     for (const auto& item : net.module()->named_parameters()) split += item.value().sizes() != expected.at(item.key()).sizes();
-    expect(mesh->tensor_size() == 1 || split > 0, "tensor_parallel_size " + std::to_string(mesh->tensor_size()) +
+    const int tensor_size = mesh ? mesh->tensor_size() : 1;
+    expect(tensor_size == 1 || split > 0, "tensor_parallel_size " + std::to_string(tensor_size) +
            " split none of this rank's parameters");
     for (const auto& item : net.module()->named_parameters()) {
       at::Tensor want = expected.at(item.key());
@@ -477,7 +492,8 @@ int run(const Flags& flags_given) {
     fabric.save(flags.save, state);
   }
   std::ostringstream local;
-  for (int s : strategy.local_stages()) local << (local.tellp() > 0 ? "," : "") << s;
+  if (strategy == nullptr) local << "all";
+  for (int s : strategy != nullptr ? strategy->local_stages() : std::vector<int>{}) local << (local.tellp() > 0 ? "," : "") << s;
   if (flags.bench) {
     std::cout << "pipeline bench rank " << fabric.global_rank() << " stages " << local.str() << " schedule "
               << flags.options.schedule << " micro-batches " << m << " step_ms " << median(step_times) * 1e3

@@ -339,6 +339,14 @@ std::vector<SaveItem> collect_save_items(const State& state, const StateDict& lo
       if (!(item.placement ? item.placement->writes : rules.writes_whole)) continue;
       if (entry.optimizer() != nullptr) {
         name_optimizer_leaf(leaf, names);
+        const auto listed = rules.group_params.find(key);
+        if (listed != rules.group_params.end() && is_optimizer_field(leaf.path, "param_groups") && leaf.path.size() == 4 &&
+            leaf.path[3].key == "params" && leaf.path[2].index >= 0 &&
+            leaf.path[2].index < static_cast<int64_t>(listed->second.size())) {
+          c10::impl::GenericList every_rank(c10::StringType::get());
+          for (const std::string& name : listed->second[static_cast<size_t>(leaf.path[2].index)]) every_rank.push_back(name);
+          leaf.value = every_rank;
+        }
         item.path = leaf.path;
         item.value = leaf.value;
       }

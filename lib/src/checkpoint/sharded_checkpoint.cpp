@@ -5,7 +5,11 @@
 #include <ATen/ATen.h>
 #include <torch/optim/optimizer.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <map>
 #include <set>
+#include <string>
 
 #include "lightning/fabric/checkpoint/atomic_file.h"
 #include "lightning/fabric/checkpoint/background_write.h"
@@ -25,6 +29,8 @@ std::vector<std::string> CheckpointLayout::optimizer_parameter_names(const State
                                                                      torch::optim::Optimizer& optimizer) const {
   return lightning::fabric::optimizer_parameter_names(state, optimizer);
 }
+
+int64_t CheckpointLayout::parameter_position(const State&, const std::string&) const { return 0; }
 
 StateDict CheckpointLayout::restore(State& state, const StateDict& local, bool strict) {
   return restore_from_checkpoint(state, local, strict);
@@ -92,6 +98,105 @@ Placements place_local(const State& state, StateDict& local, const CheckpointLay
     }
   }
   return placements;
+}
+
+// ---- a folder's optimizer groups where ranks hold only some parameters ----
+
+using GroupNames = std::vector<std::vector<std::string>>;  // each group's parameter names
+
+// This rank's optimizer groups, for merge_groups: per optimizer entry of state that local
+// holds, each group's parameters as (position in the whole model, name), as text.
+std::string encode_groups(const State& state, const StateDict& local, const CheckpointLayout& layout) {
+  std::string out;
+  const auto text = [&out](const std::string& value) { out += std::to_string(value.size()) + ':' + value; };
+  const auto number = [&out](int64_t value) { out += std::to_string(value) + ' '; };
+  for (const auto& [key, entry] : state) {
+    if (entry.optimizer() == nullptr || !local.contains(key)) continue;
+    torch::optim::Optimizer& optimizer = *entry.optimizer();
+    const std::vector<std::string> names = layout.optimizer_parameter_names(state, optimizer);
+    text(key);
+    number(static_cast<int64_t>(optimizer.param_groups().size()));
+    size_t index = 0;
+    for (const auto& group : optimizer.param_groups()) {
+      number(static_cast<int64_t>(group.params().size()));
+      for (size_t k = 0; k < group.params().size(); ++k, ++index) {
+        number(layout.parameter_position(state, names[index]));
+        text(names[index]);
+      }
+    }
+  }
+  return out;
+}
+
+// Reads what encode_groups wrote.
+class GroupsReader {
+ public:
+  GroupsReader(const std::string& bytes, int rank) : bytes_(bytes), rank_(rank) {}
+  bool done() const { return at_ >= bytes_.size(); }
+  int64_t number() { return std::stoll(next(' ')); }
+  std::string text() {
+    const size_t length = std::stoull(next(':'));
+    check(at_ + length <= bytes_.size());
+    std::string value = bytes_.substr(at_, length);
+    at_ += length;
+    return value;
+  }
+
+ private:
+  std::string next(char end) {
+    const size_t found = bytes_.find(end, at_);
+    check(found != std::string::npos && found > at_);
+    std::string value = bytes_.substr(at_, found - at_);
+    at_ = found + 1;
+    return value;
+  }
+  void check(bool ok) const {
+    LF_CHECK(ok, RuntimeError, "the optimizer groups rank ", rank_, " sent for the checkpoint are malformed at byte ", at_,
+             " of ", bytes_.size(), ": the ranks run different builds of the library. Run one build on every rank.");
+  }
+  const std::string& bytes_;
+  size_t at_ = 0;
+  int rank_;
+};
+
+// Each optimizer entry's groups from every rank's encode_groups (by rank): a group lists every
+// rank's parameters of it, each name once, sorted by position (equal positions in rank order,
+// then in the group's).
+std::map<std::string, GroupNames> merge_groups(const std::vector<std::string>& every_rank) {
+  struct Named {
+    int64_t position;
+    std::string name;
+  };
+  std::map<std::string, std::vector<std::vector<Named>>> gathered;
+  for (size_t rank = 0; rank < every_rank.size(); ++rank) {
+    GroupsReader reader(every_rank[rank], static_cast<int>(rank));
+    while (!reader.done()) {
+      std::vector<std::vector<Named>>& groups = gathered[reader.text()];
+      const int64_t count = reader.number();
+      if (static_cast<int64_t>(groups.size()) < count) groups.resize(static_cast<size_t>(count));
+      for (int64_t g = 0; g < count; ++g) {
+        const int64_t parameters = reader.number();
+        for (int64_t k = 0; k < parameters; ++k) {
+          const int64_t position = reader.number();
+          groups[static_cast<size_t>(g)].push_back({position, reader.text()});
+        }
+      }
+    }
+  }
+  std::map<std::string, GroupNames> merged;
+  for (auto& [key, groups] : gathered) {
+    GroupNames& out = merged[key];
+    for (std::vector<Named>& group : groups) {
+      std::stable_sort(group.begin(), group.end(), [](const Named& a, const Named& b) { return a.position < b.position; });
+      std::set<std::string> seen;
+      std::vector<std::string> names;
+      for (const Named& named : group) {
+        if (seen.insert(named.name).second) names.push_back(named.name);
+      }
+      out.push_back(std::move(names));
+    }
+  }
+  return merged;
 }
 
 // A folder: rank 0 stages it, every rank writes its items (write), rank 0 merges the metadata and
@@ -337,13 +442,27 @@ CheckpointWrite prepare_sharded_save(ParallelStrategy& strategy, const std::stri
                                      const CheckpointLayout& layout, bool one_file) {
   StateDict local = make_state_dict();
   Placements placements;
+  // Where a rank holds only some parameters, its optimizer groups list only those: every rank's
+  // are gathered, so that the folder's groups list the whole model's.
+  const bool gather_groups = !one_file && !layout.every_rank_holds_every_tensor();
+  std::string my_groups;
   strategy.run_on_every_rank(call, [&] {
     local = to_checkpoint(state, filter);
     placements = place_local(state, local, layout);
+    if (gather_groups) my_groups = encode_groups(state, local, layout);
   });
+  std::map<std::string, GroupNames> every_rank_groups;
+  if (gather_groups) {
+    std::vector<std::string> every_rank;
+    for (int rank = 0; rank < strategy.world_size(); ++rank) {
+      every_rank.push_back(strategy.broadcast_bytes(rank == strategy.global_rank() ? my_groups : std::string(), rank));
+    }
+    strategy.run_on_every_rank(call, [&] { every_rank_groups = merge_groups(every_rank); });
+  }
   if (!one_file) {
     return prepare_folder(strategy, call, path, host_copy, [&](StateDict& rest) {
       dcp::SaveRules rules;
+      rules.group_params = every_rank_groups;
       rules.parameter_names = [&](torch::optim::Optimizer& optimizer) {
         return layout.optimizer_parameter_names(state, optimizer);
       };

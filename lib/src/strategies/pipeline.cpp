@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <map>
 #include <set>
 #include <numeric>
@@ -638,6 +639,18 @@ void PipelinePlan::attach(PipelineImpl& pipeline, int global_rank, at::Device de
       std::make_shared<PipelineRuntime>(options_, pipe_mesh_, gradient_group_, global_rank, device, last_step_);
 }
 
+int64_t PipelinePlan::layer_position(const State& state, const std::string& name) {
+  const std::string layer = name.substr(0, name.find('.'));
+  for (const auto& named : state) {
+    const auto* pipeline = dynamic_cast<const PipelineImpl*>(named.second.module());
+    if (pipeline == nullptr) continue;
+    for (size_t l = 0; l < pipeline->layers_.size(); ++l) {
+      if (pipeline->layers_[l].first == layer) return static_cast<int64_t>(l);
+    }
+  }
+  return std::numeric_limits<int64_t>::max();
+}
+
 void PipelinePlan::keep_local_parameters(torch::optim::Optimizer& optimizer) const {
   for (auto& group : optimizer.param_groups()) {
     auto& params = group.params();
@@ -708,6 +721,9 @@ class StageLayout : public CheckpointLayout {
     placement.writes = writes_unplaced();
     return placement;
   }
+  int64_t parameter_position(const State& state, const std::string& name) const override {
+    return PipelinePlan::layer_position(state, name);
+  }
   bool every_rank_holds_every_tensor() const override { return false; }
   bool writes_unplaced() const override { return plan_.mesh()->data_rank() == 0 && plan_.mesh()->tensor_rank() == 0; }
 
@@ -734,6 +750,9 @@ class ShardedStageLayout : public CheckpointLayout {
   }
   StateDict restore(State& state, const StateDict& local, bool strict) override {
     return engine_.restore(state, local, strict);
+  }
+  int64_t parameter_position(const State& state, const std::string& name) const override {
+    return PipelinePlan::layer_position(state, name);
   }
   bool every_rank_holds_every_tensor() const override { return false; }
   bool writes_unplaced() const override { return stage_.data_rank() == 0 && stage_.tensor_rank() == 0; }

@@ -92,6 +92,9 @@ struct SaveRules {
   /// The placement of the leaf at slash_path (its path with optimizer indices); nullopt: whole.
   std::function<std::optional<Placement>(const std::string& slash_path)> place;
   bool writes_whole = false;  // this rank writes the whole values (rank 0); a part's own flag says for it
+  /// Each group's "params" as the folder lists them, by optimizer entry ([entry][group]: names), in
+  /// place of this rank's own; empty: every rank's own (ranks that hold every parameter).
+  std::map<std::string, std::vector<std::vector<std::string>>> group_params;
 };
 /// The items of this rank's module and optimizer entries of `local` (the entries of `state`),
 /// named as Python names them; every other entry goes whole into `rest` (Lightning's meta.pt).

@@ -7,6 +7,8 @@
 //   - "sharded" saves: a torch.distributed.checkpoint folder (dcp_format.h) staged, written by every
 //     rank that holds a part (one replica of each), committed by rank 0 with the merged metadata,
 //     meta.pt and an atomic rename; optimizer state keyed by parameter name, as Python keys it;
+//     where ranks hold only some parameters (the pipeline), each optimizer group lists every
+//     rank's parameters of it (gathered before writing);
 //   - "full" saves: every placed tensor assembled whole, rank 0 writes one file;
 //   - loading a folder written under any layout (resharding: each rank reads its part's boxes), a
 //     file of whole tensors (each rank cuts its part), or the project's earlier sharded layout.
@@ -14,6 +16,7 @@
 // RuntimeError on every rank.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -54,6 +57,11 @@ class CheckpointLayout {
   /// The names of the optimizer's parameters in index order (optimizer state is keyed by them in
   /// folders). Default: their names in the module entries of state.
   virtual std::vector<std::string> optimizer_parameter_names(const State& state, torch::optim::Optimizer& optimizer) const;
+  /// Where optimizer parameter `name` (as optimizer_parameter_names gives it) stands in the whole
+  /// model's order, for a layout whose ranks hold only some parameters: a folder's optimizer
+  /// groups list every rank's parameters of the group, each once, sorted by it (equal positions
+  /// in rank order, then in the group's). Default: 0.
+  virtual int64_t parameter_position(const State& state, const std::string& name) const;
   /// Restores state from a checkpoint whose placed tensors are this rank's values; returns the
   /// entries state did not ask for. Default: restore_from_checkpoint.
   virtual StateDict restore(State& state, const StateDict& local, bool strict);

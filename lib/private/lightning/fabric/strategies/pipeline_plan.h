@@ -5,11 +5,14 @@
 // library (docs/pipeline-parallel.md).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "lightning/fabric/checkpoint/state.h"
 #include "lightning/fabric/strategies/pipeline.h"
 #include "lightning/fabric/strategies/tensor_parallel_plan.h"
 
@@ -47,6 +50,10 @@ class PipelinePlan {
   /// After the data dimension's setup: notes this rank's parameters and gives the pipeline its
   /// executor.
   void attach(PipelineImpl& pipeline, int global_rank, at::Device device);
+  /// The index of the layer that holds parameter `name` (its first component names the layer) of
+  /// an lf::Pipeline among state's modules, or the largest int64 when none does: the whole
+  /// model's order of parameters, which a rank knows although it keeps only its stages' layers.
+  static int64_t layer_position(const State& state, const std::string& name);
   /// Drops other ranks' parameters from the optimizer's groups.
   void keep_local_parameters(torch::optim::Optimizer& optimizer) const;
   Strategy::SamplerShare sampler_share(int world_size, int global_rank) const;
