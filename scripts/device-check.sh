@@ -313,7 +313,9 @@ grep -sh '"example"' "$out/tp-fsdp-world-1-resume-ddp.log" | tee -a "$results"
 stream_idx="$scratch/stream-idx"
 stream_dir="$scratch/stream-data"
 rm -rf "$stream_idx" "$stream_dir"
-make_data streaming-data-idx "$python" "$root/scripts/synthetic_fashion_mnist.py" "$stream_idx"
+idx_size=()
+[ "$dry_run" = 1 ] && idx_size=(--train 512 --test 256)  # the dry run proves the rows, not the data's size
+make_data streaming-data-idx "$python" "$root/scripts/synthetic_fashion_mnist.py" "$stream_idx" "${idx_size[@]}"
 make_data streaming-data-write "$bin/image_classifier" --data-dir "$stream_idx" --write-data "$stream_dir" --data-format tensor
 grep -sh '^wrote' "$out/streaming-data-idx.log" "$out/streaming-data-write.log" | tee -a "$results"
 run_step streaming-train-cuda "$bin/image_classifier" --data "$stream_dir" --data-dir "$stream_idx" --accelerator cuda \

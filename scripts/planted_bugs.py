@@ -2,10 +2,14 @@
 """Plants one-line bugs, one at a time, in a scratch copy of the source tree, rebuilds, runs the
 test that must catch each, and reports caught or missed (docs/testing.md, "Planted bugs"). On
 demand, not in CI: the scratch build is cold the first time (about 10 minutes on 2 cores), then
-each bug costs a rebuild of its unity batch, the relinks and its test.
+each bug costs a rebuild of its unity batch, the links of the programs its test runs, and the test.
 
     python3 scripts/planted_bugs.py [NAME...]          no name: every bug; --list: the table
     python3 scripts/planted_bugs.py --check [NAME...]  the table still applies (no build)
+    python3 scripts/planted_bugs.py --in-place [NAME...]
+                                            plants in this tree and its build/ (BUILD_DIR), warm:
+                                            no scratch copy; each line is put back after its test,
+                                            and a final build restores every program
 Every test in the table must pass on the unchanged tree first. Exit status 0 when every planted
 bug was caught, 1 otherwise (a change that no longer applies or compiles counts as not caught). PLANTED_DIR (default
 /tmp/lf-planted) holds the scratch copy and its build.
@@ -14,6 +18,7 @@ bug was caught, 1 otherwise (a change that no longer applies or compiles counts 
 its line occurs there exactly once, its change differs from it, and its test is a name CTest
 would have (read from tests/CMakeLists.txt and the folders it adds, see ctest_names). Exit status
 1, naming each bad row, when any fails."""
+import json
 import os
 import re
 import shutil
@@ -22,6 +27,8 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRATCH = os.environ.get("PLANTED_DIR", "/tmp/lf-planted")
+IN_PLACE = "--in-place" in sys.argv[1:]
+BUILD = os.environ.get("BUILD_DIR", os.path.join(ROOT, "build")) if IN_PLACE else os.path.join(SCRATCH, "build")
 
 # name, file, the line's text as it is, the planted text, the test (ctest -R, anchored) that must fail.
 BUGS = [
@@ -437,6 +444,10 @@ def run(command, **kwargs):
 
 
 def prepare():
+    if IN_PLACE:  # the tree itself and its build: no cold scratch build; each line is put back after its test
+        if not os.path.exists(os.path.join(BUILD, "CMakeCache.txt")):
+            raise SystemExit(f"planted_bugs --in-place: no build in {BUILD}; run scripts/build.sh first")
+        return ROOT
     source = os.path.join(SCRATCH, "src")
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True,
                            capture_output=True, text=True).stdout.split()
@@ -454,6 +465,25 @@ def prepare():
     return source
 
 
+def programs_of(test):
+    """The build targets the test runs: the programs under the scratch build's bin/ that its command
+    names, and the launcher, so that a plant rebuilds only its batch and the links the test needs."""
+    build = BUILD
+    listed = subprocess.run(["ctest", "--show-only=json-v1", "-R", f"^{test}$"], cwd=build, capture_output=True,
+                            text=True)
+    programs = {"lightning-run", "lightning-run-launcher"}
+    try:
+        tests = json.loads(listed.stdout).get("tests", [])
+    except json.JSONDecodeError:
+        return None  # then everything is built
+    bin_dir = os.path.join(build, "bin") + os.sep
+    for entry in tests:
+        for argument in entry.get("command", []):
+            if argument.startswith(bin_dir):
+                programs.add(os.path.basename(argument))
+    return sorted(programs)
+
+
 def plant(source, bug):
     name, path, before, after, test = bug
     file = os.path.join(source, path)
@@ -462,11 +492,14 @@ def plant(source, bug):
         return f"{name}: the line to change is not in {path} exactly once (the code moved: update the table)"
     open(file, "w").write(text.replace(before, after))
     try:
-        env = dict(os.environ, BUILD_DIR=os.path.join(SCRATCH, "build"))
+        env = dict(os.environ, BUILD_DIR=BUILD)
+        programs = programs_of(test)
+        if programs:
+            env["TARGETS"] = " ".join(programs)
         built = subprocess.run(["bash", "scripts/build.sh"], cwd=source, env=env, capture_output=True, text=True)
         if built.returncode != 0:
             return f"{name}: NOT PLANTED: the changed source does not compile (update the table)"
-        tested = subprocess.run(["ctest", "-R", f"^{test}$", "--output-on-failure"], cwd=os.path.join(SCRATCH, "build"),
+        tested = subprocess.run(["ctest", "-R", f"^{test}$", "--output-on-failure"], cwd=BUILD,
                                 capture_output=True, text=True)
         if "No tests were found" in tested.stdout + tested.stderr:
             return f"{name}: MISSED (no test {test})"
@@ -496,6 +529,7 @@ def main():
         for bug in BUGS:
             print(f"{bug[0]}: {bug[1]}: '{bug[2]}' -> '{bug[3]}' (caught by {bug[4]})")
         return 0
+    names = [name for name in names if name != "--in-place"]
     chosen = [bug for bug in BUGS if not names or bug[0] in names]
     unknown = set(names) - {bug[0] for bug in BUGS}
     if unknown:
@@ -504,7 +538,7 @@ def main():
     source = prepare()
     # Each test must pass on the unchanged tree first, or a failure would prove nothing.
     baseline_failures = [test for test in sorted({bug[4] for bug in chosen})
-                         if run(["ctest", "-R", f"^{test}$"], cwd=os.path.join(SCRATCH, "build"),
+                         if run(["ctest", "-R", f"^{test}$"], cwd=BUILD,
                                 capture_output=True).returncode != 0]
     if baseline_failures:
         print("planted_bugs: these tests fail without any planted bug: " + ", ".join(baseline_failures), file=sys.stderr)
@@ -514,7 +548,7 @@ def main():
         print(line, flush=True)
     missed = [line for line in results if not line.split(": ", 1)[1].startswith("caught by")]
     print(f"planted {len(results)}, caught {len(results) - len(missed)}, missed {len(missed)}")
-    subprocess.run(["bash", "scripts/build.sh"], cwd=source, env=dict(os.environ, BUILD_DIR=os.path.join(SCRATCH, "build")),
+    subprocess.run(["bash", "scripts/build.sh"], cwd=source, env=dict(os.environ, BUILD_DIR=BUILD),
                    stdout=subprocess.DEVNULL)
     return 0 if not missed else 1
 

@@ -49,6 +49,9 @@
 //                            the broadcast within each stage at setup must make them one model
 //   --eval-no-grad           after training, evaluate a batch under NoGradGuard (forwards only): its
 //                            loss equals one process's and nothing trains
+//   --shape-fault F          a layer after the embedding (in the first stage, with --stage-starts 0,2,...):
+//                            nine-dims makes the stage's output 9-dimensional; shrink drops a sequence
+//                            position after the first step (the stage's output leaves the agreed shape)
 //   --precision P            bf16-mixed: compare with one process's float32 run within 3e-2 (relative)
 //   --accumulate K           K micro-steps per optimizer step (the global batch split in K), the first
 //                            K-1 under fabric.no_backward_sync, each backward of loss / K
@@ -75,6 +78,7 @@ namespace lf = lightning::fabric;
 
 namespace {
 examples::PipelineGptSettings kSettings{/*vocab=*/32, /*seq=*/8, /*d_model=*/16, /*heads=*/4, /*blocks=*/6};
+bool shape_fault_layer = false;  // --shape-fault: a ShapeFault layer after the embedding, in the reference too
 
 using checks::expect;
 
@@ -88,7 +92,7 @@ struct Flags {
   bool bench = false, adam = false, momentum = true, meta = false, from_launcher = false, single_device = false;
   bool refusals = false, loss_scaler = false, retry_after_failure = false, loss_per_sample = false;
   bool seed_by_data_rank = false, eval_no_grad = false, catch_refusals = false;
-  std::string precision;
+  std::string precision, shape_fault;
   int64_t accumulate = 1;
 };
 
@@ -130,6 +134,10 @@ Flags parse(int argc, char** argv) {
     else if (name == "--seed-by-data-rank") flags.seed_by_data_rank = true;
     else if (name == "--eval-no-grad") flags.eval_no_grad = true;
     else if (name == "--precision" && has_value) flags.precision = argv[++i];
+    else if (name == "--shape-fault" && has_value) {
+      flags.shape_fault = argv[++i];
+      shape_fault_layer = true;
+    }
     else if (name == "--accumulate" && has_value) flags.accumulate = std::atoll(argv[++i]);
     else if (name == "--single-device") flags.single_device = true;
     else if (name == "--stage-starts" && has_value) {
@@ -159,9 +167,26 @@ struct TrippingBlockImpl : examples::GptBlockImpl {
 };
 TORCH_MODULE(TrippingBlock);
 
-torch::nn::Sequential layers(int trip_layer) {
+// After the embedding when --shape-fault is given (pass-through in the reference): "nine-dims"
+// makes the first stage's output a 9-dimension tensor; "shrink" drops a position from the
+// sequence after the first step's micro-batches, so the output no longer has the agreed shape.
+struct ShapeFaultImpl : torch::nn::Module {
+  explicit ShapeFaultImpl(std::string fault, int64_t first_step_calls) : fault(std::move(fault)), quiet_calls(first_step_calls) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    ++calls;
+    if (fault == "nine-dims") return x.reshape({x.size(0), x.size(1), 2, 2, 2, 2, 1, 1, x.size(2) / 16});
+    if (fault == "shrink" && calls > quiet_calls) return x.narrow(1, 0, x.size(1) - 1);
+    return x;
+  }
+  std::string fault;
+  int64_t quiet_calls, calls = 0;
+};
+TORCH_MODULE(ShapeFault);
+
+torch::nn::Sequential layers(int trip_layer, const std::string& shape_fault = "", int64_t micro_batches = 0) {
   if (kSettings.tensor_parallel) return examples::pipeline_gpt_layers(kSettings);
   torch::nn::Sequential built{examples::GptEmbedding(kSettings)};
+  if (shape_fault_layer) built->push_back(ShapeFault(shape_fault, micro_batches));
   for (int64_t b = 0; b < kSettings.blocks; ++b) {
     TrippingBlock block(kSettings);
     if (b + 1 == trip_layer) block->fail_after = 2;
@@ -299,7 +324,7 @@ int run(const Flags& flags_given) {
   torch::manual_seed(flags.seed_by_data_rank ? 42 + 1000 * data_rank : 42);
   std::optional<lf::ScopeGuard> on_meta;
   if (flags.meta) on_meta.emplace(fabric.init_module(/*empty_init=*/true));
-  lf::Pipeline model(layers(trip_layer), loss, flags.stage_starts);
+  lf::Pipeline model(layers(trip_layer, flags.shape_fault, flags.options.micro_batches), loss, flags.stage_starts);
   on_meta.reset();
   if (flags.meta) {
     int64_t meta = 0;

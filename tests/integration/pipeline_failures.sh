@@ -51,6 +51,12 @@ expect 3 2 "the next step: lf::Pipeline forward: an earlier step of this pipelin
 expect 134 any "pipeline stage 3 (global rank 3, pipe rank 3) failed in the forward of micro-batch 0" \
   -- --pipe 4 --loss-per-sample
 expect 134 3 "the loss function returned shape [4]; it must return one value" -- --pipe 4 --loss-per-sample
+# A stage output the boundary cannot carry, named by the stage that makes it: more than 8
+# dimensions, and a shape other than the one agreed at the first step.
+expect 134 0 "Pipeline stage 0's output has 9 dimensions; the pipeline carries tensors of at most 8" \
+  -- --pipe 4 --shape-fault nine-dims --stage-starts 0,2,4,6
+expect 134 0 "Pipeline stage 0 (global rank 0) outputs float32[4, 7, 16] for micro-batch 0, but the stages agreed on" \
+  -- --pipe 4 --shape-fault shrink --stage-starts 0,2,4,6
 # Bad input, refused on every rank before anything blocks: each rank prints its refusal and exits 4.
 expect 4 all "stage_starts has 3 entries [0, 3, 6], but the pipeline runs 4 stages" -- --pipe 4 --stage-starts 0,3,6
 expect 4 all "stage_starts [0, 3, 3, 6] cannot split 8 layers" -- --pipe 4 --stage-starts 0,3,3,6

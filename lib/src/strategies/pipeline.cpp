@@ -23,6 +23,7 @@
 #include "lightning/fabric/checkpoint/sharded_checkpoint.h"
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/plugins/collectives/collective.h"
+#include "lightning/fabric/plugins/collectives/collective_impl.h"
 #include "lightning/fabric/strategies/fsdp_engine.h"
 #include "lightning/fabric/strategies/pipeline_plan.h"
 #include "lightning/fabric/strategies/pipeline_schedule.h"
@@ -101,7 +102,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 std::string describe(c10::IntArrayRef shape, at::ScalarType dtype) {
   std::ostringstream out;
-  out << c10::toString(dtype) << shape;
+  out << collective_detail::dtype_name(dtype) << shape;  // Python's names, as the flight recorder prints them
   return out.str();
 }
 
@@ -344,7 +345,8 @@ at::Tensor PipelineRuntime::run_step(PipelineImpl& pipeline, const at::Tensor& i
         at::Tensor loss = s == S - 1 ? pipeline.loss_(y, targets[static_cast<size_t>(i)]) : at::Tensor();
         forward_seconds += seconds_since(computing);
         if (s == S - 1) {
-          LF_CHECK(loss.numel() == 1, ValueError, "lf::Pipeline: the loss function returned shape ", loss.sizes(),
+          LF_CHECK(loss.numel() == 1, ValueError, where(s, "failed in the forward of", i),
+                   ": lf::Pipeline: the loss function returned shape ", loss.sizes(),
                    "; it must return one value (a mean over the micro-batch).");
           losses[static_cast<size_t>(i)] = loss.detach().reshape({});
           if (training) slot.loss = loss.reshape({});

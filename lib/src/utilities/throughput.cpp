@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cctype>
 #include <cmath>
+#include <type_traits>
 #include <mutex>
 #include <numeric>
 #include <sstream>
@@ -62,6 +63,10 @@ void push_bounded(std::deque<T>& window, T value, int size) {
 // Python's _MonotonicWindow: each running total exceeds the window's last value.
 template <class T>
 void check_increases(const std::deque<T>& window, T value, const char* name) {
+  if constexpr (std::is_floating_point_v<T>) {
+    LF_CHECK(!std::isnan(value), ValueError, "Throughput::update: ", name, " is NaN; pass the running total since the "
+             "start (a finite number).");
+  }
   if (window.empty() || value > window.back()) return;
   throw ValueError(detail::concat(
       "Throughput::update: Expected the value to increase, last: ", window.back(), ", current: ", value, " (", name,

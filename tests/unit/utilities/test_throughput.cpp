@@ -1,6 +1,8 @@
 // Throughput, ThroughputMonitor, measure_flops and available_flops (utilities/throughput.h).
 #include <torch/torch.h>
 
+#include <cmath>
+
 #include "lightning/fabric.h"
 #include "lightning/fabric/utilities/throughput.h"
 
@@ -244,6 +246,8 @@ TEST_CASE("Throughput refuses totals that do not increase, as Python's monotonic
   throughput.reset();
   throughput.update({0.5, 1, 1});  // reset starts the totals over
   CHECK(throughput.compute().at("time") == 0.5);
+  lf::Throughput fresh(options);  // a NaN time is refused, also as the first total
+  CHECK_THROWS_WITH(fresh.update({std::nan(""), 1, 1}), Contains("time is NaN"));
 }
 
 TEST_CASE("Throughput: using_sparse_model scales the peak by sparse_cuda_acceleration_factor, as Python", "[throughput]") {
