@@ -39,7 +39,8 @@
 //                            and a second backward: each must be refused on every rank, naming the cause,
 //                            and the job then trains on like one process
 //   --catch-refusals         an lf::Error is printed as "rank R refused: ..." and the rank exits 4, even
-//                            after lightning-run began stopping the job (SIGTERM ignored)
+//                            after lightning-run began stopping the job (SIGTERM ignored); with
+//                            LF_TEST_REFUSAL_DIR, only once every rank has (each leaves a file there)
 //   --loss-scaler            precision with a loss scaler (bf16-mixed plus 16-mixed's scaler): setup must
 //                            be refused on every rank, which then meet at a barrier and exit 0
 //   --retry-after-failure    with --fail-stage: the failing rank catches the failure and runs the next
@@ -62,13 +63,16 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "expect.h"
 #include "lightning/fabric.h"
@@ -275,8 +279,20 @@ int main(int argc, char** argv) {
   try {
     return run(flags);
   } catch (const lf::Error& error) {
-    const char* rank = std::getenv("RANK");
-    std::cout << "rank " << (rank != nullptr ? rank : "?") << " refused: " << error.what() << std::endl;
+    const std::string rank = std::getenv("RANK") != nullptr ? std::getenv("RANK") : "0";
+    std::cout << "rank " << rank << " refused: " << error.what() << std::endl;
+    // The first rank to exit makes lightning-run stop the others, maybe before they have even
+    // started: with LF_TEST_REFUSAL_DIR, each refused rank leaves a file there and exits only when
+    // every rank of the job has (at most 30 s), so each prints its own refusal first.
+    if (const char* dir = std::getenv("LF_TEST_REFUSAL_DIR")) {
+      std::ofstream(std::filesystem::path(dir) / ("rank-" + rank)) << rank << std::endl;
+      const long world = std::getenv("WORLD_SIZE") != nullptr ? std::atol(std::getenv("WORLD_SIZE")) : 1;
+      for (int waited = 0; waited < 300; ++waited) {
+        const auto files = std::distance(std::filesystem::directory_iterator(dir), std::filesystem::directory_iterator());
+        if (files >= world) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    }
     return 4;
   }
 }

@@ -15,11 +15,15 @@ failed=0
 # and lightning-run exits with that code.
 expect() {
   local code="$1" ranks="$2" text="$3"; shift 4
-  local output status missing="" catch=()
-  # Refusals on every rank: each rank prints its own and exits 4 (lf_pipeline_checks --catch-refusals).
+  local output status missing="" catch=() refusals
+  # Refusals on every rank: each rank prints its own and exits 4 once every rank has
+  # (lf_pipeline_checks --catch-refusals, which meet in LF_TEST_REFUSAL_DIR).
   [ "$ranks" = all ] && [ "$code" = 4 ] && catch=(--catch-refusals)
-  output="$(timeout 60 "$run" model --accelerator cpu --devices 4 --process-group-backend gloo "$checks" "$@" "${catch[@]}" 2>&1)"
+  refusals="$(mktemp -d)"
+  output="$(LF_TEST_REFUSAL_DIR="$refusals" timeout 60 "$run" model --accelerator cpu --devices 4 \
+    --process-group-backend gloo "$checks" "$@" "${catch[@]}" 2>&1)"
   status=$?
+  rm -rf "$refusals"
   case "$ranks" in
     all) ranks="0,1,2,3" ;;
     any) ranks="" ;;
