@@ -132,7 +132,7 @@ int main(int argc, char** argv) {
   const int ranks = std::stoi(argv[1]);
   const double steady_s = argc > 2 ? std::stod(argv[2]) : 10.0;
   const auto period = argc > 3 ? std::chrono::milliseconds(std::stoi(argv[3]))
-                               : lf::internal::store_watch_period(ranks, std::chrono::seconds(300));  // the watchdog's
+                               : lf::internal::store_watch_period(ranks, ranks, std::chrono::seconds(300));  // the watchdog's
   rlimit files{};
   getrlimit(RLIMIT_NOFILE, &files);
   files.rlim_cur = std::min<rlim_t>(files.rlim_max, static_cast<rlim_t>(ranks) * 2 + 256);

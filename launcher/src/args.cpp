@@ -105,6 +105,7 @@ struct RawOptions {
   std::string accelerator, strategy, precision, log_dir, ranks_filter, profile, profile_ranks;
   int main_port = kDefaultMainPort;
   bool tag = false, no_tag = false;
+  bool no_store_relay = false;
 };
 
 void add_model_options(CLI::App& model, LaunchArgs& args, RawOptions& raw) {
@@ -149,6 +150,9 @@ void add_model_options(CLI::App& model, LaunchArgs& args, RawOptions& raw) {
       ->check(CLI::NonNegativeNumber.description(""));
   model.add_flag("--check-collectives", args.check_collectives,
                  "Compare every collective's op, dtype and shape across ranks before it runs (one small all_gather each)");
+  model.add_flag("--no-store-relay", raw.no_store_relay,
+                 "Multi-node: every worker connects to the job's store itself, instead of through its node's "
+                 "lightning-run (one connection per node)");
   model.add_option("--log-dir,--log_dir", raw.log_dir, "Write each worker's stdout and stderr to files here");
   model.add_option("--profile", raw.profile,
                    "Record a Kineto trace of these optimizer steps on every rank, e.g. 10-15 (files: LOG_DIR/profile/"
@@ -248,6 +252,7 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv, std::ost
     if (raw.tag && raw.no_tag) throw CLI::ValidationError("--tag-output and --no-tag-output contradict each other: give one.");
     if (raw.tag) args.tag_output = true;
     if (raw.no_tag) args.tag_output = false;
+    args.store_relay = !raw.no_store_relay;
     parse_num_nodes(raw.num_nodes, args);
     if (args.elastic && given("--node-rank")) {
       throw CLI::ValidationError("--node-rank=" + std::to_string(args.node_rank) + " cannot be given with --num-nodes=" +

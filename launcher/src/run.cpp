@@ -21,6 +21,7 @@
 #include "lightning/fabric/hang/hang_report.h"
 #include "lightning/fabric/hang/hang_watch.h"
 #include "lightning/fabric/internal/step_times.h"
+#include "lightning/fabric/internal/store_relay.h"
 #include "lightning/launcher/output.h"
 #include "lightning/launcher/rendezvous.h"
 #include "lightning/launcher/worker_env.h"
@@ -163,6 +164,9 @@ class Job {
   std::vector<ChildProcess> children_;
   std::optional<fabric::ProcessGuardian> guardian_;  // tears the workers' groups down if we are killed
   std::optional<fabric::HangWatch> hang_watch_;  // maps the local ranks' recorders; judges hangs on one node
+  /// Multi-node: this node's one connection to the job's store, which its workers reach through it
+  /// (LT_STORE_RELAY; fabric/internal/store_relay.h). One per attempt.
+  std::unique_ptr<fabric::internal::StoreRelay> store_relay_;
   Clock::time_point next_hang_check_;
   struct PendingStatus {
     int64_t request = 0;
@@ -222,6 +226,11 @@ void Job::spawn_all(int attempt) {
   }
   hang_watch_.emplace(attempt_dir.string(), layout.rank_offset, layout.local_world_size, layout.world_size);
   next_hang_check_ = Clock::now();
+  store_relay_.reset();
+  if (multi_node() && args_.store_relay) {
+    store_relay_ = std::make_unique<fabric::internal::StoreRelay>(
+        layout.main_address, layout.main_port, std::chrono::milliseconds(static_cast<int64_t>(args_.rdzv_timeout_s * 1000)));
+  }
   if (status_) std::filesystem::remove_all(status_->dir, ignored);
   status_.reset();
   named_straggler_ = -1;
@@ -235,6 +244,7 @@ void Job::spawn_all(int attempt) {
     spec.argv.insert(spec.argv.end(), args_.binary_args.begin(), args_.binary_args.end());
     spec.env = worker_environment(args_, layout, local, parent, error_file);
     add_attempt_environment(spec.env, attempt_dir.string(), layout.num_nodes);
+    if (store_relay_) spec.env[fabric::env::kStoreRelay] = store_relay_->address();
     // The console is a terminal: progress bars may redraw in place (the router forwards them).
     if (::isatty(STDERR_FILENO) == 1) spec.env[fabric::env::kTerminal] = "1";
     spec.stdout_fd = out;

@@ -20,6 +20,7 @@
 #include "lightning/fabric/hang/hang_report.h"
 #include "lightning/fabric/hang/store_watch.h"
 #include "lightning/fabric/hang/straggler.h"
+#include "lightning/fabric/internal/store_relay.h"
 #include "lightning/fabric/utilities/error_file.h"
 
 namespace lightning::fabric::internal {
@@ -65,10 +66,24 @@ class Watchdog {
 
   std::chrono::milliseconds period() const {
     if (launcher_judges()) return std::chrono::milliseconds(200);
-    return store_watch_period(settings_.world_size, settings_.group.hang_timeout);
+    return store_watch_period(settings_.world_size, store_clients(), settings_.group.hang_timeout);
+  }
+
+  // The store's clients: every rank, or one relay per node.
+  int store_clients() const {
+    if (settings_.store_relay.empty()) return settings_.world_size;
+    const int per_node = std::max(1, settings_.local_world_size);
+    return (settings_.world_size + per_node - 1) / per_node;
   }
 
   void connect_store() {
+    if (!settings_.store_relay.empty()) {
+      watch_.emplace(c10::make_intrusive<c10d::PrefixStore>(settings_.store_prefix + "/lightning_fabric/watch",
+                                                            connect_store_relay(settings_.store_relay,
+                                                                                std::chrono::seconds(30))),
+                     settings_.rank, settings_.world_size);
+      return;
+    }
     c10d::TCPStoreOptions options;
     options.port = static_cast<uint16_t>(settings_.store_port);
     options.isServer = false;

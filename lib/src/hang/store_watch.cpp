@@ -8,8 +8,9 @@
 
 namespace lightning::fabric::internal {
 
-std::chrono::milliseconds store_watch_period(int world_size, std::chrono::milliseconds hang_timeout) {
-  const auto longest = std::max(std::chrono::milliseconds(1000), std::chrono::milliseconds(24) * world_size);
+std::chrono::milliseconds store_watch_period(int world_size, int store_clients, std::chrono::milliseconds hang_timeout) {
+  const auto longest = std::max({std::chrono::milliseconds(1000), std::chrono::milliseconds(24) * store_clients,
+                                 std::chrono::milliseconds(world_size / 2)});
   return std::clamp(hang_timeout / 4, std::chrono::milliseconds(100), longest);
 }
 

@@ -66,6 +66,8 @@ void ParallelStrategy::setup_environment() {
   options.store_attempt = static_cast<int>(
       reader.flag(env::kCliUsed) ? reader.integer(env::kAttempt, 0, INT_MAX).value_or(restarts) : restarts);
   options.use_agent_store = reader.flag(env::kUseAgentStore);
+  if (options.use_agent_store) options.store_relay = reader.text(env::kStoreRelay).value_or("");
+  options.local_world_size = num_processes();
   options.settings = with_environment_overrides(settings_, context_.env);
   const bool cuda = root_device().is_cuda();
   options.backend = options.settings.backend.value_or(cuda ? ProcessGroupBackend::Nccl : ProcessGroupBackend::Gloo);

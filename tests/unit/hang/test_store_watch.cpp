@@ -69,10 +69,14 @@ TEST_CASE("store watch: a dump request reaches every rank, and rank 0 sees who d
 
 TEST_CASE("store watch: the period is a quarter of the hang timeout, stretched with the job", "[hang][store_watch]") {
   const auto minutes5 = std::chrono::seconds(300);
-  CHECK(internal::store_watch_period(2, minutes5) == milliseconds(1000));
-  CHECK(internal::store_watch_period(41, minutes5) == milliseconds(1000));
-  CHECK(internal::store_watch_period(1024, minutes5) == milliseconds(24 * 1024));
-  CHECK(internal::store_watch_period(4096, minutes5) == milliseconds(75000));  // a quarter of the timeout at most
-  CHECK(internal::store_watch_period(8, std::chrono::seconds(2)) == milliseconds(500));
-  CHECK(internal::store_watch_period(8, milliseconds(100)) == milliseconds(100));  // never under 100 ms
+  CHECK(internal::store_watch_period(2, 2, minutes5) == milliseconds(1000));
+  CHECK(internal::store_watch_period(41, 41, minutes5) == milliseconds(1000));
+  CHECK(internal::store_watch_period(1024, 1024, minutes5) == milliseconds(24 * 1024));
+  CHECK(internal::store_watch_period(4096, 4096, minutes5) == milliseconds(75000));  // a quarter of the timeout at most
+  CHECK(internal::store_watch_period(8, 8, std::chrono::seconds(2)) == milliseconds(500));
+  CHECK(internal::store_watch_period(8, 8, milliseconds(100)) == milliseconds(100));  // never under 100 ms
+  // Store relays: one client per node; rank 0 still reads every rank.
+  CHECK(internal::store_watch_period(2000, 16, minutes5) == milliseconds(1000));
+  CHECK(internal::store_watch_period(4096, 32, minutes5) == milliseconds(2048));
+  CHECK(internal::store_watch_period(16384, 128, minutes5) == milliseconds(8192));
 }

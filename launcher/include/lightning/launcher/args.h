@@ -38,6 +38,7 @@ struct LaunchArgs {
   double finish_timeout_s = 0.0;     // >0: after one worker succeeds, the rest must end within this
   std::optional<double> hang_timeout_s;  // LT_HANG_TIMEOUT for the workers (0 = off); default: the program's (300 s)
   bool check_collectives = false;    // LT_CHECK_COLLECTIVES=1
+  bool store_relay = true;           // multi-node: workers reach the store through their node's launcher
   std::optional<double> straggler_threshold_s;  // LT_STRAGGLER_THRESHOLD for the workers (0 = off); default: the program's (0.05 s)
   std::optional<std::string> process_group_backend;  // LT_PROCESS_GROUP_BACKEND when given
   std::optional<std::string> log_dir;

@@ -65,6 +65,8 @@ Collective::Collective(const CollectiveOptions& options, c10::intrusive_ptr<c10d
   watch.store_port = options.main_port;
   if (auto* tcp = dynamic_cast<c10d::TCPStore*>(store.get())) watch.store_port = tcp->getPort();
   watch.store_prefix = prefix;
+  watch.store_relay = options.use_agent_store ? options.store_relay : "";
+  watch.local_world_size = options.local_world_size;
   const internal::CollectiveWatch watching = internal::watch_collectives(watch);
   impl_->recorder = watching.recorder;
   impl_->owns_watchdog = watching.owns_watchdog;

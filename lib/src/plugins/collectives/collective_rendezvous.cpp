@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "lightning/fabric/errors.h"
+#include "lightning/fabric/internal/store_relay.h"
 #include "lightning/fabric/internal/store_text.h"
 #include "lightning/fabric/internal/wait_for_listener.h"
 #include "lightning/fabric/utilities/process.h"
@@ -54,6 +55,7 @@ std::string missing_ranks_message(c10d::Store& store, const CollectiveOptions& o
 
 c10::intrusive_ptr<c10d::Store> connect_store(const CollectiveOptions& options) {
   const auto timeout = options.settings.rendezvous_timeout;
+  if (options.use_agent_store && !options.store_relay.empty()) return connect_store_relay(options.store_relay, timeout);
   c10d::TCPStoreOptions tcp;
   tcp.port = static_cast<uint16_t>(options.main_port);
   tcp.isServer = !options.use_agent_store && options.rank == 0;

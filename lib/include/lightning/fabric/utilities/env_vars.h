@@ -39,6 +39,9 @@ inline constexpr const char* kFlightDir = "LT_FLIGHT_DIR";
 // Set by lightning-run with LT_FLIGHT_DIR: "launcher" (one node: it judges hangs from the files) or
 // "ranks" (several nodes: the ranks judge through the store). Unset with LT_FLIGHT_DIR: launcher.
 inline constexpr const char* kHangJudge = "LT_HANG_JUDGE";
+// Set by lightning-run on the nodes of a multi-node job: the abstract socket of this node's store
+// relay; the ranks reach the job's store through it (one connection per node to the main store).
+inline constexpr const char* kStoreRelay = "LT_STORE_RELAY";
 // Set by lightning-run on every node: each rank writes rank_<R>.steps (its step-time percentiles) here.
 inline constexpr const char* kStepTimesDir = "LT_STEP_TIMES_DIR";
 // Set by lightning-run: the number of this start of the workers, counting every restart (after a

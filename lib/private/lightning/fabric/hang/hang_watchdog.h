@@ -36,6 +36,8 @@ struct WatchdogSettings {
   std::string store_host;    // store mode: the job's TCPStore
   int store_port = 0;
   std::string store_prefix;  // e.g. /worker/attempt_0
+  std::string store_relay;   // set: reach the store through this node's relay (store_relay.h)
+  int local_world_size = 1;  // ranks per node: with a relay, the store has one client per node
 };
 
 /// What watch_collectives set up for the process group that called it.

@@ -40,6 +40,10 @@ struct CollectiveOptions {
   int world_size = 1;
   int store_attempt = 0;                 // store prefix /worker/attempt_<N>: LT_ATTEMPT, else the restart count (torchrun)
   bool use_agent_store = false;          // join a launcher's store instead of hosting on rank 0
+  /// With use_agent_store: reach that store through this node's store relay (LT_STORE_RELAY,
+  /// internal/store_relay.h) instead of a connection of this rank's own; empty: connect directly.
+  std::string store_relay;
+  int local_world_size = 1;              // ranks on this node (the relay's share of the store's clients)
   ProcessGroupBackend backend = ProcessGroupBackend::Gloo;
   /// With backend Gloo: after a vote through the store as the group forms, use shm when every
   /// rank is on this machine, shm+gloo when the ranks are on several machines with at least 2 on
