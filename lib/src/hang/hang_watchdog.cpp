@@ -44,6 +44,13 @@ std::string default_dump_dir() {
   return (std::filesystem::absolute("lightning_logs") / stamp).string();
 }
 
+// The next multiple of period on the monotonic clock: the ranks of one node publish at the same
+// moment, so that their node's store relay sends them upstream together.
+Clock::time_point next_tick(Clock::time_point now, std::chrono::milliseconds period) {
+  const auto since = now.time_since_epoch();
+  return Clock::time_point((since / period + 1) * period);
+}
+
 class Watchdog {
  public:
   explicit Watchdog(WatchdogSettings settings) : settings_(std::move(settings)) {
@@ -110,8 +117,9 @@ class Watchdog {
         flight::Recorder::process()->heartbeat();
         if (!settings_.group.flight_dir.empty()) answer_launcher();  // dumps for a hang or a status request
         if (!launcher_judges() && Clock::now() >= next_store_step) {
-          next_store_step = Clock::now() + period();
-          store_step();
+          const Clock::time_point tick = next_store_step;
+          next_store_step = next_tick(Clock::now(), period());
+          store_step(tick);
         }
       } catch (const std::exception&) {
         // The store is gone (the job is ending): nothing left to watch.
@@ -136,26 +144,34 @@ class Watchdog {
 
   bool watches_stragglers() const { return settings_.group.straggler_threshold_s > 0 && settings_.world_size > 1; }
 
-  void store_step() {
+  // Whether this period carries the straggler entries: every period up to 2048 ranks, every
+  // store_watch_entries_every-th beyond (ticks are aligned, so the ranks agree).
+  bool entries_this_period(Clock::time_point tick) const {
+    const int64_t index = tick.time_since_epoch() / period();
+    return watches_stragglers() && index % store_watch_entries_every(settings_.world_size) == 0;
+  }
+
+  void store_step(Clock::time_point tick) {
     flight::Recorder* recorder = flight::Recorder::process();
+    const bool with_entries = entries_this_period(tick);
     std::string entries;
-    if (watches_stragglers()) {
+    if (with_entries) {
       entries = serialize_entries(recorder->entries(StragglerSettings().window * 2, flight::EntryTimes::kFromLeave));
     }
-    if (auto requested = watch_->publish(recorder->progress().serialize(), entries, watches_stragglers())) {
+    if (auto requested = watch_->publish(recorder->progress().serialize(), entries, with_entries)) {
       write_rank_dump(settings_.group.hang_dump_dir.empty() ? *requested : settings_.group.hang_dump_dir);
       watch_->mark_dumped();
       // Rank 0 reports and exits; its launcher then stops this rank. If none does, leave anyway.
       std::this_thread::sleep_for(std::chrono::seconds(10));
       std::_Exit(kHangExitCode);
     }
-    if (settings_.rank == 0) judge();
+    if (settings_.rank == 0) judge(with_entries);
   }
 
   // Rank 0: reads every rank's progress; on a hang, has every rank dump, reports and exits.
-  void judge() {
+  void judge(bool with_entries) {
     const auto now = Clock::now();
-    const auto published = watch_->read_all(watches_stragglers());
+    const auto published = watch_->read_all(with_entries);
     std::vector<flight::Progress> ranks;
     for (int rank = 0; rank < settings_.world_size; ++rank) {
       if (!published[rank]) continue;
@@ -173,7 +189,7 @@ class Watchdog {
     const double timeout_s = std::chrono::duration<double>(settings_.group.hang_timeout).count();
     const HangVerdict verdict = analyze_hang(ranks, settings_.world_size, timeout_s);
     if (!verdict.hung) {
-      report_straggler(ranks, published);
+      if (with_entries) report_straggler(ranks, published);
       return;
     }
 

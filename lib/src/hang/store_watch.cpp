@@ -14,6 +14,8 @@ std::chrono::milliseconds store_watch_period(int world_size, int store_clients, 
   return std::clamp(hang_timeout / 4, std::chrono::milliseconds(100), longest);
 }
 
+int store_watch_entries_every(int world_size) { return std::max(1, (world_size + 2047) / 2048); }
+
 StoreWatch::StoreWatch(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size)
     : store_(std::move(store)), rank_(rank), world_size_(world_size) {
   for (const char* what : {"progress", "entries"}) {
@@ -38,13 +40,26 @@ std::vector<std::optional<PublishedProgress>> StoreWatch::read_all(bool watch_en
   std::vector<std::optional<PublishedProgress>> all(static_cast<size_t>(world_size_));
   const size_t count = static_cast<size_t>(world_size_) * (watch_entries ? 2 : 1);
   const std::vector<std::string> keys(all_keys_.begin(), all_keys_.begin() + static_cast<std::ptrdiff_t>(count));
-  if (store_->check(keys)) {  // the steady state: everyone has published, one multiGet reads it all
-    const auto values = store_->multiGet(keys);
+  const auto read_together = [&](const std::vector<std::string>& names, bool with_entries) {
+    const auto values = store_->multiGet(names);
     for (size_t rank = 0; rank < all.size(); ++rank) {
-      const std::string entries = watch_entries ? store_text(values[all.size() + rank]) : "";
+      const std::string entries = with_entries ? store_text(values[all.size() + rank]) : "";
       all[rank] = PublishedProgress{store_text(values[rank]), entries};
     }
     return all;
+  };
+  // The steady state: one multiGet reads it all. Keys are never removed, so once every rank's are
+  // there the check (a third of the store's work for this read) is not asked again.
+  bool& known = watch_entries ? all_entries_published_ : all_progress_published_;
+  if (known || store_->check(keys)) {
+    known = true;
+    all_progress_published_ = true;
+    return read_together(keys, watch_entries);
+  }
+  const std::vector<std::string> progress_keys(all_keys_.begin(), all_keys_.begin() + world_size_);
+  if (watch_entries && (all_progress_published_ || store_->check(progress_keys))) {  // entries not all there yet
+    all_progress_published_ = true;
+    return read_together(progress_keys, false);
   }
   for (int rank = 0; rank < world_size_; ++rank) {  // starting up: rank by rank, entries left out
     const std::string progress = key("progress", rank);

@@ -49,9 +49,14 @@ std::optional<StragglerVerdict> find_straggler(const std::vector<RankEntries>& r
 
 std::string serialize_entries(const std::vector<std::pair<uint64_t, int64_t>>& entries) {
   std::string text;
-  for (const auto& [seq, ns] : entries) {
-    if (!text.empty()) text += ',';
-    text += std::to_string(seq) + ':' + std::to_string(ns);
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const auto [seq, ns] = entries[i];
+    if (i > 0) text += ',';
+    if (i > 0 && seq + 1 == entries[i - 1].first) {
+      text += std::to_string(ns - entries[i - 1].second);  // the next older collective: its time as a difference
+    } else {
+      text += std::to_string(seq) + ':' + std::to_string(ns);
+    }
   }
   return text;
 }
@@ -62,9 +67,17 @@ std::vector<std::pair<uint64_t, int64_t>> parse_entries(const std::string& text)
   std::string pair;
   while (std::getline(in, pair, ',')) {
     const size_t colon = pair.find(':');
-    if (colon == std::string::npos) break;
     try {
-      entries.emplace_back(std::stoull(pair.substr(0, colon)), std::stoll(pair.substr(colon + 1)));
+      size_t used = 0;
+      if (colon != std::string::npos) {
+        entries.emplace_back(std::stoull(pair.substr(0, colon)), std::stoll(pair.substr(colon + 1), &used));
+        if (used + colon + 1 != pair.size()) break;
+      } else {
+        if (entries.empty() || entries.back().first == 0) break;
+        const int64_t difference = std::stoll(pair, &used);
+        if (used != pair.size()) break;
+        entries.emplace_back(entries.back().first - 1, entries.back().second + difference);
+      }
     } catch (const std::exception&) {
       break;
     }

@@ -29,6 +29,11 @@ using Millis = std::chrono::milliseconds;
 constexpr Millis kFirstRound(1);   // after new requests
 constexpr Millis kSlowestRound(50);
 constexpr Millis kSlowestAloneCheck(500);
+constexpr size_t kAloneChecksPerRound = 4;  // bounds what a relay with many unrelated waits costs the store
+// Requests that come within this long of each other go upstream together: ranks of one node
+// publish their hang-watch progress at the same tick, and each would otherwise cost the main
+// store a request of its own.
+constexpr Millis kGatherWindow(3);
 
 struct Request {
   int client = -1;
@@ -115,6 +120,7 @@ struct StoreRelay::Impl {
   std::vector<Held> held;
   std::string broken;  // the main store's failure: every later request gets it
   Millis round{kFirstRound};
+  bool new_waits = false;  // this batch held a wait: look at once
   Clock::time_point next_round = Clock::now();
 
   void start() {
@@ -176,6 +182,7 @@ struct StoreRelay::Impl {
             Held wait{request, Clock::now() + request.timeout, Clock::now()};
             request.answered = true;  // answered when its keys exist (serve_held)
             held.push_back(std::move(wait));
+            new_waits = true;
             break;
           }
           case Op::Delete: {
@@ -245,18 +252,26 @@ struct StoreRelay::Impl {
     }
   }
 
-  // The checks as one check of every key they name; only when that fails, each alone.
+  // Checks of the same keys as one check; several different ones first as one check of every key
+  // they name, and only when that fails, each alone.
   void forward_checks(std::vector<Request>& batch) {
-    std::vector<Request*> checks;
+    std::map<std::vector<std::string>, std::vector<Request*>> by_keys;
     for (auto& request : batch) {
-      if (request.op == Op::Check) checks.push_back(&request);
+      if (request.op == Op::Check) by_keys[request.keys].push_back(&request);
     }
-    if (checks.empty()) return;
-    if (checks.size() > 1 && exist(union_of_keys(checks))) {
-      for (Request* check : checks) answer_ok(*check, Writer().u8(1));
-      return;
+    if (by_keys.empty()) return;
+    std::vector<std::string> every;
+    std::set<std::string> seen;
+    for (const auto& entry : by_keys) {
+      for (const auto& key : entry.first) {
+        if (seen.insert(key).second) every.push_back(key);
+      }
     }
-    for (Request* check : checks) answer_ok(*check, Writer().u8(exist(check->keys) ? 1 : 0));
+    const bool all_exist = by_keys.size() > 1 && exist(every);
+    for (auto& [keys, checks] : by_keys) {
+      const bool found = all_exist || exist(keys);
+      for (Request* check : checks) answer_ok(*check, Writer().u8(found ? 1 : 0));
+    }
   }
 
   template <typename Requests>
@@ -279,19 +294,37 @@ struct StoreRelay::Impl {
   }
 
   // --- held waits -------------------------------------------------------------------------------
-  void serve_held(bool new_requests) {
+  // A round when one is due or new waits came: one check of every waited key; when that fails,
+  // up to kAloneChecksPerRound sets of keys alone.
+  void serve_held() {
     if (held.empty()) return;
     const auto now = Clock::now();
-    if (new_requests) round = kFirstRound;
-    if (!new_requests && now < next_round) return;
+    if (new_waits) round = kFirstRound;
+    if (!new_waits && now < next_round) return;
+    new_waits = false;
     try {
       std::vector<bool> ready(held.size(), false);
       if (exist(union_of_keys(held))) {
         ready.assign(held.size(), true);
       } else if (held.size() > 1) {
+        std::vector<size_t> due;
         for (size_t i = 0; i < held.size(); ++i) {
-          if (now < held[i].next_alone_check) continue;
-          ready[i] = exist(held[i].request.keys);
+          if (now >= held[i].next_alone_check) due.push_back(i);
+        }
+        // Waits never checked alone first, then the longest unchecked; waits for the same keys
+        // share one check.
+        std::sort(due.begin(), due.end(), [&](size_t a, size_t b) {
+          return std::make_pair(held[a].alone_backoff, held[a].next_alone_check) <
+                 std::make_pair(held[b].alone_backoff, held[b].next_alone_check);
+        });
+        std::map<std::vector<std::string>, bool> checked;
+        for (size_t i : due) {
+          auto found = checked.find(held[i].request.keys);
+          if (found == checked.end()) {
+            if (checked.size() >= kAloneChecksPerRound) continue;
+            found = checked.emplace(held[i].request.keys, exist(held[i].request.keys)).first;
+          }
+          ready[i] = found->second;
           held[i].alone_backoff = std::min(held[i].alone_backoff * 2, kSlowestAloneCheck);
           held[i].next_alone_check = now + held[i].alone_backoff;
         }
@@ -398,6 +431,22 @@ struct StoreRelay::Impl {
     buffer.erase(0, at);
   }
 
+  // Keeps reading the workers while more requests keep coming (none for 1 ms ends it), for up to
+  // kGatherWindow, or until every worker has sent one.
+  void gather_more(std::vector<pollfd>& fds, std::vector<Request>& batch) {
+    const auto until = Clock::now() + kGatherWindow;
+    while (Clock::now() < until && batch.size() < unread.size()) {
+      for (auto& fd : fds) fd.revents = 0;
+      const auto left = std::chrono::duration_cast<Millis>(until - Clock::now()).count();
+      if (::poll(fds.data() + 2, fds.size() - 2, static_cast<int>(std::clamp<int64_t>(left, 0, 1))) <= 0) return;
+      const size_t before = batch.size();
+      for (size_t i = 2; i < fds.size(); ++i) {
+        if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) read_from(fds[i].fd, batch);
+      }
+      if (batch.size() == before) return;
+    }
+  }
+
   void close_gone() {
     for (int fd : gone) {
       ::close(fd);
@@ -422,12 +471,13 @@ struct StoreRelay::Impl {
       for (size_t i = 2; i < fds.size(); ++i) {
         if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) read_from(fds[i].fd, batch);
       }
+      if (!batch.empty() && unread.size() > 1) gather_more(fds, batch);
       if (!broken.empty()) {
         for (auto& request : batch) answer_error(request, "the job's main store failed: " + broken);
       } else if (!batch.empty()) {
         execute(batch);
       }
-      if (broken.empty()) serve_held(!batch.empty());
+      if (broken.empty()) serve_held();
       close_gone();
     }
   }

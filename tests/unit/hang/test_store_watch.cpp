@@ -79,4 +79,8 @@ TEST_CASE("store watch: the period is a quarter of the hang timeout, stretched w
   CHECK(internal::store_watch_period(2000, 16, minutes5) == milliseconds(1000));
   CHECK(internal::store_watch_period(4096, 32, minutes5) == milliseconds(2048));
   CHECK(internal::store_watch_period(16384, 128, minutes5) == milliseconds(8192));
+  CHECK(internal::store_watch_entries_every(2) == 1);
+  CHECK(internal::store_watch_entries_every(2048) == 1);
+  CHECK(internal::store_watch_entries_every(2049) == 2);
+  CHECK(internal::store_watch_entries_every(16384) == 8);
 }

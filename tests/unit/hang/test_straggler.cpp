@@ -94,8 +94,12 @@ TEST_CASE("entry times counted back from the leave name the straggler without a 
 
 TEST_CASE("entries survive the store's text form, and a malformed tail is dropped", "[straggler]") {
   const std::vector<std::pair<uint64_t, int64_t>> entries{{12, -1500}, {11, 0}, {10, 987654321012}};
-  CHECK(lf::serialize_entries(entries) == "12:-1500,11:0,10:987654321012");
+  CHECK(lf::serialize_entries(entries) == "12:-1500,1500,987654321012");
   CHECK(lf::parse_entries(lf::serialize_entries(entries)) == entries);
+  const std::vector<std::pair<uint64_t, int64_t>> gap{{9, 1}, {7, 2}, {6, 5}, {0, 3}};  // not consecutive: absolute
+  CHECK(lf::serialize_entries(gap) == "9:1,7:2,3,0:3");
+  CHECK(lf::parse_entries(lf::serialize_entries(gap)) == gap);
   CHECK(lf::parse_entries("").empty());
+  CHECK(lf::parse_entries("0:4,1") == std::vector<std::pair<uint64_t, int64_t>>{{0, 4}});  // no seq before 0
   CHECK(lf::parse_entries("3:5,oops,2:1") == std::vector<std::pair<uint64_t, int64_t>>{{3, 5}});
 }

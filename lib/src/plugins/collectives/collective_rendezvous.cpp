@@ -160,7 +160,11 @@ HostLayout vote_host_layout(c10d::Store& store, int rank, int world_size) {
     keys.push_back("cpu-auto/counts");
     records.emplace_back(layouts[0].counts.begin(), layouts[0].counts.end());
     store.multiSet(keys, records);
+    store.set("cpu-auto/layouts-written", store_bytes("1"));
   }
+  // Every rank waits for one key (a store relay answers all of its node's ranks with one check),
+  // then reads its own record.
+  store.wait({"cpu-auto/layouts-written"});
   HostLayout layout;
   int equal = 1;
   std::istringstream(store_text(store.get("cpu-auto/layout/" + std::to_string(rank)))) >>

@@ -28,6 +28,12 @@ namespace lightning::fabric::internal {
 /// ranks). With a relay per node of 128 ranks: 1 s up to 2000 ranks, 8.2 s at 16,384.
 std::chrono::milliseconds store_watch_period(int world_size, int store_clients, std::chrono::milliseconds hang_timeout);
 
+/// Every how many periods the ranks publish (and rank 0 reads) their straggler entries: 1 up to
+/// 2048 ranks, then world_size / 2048 (8 at 16,384), so that these entries, most of the watch's
+/// bytes, cost the store what they cost at 2048 ranks. Progress, which a hang is judged from,
+/// goes every period.
+int store_watch_entries_every(int world_size);
+
 struct PublishedProgress {
   std::string progress;  // flight::Progress::serialize()
   std::string entries;   // serialize_entries(), empty when stragglers are not watched
@@ -56,6 +62,8 @@ class StoreWatch {
   int rank_ = 0;
   int world_size_ = 1;
   std::vector<std::string> all_keys_;  // progress/0..N-1, then entries/0..N-1
+  bool all_progress_published_ = false;  // every rank's progress key exists
+  bool all_entries_published_ = false;   // ... and every rank's entries key
 };
 
 }  // namespace lightning::fabric::internal
