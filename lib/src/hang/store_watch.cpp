@@ -4,6 +4,7 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "lightning/fabric/internal/store_chunks.h"
 #include "lightning/fabric/internal/store_text.h"
 
 namespace lightning::fabric::internal {
@@ -17,11 +18,7 @@ std::chrono::milliseconds store_watch_period(int world_size, int store_clients, 
 int store_watch_entries_every(int world_size) { return std::max(1, (world_size + 2047) / 2048); }
 
 StoreWatch::StoreWatch(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size)
-    : store_(std::move(store)), rank_(rank), world_size_(world_size) {
-  for (const char* what : {"progress", "entries"}) {
-    for (int peer = 0; peer < world_size_; ++peer) all_keys_.push_back(key(what, peer));
-  }
-}
+    : store_(std::move(store)), rank_(rank), world_size_(world_size) {}
 
 std::string StoreWatch::key(const std::string& what, int rank) const { return what + "/" + std::to_string(rank); }
 
@@ -38,10 +35,15 @@ std::optional<std::string> StoreWatch::publish(const std::string& progress, cons
 
 std::vector<std::optional<PublishedProgress>> StoreWatch::read_all(bool watch_entries) {
   std::vector<std::optional<PublishedProgress>> all(static_cast<size_t>(world_size_));
+  if (all_keys_.empty()) {  // rank 0 only: every other rank never reads
+    for (const char* what : {"progress", "entries"}) {
+      for (int peer = 0; peer < world_size_; ++peer) all_keys_.push_back(key(what, peer));
+    }
+  }
   const size_t count = static_cast<size_t>(world_size_) * (watch_entries ? 2 : 1);
   const std::vector<std::string> keys(all_keys_.begin(), all_keys_.begin() + static_cast<std::ptrdiff_t>(count));
   const auto read_together = [&](const std::vector<std::string>& names, bool with_entries) {
-    const auto values = store_->multiGet(names);
+    const auto values = multi_get_in_chunks(*store_, names);
     for (size_t rank = 0; rank < all.size(); ++rank) {
       const std::string entries = with_entries ? store_text(values[all.size() + rank]) : "";
       all[rank] = PublishedProgress{store_text(values[rank]), entries};
@@ -51,13 +53,13 @@ std::vector<std::optional<PublishedProgress>> StoreWatch::read_all(bool watch_en
   // The steady state: one multiGet reads it all. Keys are never removed, so once every rank's are
   // there the check (a third of the store's work for this read) is not asked again.
   bool& known = watch_entries ? all_entries_published_ : all_progress_published_;
-  if (known || store_->check(keys)) {
+  if (known || check_in_chunks(*store_, keys)) {
     known = true;
     all_progress_published_ = true;
     return read_together(keys, watch_entries);
   }
   const std::vector<std::string> progress_keys(all_keys_.begin(), all_keys_.begin() + world_size_);
-  if (watch_entries && (all_progress_published_ || store_->check(progress_keys))) {  // entries not all there yet
+  if (watch_entries && (all_progress_published_ || check_in_chunks(*store_, progress_keys))) {  // entries not all there yet
     all_progress_published_ = true;
     return read_together(progress_keys, false);
   }

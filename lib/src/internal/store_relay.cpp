@@ -17,6 +17,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "lightning/fabric/errors.h"
+#include "lightning/fabric/internal/store_chunks.h"
 #include "store_relay_wire.h"
 
 namespace lightning::fabric::internal {
@@ -161,9 +162,11 @@ struct StoreRelay::Impl {
     answer(request, Status::Error, Writer().text(message));
   }
 
+  // One call to the main store; `keys`: how many keys it names (chunked calls count one request
+  // per chunk).
   template <typename Call>
-  auto upstream_call(Call call) {
-    ++upstream_requests;
+  auto upstream_call(Call call, size_t keys = 1) {
+    upstream_requests += static_cast<int64_t>(std::max<size_t>(1, (keys + kStoreChunk - 1) / kStoreChunk));
     return call(*upstream);
   }
 
@@ -226,7 +229,7 @@ struct StoreRelay::Impl {
     if (keys.size() == 1) {
       upstream_call([&](c10d::Store& s) { s.set(keys[0], values[0]); return 0; });
     } else {
-      upstream_call([&](c10d::Store& s) { s.multiSet(keys, values); return 0; });
+      upstream_call([&](c10d::Store& s) { multi_set_in_chunks(s, keys, values); return 0; }, keys.size());
     }
     for (auto& request : batch) {
       if (request.op == Op::Set || request.op == Op::MultiSet) answer_ok(request);
@@ -290,7 +293,7 @@ struct StoreRelay::Impl {
 
   bool exist(const std::vector<std::string>& keys) {
     if (keys.empty()) return true;
-    return upstream_call([&](c10d::Store& s) { return s.check(keys); });
+    return upstream_call([&](c10d::Store& s) { return check_in_chunks(s, keys); }, keys.size());
   }
 
   // --- held waits -------------------------------------------------------------------------------
@@ -342,7 +345,7 @@ struct StoreRelay::Impl {
             if (seen.insert(key).second) keys.push_back(key);
           }
         }
-        const auto read = upstream_call([&](c10d::Store& s) { return s.multiGet(keys); });
+        const auto read = upstream_call([&](c10d::Store& s) { return multi_get_in_chunks(s, keys); }, keys.size());
         for (size_t i = 0; i < keys.size(); ++i) values[keys[i]] = to_text(read[i]);
       }
       std::vector<Held> still;

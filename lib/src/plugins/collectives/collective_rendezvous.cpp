@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "lightning/fabric/errors.h"
+#include "lightning/fabric/internal/store_chunks.h"
 #include "lightning/fabric/internal/store_relay.h"
 #include "lightning/fabric/internal/store_text.h"
 #include "lightning/fabric/internal/wait_for_listener.h"
@@ -131,13 +132,13 @@ std::vector<std::string> gather_host_names(c10d::Store& store, int world_size, c
   if (keys.empty()) return names;
   const auto deadline = std::chrono::steady_clock::now() + store.getTimeout();
   auto pause = std::chrono::milliseconds(1);
-  while (!store.check(keys)) {
+  while (!check_in_chunks(store, keys)) {
     LF_CHECK(std::chrono::steady_clock::now() < deadline, RuntimeError, "The host vote: not every rank published "
              "its host name within the store timeout, although all had joined; a rank failed right after joining.");
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(100));
   }
-  for (const auto& other : store.multiGet(keys)) names.push_back(store_text(other));
+  for (const auto& other : multi_get_in_chunks(store, keys)) names.push_back(store_text(other));
   return names;
 }
 }  // namespace
@@ -159,7 +160,7 @@ HostLayout vote_host_layout(c10d::Store& store, int rank, int world_size) {
     }
     keys.push_back("cpu-auto/counts");
     records.emplace_back(layouts[0].counts.begin(), layouts[0].counts.end());
-    store.multiSet(keys, records);
+    multi_set_in_chunks(store, keys, records);
     store.set("cpu-auto/layouts-written", store_bytes("1"));
   }
   // Every rank waits for one key (a store relay answers all of its node's ranks with one check),
