@@ -15,6 +15,7 @@
 #include "lightning/fabric/strategies/strategy.h"
 #include "lightning/fabric/utilities/devices.h"
 #include "lightning/fabric/version.h"
+#include "lightning/launcher/numa_binding.h"
 
 namespace lightning::launcher {
 namespace {
@@ -67,6 +68,37 @@ std::set<int> parse_rank_list(const std::string& text) {
   return ranks;
 }
 
+std::string signal_names() {
+  std::vector<std::string> names;
+  for (const auto& entry : handleable_signals()) names.push_back(entry.first);
+  return fabric::join_names(names);
+}
+
+// --signals-to-handle SIGTERM,SIGINT (torchrun's spelling: names with SIG, blanks around them allowed).
+std::vector<int> parse_signal_list(const std::string& text) {
+  std::vector<int> signals;
+  std::stringstream stream(text);
+  std::string item;
+  while (std::getline(stream, item, ',')) {
+    const auto begin = item.find_first_not_of(" \t");
+    if (begin == std::string::npos) continue;
+    item = item.substr(begin, item.find_last_not_of(" \t") - begin + 1);
+    const auto& known = handleable_signals();
+    const auto found = std::find_if(known.begin(), known.end(), [&](const auto& entry) { return entry.first == item; });
+    if (found == known.end()) {
+      throw CLI::ValidationError("--signals-to-handle=" + text + " is not valid: '" + item +
+                                 "' is not a signal lightning-run can handle. Give a comma list of: " + signal_names() +
+                                 " (default: SIGTERM,SIGINT,SIGHUP,SIGQUIT).");
+    }
+    if (std::find(signals.begin(), signals.end(), found->second) == signals.end()) signals.push_back(found->second);
+  }
+  if (signals.empty()) {
+    throw CLI::ValidationError("--signals-to-handle=" + text + " names no signal: give a comma list such as "
+                               "SIGTERM,SIGINT,SIGHUP,SIGQUIT (the default), from: " + signal_names() + ".");
+  }
+  return signals;
+}
+
 int parse_node_count(const std::string& text, const std::string& whole) {
   size_t used = 0;
   int count = 0;
@@ -102,7 +134,8 @@ void parse_num_nodes(const std::string& text, LaunchArgs& args) {
 // Raw values of the options whose absence matters (they are optional in LaunchArgs).
 struct RawOptions {
   std::string num_nodes = "1";
-  std::string accelerator, strategy, precision, log_dir, ranks_filter, profile, profile_ranks;
+  std::string accelerator, strategy, precision, log_dir, ranks_filter, profile, profile_ranks, numa_binding, local_addr;
+  std::string signals = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
   int main_port = kDefaultMainPort;
   bool tag = false, no_tag = false;
   bool no_store_relay = false;
@@ -163,6 +196,22 @@ void add_model_options(CLI::App& model, LaunchArgs& args, RawOptions& raw) {
   model.add_flag("--timestamp-output", args.timestamp_output, "Prefix output lines with the time");
   model.add_option("--local-ranks-filter,--local_ranks_filter", raw.ranks_filter, "Only these local ranks reach the console, e.g. 0 or 0,2");
   model.add_flag("--dry-run,--dry_run", args.dry_run, "Print each worker's command and environment; start nothing");
+  // torchrun's flags.
+  model.add_option("--numa-binding,--numa_binding", raw.numa_binding,
+                   "Bind each worker to CPUs near its device (torchrun's modes): node = its GPU's NUMA node, socket = "
+                   "that node's socket, exclusive = a share of the node's cores of its own, core-complex = one L3 "
+                   "complex of the node. Without GPUs, local ranks spread evenly over the NUMA nodes")
+      ->check(one_of("--numa-binding", numa_binding_choices()));
+  model.add_option("--local-addr,--local_addr", raw.local_addr,
+                   "The address this node announces in the rendezvous (default: its host name), for a host with "
+                   "several interfaces");
+  model.add_flag("--virtual-local-rank,--virtual_local_rank", args.virtual_local_rank,
+                 "Every worker gets LOCAL_RANK=0 and, on CUDA, CUDA_VISIBLE_DEVICES of its one GPU (its device 0)");
+  model.add_option("--signals-to-handle,--signals_to_handle", raw.signals,
+                   "Signals that stop the job: forwarded to the workers, which are then stopped, exit 128 + signal; "
+                   "the others take their default action (SIGUSR1/SIGUSR2 not listed: forwarded, the job goes on). "
+                   "From: " + signal_names())
+      ->capture_default_str();
 }
 
 // CLI11 2.1 has no App::usage(): its help's "Usage:" line comes from the formatter. Both help pages
@@ -234,6 +283,15 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv, std::ost
     if (given("--main-port")) args.main_port = raw.main_port;
     if (given("--log-dir")) args.log_dir = raw.log_dir;
     if (given("--local-ranks-filter")) args.local_ranks_filter = parse_rank_list(raw.ranks_filter);
+    if (given("--numa-binding")) args.numa_binding = raw.numa_binding;
+    if (given("--local-addr")) {
+      if (raw.local_addr.find_first_not_of(" \t") == std::string::npos || raw.local_addr.find(' ') != std::string::npos) {
+        throw CLI::ValidationError("--local-addr='" + raw.local_addr + "' is not valid: give this node's address or "
+                                   "host name as the other nodes reach it, e.g. --local-addr 10.0.1.5.");
+      }
+      args.local_addr = raw.local_addr;
+    }
+    args.signals_to_handle = parse_signal_list(raw.signals);
     try {
       if (given("--profile")) {
         fabric::parse_profile_steps(raw.profile, "--profile");
@@ -267,6 +325,10 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv, std::ost
                                  std::to_string(args.num_nodes) + ": node ranks are 0 .. " +
                                  std::to_string(args.num_nodes - 1) + ".");
     }
+    if (args.virtual_local_rank && args.strategy && *args.strategy == "dp") {
+      throw CLI::ValidationError("--virtual-local-rank gives each worker one GPU, but --strategy dp runs one process "
+                                 "over all of them: leave one of the two out.");
+    }
     local_process_count(args);  // validates --devices against the accelerator
   } catch (const CLI::CallForHelp& help) {
     out << (model->parsed() ? model->help() : app.help());
@@ -292,6 +354,18 @@ std::string format_seconds(double seconds) {
 
 std::string resolved_accelerator(const LaunchArgs& args) {
   return fabric::resolve_accelerator(args.accelerator.value_or("auto"), "--accelerator");
+}
+
+std::vector<int> local_gpu_indices(const LaunchArgs& args) {
+  if (resolved_accelerator(args) != "cuda") return {};
+  return fabric::accelerator_registry().create("cuda")->parse_devices(fabric::DevicesSpec(args.devices));
+}
+
+const std::vector<std::pair<std::string, int>>& handleable_signals() {
+  static const std::vector<std::pair<std::string, int>> signals = {
+      {"SIGHUP", SIGHUP},   {"SIGINT", SIGINT},   {"SIGQUIT", SIGQUIT}, {"SIGTERM", SIGTERM},
+      {"SIGUSR1", SIGUSR1}, {"SIGUSR2", SIGUSR2}, {"SIGALRM", SIGALRM}, {"SIGXCPU", SIGXCPU}};
+  return signals;
 }
 
 int local_process_count(const LaunchArgs& args) {

@@ -91,6 +91,19 @@ std::string own_addresses() {
   return list;
 }
 
+// own_addresses(), with `local_addr` first when it is an IP address not among them (not loopback).
+std::string announced_addresses(const std::optional<std::string>& local_addr) {
+  const std::string own = own_addresses();
+  if (!local_addr || is_loopback(*local_addr)) return own;
+  in_addr v4{};
+  in6_addr v6{};
+  const bool literal = inet_pton(AF_INET, local_addr->c_str(), &v4) == 1 || inet_pton(AF_INET6, local_addr->c_str(), &v6) == 1;
+  std::istringstream words(own);
+  const std::set<std::string> listed{std::istream_iterator<std::string>(words), std::istream_iterator<std::string>()};
+  if (!literal || listed.count(*local_addr) > 0) return own;
+  return own.empty() ? *local_addr : *local_addr + " " + own;
+}
+
 // Of the nodes with their silence so far: none while no node has been silent for timeout_s; once
 // one has, also those silent for all but two heartbeats of it, which went at the same moment (a
 // partition) and are named together.
@@ -229,8 +242,10 @@ void Rendezvous::publish_node(const LaunchArgs& args, int local_world_size) {
                           2);
   }
   const std::string node = "node/" + std::to_string(node_id_);
-  store.set(key(node + "/host"), bytes(fabric::host_name()));
-  store.set(key(node + "/addresses"), bytes(own_addresses()));
+  // --local-addr names this node to the others (torchrun's node descriptor: local_addr, else the
+  // host name); an address literal joins the addresses a worker's error may name it by.
+  store.set(key(node + "/host"), bytes(args.local_addr.value_or(fabric::host_name())));
+  store.set(key(node + "/addresses"), bytes(announced_addresses(args.local_addr)));
   store.set(key(node + "/local_world_size"), bytes(std::to_string(local_world_size)));
   layout_.run_id = text(store.get(key("run_id")));
 }

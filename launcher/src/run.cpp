@@ -22,6 +22,7 @@
 #include "lightning/fabric/hang/hang_watch.h"
 #include "lightning/fabric/internal/step_times.h"
 #include "lightning/fabric/internal/store_relay.h"
+#include "lightning/launcher/numa_binding.h"
 #include "lightning/launcher/output.h"
 #include "lightning/launcher/rendezvous.h"
 #include "lightning/launcher/worker_env.h"
@@ -43,11 +44,31 @@ constexpr auto kBlameTraceLimit = std::chrono::seconds(3);
 constexpr auto kStatusPoll = std::chrono::milliseconds(250);
 constexpr auto kStatusWait = std::chrono::seconds(3);
 
-sigset_t launcher_signals() {
+// Every signal lightning-run may read from its signalfd: those --signals-to-handle may name (SIGUSR1
+// and SIGUSR2 among them), and SIGCHLD.
+sigset_t all_launcher_signals() {
   sigset_t set;
   sigemptyset(&set);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGCHLD}) sigaddset(&set, sig);
+  for (const auto& entry : handleable_signals()) sigaddset(&set, entry.second);
+  sigaddset(&set, SIGCHLD);
   return set;
+}
+
+// The signals this job reads: --signals-to-handle (they stop the job), SIGUSR1 and SIGUSR2 (when not
+// listed: forwarded, the job goes on), SIGCHLD.
+sigset_t launcher_signals(const LaunchArgs& args) {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : args.signals_to_handle) sigaddset(&set, sig);
+  for (int sig : {SIGUSR1, SIGUSR2, SIGCHLD}) sigaddset(&set, sig);
+  return set;
+}
+
+// A signal that is forwarded to the workers while the job goes on: SIGUSR1 or SIGUSR2 when
+// --signals-to-handle does not list it.
+bool forwarded_only(const LaunchArgs& args, int sig) {
+  return (sig == SIGUSR1 || sig == SIGUSR2) &&
+         std::find(args.signals_to_handle.begin(), args.signals_to_handle.end(), sig) == args.signals_to_handle.end();
 }
 
 void say(const std::string& message) { std::cerr << "lightning-run: " << message << std::endl; }
@@ -167,6 +188,7 @@ class Job {
   /// Multi-node: this node's one connection to the job's store, which its workers reach through it
   /// (LT_STORE_RELAY; fabric/internal/store_relay.h). One per attempt.
   std::unique_ptr<fabric::internal::StoreRelay> store_relay_;
+  std::vector<CpuBinding> numa_;  // --numa-binding: each local rank's CPUs and memory node (empty: none)
   Clock::time_point next_hang_check_;
   struct PendingStatus {
     int64_t request = 0;
@@ -250,6 +272,10 @@ void Job::spawn_all(int attempt) {
     spec.stdout_fd = out;
     spec.stderr_fd = err;
     spec.guardian_pipe = guardian_->pipe();
+    if (static_cast<size_t>(local) < numa_.size()) {
+      spec.cpu_affinity = numa_[static_cast<size_t>(local)].cpus;
+      spec.preferred_memory_node = numa_[static_cast<size_t>(local)].node;
+    }
     try {
       children_.push_back(ChildProcess::spawn(spec));
     } catch (...) {
@@ -411,7 +437,7 @@ Outcome Job::run_attempt(int attempt) {
 
     if (ready > 0 && (fds[0].revents & POLLIN) != 0) {
       if (auto sig = read_signal()) {
-        if (*sig == SIGUSR1 || *sig == SIGUSR2) {
+        if (forwarded_only(args_, *sig)) {
           say("forwarding " + fabric::signal_name(*sig) + " to the workers; the job goes on");
           for (auto& child : children_) {
             if (child.running()) child.signal_group(*sig);
@@ -538,7 +564,7 @@ int Job::wait_for_other_nodes(int attempt) {
     }
     pollfd fd{signal_fd_, POLLIN, 0};
     if (poll(&fd, 1, 100) > 0) {
-      if (auto sig = read_signal(); sig && *sig != SIGCHLD && *sig != SIGUSR1 && *sig != SIGUSR2) {
+      if (auto sig = read_signal(); sig && *sig != SIGCHLD && !forwarded_only(args_, *sig)) {
         say("received " + fabric::signal_name(*sig) + " while waiting for the other nodes to finish");
         return 128 + *sig;
       }
@@ -551,9 +577,21 @@ int Job::run() {
   const int local_count = local_process_count(args_);
   executable_ = fabric::resolve_executable(args_.binary);
   guardian_.emplace();  // before any thread exists (the rendezvous store starts some)
-  sigset_t signals = launcher_signals();
+  sigset_t signals = launcher_signals(args_);
   signal_fd_ = signalfd(-1, &signals, SFD_CLOEXEC);
   if (signal_fd_ < 0) throw std::runtime_error(std::string("signalfd: ") + std::strerror(errno));
+  // The signals --signals-to-handle leaves out take their default action, as under torchrun (the
+  // guardian then stops the workers): block_launcher_signals blocked them all.
+  sigset_t unhandled;
+  sigemptyset(&unhandled);
+  for (const auto& entry : handleable_signals()) {
+    if (sigismember(&signals, entry.second) != 1) sigaddset(&unhandled, entry.second);
+  }
+  pthread_sigmask(SIG_UNBLOCK, &unhandled, nullptr);
+  if (args_.numa_binding) {
+    numa_ = numa_binding_for_job(args_, local_count, say);
+    say("--numa-binding " + *args_.numa_binding + ": " + describe_numa_binding(numa_));
+  }
 
   rendezvous_.emplace(Rendezvous::establish(args_, local_count));
   if (rendezvous_->elastic()) rendezvous_->form_group(std::nullopt, say, [this] { stop_on_signal(); });
@@ -619,7 +657,7 @@ void Job::stop_on_signal() {
   pollfd fd{signal_fd_, POLLIN, 0};
   if (poll(&fd, 1, 0) <= 0) return;
   const auto sig = read_signal();
-  if (!sig || *sig == SIGCHLD || *sig == SIGUSR1 || *sig == SIGUSR2) return;
+  if (!sig || *sig == SIGCHLD || forwarded_only(args_, *sig)) return;
   throw RendezvousError("received " + fabric::signal_name(*sig) + " while waiting in the rendezvous; exiting with " +
                             std::to_string(128 + *sig),
                         128 + *sig);
@@ -632,6 +670,8 @@ void Job::say_layout() const {
       std::to_string(layout_.rank_offset) + "-" + std::to_string(layout_.rank_offset + layout_.local_world_size - 1) +
       " of " + std::to_string(layout_.world_size) + ", rendezvous at " + (v6 ? "[" + layout_.main_address + "]" : layout_.main_address) +
       ":" + std::to_string(layout_.main_port));
+  // Node 0 names the group: each node as it announced itself (--local-addr, else its host name).
+  if (layout_.node_rank == 0 && layout_.num_nodes > 1) say("nodes by rank: " + fabric::join_names(rendezvous_->node_names()));
 }
 
 bool Job::regroup_after(int attempt) {
@@ -655,7 +695,7 @@ bool Job::regroup_after(int attempt) {
 }  // namespace
 
 void block_launcher_signals() {
-  sigset_t signals = launcher_signals();
+  sigset_t signals = all_launcher_signals();
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 }
 
@@ -697,6 +737,12 @@ int print_dry_run(const LaunchArgs& args) {
                 << "): each rendezvous round assigns node ranks; shown as node 0 of " << args.num_nodes << "\n";
     }
     if (args.num_nodes > 1) std::cout << "lightning-run: global ranks assume every node runs " << local_count << " worker(s)\n";
+    if (args.numa_binding) {
+      const auto numa = numa_binding_for_job(args, local_count, [](const std::string& note) {
+        std::cout << "lightning-run: " << note << "\n";
+      });
+      std::cout << "lightning-run: --numa-binding " << *args.numa_binding << ": " << describe_numa_binding(numa) << "\n";
+    }
     const bool free_port = args.num_nodes == 1 && !args.main_port;
     const std::string run_dir = args.log_dir.value_or("<run dir>");
     if (!args.log_dir) std::cout << "lightning-run: <run dir> is a new temporary folder (or --log-dir)\n";

@@ -24,6 +24,8 @@ fabric::WorkerSettings worker_settings(const LaunchArgs& args, const std::string
     settings.profile_dir = std::filesystem::absolute(base / "profile").string();
   }
   settings.set_omp_threads = true;
+  settings.virtual_local_rank = args.virtual_local_rank;
+  if (args.virtual_local_rank) settings.virtual_gpus = local_gpu_indices(args);  // empty unless CUDA
   return settings;
 }
 

@@ -179,7 +179,16 @@ ResolvedConfig resolve_config(const FabricOptions& options, const env::EnvLookup
       // a missing rank variable is reported where the strategy needs it, with its own message
     }
   }
-  config.device_indices = accelerator_registry().create(config.accelerator)->parse_devices(spec);
+  if (config.accelerator == "cuda" && env::Reader(env).flag(env::kVirtualLocalRank)) {
+    // lightning-run --virtual-local-rank: CUDA_VISIBLE_DEVICES holds this process's one GPU, its
+    // device 0, and LOCAL_RANK is 0 in every worker. The node still runs LOCAL_WORLD_SIZE
+    // processes (meshes and hybrid sharding count them), each on its own device 0.
+    const int processes = environment->launched_processes_per_node().value_or(1);
+    LF_CHECK(processes >= 1, ValueError, env::kVirtualLocalRank, "=1 needs LOCAL_WORLD_SIZE >= 1, got ", processes, ".");
+    config.device_indices.assign(static_cast<size_t>(processes), 0);
+  } else {
+    config.device_indices = accelerator_registry().create(config.accelerator)->parse_devices(spec);
+  }
   config.num_nodes = resolve_num_nodes(num_nodes);
   const std::string asked_precision = config.precision;
   if (config.precision == "16-mixed" && config.accelerator == "cpu") {

@@ -9,6 +9,7 @@
 #include <iterator>
 
 #include "lightning/fabric.h"
+#include "lightning/fabric/connector.h"
 #include "lightning/fabric/checkpoint/background_write.h"
 #include "lightning/fabric/utilities/process.h"
 #include "lightning/fabric/plugins/collectives/collective.h"
@@ -35,6 +36,21 @@ TEST_CASE("cuda: devices lists select GPUs by index", "[gpu]") {
   const int count = static_cast<int>(torch::cuda::device_count());
   lf::Fabric fabric(lf::FabricOptions().accelerator("gpu").devices(std::vector<int>{count - 1}), lf::env::map_env({}));
   CHECK(fabric.device() == torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(count - 1)));
+}
+
+TEST_CASE("cuda: under lightning-run --virtual-local-rank each process runs on its one visible GPU, device 0", "[gpu]") {
+  // What a worker of `lightning-run --virtual-local-rank --devices 4` sees: LOCAL_RANK=0 in every
+  // worker and CUDA_VISIBLE_DEVICES holding its own GPU (so one GPU is enough to check it here).
+  const std::map<std::string, std::string> worker{
+      {"TORCHELASTIC_RUN_ID", "job"}, {"RANK", "3"},          {"GROUP_RANK", "0"},         {"LOCAL_RANK", "0"},
+      {"LOCAL_WORLD_SIZE", "4"},      {"WORLD_SIZE", "4"},    {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"},
+      {"LT_CLI_USED", "1"},           {"LT_ACCELERATOR", "cuda"}, {"LT_DEVICES", "4"},     {"LT_NUM_NODES", "1"},
+      {"LT_VIRTUAL_LOCAL_RANK", "1"}};
+  const auto config = lf::resolve_config(lf::FabricOptions(), lf::env::map_env(worker));
+  CHECK(config.accelerator == "cuda");
+  CHECK(config.device_indices == std::vector<int>{0, 0, 0, 0});  // 4 processes on the node, each on its device 0
+  auto connector = lf::Connector::build(lf::FabricOptions(), lf::env::map_env(worker));
+  CHECK(connector.strategy->root_device() == torch::Device(torch::kCUDA, 0));
 }
 
 TEST_CASE("cuda: the Fabric loop matches the raw loop on the same GPU", "[gpu]") {

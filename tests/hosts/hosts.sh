@@ -10,6 +10,9 @@
 #   host_kill_all K       SIGKILL to every process on host K (a machine that dies)
 #   host_link_down K      host K's cable pulled: its port on the bridge goes down
 #   host_isolate K        same as host_link_down: K reaches no host and no host reaches K
+#   host_add_addr K ADDR  gives host K a second interface, eth1, with the address ADDR/24, as a
+#                         host with several interfaces has (a veth whose other end is off the
+#                         bridge: nothing reaches it, and eth0's traffic is untouched)
 #   host_impair K DELAY_MS LOSS_PERCENT   what host K sends is delayed and partly lost, as
 #                         `tc netem delay D loss P%` on its eth0 does (link_emulator.py; this
 #                         kernel has no netem)
@@ -89,6 +92,16 @@ host_kill_all() {
 }
 
 host_link_down() { ip -n "$(hosts_switch)" link set "h$1" down; }
+
+host_add_addr() {
+  local ns sw
+  ns=$(host_ns "$1")
+  sw=$(hosts_switch)
+  ip link add eth1 netns "$ns" type veth peer name "h$1b" netns "$sw" &&
+    ip -n "$sw" link set "h$1b" up &&
+    ip -n "$ns" addr add "$2/24" dev eth1 &&
+    ip -n "$ns" link set eth1 up || { echo "FAIL: could not give host $1 the address $2"; exit 1; }
+}
 host_isolate() { host_link_down "$1"; }
 
 host_impair() {

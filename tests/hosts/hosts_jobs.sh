@@ -17,7 +17,9 @@
 #                      purpose; one lightning-run node with 2 workers uses shm.
 #   interface          GLOO_SOCKET_IFNAME=eth0 picks the interface; a name that no host has stops
 #                      every node, with an error naming it and the host's interfaces (on a node
-#                      that node 0's announcement stops first: node 0's failure).
+#                      that node 0's announcement stops first: node 0's failure). Then host 1
+#                      gets a second interface and announces its address with --local-addr:
+#                      node 0 names node 1 by it, and the job runs as before.
 set -u
 launcher=$1 job=$2 case=$3
 LOOPBACK_LIMIT=${LOOPBACK_LIMIT:-65536}
@@ -26,16 +28,19 @@ hosts_test_setup
 dir=$HOSTS_TEST_DIR
 
 # run_nodes N STEPS [ENV=VALUE...]: one lightning-run node per host, devices[K] workers on host K
-# (default 2); exit codes in code[K], output in $dir/node<K>.log.
+# (default 2) and the extra lightning-run flags node_flags[K] (words; default none); exit codes in
+# code[K], output in $dir/node<K>.log.
 devices=()
+node_flags=()
 run_nodes() {
   local count=$1 steps=$2 k
   shift 2
   local pids=()
   for ((k = 0; k < count; ++k)); do
+    # shellcheck disable=SC2086  # node_flags[K] is a list of words
     host_run "$k" env "$@" "$launcher" model --accelerator cpu --num-nodes "$count" --node-rank "$k" \
       --main-address host0 --main-port 29400 --devices "${devices[$k]:-2}" --rdzv-timeout 60 --shutdown-grace 2 \
-      "$job" "$steps" >"$dir/node$k.log" 2>&1 &
+      ${node_flags[$k]:-} "$job" "$steps" >"$dir/node$k.log" 2>&1 &
     pids[$k]=$!
   done
   for ((k = 0; k < count; ++k)); do wait "${pids[$k]}"; code[$k]=$?; done
@@ -149,6 +154,16 @@ interface() {
   grep -q "$named" "$dir/node0.log" || fail "node 0 did not name the missing interface and the host's interfaces"
   grep -q "$named" "$dir/node1.log" || grep -q "on node 0 failed first" "$dir/node1.log" ||
     fail "node 1 neither named the missing interface nor reported node 0's failure"
+  hosts_expect_nothing_left
+  echo "== host 1 with a second interface announces it: --local-addr 10.77.1.11"
+  host_add_addr 1 10.77.1.11
+  node_flags=("" "--local-addr 10.77.1.11")
+  run_nodes 2 10
+  node_flags=()
+  show_logs 2
+  [ "${code[0]}" = 0 ] && [ "${code[1]}" = 0 ] || fail "the job with --local-addr on node 1 failed"
+  grep -q "nodes by rank: host0, 10.77.1.11$" "$dir/node0.log" ||
+    fail "node 0 did not name node 1 by the address it announced (--local-addr 10.77.1.11)"
   hosts_expect_nothing_left
 }
 

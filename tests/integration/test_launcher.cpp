@@ -6,13 +6,18 @@
 #include <arpa/inet.h>
 #include <unistd.h>
 
-#include <set>
-#include <sstream>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
+#include <set>
+#include <sstream>
 #include <thread>
+#include <vector>
 
 #include "harness.h"
+#include "lightning/launcher/numa_binding.h"
 // Catch2 last: glog (inside LibTorch) defines its own CHECK macro, Catch2 must win.
 #include <catch2/catch.hpp>
 
@@ -261,6 +266,153 @@ TEST_CASE("launcher: killing the launcher with SIGKILL takes its workers down", 
   run.signal(SIGKILL);
   CHECK(run.wait(10) == 128 + SIGKILL);
   check_no_leftovers(run);
+}
+
+TEST_CASE("launcher: --signals-to-handle chooses the signals that stop the job; the others take their default action",
+          "[launcher][signals]") {
+  // Listed: SIGHUP stops the job as before (forwarded, the teardown, 128 + 1).
+  {
+    Launched run(lf_test::launcher_path(),
+                 with_worker(fast({"--devices", "2", "--signals-to-handle", "SIGTERM,SIGHUP"}), {"wait-signal"}));
+    REQUIRE(run.wait_for_output("ready 0", 30));
+    REQUIRE(run.wait_for_output("ready 1", 30));
+    run.signal(SIGHUP);
+    CHECK(run.wait(30) == 128 + SIGHUP);
+    CHECK_THAT(run.err(), Contains("received SIGHUP") && Contains("exiting with " + std::to_string(128 + SIGHUP)));
+    check_no_leftovers(run);
+  }
+  // Not listed: SIGHUP's default action ends lightning-run at once, and its guardian (and the
+  // workers' death signal) take the workers down.
+  {
+    Launched run(lf_test::launcher_path(), with_worker(fast({"--devices", "2", "--signals-to-handle", "SIGTERM"}), {"wait-signal"}));
+    REQUIRE(run.wait_for_output("ready 0", 30));
+    REQUIRE(run.wait_for_output("ready 1", 30));
+    run.signal(SIGHUP);
+    CHECK(run.wait(30) == 128 + SIGHUP);
+    CHECK_THAT(run.err(), !Contains("received SIGHUP") && !Contains("exiting with"));
+    check_no_leftovers(run);
+  }
+  // SIGUSR1 listed: it stops the job (torchrun's meaning) instead of being forwarded while the job goes on.
+  {
+    Launched run(lf_test::launcher_path(), with_worker(fast({"--devices", "2", "--signals-to-handle", "SIGUSR1"}), {"wait-signal"}));
+    REQUIRE(run.wait_for_output("ready 0", 30));
+    REQUIRE(run.wait_for_output("ready 1", 30));
+    run.signal(SIGUSR1);
+    CHECK(run.wait(30) == 128 + SIGUSR1);
+    CHECK_THAT(run.err(), Contains("received SIGUSR1"));
+    check_no_leftovers(run);
+  }
+  Launched bad(lf_test::launcher_path(), with_worker(fast({"--signals-to-handle", "SIGTERM,SIGKILL"}), {"env"}));
+  CHECK(bad.wait(30) == 2);
+  CHECK_THAT(bad.err(), Contains("--signals-to-handle=SIGTERM,SIGKILL") && Contains("'SIGKILL'") && Contains("SIGUSR1"));
+}
+
+namespace {
+// "affinity R: LIST" lines (test_worker's affinity mode): each rank's CPUs.
+std::map<int, std::vector<int>> affinity_by_rank(const std::string& output) {
+  std::map<int, std::vector<int>> result;
+  std::istringstream lines(output);
+  std::string line;
+  while (std::getline(lines, line)) {
+    const auto at = line.find("affinity ");
+    if (at == std::string::npos) continue;
+    const auto colon = line.find(": ", at);
+    result[std::stoi(line.substr(at + 9))] = lightning::launcher::parse_cpu_list(line.substr(colon + 2));
+  }
+  return result;
+}
+
+std::vector<int> common_cpus(const std::vector<int>& a, const std::vector<int>& b) {
+  std::vector<int> both;
+  for (int cpu : a) {
+    if (std::find(b.begin(), b.end(), cpu) != b.end()) both.push_back(cpu);
+  }
+  return both;
+}
+
+// This machine's NUMA nodes as sysfs lists them (node -> its CPUs that this process may use, the
+// nodes without such CPUs left out); without NUMA in sysfs, one node 0 with every allowed CPU.
+std::map<int, std::vector<int>> numa_nodes_here() {
+  const std::vector<int> allowed = lightning::launcher::allowed_cpus();
+  std::map<int, std::vector<int>> nodes;
+  std::error_code error;
+  for (std::filesystem::directory_iterator entry("/sys/devices/system/node", error), end; !error && entry != end;
+       entry.increment(error)) {
+    const std::string name = entry->path().filename().string();
+    if (name.rfind("node", 0) != 0 || name.size() == 4 || name.find_first_not_of("0123456789", 4) != std::string::npos) continue;
+    std::ifstream list(entry->path() / "cpulist");
+    std::string text((std::istreambuf_iterator<char>(list)), std::istreambuf_iterator<char>());
+    const auto cpus = common_cpus(lightning::launcher::parse_cpu_list(text), allowed);
+    if (!cpus.empty()) nodes[std::stoi(name.substr(4))] = cpus;
+  }
+  if (nodes.empty()) nodes[0] = allowed;
+  return nodes;
+}
+
+// The physical cores among cpus (the smallest CPU of each thread_siblings_list).
+std::set<int> physical_cores(const std::vector<int>& cpus) {
+  std::set<int> cores;
+  for (int cpu : cpus) {
+    std::ifstream list("/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/thread_siblings_list");
+    std::string text((std::istreambuf_iterator<char>(list)), std::istreambuf_iterator<char>());
+    const auto siblings = lightning::launcher::parse_cpu_list(text);
+    cores.insert(siblings.empty() ? cpu : *std::min_element(siblings.begin(), siblings.end()));
+  }
+  return cores;
+}
+}  // namespace
+
+TEST_CASE("launcher: --numa-binding sets each worker's CPUs before it runs", "[launcher][numa]") {
+  // Without GPUs, 2 local ranks of N nodes take node r * N / 2: both node 0 on a machine of one node.
+  const auto nodes = numa_nodes_here();
+  std::vector<std::vector<int>> expected_node;
+  for (int rank = 0; rank < 2; ++rank) expected_node.push_back(std::next(nodes.begin(), rank * static_cast<int>(nodes.size()) / 2)->second);
+
+  Launched node(lf_test::launcher_path(), with_worker(fast({"--devices", "2", "--numa-binding", "node"}), {"affinity"}));
+  REQUIRE(node.wait(60) == 0);
+  auto bound = affinity_by_rank(node.out());
+  REQUIRE(bound.size() == 2);
+  for (int rank = 0; rank < 2; ++rank) {
+    INFO("rank " << rank << "\n" << node.all());
+    CHECK(bound[rank] == expected_node[static_cast<size_t>(rank)]);  // every CPU of its node it may use
+  }
+  CHECK_THAT(node.err(), Contains("--numa-binding node: local rank 0: CPUs"));
+  check_no_leftovers(node);
+
+  // exclusive: the node's cores split between the ranks on it, without overlap.
+  Launched exclusive(lf_test::launcher_path(), with_worker(fast({"--devices", "2", "--numa-binding", "exclusive"}), {"affinity"}));
+  const bool shared = expected_node[0] == expected_node[1];
+  if (shared && physical_cores(expected_node[0]).size() < 2) {
+    // One core for two ranks: refused before anything starts.
+    CHECK(exclusive.wait(60) == 2);
+    CHECK_THAT(exclusive.err(), Contains("--numa-binding=exclusive") && Contains("physical core(s)"));
+    return;
+  }
+  REQUIRE(exclusive.wait(60) == 0);
+  bound = affinity_by_rank(exclusive.out());
+  REQUIRE(bound.size() == 2);
+  INFO(exclusive.all());
+  CHECK_FALSE(bound[0].empty());
+  CHECK_FALSE(bound[1].empty());
+  CHECK(common_cpus(bound[0], bound[1]).empty());
+  for (int rank = 0; rank < 2; ++rank) {
+    CHECK(common_cpus(bound[rank], expected_node[static_cast<size_t>(rank)]) == bound[rank]);  // within its node
+  }
+  check_no_leftovers(exclusive);
+}
+
+TEST_CASE("launcher: --virtual-local-rank gives every worker LOCAL_RANK=0", "[launcher]") {
+  Launched run(lf_test::launcher_path(), with_worker(fast({"--devices", "2", "--virtual-local-rank"}), {"env"}));
+  REQUIRE(run.wait(60) == 0);
+  const auto envs = env_by_rank(run.out());
+  REQUIRE(envs.size() == 2);
+  for (const auto& [rank, vars] : envs) {
+    INFO("rank " << rank);
+    CHECK(vars.at("RANK") == std::to_string(rank));
+    CHECK(vars.at("LOCAL_RANK") == "0");
+    CHECK(vars.at("LOCAL_WORLD_SIZE") == "2");
+    CHECK(vars.at("LT_VIRTUAL_LOCAL_RANK") == "1");
+  }
 }
 
 TEST_CASE("launcher: --main-port in use is a clear error", "[launcher][rendezvous]") {

@@ -13,12 +13,16 @@
 //   wait-signal    print "ready", then wait; SIGUSR1 prints "got SIGUSR1"; SIGTERM exits 0
 //   print N        print N numbered lines on stdout and one on stderr
 //   exit-later R C rank R exits with C after 1 s; the others wait until a signal ends them
+//   affinity       print "affinity R: LIST" (the CPUs it may run on, /proc/self/status's
+//                  Cpus_allowed_list) and "mempolicy R: MODE" (get_mempolicy's mode; 1 = preferred)
 #include <signal.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <stdexcept>
 #include <string>
@@ -68,10 +72,22 @@ int main(int argc, char** argv) {
                              env::kNumNodes, env::kRank, env::kLocalRank, env::kWorldSize, env::kLocalWorldSize,
                              env::kGroupRank, env::kGroupWorldSize, env::kNodeRank, env::kRoleRank, env::kRoleName,
                              env::kRoleWorldSize, env::kMasterAddr, env::kMasterPort, env::kRunId, env::kRestartCount,
-                             env::kMaxRestarts, env::kErrorFile, env::kUseAgentStore, "OMP_NUM_THREADS", "LF_TEST_INHERITED"}) {
+                             env::kMaxRestarts, env::kErrorFile, env::kUseAgentStore, env::kVirtualLocalRank,
+                             env::kCudaVisibleDevices, "OMP_NUM_THREADS", "LF_TEST_INHERITED"}) {
       const char* value = std::getenv(name);
       if (value != nullptr) std::cout << name << "=" << value << "\n";
     }
+    return 0;
+  }
+  if (mode == "affinity") {
+    std::ifstream status("/proc/self/status");
+    std::string line, cpus = "?";
+    while (std::getline(status, line)) {
+      if (line.rfind("Cpus_allowed_list:", 0) == 0) cpus = line.substr(line.find_first_not_of(" \t", 18));
+    }
+    int policy = -1;
+    if (syscall(SYS_get_mempolicy, &policy, nullptr, 0UL, nullptr, 0UL) != 0) policy = -1;
+    std::cout << "affinity " << rank << ": " << cpus << "\nmempolicy " << rank << ": " << policy << std::endl;
     return 0;
   }
   if (mode == "args") {

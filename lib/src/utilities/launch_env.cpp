@@ -4,6 +4,7 @@
 #include <sstream>
 #include <thread>
 
+#include "lightning/fabric/errors.h"
 #include "lightning/fabric/utilities/env_vars.h"
 
 namespace lightning::fabric {
@@ -24,6 +25,23 @@ void add_cli_environment(std::map<std::string, std::string>& vars, const WorkerS
   if (cli.precision) vars[env::kPrecision] = *cli.precision;
   vars[env::kDevices] = cli.devices;
   vars[env::kNumNodes] = std::to_string(num_nodes);
+}
+
+// --virtual-local-rank: the CUDA_VISIBLE_DEVICES entry of GPU `gpu`, as torchrun maps it through the
+// parent's list (its entries stripped of blanks); without a parent list, the index itself.
+std::string visible_device(const std::map<std::string, std::string>& parent, int gpu) {
+  const auto inherited = parent.find(env::kCudaVisibleDevices);
+  if (inherited == parent.end()) return std::to_string(gpu);
+  std::vector<std::string> entries;
+  std::stringstream items(inherited->second);
+  for (std::string item; std::getline(items, item, ',');) {
+    const auto begin = item.find_first_not_of(" \t");
+    entries.push_back(begin == std::string::npos ? "" : item.substr(begin, item.find_last_not_of(" \t") - begin + 1));
+  }
+  LF_CHECK(gpu >= 0 && gpu < static_cast<int>(entries.size()), ValueError, "--virtual-local-rank: a worker uses GPU ",
+           gpu, ", but CUDA_VISIBLE_DEVICES=\"", inherited->second, "\" lists ", entries.size(),
+           " GPU(s). List every GPU the job uses there, or unset it.");
+  return entries[static_cast<size_t>(gpu)];
 }
 
 }  // namespace
@@ -69,6 +87,14 @@ std::map<std::string, std::string> worker_environment(const WorkerSettings& sett
   auto& vars = parent;
   if (settings.cli) add_cli_environment(vars, *settings.cli, layout.num_nodes);
   add_torchrun_environment(vars, layout, local_rank);
+  if (settings.virtual_local_rank) {
+    vars[env::kLocalRank] = "0";
+    vars[env::kVirtualLocalRank] = "1";
+    if (local_rank >= 0 && static_cast<size_t>(local_rank) < settings.virtual_gpus.size()) {
+      const std::string device = visible_device(vars, settings.virtual_gpus[static_cast<size_t>(local_rank)]);
+      vars[env::kCudaVisibleDevices] = device;
+    }
+  }
   vars[env::kUseAgentStore] = settings.agent_store ? "True" : "False";
   if (settings.cli) vars[env::kAttempt] = std::to_string(layout.attempt);  // lightning-run's restarts and regroups
   if (!settings.error_file.empty()) vars[env::kErrorFile] = settings.error_file;

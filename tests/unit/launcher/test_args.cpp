@@ -152,6 +152,45 @@ TEST_CASE("args: --num-nodes MIN:MAX (and --nnodes) makes the job elastic", "[ar
   CHECK_THAT(last_call.err, Contains("--rdzv-last-call applies to elastic jobs only"));
 }
 
+TEST_CASE("args: torchrun's --numa-binding, --local-addr, --virtual-local-rank and --signals-to-handle", "[args]") {
+  auto defaults = parse({"model", "./train"});
+  REQUIRE_FALSE(defaults.result.exit_now);
+  CHECK_FALSE(defaults.result.args.numa_binding);
+  CHECK_FALSE(defaults.result.args.local_addr);
+  CHECK_FALSE(defaults.result.args.virtual_local_rank);
+  CHECK(defaults.result.args.signals_to_handle == std::vector<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT});  // torchrun's
+
+  auto given = parse({"model", "--numa_binding", "core-complex", "--local-addr", "10.0.1.5", "--virtual_local_rank",
+                      "--signals-to-handle", "SIGTERM, SIGUSR1,SIGTERM", "./train"});
+  REQUIRE_FALSE(given.result.exit_now);
+  CHECK(*given.result.args.numa_binding == "core-complex");
+  CHECK(*given.result.args.local_addr == "10.0.1.5");
+  CHECK(given.result.args.virtual_local_rank);
+  CHECK(given.result.args.signals_to_handle == std::vector<int>{SIGTERM, SIGUSR1});
+
+  auto numa = parse({"model", "--numa-binding", "l3", "./train"});
+  CHECK(numa.result.exit_now == 2);
+  CHECK_THAT(numa.err, Contains("--numa-binding=l3") && Contains("node, socket, exclusive, core-complex"));
+  auto unknown = parse({"model", "--signals-to-handle", "SIGTERM,SIGFOO", "./train"});
+  CHECK(unknown.result.exit_now == 2);
+  CHECK_THAT(unknown.err, Contains("--signals-to-handle=SIGTERM,SIGFOO") && Contains("'SIGFOO'") &&
+                              Contains("SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGALRM, SIGXCPU"));
+  CHECK_THAT(parse({"model", "--signals-to-handle", "TERM", "./train"}).err, Contains("'TERM'"));
+  auto none = parse({"model", "--signals-to-handle", ",", "./train"});
+  CHECK(none.result.exit_now == 2);
+  CHECK_THAT(none.err, Contains("names no signal"));
+  auto blank = parse({"model", "--local-addr", " ", "./train"});
+  CHECK(blank.result.exit_now == 2);
+  CHECK_THAT(blank.err, Contains("--local-addr"));
+  auto dp = parse({"model", "--virtual-local-rank", "--strategy", "dp", "./train"});
+  CHECK(dp.result.exit_now == 2);
+  CHECK_THAT(dp.err, Contains("--virtual-local-rank") && Contains("dp"));
+
+  auto help = parse({"model", "--help"});
+  CHECK_THAT(help.out, Contains("--numa-binding") && Contains("--local-addr") && Contains("--virtual-local-rank") &&
+                           Contains("--signals-to-handle"));
+}
+
 TEST_CASE("args: --help and --version exit 0", "[args]") {
   auto help = parse({"model", "--help"});
   CHECK(help.result.exit_now == 0);
@@ -269,4 +308,44 @@ TEST_CASE("worker environment: lightning-run and Fabric::launch() build it with 
   std::map<std::string, std::string> own{{"TORCHELASTIC_USE_AGENT_STORE", "False"}};
   lf::add_torchrun_environment(own, layout, 0);
   CHECK(lf::worker_environment(lf::SubprocessLauncher::worker_settings(0, "/tmp/launch", true), layout, 0, {}) == own);
+}
+
+TEST_CASE("worker environment: --virtual-local-rank gives every worker LOCAL_RANK=0 and, on CUDA, its one GPU", "[args]") {
+  launcher::NodeLayout layout;
+  layout.local_world_size = 4;
+  layout.world_size = 4;
+  layout.run_id = "abc";
+  launcher::LaunchArgs args;
+  args.accelerator = "cpu";
+  args.devices = "4";
+  args.virtual_local_rank = true;
+  // A CPU job: LOCAL_RANK=0 and the runtime's marker; its workers use no GPU, so CUDA_VISIBLE_DEVICES
+  // is the parent's.
+  const auto cpu = launcher::worker_environment(args, layout, 2, {{"CUDA_VISIBLE_DEVICES", "5"}}, "/tmp/e.json");
+  CHECK(cpu.at("LOCAL_RANK") == "0");
+  CHECK(cpu.at("RANK") == "2");
+  CHECK(cpu.at("ROLE_RANK") == "2");
+  CHECK(cpu.at("LOCAL_WORLD_SIZE") == "4");
+  CHECK(cpu.at("LT_VIRTUAL_LOCAL_RANK") == "1");
+  CHECK(cpu.at("CUDA_VISIBLE_DEVICES") == "5");
+  args.virtual_local_rank = false;
+  const auto plain = launcher::worker_environment(args, layout, 2, {}, "/tmp/e.json");
+  CHECK(plain.at("LOCAL_RANK") == "2");
+  CHECK(plain.count("LT_VIRTUAL_LOCAL_RANK") == 0);
+  CHECK(plain.count("CUDA_VISIBLE_DEVICES") == 0);
+
+  // A CUDA job of --devices 1,3,4,6 (lightning-run passes each local rank's GPU): each worker sees
+  // its own, mapped through the parent's CUDA_VISIBLE_DEVICES as torchrun maps it.
+  lf::WorkerSettings settings = launcher::worker_settings(args, "/tmp/e.json");
+  settings.virtual_local_rank = true;
+  settings.virtual_gpus = {1, 3, 4, 6};
+  const auto unrestricted = lf::worker_environment(settings, layout, 1, {});
+  CHECK(unrestricted.at("CUDA_VISIBLE_DEVICES") == "3");
+  CHECK(unrestricted.at("LOCAL_RANK") == "0");
+  CHECK(unrestricted.at("RANK") == "1");
+  const std::map<std::string, std::string> parent{{"CUDA_VISIBLE_DEVICES", "7, 6,5,4,3,2,1,0"}};
+  CHECK(lf::worker_environment(settings, layout, 0, parent).at("CUDA_VISIBLE_DEVICES") == "6");
+  CHECK(lf::worker_environment(settings, layout, 1, parent).at("CUDA_VISIBLE_DEVICES") == "4");
+  CHECK_THROWS_WITH(lf::worker_environment(settings, layout, 3, {{"CUDA_VISIBLE_DEVICES", "0,1"}}),
+                    Contains("--virtual-local-rank") && Contains("GPU 6") && Contains("CUDA_VISIBLE_DEVICES=\"0,1\""));
 }

@@ -1,11 +1,11 @@
 // lightning-run's node rendezvous over a real TCPStore on 127.0.0.1: two nodes with unequal worker
 // counts (each on its own thread) get consistent layouts; failures and completion travel between
 // them; a node that never comes is a timeout with exit code 1; a node whose heartbeat stops is
-// lost; a peer's address in a worker's error is named as that node, and a failure is traced
-// through nodes that only lost their peers to where it began. Elastic rounds: a group forms
-// from the nodes present, a late node waits and is seen by node 0, the next round takes it in, a
-// lost node is left out, the counts of attempts and restarts follow, and a node still waiting when
-// the job ends leaves with exit code 0.
+// lost; a node is named as its --local-addr announces it; a peer's address in a worker's error is
+// named as that node, and a failure is traced through nodes that only lost their peers to where
+// it began. Elastic rounds: a group forms from the nodes present, a late node waits and is seen
+// by node 0, the next round takes it in, a lost node is left out, the counts of attempts and
+// restarts follow, and a node still waiting when the job ends leaves with exit code 0.
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <unistd.h>
@@ -181,6 +181,26 @@ TEST_CASE("rendezvous: an address every node has (here: both nodes on this machi
   CHECK(node0.nodes_named_in("gloo::IoException: Read error [" + address + "]:41234: Connection reset by peer").empty());
   CHECK(other.nodes_named_in("Read error [" + address + "]:1").empty());
   CHECK(node0.nodes_named_in("nothing about peers").empty());
+}
+
+TEST_CASE("rendezvous: --local-addr is the name and an address a node announces", "[rendezvous]") {
+  const int port = free_port();
+  auto node1 = std::async(std::launch::async, [port] {
+    auto args = node_args(1, 2, port);
+    args.local_addr = "10.99.0.7";
+    return launcher::Rendezvous::establish(args, 1);
+  });
+  auto node0 = launcher::Rendezvous::establish(node_args(0, 2, port), 1);
+  auto other = node1.get();
+  CHECK(node0.describe_node(0) == "node 0 (" + own_host_name() + ")");
+  CHECK(node0.describe_node(1) == "node 1 (10.99.0.7)");
+  CHECK(other.describe_node(1) == "node 1 (10.99.0.7)");
+  CHECK(node0.node_names() == std::vector<std::string>{own_host_name(), "10.99.0.7"});
+  // A worker's error naming that address names node 1.
+  const auto named = node0.nodes_named_in("gloo::IoException: Read error [10.99.0.7]:41234: Connection reset by peer");
+  REQUIRE(named.size() == 1);
+  CHECK(named.front().node_rank == 1);
+  CHECK(named.front().description == "10.99.0.7 (node 1, 10.99.0.7)");
 }
 
 namespace {

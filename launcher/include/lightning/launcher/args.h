@@ -2,10 +2,12 @@
 // supervision flags on top, and everything after the binary passed to it untouched.
 #pragma once
 
+#include <csignal>
 #include <optional>
 #include <ostream>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace lightning::launcher {
@@ -49,6 +51,15 @@ struct LaunchArgs {
   std::optional<std::set<int>> local_ranks_filter;
   bool dry_run = false;
 
+  // torchrun's flags (docs/launcher.md, "Flags from torchrun").
+  std::optional<std::string> numa_binding;  // --numa-binding: node | socket | exclusive | core-complex
+  std::optional<std::string> local_addr;    // --local-addr: the address this node announces in the rendezvous
+  bool virtual_local_rank = false;          // --virtual-local-rank: LOCAL_RANK=0, one GPU per worker
+  /// --signals-to-handle: the signals that stop the job (forwarded to the workers, then the
+  /// teardown, exit 128 + signal); the others take their default action, but SIGUSR1 and SIGUSR2,
+  /// which are forwarded and the job goes on.
+  std::vector<int> signals_to_handle = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+
   std::string binary;
   std::vector<std::string> binary_args;
 };
@@ -71,5 +82,13 @@ std::string format_seconds(double seconds);
 
 /// The accelerator the workers will use ("cpu" or "cuda"), resolving "auto" and "gpu".
 std::string resolved_accelerator(const LaunchArgs& args);
+
+/// CUDA jobs: the GPU index each local rank uses (--devices: "2" -> {0, 1}, "0,2" -> {0, 2}), as
+/// the workers' Connector picks them; empty for any other accelerator.
+std::vector<int> local_gpu_indices(const LaunchArgs& args);
+
+/// The signals --signals-to-handle may name, with torchrun's spellings: SIGHUP, SIGINT, SIGQUIT,
+/// SIGTERM, SIGUSR1, SIGUSR2, SIGALRM, SIGXCPU.
+const std::vector<std::pair<std::string, int>>& handleable_signals();
 
 }  // namespace lightning::launcher

@@ -128,8 +128,10 @@ class Rendezvous {
   /// none by then (its machine died) ends its chain as lost. Not collective. Throws RendezvousError
   /// if the store cannot be reached.
   SuspectTrace trace_suspects(int attempt, const std::vector<int>& named, std::chrono::milliseconds limit);
-  /// "node 2 (host2)"
+  /// "node 2 (host2)": the name the node announced, its --local-addr or else its host name.
   std::string describe_node(int node_rank) const;
+  /// The names the nodes announced, by node rank.
+  const std::vector<std::string>& node_names() const { return hosts_; }
   /// The other nodes whose address text mentions (a worker's error from gloo names the peer it
   /// lost by address), each as "10.0.0.2 (node 1, host1)"; empty when none.
   std::vector<NamedNode> nodes_named_in(const std::string& text) const;
@@ -152,8 +154,8 @@ class Rendezvous {
   /// loopback found the port taken by another node of the job, so it joins instead.
   std::shared_ptr<c10d::TCPStore> connect(const LaunchArgs& args, bool host);
   void register_node(const LaunchArgs& args, int local_world_size);
-  /// Both kinds: claims the agreement on --num-nodes (as written) and publishes this node's host,
-  /// addresses and local world size under its node id.
+  /// Both kinds: claims the agreement on --num-nodes (as written) and publishes this node's name
+  /// (--local-addr, else its host name), addresses and local world size under its node id.
   void publish_node(const LaunchArgs& args, int local_world_size);
   /// The members' host names, addresses and local world sizes -> hosts_, addresses_, layout_.
   void load_members(int node_rank);
@@ -202,7 +204,7 @@ class Rendezvous {
   std::chrono::milliseconds timeout_{0};
   std::chrono::milliseconds node_timeout_{0};
   bool unreachable_ = false;                    // a bounded call gave up
-  std::vector<std::string> hosts_;              // each node's host name
+  std::vector<std::string> hosts_;              // each node's announced name (--local-addr, else host name)
   std::vector<std::vector<std::string>> addresses_;  // each node's non-loopback IP addresses
   std::vector<Heartbeat> heartbeats_;           // node 0: what it last saw of each node (by node rank)
   int watched_attempt_ = -1;                    // node 0: the attempt heartbeats_ belong to

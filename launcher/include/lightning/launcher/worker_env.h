@@ -19,7 +19,8 @@ using NodeLayout = fabric::WorkerLayout;
 using fabric::default_omp_threads;
 
 /// lightning-run's worker settings: its Fabric flags (LT_CLI_USED=1 and the LT_* choices), the
-/// agent store, --hang-timeout, --check-collectives, --process-group-backend, the OMP default.
+/// agent store, --hang-timeout, --check-collectives, --process-group-backend, the OMP default,
+/// --virtual-local-rank (with each local rank's GPU on CUDA).
 /// error_file: the worker's TORCHELASTIC_ERROR_FILE path.
 fabric::WorkerSettings worker_settings(const LaunchArgs& args, const std::string& error_file);
 

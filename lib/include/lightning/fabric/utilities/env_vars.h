@@ -48,6 +48,12 @@ inline constexpr const char* kStepTimesDir = "LT_STEP_TIMES_DIR";
 // failure or a change of membership); names the workers' store prefix /worker/attempt_<N>. Without
 // it (torchrun) the prefix follows TORCHELASTIC_RESTART_COUNT.
 inline constexpr const char* kAttempt = "LT_ATTEMPT";
+// Set by lightning-run --virtual-local-rank: "1". LOCAL_RANK is 0 in every worker and, on CUDA,
+// CUDA_VISIBLE_DEVICES holds the worker's one GPU: the runtime runs each process on device index 0
+// while the node still counts LOCAL_WORLD_SIZE processes.
+inline constexpr const char* kVirtualLocalRank = "LT_VIRTUAL_LOCAL_RANK";
+// The GPUs a process sees (CUDA's own variable); lightning-run --virtual-local-rank sets it per worker.
+inline constexpr const char* kCudaVisibleDevices = "CUDA_VISIBLE_DEVICES";
 
 // The torchrun set, as torchrun sets them.
 inline constexpr const char* kRank = "RANK";

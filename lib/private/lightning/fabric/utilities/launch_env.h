@@ -69,6 +69,13 @@ struct WorkerSettings {
   /// OMP_NUM_THREADS=default_omp_threads(local_world_size) when the parent has none. False for
   /// Fabric::launch()'s own process, which already runs and sets LibTorch's thread count instead.
   bool set_omp_threads = true;
+  /// lightning-run --virtual-local-rank (torchrun's): LOCAL_RANK=0 in every worker and
+  /// LT_VIRTUAL_LOCAL_RANK=1. With virtual_gpus (a CUDA job: the GPU index of each local rank, as
+  /// the launcher sees them), also CUDA_VISIBLE_DEVICES = entry virtual_gpus[local rank] of the
+  /// parent's CUDA_VISIBLE_DEVICES (that index itself when the parent has none), so that the
+  /// worker sees its one GPU as device 0. A parent list without that entry: ValueError.
+  bool virtual_local_rank = false;
+  std::vector<int> virtual_gpus;
 };
 
 /// OMP_NUM_THREADS for each worker when the parent has none: max(1, cores / local workers).

@@ -42,7 +42,15 @@ struct ProcessSpec {
   bool die_with_parent = true;                  // PR_SET_PDEATHSIG(SIGKILL), bound to the spawning thread
   int guardian_pipe = -1;                       // ProcessGuardian::pipe(): the child registers its own
                                                 // group before exec, so no worker ever runs unwatched
+  std::vector<int> cpu_affinity;                // non-empty: the child runs on these CPUs only
+                                                // (sched_setaffinity before exec; lightning-run --numa-binding)
+  int preferred_memory_node = -1;               // >= 0: the child's memory policy prefers this NUMA node
+                                                // (set_mempolicy MPOL_PREFERRED before exec; best effort:
+                                                // where the kernel or a sandbox refuses, the default stays)
 };
+
+/// "0-3,8,10-11" for {0, 1, 2, 3, 8, 10, 11} (the sysfs form; any order, duplicates allowed); "" for none.
+std::string cpu_list_text(std::vector<int> cpus);
 
 /// The current process environment as a map.
 std::map<std::string, std::string> current_environment();
@@ -58,7 +66,8 @@ std::string resolve_executable(const std::string& name);
 /// A started child. Owns its pidfd; reaps the child on wait.
 class ChildProcess {
  public:
-  /// fork + exec in a new process group. Throws RuntimeError if exec fails (with errno's text).
+  /// fork + exec in a new process group. Throws RuntimeError if exec fails (with errno's text), or
+  /// if the child cannot take spec.cpu_affinity (naming the CPUs).
   static ChildProcess spawn(const ProcessSpec& spec);
 
   ChildProcess(ChildProcess&& other) noexcept;
