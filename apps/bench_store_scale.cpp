@@ -192,6 +192,7 @@ void run_node(const Plan& plan, int first, int count, int in, int out) {
     }
   };
   double rank0_cpu = -1, hang_reported = -1;
+  std::atomic<bool> hang_seen{false};  // rank 0 reported: its node's ranks stop (the others at the planned end)
   const std::string entries = sample_entries();
   std::vector<std::thread> threads;
   threads.reserve(static_cast<size_t>(count));
@@ -227,7 +228,7 @@ void run_node(const Plan& plan, int first, int count, int in, int out) {
       int64_t next = (start / period_ns + 1) * period_ns;  // the watchdog's tick: a multiple of the period
       double cpu_before = thread_cpu_s();
       bool steady_measured = false;
-      while (next < stop) {
+      while (next < stop && !hang_seen.load()) {
         std::this_thread::sleep_until(at_ns(next));
         if (!steady_measured && next >= hang_start) {
           if (rank == 0) rank0_cpu = thread_cpu_s() - cpu_before;
@@ -242,7 +243,10 @@ void run_node(const Plan& plan, int first, int count, int in, int out) {
           for (const auto& published : watch.read_all(with_entries)) {
             if (published) all.push_back(lf::flight::Progress::parse(published->progress));
           }
-          if (lf::analyze_hang(all, plan.ranks, plan.hang_timeout_s).hung) hang_reported = seconds_between(hang_start, now_ns());
+          if (lf::analyze_hang(all, plan.ranks, plan.hang_timeout_s).hung) {
+            hang_reported = seconds_between(hang_start, now_ns());
+            hang_seen = true;
+          }
         }
         next += period_ns;
       }

@@ -22,6 +22,13 @@
 namespace lightning::launcher {
 namespace {
 
+// "a, b, c" (the launcher's unit tests link this file without the runtime's registry).
+std::string joined(const std::vector<std::string>& names) {
+  std::string text;
+  for (const auto& name : names) text += (text.empty() ? "" : ", ") + name;
+  return text;
+}
+
 namespace fs = std::filesystem;
 
 const std::vector<std::pair<std::string, NumaBinding>>& modes() {
@@ -148,7 +155,7 @@ NumaBinding parse_numa_binding(const std::string& name) {
     if (known == name) return mode;
   }
   throw fabric::ValueError("--numa-binding=" + name + " is not valid. Choose one of: " +
-                           fabric::join_names(numa_binding_choices()) + ".");
+                           joined(numa_binding_choices()) + ".");
 }
 
 std::vector<int> parse_cpu_list(const std::string& text) {
@@ -211,7 +218,7 @@ std::vector<int> numa_cpus_for_device(const CpuTopology& topology, NumaBinding m
     for (int other : devices) names.push_back(std::to_string(other));
     LF_CHECK(per >= 1, ValueError, "--numa-binding=exclusive: NUMA node ", node, " has ", cores.size(),
              " physical core(s) lightning-run may run on (CPUs ", fabric::cpu_list_text(node_cpus), "), but ", count,
-             " devices are on it (", fabric::join_names(names), "; GPUs, or local ranks without GPUs), and each needs "
+             " devices are on it (", joined(names), "; GPUs, or local ranks without GPUs), and each needs "
              "a core of its own. Use --numa-binding node or socket, or start fewer workers on this machine.");
     const int start = position * per + std::min(position, extra);
     const int end = start + per + (position < extra ? 1 : 0);

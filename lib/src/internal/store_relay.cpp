@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <set>
@@ -35,6 +36,7 @@ constexpr size_t kAloneChecksPerRound = 4;  // bounds what a relay with many unr
 // publish their hang-watch progress at the same tick, and each would otherwise cost the main
 // store a request of its own.
 constexpr Millis kGatherWindow(3);
+constexpr Millis kStopWait(200);
 
 struct Request {
   int client = -1;
@@ -114,6 +116,10 @@ struct StoreRelay::Impl {
   int listen_fd = -1;
   int wake[2] = {-1, -1};
   std::thread thread;
+  std::mutex ending;  // guards finished and abandoned
+  std::condition_variable ended;
+  bool finished = false;
+  bool abandoned = false;
   std::atomic<int64_t> client_requests{0};
   std::atomic<int64_t> upstream_requests{0};
   std::map<int, std::string> unread;  // per worker: bytes read that are not yet a whole frame
@@ -134,19 +140,40 @@ struct StoreRelay::Impl {
                  ::listen(listen_fd, 4096) == 0,
              RuntimeError, "The store relay could not listen on '", address, "': ", std::strerror(errno));
     LF_CHECK(::pipe2(wake, O_CLOEXEC) == 0, RuntimeError, "The store relay: pipe2 failed: ", std::strerror(errno));
-    thread = std::thread([this] { loop(); });
   }
 
+  // The thread holds the Impl alive: a relay whose main store went silent (a cut link) may be
+  // blocked in a call up to its timeout, and stop() does not wait for that.
+  static void run(const std::shared_ptr<Impl>& self) {
+    self->thread = std::thread([self] {
+      self->loop();
+      for (const auto& entry : self->unread) ::close(entry.first);
+      if (self->listen_fd >= 0) ::close(self->listen_fd);
+      std::lock_guard<std::mutex> lock(self->ending);
+      self->finished = true;
+      if (self->abandoned) {  // stop() gave up waiting: the wake pipe is this thread's to close
+        ::close(self->wake[0]);
+        ::close(self->wake[1]);
+      }
+      self->ended.notify_all();
+    });
+  }
+
+  // Wakes the thread and waits for it up to kStopWait; a thread still blocked upstream then ends
+  // on its own (its workers are being stopped anyway).
   void stop() {
-    if (thread.joinable()) {
-      const char byte = 0;
-      (void)!::write(wake[1], &byte, 1);
+    const char byte = 0;
+    (void)!::write(wake[1], &byte, 1);
+    std::unique_lock<std::mutex> lock(ending);
+    if (ended.wait_for(lock, kStopWait, [this] { return finished; })) {
+      lock.unlock();
       thread.join();
+      ::close(wake[0]);
+      ::close(wake[1]);
+      return;
     }
-    for (const auto& entry : unread) ::close(entry.first);
-    for (int fd : {listen_fd, wake[0], wake[1]}) {
-      if (fd >= 0) ::close(fd);
-    }
+    abandoned = true;
+    thread.detach();
   }
 
   // --- answers ---------------------------------------------------------------------------------
@@ -488,7 +515,7 @@ struct StoreRelay::Impl {
 
 StoreRelay::StoreRelay(const std::string& host, int port, std::chrono::milliseconds upstream_timeout,
                        std::string address)
-    : impl_(std::make_unique<Impl>()) {
+    : impl_(std::make_shared<Impl>()) {
   c10d::TCPStoreOptions options;
   options.port = static_cast<uint16_t>(port);
   options.isServer = false;
@@ -502,12 +529,14 @@ StoreRelay::StoreRelay(const std::string& host, int port, std::chrono::milliseco
   }
   impl_->address = std::move(address);
   impl_->start();
+  Impl::run(impl_);
 }
 
-StoreRelay::StoreRelay(c10::intrusive_ptr<c10d::Store> upstream, std::string address) : impl_(std::make_unique<Impl>()) {
+StoreRelay::StoreRelay(c10::intrusive_ptr<c10d::Store> upstream, std::string address) : impl_(std::make_shared<Impl>()) {
   impl_->upstream = std::move(upstream);
   impl_->address = std::move(address);
   impl_->start();
+  Impl::run(impl_);
 }
 
 StoreRelay::~StoreRelay() { impl_->stop(); }

@@ -34,7 +34,8 @@ class StoreRelay {
   StoreRelay(const std::string& host, int port, std::chrono::milliseconds upstream_timeout, std::string address = "");
   /// Same, over a store this process already holds (lightning-run's node 0 hosts the main store).
   explicit StoreRelay(c10::intrusive_ptr<c10d::Store> upstream, std::string address = "");
-  /// Stops serving: workers still connected get an error on their next request.
+  /// Stops serving: workers still connected get an error on their next request. Waits at most
+  /// 200 ms: a relay blocked on a silent main store (a cut link) ends when its call times out.
   ~StoreRelay();
   StoreRelay(const StoreRelay&) = delete;
   StoreRelay& operator=(const StoreRelay&) = delete;
@@ -45,7 +46,7 @@ class StoreRelay {
 
  private:
   struct Impl;
-  std::unique_ptr<Impl> impl_;
+  std::shared_ptr<Impl> impl_;  // shared with its thread
 };
 
 /// A worker's store through its node's relay at `address`; `timeout` bounds its get and wait
