@@ -6,6 +6,8 @@
 #   (device)      run(command="bash scripts/device-check.sh", carry=["third_party"], timeout_s=540)
 # It configures the project against that python3's LibTorch, builds the programs of one list
 # (device_targets below: every program a row runs is in it), and runs:
+#   0. the launcher sees the GPU, and `--numa-binding node` gives its worker the CPUs of the GPU's
+#      NUMA node (scripts/device_numa_check.sh);
 #   1. the gpu tests: the cuda accelerator, 16-mixed and bf16-mixed, the loss scaler's kernels on
 #      CUDA against the same scaler on CPU, training on an NCCL group, a background save's pinned
 #      host copy and its bytes against fabric.save's;
@@ -86,7 +88,7 @@ p8_rounds="${P8_ROUNDS:-2}"
 # an H200 (configure and build 78-100 s; 27 rows in about 250 s, 341 s in all): a row is mostly
 # process start, CUDA and NCCL initialisation (and Python's imports), not its steps.
 est_build=$((15 + 120))                      # configure 15, build 120
-est_gpu=$((3 + 10 + 10 + 2 * 12))            # launcher probe 3, gpu tests 10, nccl training 10, collectives 2 x 12
+est_gpu=$((3 + 3 + 10 + 10 + 2 * 12))        # launcher probe 3, NUMA binding 3, gpu tests 10, nccl training 10, collectives 2 x 12
 est_step=$((3 * 8))                          # step times: 3 precisions x 8
 est_p8_first=$((2 * 8 + 3 * 10 + 8))         # round 1: 2 C++ x 8, 3 Python x 10, CUDA graph 8
 est_p8_later=$((8 + 2 * 10 + 8))             # each later round: C++ fused 8, 2 Python x 10, CUDA graph 8
@@ -213,6 +215,8 @@ run_row() {  # run_row gpu|data NAME COMMAND...: runs under the row cap and the 
 }
 # Row 0: the launcher finds the GPU (it links LibTorch's CPU parts only and asks the driver).
 run_step launcher-sees-cuda "$bin/lightning-run" model --accelerator cuda --devices 1 --dry-run "$bin/lf_gpu_tests"
+# The worker's CPUs under --numa-binding node are its GPU's NUMA node's.
+run_step numa-binding-node bash "$root/scripts/device_numa_check.sh" "$bin"
 run_step gpu-tests "$bin/lf_gpu_tests" --reporter compact
 run_step nccl-train-world-1 "$bin/lightning-run" model --accelerator cuda --devices 1 --strategy ddp "$bin/lf_gpu_tests" "[nccl]"
 for strategy in ddp fsdp; do
