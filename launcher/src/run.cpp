@@ -186,7 +186,7 @@ class Job {
   std::optional<fabric::ProcessGuardian> guardian_;  // tears the workers' groups down if we are killed
   std::optional<fabric::HangWatch> hang_watch_;  // maps the local ranks' recorders; judges hangs on one node
   /// Multi-node: this node's one connection to the job's store, which its workers reach through it
-  /// (LT_STORE_RELAY; fabric/internal/store_relay.h). One per attempt.
+  /// (LT_STORE_RELAY; lightning/fabric/internal/store_relay.h). One per attempt.
   std::unique_ptr<fabric::internal::StoreRelay> store_relay_;
   std::vector<CpuBinding> numa_;  // --numa-binding: each local rank's CPUs and memory node (empty: none)
   Clock::time_point next_hang_check_;
