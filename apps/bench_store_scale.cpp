@@ -227,6 +227,7 @@ void run_node(const Plan& plan, int first, int count, int in, int out) {
                                      plan.ranks);
       int64_t next = (start / period_ns + 1) * period_ns;  // the watchdog's tick: a multiple of the period
       double cpu_before = thread_cpu_s();
+      int64_t judged = 0;  // rank 0's periods
       bool steady_measured = false;
       while (next < stop && !hang_seen.load()) {
         std::this_thread::sleep_until(at_ns(next));
@@ -234,10 +235,10 @@ void run_node(const Plan& plan, int first, int count, int in, int out) {
           if (rank == 0) rank0_cpu = thread_cpu_s() - cpu_before;
           steady_measured = true;
         }
-        // The watchdog's cadence: entries every store_watch_entries_every-th tick.
-        const bool with_entries =
-            plan.entries && (next / period_ns) % lf::internal::store_watch_entries_every(plan.ranks) == 0;
-        watch.publish(progress_text(rank, plan.ranks, hang_start, now_ns()), with_entries ? entries : "", with_entries);
+        // The watchdog's cadence: every rank publishes entries every period; rank 0 reads them every
+        // store_watch_entries_every-th of its periods.
+        watch.publish(progress_text(rank, plan.ranks, hang_start, now_ns()), entries, plan.entries);
+        const bool with_entries = plan.entries && judged++ % lf::internal::store_watch_entries_every(plan.ranks) == 0;
         if (rank == 0 && hang_reported < 0) {
           std::vector<lf::flight::Progress> all;
           for (const auto& published : watch.read_all(with_entries)) {

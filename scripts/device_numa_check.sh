@@ -13,11 +13,13 @@ expand() {  # "0-3,8" -> one CPU per line
   tr ',' '\n' <<<"$1" | while IFS=- read -r first last; do [ -n "$first" ] && seq "$first" "${last:-$first}"; done
 }
 got=$(grep -o 'Cpus_allowed_list:[[:space:]]*[0-9,-]*' <<<"$log" | head -n 1 | awk '{print $2}')
-bus=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader -i "${CUDA_VISIBLE_DEVICES:-0}" | head -n 1 | tr 'A-F' 'a-f')
+# The machine has one GPU (the device check's): nvidia-smi's GPU 0 is CUDA's device 0.
+bus=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader -i 0 | head -n 1 | tr 'A-F' 'a-f')
 bus=${bus: -12}   # 00000000:18:00.0 -> 0000:18:00.0 (sysfs's domain has four digits)
 node=$(cat "/sys/bus/pci/devices/$bus/numa_node" 2>/dev/null || echo -1)
 allowed=$(awk '/Cpus_allowed_list/ {print $2}' /proc/self/status)
-if [ "$node" -lt 0 ]; then near=$allowed; else near=$(cat "/sys/devices/system/node/node$node/cpulist"); fi
+[ "$node" -lt 0 ] && node=0   # no NUMA affinity reported: lightning-run binds to node 0, as torch does
+near=$(cat "/sys/devices/system/node/node$node/cpulist")
 want=$(comm -12 <(expand "$near" | sort) <(expand "$allowed" | sort) | sort -n | paste -sd' ')
 have=$(expand "$got" | sort -n | paste -sd' ')
 echo "GPU $bus on NUMA node $node; its CPUs (of those allowed): $want; the worker's: $have"

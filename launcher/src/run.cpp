@@ -250,8 +250,12 @@ void Job::spawn_all(int attempt) {
   next_hang_check_ = Clock::now();
   store_relay_.reset();
   if (multi_node() && args_.store_relay) {
-    store_relay_ = std::make_unique<fabric::internal::StoreRelay>(
-        layout.main_address, layout.main_port, std::chrono::milliseconds(static_cast<int64_t>(args_.rdzv_timeout_s * 1000)));
+    try {
+      store_relay_ = std::make_unique<fabric::internal::StoreRelay>(
+          layout.main_address, layout.main_port, std::chrono::milliseconds(static_cast<int64_t>(args_.rdzv_timeout_s * 1000)));
+    } catch (const fabric::RuntimeError& error) {  // node 0's store is out of reach: a lost contact, not a usage error
+      throw RendezvousError(std::string(error.what()) + " (this node's store relay, before starting its workers)", 1);
+    }
   }
   if (status_) std::filesystem::remove_all(status_->dir, ignored);
   status_.reset();

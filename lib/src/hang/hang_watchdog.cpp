@@ -117,9 +117,8 @@ class Watchdog {
         flight::Recorder::process()->heartbeat();
         if (!settings_.group.flight_dir.empty()) answer_launcher();  // dumps for a hang or a status request
         if (!launcher_judges() && Clock::now() >= next_store_step) {
-          const Clock::time_point tick = next_store_step;
           next_store_step = next_tick(Clock::now(), period());
-          store_step(tick);
+          store_step();
         }
       } catch (const std::exception&) {
         // The store is gone (the job is ending): nothing left to watch.
@@ -144,28 +143,29 @@ class Watchdog {
 
   bool watches_stragglers() const { return settings_.group.straggler_threshold_s > 0 && settings_.world_size > 1; }
 
-  // Whether this period carries the straggler entries: every period up to 2048 ranks, every
-  // store_watch_entries_every-th beyond (ticks are aligned, so the ranks agree).
-  bool entries_this_period(Clock::time_point tick) const {
-    const int64_t index = tick.time_since_epoch() / period();
-    return watches_stragglers() && index % store_watch_entries_every(settings_.world_size) == 0;
+  // Every rank publishes its straggler entries every period (so that they are never older than a
+  // period); rank 0 reads them every period up to 2048 ranks and every
+  // store_watch_entries_every-th of its own periods beyond, since that read is most of the watch's
+  // cost to the store.
+  bool reads_entries_now() {
+    if (!watches_stragglers()) return false;
+    return judged_periods_++ % store_watch_entries_every(settings_.world_size) == 0;
   }
 
-  void store_step(Clock::time_point tick) {
+  void store_step() {
     flight::Recorder* recorder = flight::Recorder::process();
-    const bool with_entries = entries_this_period(tick);
     std::string entries;
-    if (with_entries) {
+    if (watches_stragglers()) {
       entries = serialize_entries(recorder->entries(StragglerSettings().window * 2, flight::EntryTimes::kFromLeave));
     }
-    if (auto requested = watch_->publish(recorder->progress().serialize(), entries, with_entries)) {
+    if (auto requested = watch_->publish(recorder->progress().serialize(), entries, watches_stragglers())) {
       write_rank_dump(settings_.group.hang_dump_dir.empty() ? *requested : settings_.group.hang_dump_dir);
       watch_->mark_dumped();
       // Rank 0 reports and exits; its launcher then stops this rank. If none does, leave anyway.
       std::this_thread::sleep_for(std::chrono::seconds(10));
       std::_Exit(kHangExitCode);
     }
-    if (settings_.rank == 0) judge(with_entries);
+    if (settings_.rank == 0) judge(reads_entries_now());
   }
 
   // Rank 0: reads every rank's progress; on a hang, has every rank dump, reports and exits.
@@ -237,6 +237,7 @@ class Watchdog {
 
   WatchdogSettings settings_;
   int named_straggler_ = -1;
+  int64_t judged_periods_ = 0;  // rank 0: periods judged so far
   std::optional<StoreWatch> watch_;
   std::map<int, std::pair<std::string, Clock::time_point>> last_seen_;
   std::mutex mutex_;

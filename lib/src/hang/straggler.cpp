@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <cctype>
 #include <sstream>
 
 namespace lightning::fabric {
@@ -68,10 +69,14 @@ std::vector<std::pair<uint64_t, int64_t>> parse_entries(const std::string& text)
   while (std::getline(in, pair, ',')) {
     const size_t colon = pair.find(':');
     try {
-      size_t used = 0;
+      size_t used = 0, seq_used = 0;
       if (colon != std::string::npos) {
-        entries.emplace_back(std::stoull(pair.substr(0, colon)), std::stoll(pair.substr(colon + 1), &used));
-        if (used + colon + 1 != pair.size()) break;
+        const std::string seq_text = pair.substr(0, colon);
+        if (seq_text.empty() || !std::isdigit(static_cast<unsigned char>(seq_text[0]))) break;  // stoull takes "-1"
+        const uint64_t seq = std::stoull(seq_text, &seq_used);
+        const int64_t ns = std::stoll(pair.substr(colon + 1), &used);
+        if (seq_used != seq_text.size() || used + colon + 1 != pair.size()) break;
+        entries.emplace_back(seq, ns);
       } else {
         if (entries.empty() || entries.back().first == 0) break;
         const int64_t difference = std::stoll(pair, &used);

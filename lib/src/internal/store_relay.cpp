@@ -209,7 +209,10 @@ struct StoreRelay::Impl {
           case Op::Get:
           case Op::MultiGet:
           case Op::Wait: {
-            Held wait{request, Clock::now() + request.timeout, Clock::now()};
+            // c10d's timeout 0 (kNoTimeout) waits for ever.
+            const auto deadline =
+                request.timeout.count() > 0 ? Clock::now() + request.timeout : Clock::time_point::max();
+            Held wait{request, deadline, Clock::now()};
             request.answered = true;  // answered when its keys exist (serve_held)
             held.push_back(std::move(wait));
             new_waits = true;
@@ -330,7 +333,10 @@ struct StoreRelay::Impl {
     if (held.empty()) return;
     const auto now = Clock::now();
     if (new_waits) round = kFirstRound;
-    if (!new_waits && now < next_round) return;
+    if (!new_waits && now < next_round) {
+      expire(now);  // a deadline between rounds
+      return;
+    }
     new_waits = false;
     try {
       std::vector<bool> ready(held.size(), false);
@@ -403,6 +409,19 @@ struct StoreRelay::Impl {
     next_round = Clock::now() + round;
   }
 
+  // Answers the waits whose deadline has passed with a timeout.
+  void expire(Clock::time_point now) {
+    std::vector<Held> still;
+    for (auto& wait : held) {
+      if (now >= wait.deadline) {
+        answer(wait.request, Status::Timeout, Writer().text("after " + std::to_string(wait.request.timeout.count()) + "ms"));
+      } else {
+        still.push_back(std::move(wait));
+      }
+    }
+    held = std::move(still);
+  }
+
   void fail_all(std::vector<Request>& batch, const std::string& message) {
     broken = message;
     for (auto& request : batch) {
@@ -417,7 +436,7 @@ struct StoreRelay::Impl {
     if (held.empty()) return -1;
     auto until = next_round;
     for (const auto& wait : held) until = std::min(until, wait.deadline);
-    const auto left = std::chrono::duration_cast<Millis>(until - Clock::now()).count();
+    const auto left = std::chrono::ceil<Millis>(until - Clock::now()).count();
     return static_cast<int>(std::clamp<int64_t>(left, 0, kSlowestRound.count()));
   }
 

@@ -1,6 +1,7 @@
 // A worker's end of the store relay (store_relay.h): a c10d::Store whose every call is one
 // request to the node's lightning-run and one response.
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <mutex>
@@ -15,6 +16,10 @@ namespace {
 
 using namespace relay_wire;
 using Clock = std::chrono::steady_clock;
+
+// Beyond a call's own wait, how long a relay may take to answer it: the relay's calls to the main
+// store are bounded by lightning-run's --rdzv-timeout (120 s by default).
+constexpr std::chrono::milliseconds kAnswerSlack(std::chrono::seconds(180));
 
 class RelayedStore : public c10d::Store {
  public:
@@ -58,7 +63,7 @@ class RelayedStore : public c10d::Store {
   }
   std::vector<uint8_t> get(const std::string& key) override {
     const std::string payload =
-        call(Writer().u8(static_cast<uint8_t>(Op::Get)).i64(timeout_.count()).text(key), {key});
+        call(Writer().u8(static_cast<uint8_t>(Op::Get)).i64(timeout_.count()).text(key), {key}, timeout_);
     return to_bytes(Reader(payload).text());
   }
   int64_t add(const std::string& key, int64_t value) override {
@@ -73,14 +78,14 @@ class RelayedStore : public c10d::Store {
   int64_t getNumKeys() override { return Reader(call(Writer().u8(static_cast<uint8_t>(Op::NumKeys)), {})).i64(); }
   void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
-    call(Writer().u8(static_cast<uint8_t>(Op::Wait)).i64(timeout.count()).texts(keys), keys);
+    call(Writer().u8(static_cast<uint8_t>(Op::Wait)).i64(timeout.count()).texts(keys), keys, timeout);
   }
   void append(const std::string& key, const std::vector<uint8_t>& value) override {
     call(Writer().u8(static_cast<uint8_t>(Op::Append)).text(key).bytes(value.data(), value.size()), {key});
   }
   std::vector<std::vector<uint8_t>> multiGet(const std::vector<std::string>& keys) override {
     const std::string payload =
-        call(Writer().u8(static_cast<uint8_t>(Op::MultiGet)).i64(timeout_.count()).texts(keys), keys);
+        call(Writer().u8(static_cast<uint8_t>(Op::MultiGet)).i64(timeout_.count()).texts(keys), keys, timeout_);
     std::vector<std::vector<uint8_t>> values;
     for (const auto& value : Reader(payload).texts()) values.push_back(to_bytes(value));
     return values;
@@ -98,13 +103,31 @@ class RelayedStore : public c10d::Store {
  private:
   // One request and its response: the reply's fields after the status byte. Throws c10's
   // DistStoreError (as TCPStore does) on a timeout, a relay's error, or a lost relay.
-  std::string call(const Writer& request, const std::vector<std::string>& keys) {
+  //
+  // waits: how long the relay may hold this call (a get's or wait's timeout; 0: for ever). The
+  // answer must come within that and kAnswerSlack, or the call fails instead of hanging.
+  std::string call(const Writer& request, const std::vector<std::string>& keys,
+                   std::chrono::milliseconds waits = std::chrono::milliseconds(1)) {
     std::string body;
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      if (fd_ < 0) {
+        C10_THROW_ERROR(DistStoreError, "The store relay '" + address_ + "': this connection was closed after an "
+                                        "answer that did not come in time.");
+      }
+      const auto limit = waits.count() > 0 ? waits + kAnswerSlack : std::chrono::milliseconds(0);
+      timeval receive{static_cast<time_t>(limit.count() / 1000), static_cast<suseconds_t>(limit.count() % 1000 * 1000)};
+      ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &receive, sizeof(receive));
       uint32_t size = 0;
       const bool answered = send_all(fd_, request.frame()) && recv_exact(fd_, &size, sizeof(size)) && size > 0 &&
                             (body.assign(size, '\0'), recv_exact(fd_, body.data(), size));
+      if (!answered && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        ::close(fd_);  // a late answer must not be read as the next call's
+        fd_ = -1;
+        C10_THROW_ERROR(DistStoreError, "The store relay '" + address_ + "' of this node's lightning-run did not "
+                                        "answer within " + std::to_string(limit.count()) + " ms: the job's main store "
+                                        "is out of reach.");
+      }
       if (!answered) {
         C10_THROW_ERROR(DistStoreError, "The store relay '" + address_ + "' of this node's lightning-run closed the "
                                         "connection: the launcher is ending the job or is gone.");

@@ -101,5 +101,7 @@ TEST_CASE("entries survive the store's text form, and a malformed tail is droppe
   CHECK(lf::parse_entries(lf::serialize_entries(gap)) == gap);
   CHECK(lf::parse_entries("").empty());
   CHECK(lf::parse_entries("0:4,1") == std::vector<std::pair<uint64_t, int64_t>>{{0, 4}});  // no seq before 0
+  CHECK(lf::parse_entries("2:1,3:5x,1:1") == std::vector<std::pair<uint64_t, int64_t>>{{2, 1}});
+  CHECK(lf::parse_entries("-1:5").empty());
   CHECK(lf::parse_entries("3:5,oops,2:1") == std::vector<std::pair<uint64_t, int64_t>>{{3, 5}});
 }

@@ -28,10 +28,10 @@ namespace lightning::fabric::internal {
 /// ranks). With a relay per node of 128 ranks: 1 s up to 2000 ranks, 8.2 s at 16,384.
 std::chrono::milliseconds store_watch_period(int world_size, int store_clients, std::chrono::milliseconds hang_timeout);
 
-/// Every how many periods the ranks publish (and rank 0 reads) their straggler entries: 1 up to
-/// 2048 ranks, then world_size / 2048 (8 at 16,384), so that these entries, most of the watch's
-/// bytes, cost the store what they cost at 2048 ranks. Progress, which a hang is judged from,
-/// goes every period.
+/// Every how many periods rank 0 reads every rank's straggler entries (which the ranks publish
+/// every period): 1 up to 2048 ranks, then world_size / 2048 (8 at 16,384), so that this read,
+/// most of the watch's cost to the store, costs what it costs at 2048 ranks. Progress, which a
+/// hang is judged from, is read every period.
 int store_watch_entries_every(int world_size);
 
 struct PublishedProgress {
