@@ -147,7 +147,7 @@ int main(int argc, char** argv) {
     }
     std::vector<double> step_ms;
     double loss_value = 0;
-    const uint64_t tensor_operations_before = mesh ? mesh->tensor_operations() : 0;
+    const uint64_t tensor_operations_before = mesh ? mesh->operations("tensor") : 0;
     for (int64_t step = start; step < start + f.steps; ++step) {
       const auto begin = std::chrono::steady_clock::now();
       auto [ids, targets] = examples::tensor_parallel_gpt_batch(f.model, f.batch_size, step);
@@ -168,19 +168,19 @@ int main(int argc, char** argv) {
       fabric.print("saved " + f.checkpoint);
     }
     const double tensor_collectives_per_step =
-        mesh && f.steps > 0 ? static_cast<double>(mesh->tensor_operations() - tensor_operations_before) / f.steps : 0.0;
+        mesh && f.steps > 0 ? static_cast<double>(mesh->operations("tensor") - tensor_operations_before) / f.steps : 0.0;
     std::sort(step_ms.begin(), step_ms.end());
     const double median = step_ms.empty() ? 0.0 : step_ms[step_ms.size() / 2];
     std::vector<at::Tensor> stepped;  // the parameters, or under fsdp their shards
     for (const auto& group : adamw.param_groups()) stepped.insert(stepped.end(), group.params().begin(), group.params().end());
     const int64_t parameter_bytes = storage_bytes(stepped);
     const int64_t optimizer_bytes = storage_bytes(optimizer_tensors(adamw));
-    const int64_t formula = formula_parameter_bytes(f.model, mesh ? mesh->tensor_size() : 1,
-                                                    fully_sharded ? (mesh ? mesh->data_size() : fabric.world_size()) : 1);
+    const int64_t formula = formula_parameter_bytes(f.model, mesh ? mesh->size("tensor") : 1,
+                                                    fully_sharded ? (mesh ? mesh->size("data") : fabric.world_size()) : 1);
     if (fabric.is_global_zero()) {
       std::cout << "{\"example\":\"tensor_parallel_gpt\",\"strategy\":\"" << fabric.strategy()->name()
-                << "\",\"world_size\":" << fabric.world_size() << ",\"data\":" << (mesh ? mesh->data_size() : share.replicas)
-                << ",\"tensor\":" << (mesh ? mesh->tensor_size() : 1) << ",\"median_step_ms\":" << examples::rounded(median, 3)
+                << "\",\"world_size\":" << fabric.world_size() << ",\"data\":" << (mesh ? mesh->size("data") : share.replicas)
+                << ",\"tensor\":" << (mesh ? mesh->size("tensor") : 1) << ",\"median_step_ms\":" << examples::rounded(median, 3)
                 << ",\"loss\":" << examples::rounded(loss_value, 5)
                 << ",\"tensor_collectives_per_step\":" << tensor_collectives_per_step << ",\"parameter_bytes\":" << parameter_bytes
                 << ",\"optimizer_bytes\":" << optimizer_bytes << ",\"formula_parameter_bytes\":" << formula

@@ -101,7 +101,7 @@ lf::FabricOptions fabric_options(const Flags& flags) {
 double train_step(lf::Fabric& fabric, lf::FabricModule<examples::TensorParallelGptImpl>& model,
                   lf::FabricOptimizer& optimizer, const lf::DeviceMesh* mesh, int64_t step) {
   auto [ids, targets] = examples::tensor_parallel_gpt_batch(kSettings, kBatch, step);
-  const int data = mesh ? mesh->data_size() : 1, data_rank = mesh ? mesh->data_rank() : 0;
+  const int data = mesh ? mesh->size("data") : 1, data_rank = mesh ? mesh->coordinate("data") : 0;
   const int64_t rows = kBatch / data;
   optimizer.zero_grad();
   if (kSettings.dropout > 0) torch::manual_seed(500 + static_cast<uint64_t>(step));  // the step's masks
@@ -145,7 +145,7 @@ double largest_difference(examples::TensorParallelGpt& net, examples::TensorPara
   for (const auto& parameter : net->named_parameters()) {
     auto dim = split_dims.find(parameter.value().unsafeGetTensorImpl());
     at::Tensor ours = parameter.value().detach();
-    if (mesh && mesh->tensor_size() > 1 && dim != split_dims.end()) {
+    if (mesh && mesh->size("tensor") > 1 && dim != split_dims.end()) {
       ours = tp::gather_from_tensor_region(ours, *mesh, dim->second);
     }
     const at::Tensor expected = theirs[parameter.key()].detach();
@@ -189,12 +189,12 @@ int main(int argc, char** argv) {
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.5).momentum(0.9));
   auto [model, optimizer] = fabric.setup(net, sgd);  // builds the mesh, shards the layers
   const lf::DeviceMesh* mesh = strategy ? fabric.strategy_as<lf::MeshStrategy>().device_mesh().get() : nullptr;
-  const int rank = fabric.global_rank(), data = mesh ? mesh->data_size() : 1, tensor = mesh ? mesh->tensor_size() : 1;
+  const int rank = fabric.global_rank(), data = mesh ? mesh->size("data") : 1, tensor = mesh ? mesh->size("tensor") : 1;
   if (strategy) {
     expect(strategy->name() == "model_parallel", "the strategy is called " + strategy->name());
     expect(data * tensor == fabric.world_size(), "the mesh covers the world");
     const auto share = strategy->sampler_share();
-    expect(share.replicas == data && share.rank == mesh->data_rank(), "the sampler splits by the data rank");
+    expect(share.replicas == data && share.rank == mesh->coordinate("data"), "the sampler splits by the data rank");
   }
   {
     lf::ScopeGuard full = fsdp ? fsdp->summon_full_parameters(*net) : lf::ScopeGuard();
@@ -253,8 +253,8 @@ int main(int argc, char** argv) {
     fabric.save(flags.save, state);
   }
   if (failures > 0) return 1;
-  std::cout << "model parallel checks passed on rank " << rank << " (data " << (mesh ? mesh->data_rank() : 0) << " of "
-            << data << ", tensor " << (mesh ? mesh->tensor_rank() : 0) << " of " << tensor << "), from step " << start
+  std::cout << "model parallel checks passed on rank " << rank << " (data " << (mesh ? mesh->coordinate("data") : 0) << " of "
+            << data << ", tensor " << (mesh ? mesh->coordinate("tensor") : 0) << " of " << tensor << "), from step " << start
             << ", largest difference " << worst << std::endl;
   return 0;
 }

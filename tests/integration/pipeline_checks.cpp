@@ -316,7 +316,7 @@ int run(const Flags& flags_given) {
   std::shared_ptr<lf::DeviceMesh> mesh;
   if (strategy != nullptr) mesh = strategy->device_mesh();
   const int pipe = strategy != nullptr ? strategy->pipe_size() : 1;
-  const int data = mesh ? mesh->data_size() : 1, data_rank = mesh ? mesh->data_rank() : 0;
+  const int data = mesh ? mesh->size("data") : 1, data_rank = mesh ? mesh->coordinate("data") : 0;
   const int stages = pipe * flags.options.stages_per_rank;
   const lf::DeviceMesh* split_by = kSettings.tensor_parallel ? mesh.get() : nullptr;
   const bool per_sample = flags.loss_per_sample;
@@ -494,14 +494,14 @@ int run(const Flags& flags_given) {
   if (!flags.bench) {
     int64_t split = 0;
     for (const auto& item : net.module()->named_parameters()) split += item.value().sizes() != expected.at(item.key()).sizes();
-    const int tensor_size = mesh ? mesh->tensor_size() : 1;
+    const int tensor_size = mesh ? mesh->size("tensor") : 1;
     expect(tensor_size == 1 || split > 0, "tensor_parallel_size " + std::to_string(tensor_size) +
            " split none of this rank's parameters");
     for (const auto& item : net.module()->named_parameters()) {
       at::Tensor want = expected.at(item.key());
       for (int64_t d = 0; d < want.dim(); ++d) {  // a tensor-parallel slice: this tensor rank's part
         const int64_t size = item.value().size(d);
-        if (size != want.size(d)) want = want.narrow(d, mesh->tensor_rank() * size, size);
+        if (size != want.size(d)) want = want.narrow(d, mesh->coordinate("tensor") * size, size);
       }
       const double difference = (item.value().detach().to(at::kFloat) - want).abs().max().item<double>() /
                                 (tolerance > 1e-5 ? std::max(1e-2, want.abs().max().item<double>()) : 1.0);

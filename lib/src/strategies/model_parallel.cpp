@@ -79,7 +79,7 @@ void ModelParallelStrategy::setup_environment() {
 
 const std::shared_ptr<DeviceMesh>& ModelParallelStrategy::device_mesh() const { return plan_->mesh(); }
 
-std::shared_ptr<Collective> ModelParallelStrategy::data_parallel_group() { return device_mesh()->shared_data_group(); }
+std::shared_ptr<Collective> ModelParallelStrategy::data_parallel_group() { return device_mesh()->shared_group("data"); }
 
 void ModelParallelStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module) {
   setup_environment();
@@ -103,7 +103,7 @@ double ModelParallelStrategy::clip_gradients_by_norm(const std::vector<at::Tenso
   // every rank of the group holds whole (and every data replica alike after the average), once.
   std::vector<at::Tensor> split, whole;
   for (const auto& parameter : parameters) (plan_->split_dim(parameter) ? split : whole).push_back(parameter);
-  return TensorParallelPlan::clip(split, whole, {&device_mesh()->tensor_group()}, {}, max_norm, norm_type,
+  return TensorParallelPlan::clip(split, whole, {&device_mesh()->group("tensor")}, {}, max_norm, norm_type,
                                   error_if_nonfinite, root_device());
 }
 
@@ -128,7 +128,7 @@ FSDPModelParallelStrategy::FSDPModelParallelStrategy(StrategyContext context, Mo
   engine_->outer_placement = [this](const at::Tensor& parameter, const std::vector<int64_t>& shape) {
     if (auto split = plan_->split_placement(parameter, shape)) return *split;
     Placement whole = Placement::whole(shape);
-    whole.writes = plan_->mesh()->tensor_rank() == 0;
+    whole.writes = plan_->mesh()->coordinate("tensor") == 0;
     return whole;
   };
 }
@@ -141,12 +141,12 @@ void FSDPModelParallelStrategy::setup_environment() {
   if (plan_->has_mesh()) return;
   FSDPStrategy::setup_environment();
   plan_->form_mesh(collective(), num_processes());
-  shard_over(plan_->mesh()->shared_data_group());
+  shard_over(plan_->mesh()->shared_group("data"));
 }
 
 const std::shared_ptr<DeviceMesh>& FSDPModelParallelStrategy::device_mesh() const { return plan_->mesh(); }
 
-Collective& FSDPModelParallelStrategy::data_parallel_group() { return device_mesh()->data_group(); }
+Collective& FSDPModelParallelStrategy::data_parallel_group() { return device_mesh()->group("data"); }
 
 int FSDPModelParallelStrategy::data_parallel_size() const {
   return plan_->mesh_shape(world_size(), num_processes()).first;
@@ -177,7 +177,7 @@ void FSDPModelParallelStrategy::materialize_meta_tensors(torch::nn::Module& modu
   for (const auto& item : module.named_parameters()) {
     if (auto dim = plan_->split_dim(item.value())) slices[item.key()] = {*dim, item.value().size(*dim)};
   }
-  const int tensor_rank = device_mesh()->tensor_rank();
+  const int tensor_rank = device_mesh()->coordinate("tensor");
   try {
     materialize_in_units(module, [&] {
       for (auto& [tensor, built] : as_built) tensor.set_data(built);
@@ -221,7 +221,7 @@ double FSDPModelParallelStrategy::clip_gradients_by_norm(const std::vector<at::T
   std::vector<Collective*> shards;
   if (shard_group_size() > 1) shards.push_back(&shard_group());
   std::vector<Collective*> split_over = shards;
-  split_over.push_back(&device_mesh()->tensor_group());
+  split_over.push_back(&device_mesh()->group("tensor"));
   return TensorParallelPlan::clip(split, whole, split_over, shards, max_norm, norm_type, error_if_nonfinite,
                                   root_device());
 }

@@ -140,11 +140,11 @@ class PipelineRuntime {
         device_(device), stats_(std::move(stats)) {}
 
   int pipe_size() const { return mesh_->size("pipe"); }
-  int pipe_rank() const { return mesh_->coordinate("pipe"); }  // mesh_: (pipe, stage ranks)
+  int pipe_rank() const { return mesh_->coordinate("pipe"); }
   int stages() const { return pipe_size() * options_.stages_per_rank; }
   int rank_of(int stage) const { return stage % pipe_size(); }
   bool is_local(int stage) const { return rank_of(stage) == pipe_rank(); }
-  Collective& pipe() const { return mesh_->data_group(); }  // the mesh's first dimension is "pipe"
+  Collective& pipe() const { return mesh_->group("pipe"); }
 
   /// One step (PipelineImpl::forward). After a failure every later call is refused: the stages
   /// are out of step.
@@ -526,21 +526,27 @@ PipelinePlan::PipelinePlan(PipelineOptions options)
 
 std::pair<int, int> PipelinePlan::shape(int world_size) const { return pipeline_shape(options_, world_size); }
 
-void PipelinePlan::form(Collective& world, int per_node) {
+void PipelinePlan::form(Collective& world) {
   if (formed()) return;
   const auto [pipe, data] = shape(world.world_size());
   check_pipeline_schedule("PipelineOptions", options_.schedule, pipe, options_.stages_per_rank, options_.micro_batches);
   const int tensor = options_.tensor_parallel_size;
-  pipe_mesh_ = std::make_shared<DeviceMesh>(world, pipe, data * tensor, std::array<std::string, 2>{"pipe", "stage"});
+  // One mesh: (pipe, replicate or shard, tensor), the data dimension flattened as "data" and every
+  // dimension but pipe as "stage" (the ranks of one stage).
+  const std::string data_dimension = options_.data_parallel_strategy == "fsdp" ? "shard" : "replicate";
+  mesh_ = std::make_shared<DeviceMesh>(
+      world, std::vector<MeshDimension>{{"pipe", pipe}, {data_dimension, data}, {"tensor", tensor}});
+  mesh_->flatten({data_dimension}, "data");
+  mesh_->flatten({data_dimension, "tensor"}, "stage");
   ModelParallelOptions stage;
   stage.parallelize = options_.parallelize;
   stage.data_parallel_size = data;
   stage.tensor_parallel_size = tensor;
   tensor_plan_ = std::make_unique<TensorParallelPlan>(stage);
-  tensor_plan_->form_mesh(pipe_mesh_->tensor_group(), per_node);  // the stage's ranks as (data, tensor)
+  tensor_plan_->use_mesh(mesh_);
   // Gradients travel on a twin of the pipe group: under 1F1B activations and gradients cross
   // between two ranks at once, and each direction then has a connection of its own.
-  Collective& pipe_group = pipe_mesh_->data_group();
+  Collective& pipe_group = mesh_->group("pipe");
   std::vector<int> pipe_ranks(static_cast<size_t>(pipe));
   std::iota(pipe_ranks.begin(), pipe_ranks.end(), 0);
   gradient_group_ = std::make_shared<Collective>(pipe_group, pipe_group.next_group_name("gradients"), pipe_ranks);
@@ -555,30 +561,26 @@ void PipelinePlan::form(Collective& world, int per_node) {
   gradient_group_->connect_point_to_point(std::vector<int>(peers.begin(), peers.end()));
 }
 
-const std::shared_ptr<DeviceMesh>& PipelinePlan::stage_mesh() const {
+const std::shared_ptr<DeviceMesh>& PipelinePlan::mesh() const {
   LF_CHECK(formed(), RuntimeError, "The pipeline strategy's mesh forms in setup_environment (fabric.launch() or the "
            "first fabric.setup); call it after.");
-  return tensor_plan_->mesh();
+  return mesh_;
 }
 
 Collective& PipelinePlan::pipe_group() const {
-  stage_mesh();  // formed
-  return pipe_mesh_->data_group();
+  return mesh()->group("pipe");
 }
 
 Collective& PipelinePlan::stage_group() const {
-  stage_mesh();
-  return pipe_mesh_->tensor_group();
+  return mesh()->group("stage");
 }
 
 int PipelinePlan::pipe_size() const {
-  stage_mesh();
-  return pipe_mesh_->size("pipe");
+  return mesh()->size("pipe");
 }
 
 int PipelinePlan::pipe_rank() const {
-  stage_mesh();
-  return pipe_mesh_->coordinate("pipe");
+  return mesh()->coordinate("pipe");
 }
 
 std::vector<int> PipelinePlan::local_stages() const {
@@ -638,7 +640,7 @@ void PipelinePlan::keep_local_stages(PipelineImpl& pipeline) const {
 void PipelinePlan::attach(PipelineImpl& pipeline, int global_rank, at::Device device) {
   for (const auto& parameter : pipeline.parameters()) local_parameters_.insert(parameter.unsafeGetTensorImpl());
   pipeline.runtime_ =
-      std::make_shared<PipelineRuntime>(options_, pipe_mesh_, gradient_group_, global_rank, device, last_step_);
+      std::make_shared<PipelineRuntime>(options_, mesh_, gradient_group_, global_rank, device, last_step_);
 }
 
 int64_t PipelinePlan::layer_position(const State& state, const std::string& name) {
@@ -727,7 +729,7 @@ class StageLayout : public CheckpointLayout {
     return PipelinePlan::layer_position(state, name);
   }
   bool every_rank_holds_every_tensor() const override { return false; }
-  bool writes_unplaced() const override { return plan_.mesh()->data_rank() == 0 && plan_.mesh()->tensor_rank() == 0; }
+  bool writes_unplaced() const override { return plan_.mesh()->coordinate("stage") == 0; }
 
  private:
   const TensorParallelPlan& plan_;
@@ -757,7 +759,7 @@ class ShardedStageLayout : public CheckpointLayout {
     return PipelinePlan::layer_position(state, name);
   }
   bool every_rank_holds_every_tensor() const override { return false; }
-  bool writes_unplaced() const override { return stage_.data_rank() == 0 && stage_.tensor_rank() == 0; }
+  bool writes_unplaced() const override { return stage_.coordinate("stage") == 0; }
 
  private:
   CheckpointLayout& engine_;
@@ -776,15 +778,15 @@ PipelineStrategy::~PipelineStrategy() = default;
 void PipelineStrategy::setup_environment() {
   if (plan_->formed()) return;
   DDPStrategy::setup_environment();
-  plan_->form(collective(), num_processes());
+  plan_->form(collective());
 }
 
-const std::shared_ptr<DeviceMesh>& PipelineStrategy::device_mesh() const { return plan_->stage_mesh(); }
+const std::shared_ptr<DeviceMesh>& PipelineStrategy::device_mesh() const { return plan_->mesh(); }
 int PipelineStrategy::pipe_size() const { return plan_->pipe_size(); }
 int PipelineStrategy::pipe_rank() const { return plan_->pipe_rank(); }
 std::vector<int> PipelineStrategy::local_stages() const { return plan_->local_stages(); }
 PipelineStepStats PipelineStrategy::last_step() const { return plan_->last_step(); }
-std::shared_ptr<Collective> PipelineStrategy::data_parallel_group() { return device_mesh()->shared_data_group(); }
+std::shared_ptr<Collective> PipelineStrategy::data_parallel_group() { return device_mesh()->shared_group("data"); }
 
 void PipelineStrategy::materialize_meta_tensors(torch::nn::Module& module) {
   setup_environment();
@@ -823,7 +825,7 @@ double PipelineStrategy::clip_gradients_by_norm(const std::vector<at::Tensor>& p
   std::vector<at::Tensor> split, whole;
   for (const auto& parameter : parameters) (plan_->tensor_plan().split_dim(parameter) ? split : whole).push_back(parameter);
   Collective& pipe = plan_->pipe_group();
-  return TensorParallelPlan::clip(split, whole, {&pipe, &device_mesh()->tensor_group()}, {&pipe}, max_norm, norm_type,
+  return TensorParallelPlan::clip(split, whole, {&pipe, &device_mesh()->group("tensor")}, {&pipe}, max_norm, norm_type,
                                   error_if_nonfinite, root_device());
 }
 
@@ -855,7 +857,7 @@ FSDPPipelineStrategy::FSDPPipelineStrategy(StrategyContext context, PipelineOpti
   engine_->outer_placement = [this](const at::Tensor& parameter, const std::vector<int64_t>& shape) {
     if (auto split = plan_->tensor_plan().split_placement(parameter, shape)) return *split;
     Placement whole = Placement::whole(shape);
-    whole.writes = plan_->stage_mesh()->tensor_rank() == 0;
+    whole.writes = plan_->mesh()->coordinate("tensor") == 0;
     return whole;
   };
 }
@@ -867,16 +869,16 @@ std::string FSDPPipelineStrategy::name() const { return plan_->options().data_pa
 void FSDPPipelineStrategy::setup_environment() {
   if (plan_->formed()) return;
   FSDPStrategy::setup_environment();
-  plan_->form(collective(), num_processes());
-  shard_over(plan_->stage_mesh()->shared_data_group());
+  plan_->form(collective());
+  shard_over(plan_->mesh()->shared_group("data"));
 }
 
-const std::shared_ptr<DeviceMesh>& FSDPPipelineStrategy::device_mesh() const { return plan_->stage_mesh(); }
+const std::shared_ptr<DeviceMesh>& FSDPPipelineStrategy::device_mesh() const { return plan_->mesh(); }
 int FSDPPipelineStrategy::pipe_size() const { return plan_->pipe_size(); }
 int FSDPPipelineStrategy::pipe_rank() const { return plan_->pipe_rank(); }
 std::vector<int> FSDPPipelineStrategy::local_stages() const { return plan_->local_stages(); }
 PipelineStepStats FSDPPipelineStrategy::last_step() const { return plan_->last_step(); }
-Collective& FSDPPipelineStrategy::data_parallel_group() { return device_mesh()->data_group(); }
+Collective& FSDPPipelineStrategy::data_parallel_group() { return device_mesh()->group("data"); }
 int FSDPPipelineStrategy::data_parallel_size() const { return plan_->shape(world_size()).second; }
 int FSDPPipelineStrategy::data_parallel_rank() const { return sampler_share().rank; }
 Collective& FSDPPipelineStrategy::same_model_group() { return plan_->stage_group(); }
@@ -930,7 +932,7 @@ double FSDPPipelineStrategy::clip_gradients_by_norm(const std::vector<at::Tensor
   if (shard_group_size() > 1) whole_over.push_back(&shard_group());
   whole_over.push_back(&plan_->pipe_group());
   std::vector<Collective*> split_over = whole_over;
-  split_over.push_back(&device_mesh()->tensor_group());
+  split_over.push_back(&device_mesh()->group("tensor"));
   return TensorParallelPlan::clip(split, whole, split_over, whole_over, max_norm, norm_type, error_if_nonfinite,
                                   root_device());
 }

@@ -28,8 +28,13 @@ std::pair<int, int> TensorParallelPlan::mesh_shape(int world_size, int per_node)
 void TensorParallelPlan::form_mesh(Collective& world, int per_node) {
   if (mesh_) return;
   const auto [data, tensor] = mesh_shape(world.world_size(), per_node);
-  mesh_ = std::make_shared<DeviceMesh>(world, data, tensor);
+  const std::string data_dimension = options_.data_parallel_strategy == "fsdp" ? "shard" : "replicate";
+  auto mesh = std::make_shared<DeviceMesh>(world, std::vector<MeshDimension>{{data_dimension, data}, {"tensor", tensor}});
+  mesh->flatten({data_dimension}, "data");
+  use_mesh(std::move(mesh));
 }
+
+void TensorParallelPlan::use_mesh(std::shared_ptr<DeviceMesh> mesh) { mesh_ = std::move(mesh); }
 
 const std::shared_ptr<DeviceMesh>& TensorParallelPlan::mesh() const {
   LF_CHECK(mesh_ != nullptr, RuntimeError, "The device mesh of strategy 'model_parallel' does not exist yet: call "
@@ -56,14 +61,14 @@ std::optional<Placement> TensorParallelPlan::split_placement(const at::Tensor& p
   if (!dim) return std::nullopt;
   const size_t d = static_cast<size_t>(*dim);
   Placement placement = Placement::whole(shape);
-  placement.global_shape[d] *= mesh_->tensor_size();
-  placement.box.offsets[d] = mesh_->tensor_rank() * placement.box.sizes[d];
+  placement.global_shape[d] *= mesh_->size("tensor");
+  placement.box.offsets[d] = mesh_->coordinate("tensor") * placement.box.sizes[d];
   return placement;
 }
 
 std::optional<Placement> TensorParallelPlan::placement(const at::Tensor& parameter) const {
   auto placement = split_placement(parameter, parameter.sizes().vec());
-  if (placement) placement->writes = mesh_->data_rank() == 0;
+  if (placement) placement->writes = mesh_->coordinate("data") == 0;
   return placement;
 }
 

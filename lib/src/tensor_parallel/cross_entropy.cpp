@@ -62,16 +62,16 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local_logits, const at
            ValueError, "vocab_parallel_cross_entropy: the targets must be integer ids shaped like the logits without "
            "their last dimension (", local_logits.sizes().slice(0, local_logits.dim() - 1), "), got ",
            targets.scalar_type(), targets.sizes(), ".");
-  const int64_t columns = local_logits.size(-1), vocab = columns * mesh.tensor_size();
+  const int64_t columns = local_logits.size(-1), vocab = columns * mesh.size("tensor");
   if (targets.numel() > 0) {
     const bool in_range = targets.min().item<int64_t>() >= 0 && targets.max().item<int64_t>() < vocab;
     LF_CHECK(in_range, ValueError, "vocab_parallel_cross_entropy: a target is outside [0, ", vocab, ") (the "
-             "vocabulary: ", columns, " columns on each of ", mesh.tensor_size(), " ranks).");
+             "vocabulary: ", columns, " columns on each of ", mesh.size("tensor"), " ranks).");
   }
   auto handle = c10::make_intrusive<GroupHandle>();
-  handle->group = &mesh.tensor_group();
+  handle->group = &mesh.group("tensor");
   const at::Tensor rows = local_logits.reshape({-1, columns});
-  const at::Tensor losses = VocabParallelCrossEntropy::apply(handle, columns * mesh.tensor_rank(), rows,
+  const at::Tensor losses = VocabParallelCrossEntropy::apply(handle, columns * mesh.coordinate("tensor"), rows,
                                                              targets.reshape({-1}).to(at::kLong))
                                 .view(targets.sizes());
   if (reduction == "none") return losses;

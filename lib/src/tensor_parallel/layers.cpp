@@ -8,8 +8,8 @@
 namespace lightning::fabric::tensor_parallel {
 namespace {
 void check_divides(const char* layer, const char* what, int64_t size, const DeviceMesh& mesh) {
-  LF_CHECK(size % mesh.tensor_size() == 0, ValueError, layer, ": ", what, "=", size, " does not split into ",
-           mesh.tensor_size(), " equal parts (the tensor-parallel size). Make it a multiple of ", mesh.tensor_size(),
+  LF_CHECK(size % mesh.size("tensor") == 0, ValueError, layer, ": ", what, "=", size, " does not split into ",
+           mesh.size("tensor"), " equal parts (the tensor-parallel size). Make it a multiple of ", mesh.size("tensor"),
            " or choose another tensor_parallel_size.");
 }
 
@@ -163,7 +163,7 @@ void VocabParallelEmbeddingImpl::shard(std::shared_ptr<DeviceMesh> mesh) {
   const int64_t vocab = weight.size(0);
   check_divides("VocabParallelEmbedding", "num_embeddings", vocab, *mesh);
   set_mesh(mesh, "VocabParallelEmbedding");
-  vocab_start_ = vocab / mesh_->tensor_size() * mesh_->tensor_rank();
+  vocab_start_ = vocab / mesh_->size("tensor") * mesh_->coordinate("tensor");
   keep_slice(weight, *mesh_, 0);
 }
 
@@ -212,10 +212,10 @@ void ParallelDropoutImpl::shard(std::shared_ptr<DeviceMesh> mesh) { set_mesh(std
 
 at::Tensor ParallelDropoutImpl::forward(const at::Tensor& input) {
   if (!is_training() || p_ == 0) return input;
-  const bool split = mesh_ != nullptr && sequence_dim_ && mesh_->tensor_size() > 1;
+  const bool split = mesh_ != nullptr && sequence_dim_ && mesh_->size("tensor") > 1;
   std::vector<int64_t> whole = input.sizes().vec();
   const int64_t dim = split ? at::maybe_wrap_dim(*sequence_dim_, input.dim()) : 0;
-  if (split) whole[static_cast<size_t>(dim)] *= mesh_->tensor_size();
+  if (split) whole[static_cast<size_t>(dim)] *= mesh_->size("tensor");
   at::Tensor keep = at::empty(whole, input.options()).bernoulli_(1 - p_);
   if (split) keep = tensor_slice(keep, *mesh_, dim);
   return input * keep / (1 - p_);

@@ -84,7 +84,7 @@ struct Region : torch::autograd::Function<Region> {
 at::Tensor region(const at::Tensor& input, const DeviceMesh& mesh, Move forward_move, Move backward_move, int64_t dim) {
   if (forward_move != Move::Identity && forward_move != Move::AllReduce) dim = checked_dim(input, dim);
   auto call = c10::make_intrusive<RegionCall>();
-  call->group = &mesh.tensor_group();
+  call->group = &mesh.group("tensor");
   call->backward = backward_move;
   call->dim = dim;
   return Region::apply(std::move(call), forward_move, input);
@@ -111,7 +111,7 @@ at::Tensor reduce_scatter_to_sequence_region(const at::Tensor& input, const Devi
 }
 
 at::Tensor tensor_slice(const at::Tensor& full, const DeviceMesh& mesh, int64_t dim) {
-  return slice_of(full, mesh.tensor_size(), mesh.tensor_rank(), dim);
+  return slice_of(full, mesh.size("tensor"), mesh.coordinate("tensor"), dim);
 }
 
 }  // namespace lightning::fabric::tensor_parallel

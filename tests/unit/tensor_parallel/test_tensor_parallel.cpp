@@ -22,7 +22,7 @@ bool close(const at::Tensor& a, const at::Tensor& b) { return a.sizes() == b.siz
 template <class Body>
 void on_ranks(int count, Body body) {
   const auto failures = lf_test::on_thread_ranks(count, [&](lf::Collective& world, lf_test::RankChecks& checks) {
-    auto mesh = std::make_shared<lf::DeviceMesh>(world, 1, count);
+    auto mesh = std::make_shared<lf::DeviceMesh>(world, std::vector<lf::MeshDimension>{{"data", 1}, {"tensor", count}});
     body(mesh, checks);
   });
   CHECK(failures == std::vector<std::string>());
@@ -48,7 +48,7 @@ TEST_CASE("tensor parallel: column then row parallel Linear equal the full MLP, 
   for (int ranks : {2, 4}) {
     const MlpReference reference(3, 4, 6, 8);
     on_ranks(ranks, [&](const std::shared_ptr<lf::DeviceMesh>& mesh, lf_test::RankChecks& checks) {
-      const std::string who = std::to_string(ranks) + " ranks, rank " + std::to_string(mesh->tensor_rank()) + ": ";
+      const std::string who = std::to_string(ranks) + " ranks, rank " + std::to_string(mesh->coordinate("tensor")) + ": ";
       tp::ColumnParallelLinear up(mesh, reference.up, tp::ParallelLinearOptions(6, 8));
       tp::RowParallelLinear down(mesh, reference.down, tp::ParallelLinearOptions(8, 6));
       const at::Tensor input = reference.input.detach().clone().requires_grad_(true);
@@ -147,7 +147,7 @@ TEST_CASE("tensor parallel: the vocabulary-parallel embedding equals the full on
   (expected * weights).sum().backward();
   on_ranks(4, [&](const std::shared_ptr<lf::DeviceMesh>& mesh, lf_test::RankChecks& checks) {
     tp::VocabParallelEmbedding embedding(mesh, full);
-    checks.expect(embedding->vocab_start() == 2 * mesh->tensor_rank() && embedding->weight.size(0) == 2, "rows held");
+    checks.expect(embedding->vocab_start() == 2 * mesh->coordinate("tensor") && embedding->weight.size(0) == 2, "rows held");
     const at::Tensor output = embedding(ids);
     checks.expect(close(output, expected.detach()), "output");
     (output * weights).sum().backward();

@@ -1,19 +1,24 @@
-// DeviceMesh: the job's ranks as a 2-D grid (data x tensor), with a process group along each row
-// and each column, as Python's init_device_mesh(("data", "tensor")) builds for
-// ModelParallelStrategy (docs/model-parallel.md, "The mesh").
+// DeviceMesh: the job's ranks as an N-dimensional grid with named dimensions, and a process group
+// along each dimension, as Python's init_device_mesh(shape, mesh_dim_names=...) builds them
+// (docs/model-parallel.md, "The mesh"). The strategies name their dimensions "pipe", "replicate",
+// "shard", "context" and "tensor", in that order (any subset); a mesh built by hand may use any
+// names.
 //
-// Rank order: rank = data_rank x tensor_size + tensor_rank. The tensor dimension is innermost, so
-// a tensor-parallel group is tensor_size consecutive ranks (one node's when tensor_size divides
-// the workers per node, where the traffic is heaviest), and a data-parallel group is the ranks
-// tensor_size apart: with 8 ranks as (2, 4), tensor groups {0,1,2,3} and {4,5,6,7}, data groups
-// {0,4}, {1,5}, {2,6}, {3,7}. In each group a rank's position is its coordinate along that
-// dimension. Groups use the world's backend (nccl on CUDA, shm on one machine, gloo otherwise).
+// Rank order is row-major, the first dimension outermost: with dimensions (pipe 2, replicate 2,
+// tensor 2), rank = pipe x 4 + replicate x 2 + tensor. The last dimension's groups are consecutive
+// ranks (one node's when its size divides the workers per node, where the traffic is heaviest).
+// A dimension's group is the ranks that differ from this one in that coordinate only; a rank's
+// position in it is its coordinate. Several dimensions make one group under a name of their own
+// with flatten (Python's mesh[...]._flatten(name)): the strategies call replicate x shard "data"
+// (every rank of a model replica reads the same samples; data ranks differ) and, under the pipeline,
+// every dimension but pipe "stage". Groups use the world's backend (nccl on CUDA, shm on one
+// machine, gloo otherwise).
 #pragma once
 
 #include "lightning/fabric/export.h"
 
-#include <array>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,47 +27,55 @@ namespace lightning::fabric {
 
 class Collective;  // the process group (private to the library)
 
+/// One dimension of a mesh: its name and how many ranks lie along it.
+struct LF_API MeshDimension {
+  std::string name;
+  int size = 1;
+};
+
 class LF_API DeviceMesh {
  public:
-  /// Splits world's ranks into a data_size x tensor_size grid (collective over world: every rank
-  /// calls it with the same sizes and names, in the same order as any other mesh). ValueError
-  /// naming both sizes and the world size unless data_size x tensor_size == world size, both
-  /// positive; or when the names are empty or equal.
-  DeviceMesh(Collective& world, int data_size, int tensor_size,
-             std::array<std::string, 2> names = {"data", "tensor"});
+  /// Splits world's ranks into a grid of these dimensions, the first outermost (collective over
+  /// world: every rank builds the same meshes in the same order). ValueError naming every size and
+  /// the world size unless the sizes are positive and their product is the world size; ValueError
+  /// for no dimension, an empty name or a name given twice. world must outlive the mesh.
+  DeviceMesh(Collective& world, std::vector<MeshDimension> dimensions);
   ~DeviceMesh();
   DeviceMesh(const DeviceMesh&) = delete;
   DeviceMesh& operator=(const DeviceMesh&) = delete;
 
-  /// (data_size, tensor_size).
-  std::array<int, 2> shape() const { return {data_size_, tensor_size_}; }
-  const std::array<std::string, 2>& names() const { return names_; }
-  int data_size() const { return data_size_; }
-  int tensor_size() const { return tensor_size_; }
-  /// This rank's coordinates: its position in its data group and in its tensor group.
-  int data_rank() const { return data_rank_; }
-  int tensor_rank() const { return tensor_rank_; }
-  /// The size of, and this rank's coordinate along, the dimension called name; ValueError naming
-  /// the dimensions otherwise.
+  /// The dimensions' names and sizes, outermost first.
+  std::vector<std::string> names() const;
+  std::vector<int> shape() const;
+  /// Whether name is a dimension or a flattened group of this mesh.
+  bool has(const std::string& name) const;
+  /// By a dimension's name or a flattened group's: its size, this rank's coordinate (its position
+  /// in the group), the group's global ranks in group order, the group. ValueError naming the
+  /// mesh's dimensions and flattened groups for any other name.
   int size(const std::string& name) const;
   int coordinate(const std::string& name) const;
-  /// The global ranks of this rank's group along the dimension called name, in group order.
   std::vector<int> group_ranks(const std::string& name) const;
-  /// Collectives issued so far over the tensor group and over the data group (benchmarks count them).
-  uint64_t tensor_operations() const;
-  uint64_t data_operations() const;
+  Collective& group(const std::string& name) const;
+  const std::shared_ptr<Collective>& shared_group(const std::string& name) const;
+  /// Collectives issued so far over this rank's group of name (benchmarks count them).
+  uint64_t operations(const std::string& name) const;
 
-  /// The groups this rank belongs to (for the library's tensor-parallel layers and strategies).
-  Collective& data_group() const { return *data_group_; }
-  Collective& tensor_group() const { return *tensor_group_; }
-  const std::shared_ptr<Collective>& shared_data_group() const { return data_group_; }
-  const std::shared_ptr<Collective>& shared_tensor_group() const { return tensor_group_; }
+  /// Makes the dimensions `dimensions` (in mesh order, any number, none allowed) one group called
+  /// name: the ranks that share every other coordinate. One dimension reuses its group; none is
+  /// this rank alone. Collective over world (every rank flattens the same names in the same order).
+  /// ValueError for a name in use or a dimension the mesh lacks.
+  void flatten(const std::vector<std::string>& dimensions, const std::string& name);
+  /// The mesh of this rank's ranks along `dimensions` (in mesh order), sharing this mesh's groups,
+  /// with the flattened groups whose dimensions it holds. Not collective.
+  std::shared_ptr<DeviceMesh> submesh(const std::vector<std::string>& dimensions) const;
 
  private:
-  int dimension(const std::string& name) const;
-  std::array<std::string, 2> names_;
-  int data_size_ = 1, tensor_size_ = 1, data_rank_ = 0, tensor_rank_ = 0, rank_ = 0;
-  std::shared_ptr<Collective> data_group_, tensor_group_;
+  struct Grid;
+  DeviceMesh() = default;
+  const std::vector<int>& dims_of(const std::string& name) const;  // indices; ValueError when unknown
+  std::shared_ptr<Grid> grid_;          // the world's grid, shared with sub-meshes
+  std::vector<int> own_;                // this mesh's dimensions, indices into the grid
+  std::map<std::string, std::vector<int>> named_;  // dimension or flattened name -> grid indices
 };
 
 }  // namespace lightning::fabric

@@ -1,6 +1,7 @@
 // The model_parallel strategy: tensor parallelism inside each group of tensor_parallel_size
-// ranks and data parallelism across those groups, on a 2-D DeviceMesh (data x tensor), as
-// Python Lightning's ModelParallelStrategy (docs/model-parallel.md).
+// ranks and data parallelism across those groups, on a 2-D DeviceMesh ("replicate" under ddp or
+// "shard" under fsdp, flattened as "data" too; then "tensor"), as Python Lightning's
+// ModelParallelStrategy (docs/model-parallel.md).
 //
 //   lf::ModelParallelOptions mp;
 //   mp.tensor_parallel_size = 2;                 // default: the devices per node

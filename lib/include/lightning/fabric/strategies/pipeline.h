@@ -96,8 +96,8 @@ struct LF_API PipelineOptions {
   /// Ranks that split each stage's tensor-parallel layers (tensor_parallel/layers.h); 1: none.
   int tensor_parallel_size = 1;
   /// Applies tensor parallelism to this rank's stages (called once per set-up module with the
-  /// stage's (data, tensor) mesh), as ModelParallelOptions::parallelize. Default: shard every
-  /// tensor-parallel layer.
+  /// strategy's mesh), as ModelParallelOptions::parallelize. Default: shard every tensor-parallel
+  /// layer.
   std::function<void(const std::shared_ptr<torch::nn::Module>& module, const std::shared_ptr<DeviceMesh>& mesh)>
       parallelize;
   /// "GPipe", "1F1B" or "Interleaved1F1B" (torch.distributed.pipelining's ScheduleGPipe,
@@ -134,10 +134,11 @@ struct LF_API PipelineStepStats {
 };
 
 /// What both pipeline strategies offer, whatever runs on the data dimension:
-/// fabric.strategy_as<lf::PipelineParallel>().last_step(). device_mesh() is this rank's stage
-/// mesh, (data size, tensor size) over the ranks of its stage, as model_parallel's (the one
-/// parallelize and the tensor-parallel loss take). Ranks are rank = pipe rank x (data x tensor) +
-/// data rank x tensor + tensor rank: a stage's ranks are consecutive, its tensor groups innermost.
+/// fabric.strategy_as<lf::PipelineParallel>().last_step(). device_mesh() is the job's mesh
+/// (device_mesh.h): dimensions "pipe", "replicate" (ddp) or "shard" (fsdp), and "tensor", in that
+/// order, with the data dimension flattened as "data" too and every dimension but pipe as "stage"
+/// (the ranks of one stage, which are consecutive). It is the mesh parallelize and the
+/// tensor-parallel loss take.
 class LF_API PipelineParallel : public MeshStrategy {
  public:
   virtual int pipe_size() const = 0;

@@ -29,15 +29,16 @@ class PipelinePlan {
   std::pair<int, int> shape(int world_size) const;
   /// Forms the meshes and groups once (collective over world), and connects each rank to its
   /// neighbouring stages' ranks.
-  void form(Collective& world, int per_node);
-  bool formed() const { return pipe_mesh_ != nullptr; }
-  /// The stage's (data, tensor) mesh; RuntimeError before form.
-  const std::shared_ptr<DeviceMesh>& stage_mesh() const;
+  void form(Collective& world);
+  bool formed() const { return mesh_ != nullptr; }
+  /// The (pipe, replicate or shard, tensor) mesh, with "data" and "stage" flattened; RuntimeError
+  /// before form.
+  const std::shared_ptr<DeviceMesh>& mesh() const;
   const TensorParallelPlan& tensor_plan() const { return *tensor_plan_; }
   TensorParallelPlan& tensor_plan() { return *tensor_plan_; }
   /// This rank's pipe group (its neighbours in other stages, same data and tensor coordinates).
   Collective& pipe_group() const;
-  /// Every rank of this rank's stage (data x tensor of them).
+  /// Every rank of this rank's stage (the mesh's "stage" group: data x tensor of them).
   Collective& stage_group() const;
   int pipe_size() const;
   int pipe_rank() const;
@@ -69,9 +70,9 @@ class PipelinePlan {
 
  private:
   PipelineOptions options_;
-  std::shared_ptr<DeviceMesh> pipe_mesh_;         // (pipe, stage ranks): first-dimension groups are the pipe groups
+  std::shared_ptr<DeviceMesh> mesh_;
   std::shared_ptr<Collective> gradient_group_;    // this rank's pipe group again, for gradients
-  std::unique_ptr<TensorParallelPlan> tensor_plan_;  // the stage mesh and the split parameters
+  std::unique_ptr<TensorParallelPlan> tensor_plan_;  // the split parameters
   std::shared_ptr<PipelineStepStats> last_step_;  // written by every attached pipeline's steps
   std::set<const c10::TensorImpl*> local_parameters_;
 };

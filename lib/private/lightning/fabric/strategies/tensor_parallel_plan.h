@@ -24,8 +24,11 @@ class TensorParallelPlan : public CheckpointLayout {
 
   /// (data, tensor) sizes from the options, for this world size and workers per node.
   std::pair<int, int> mesh_shape(int world_size, int per_node) const;
-  /// Forms the mesh once (collective over world). ValueError when the sizes do not make the world.
+  /// Forms the mesh once (collective over world): (replicate or shard, tensor), the first
+  /// flattened as "data" too. ValueError when the sizes do not make the world.
   void form_mesh(Collective& world, int per_node);
+  /// Uses a mesh formed elsewhere (the pipeline's), which has "tensor" and "data".
+  void use_mesh(std::shared_ptr<DeviceMesh> mesh);
   bool has_mesh() const { return mesh_ != nullptr; }
   /// RuntimeError before form_mesh.
   const std::shared_ptr<DeviceMesh>& mesh() const;
