@@ -299,15 +299,10 @@ void Fabric::backward(at::Tensor loss, const BackwardOptions& options) {
 }
 
 void Fabric::for_each_trained_tensor(const std::function<void(const std::string&, const at::Tensor&)>& f) const {
-  auto* fsdp = dynamic_cast<FSDPStrategy*>(connector_->strategy.get());  // fsdp: this rank's shards are trained
   for (const auto& each : setup_modules_) {
     auto module = each.lock();
     if (!module) continue;
-    if (fsdp != nullptr) {
-      for (const auto& part : fsdp->local_shards(*module)) f(part.name, part.shard);
-    } else {
-      for (const auto& item : module->named_parameters(/*recurse=*/true)) f(item.key(), item.value());
-    }
+    for (const auto& [name, tensor] : connector_->strategy->trained_tensors(*module)) f(name, tensor);
   }
 }
 

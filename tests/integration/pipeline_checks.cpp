@@ -479,6 +479,7 @@ int run(const Flags& flags_given) {
 
   // Under fsdp the stage's full parameters exist only while gathered.
   auto* fsdp = dynamic_cast<lf::FSDPStrategy*>(fabric.strategy().get());
+  if (fsdp == nullptr) fsdp = dynamic_cast<lf::FSDPStrategy*>(fabric.strategy()->data_parallel_part());
   lf::ScopeGuard full = fsdp ? fsdp->summon_full_parameters(*net.module()) : lf::ScopeGuard();
   if (fsdp != nullptr && data > 1 && flags.options.fully_sharded.sharding_strategy != lf::ShardingStrategy::NoShard) {
     int64_t stepped = 0, held = 0;  // the optimizer steps shards: about 1 / data of the stage

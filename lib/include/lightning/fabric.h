@@ -36,6 +36,7 @@
 #include "lightning/fabric/strategies/dp.h"
 #include "lightning/fabric/strategies/fsdp.h"
 #include "lightning/fabric/strategies/fsdp_unit.h"
+#include "lightning/fabric/strategies/composed.h"
 #include "lightning/fabric/strategies/model_parallel.h"
 #include "lightning/fabric/strategies/pipeline.h"
 #include "lightning/fabric/strategies/parallel.h"

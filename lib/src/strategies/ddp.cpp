@@ -32,7 +32,7 @@ StrategySpec ddp_strategy(DDPOptions options) {
 
 void DDPStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module) {
   setup_environment();
-  const std::shared_ptr<Collective> group = data_parallel_group();
+  const std::shared_ptr<Collective> group = shared_data_group();
   broadcast_module_from_rank_zero(*module, {}, group.get());
   skip_next_buffer_broadcast_.erase(module.get());  // a module freed before may have had this address
   for (const auto& child : module->modules()) {  // SyncBatchNorm: its statistics over the data-parallel group
@@ -44,7 +44,7 @@ void DDPStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module)
 
 void DDPStrategy::before_forward(const torch::nn::Module& module) {
   if (!options_.broadcast_buffers || world_size() < 2) return;
-  const std::shared_ptr<Collective> group = data_parallel_group();
+  const std::shared_ptr<Collective> group = shared_data_group();
   const bool skip = skip_next_buffer_broadcast_.erase(&module) > 0;
   if (!torch::GradMode::is_enabled() || !syncs_gradients_of(&module)) skip_next_buffer_broadcast_.insert(&module);
   if (skip || group->world_size() < 2) return;
@@ -63,7 +63,7 @@ void DDPStrategy::before_forward(const torch::nn::Module& module) {
 void DDPStrategy::backward(at::Tensor& loss, torch::nn::Module* module, const BackwardOptions& options) {
   reducers_.erase(std::remove_if(reducers_.begin(), reducers_.end(), [](const auto& r) { return r->expired(); }),
                   reducers_.end());
-  const std::shared_ptr<Collective> group = world_size() > 1 ? data_parallel_group() : nullptr;
+  const std::shared_ptr<Collective> group = world_size() > 1 ? shared_data_group() : nullptr;
   if (group != nullptr && group->world_size() > 1) {
     LF_CHECK(!options.create_graph, ValueError, "fabric.backward(loss, BackwardOptions().higher_order()): strategy=\"",
              name(), "\" averages the gradients of ", group->world_size(), " ranks in place as they arrive, which a graph "

@@ -98,19 +98,16 @@ FSDPStrategy::FSDPStrategy(StrategyContext context, FSDPOptions options)
 FSDPStrategy::~FSDPStrategy() = default;
 
 int FSDPStrategy::shard_group_size() const {
-  switch (fsdp_options_.sharding_strategy) {
-    case ShardingStrategy::NoShard: return 1;
-    case ShardingStrategy::HybridShard: return num_processes();
-    default: return data_parallel_size();
-  }
+  if (fsdp_options_.sharding_strategy == ShardingStrategy::NoShard) return 1;
+  if (const Collective* group = formed_shard_group()) return group->world_size();
+  return fsdp_options_.sharding_strategy == ShardingStrategy::HybridShard ? num_processes() : world_size();
 }
 
 int FSDPStrategy::shard_group_rank() const {
-  switch (fsdp_options_.sharding_strategy) {
-    case ShardingStrategy::NoShard: return 0;
-    case ShardingStrategy::HybridShard: return global_rank() % num_processes();
-    default: return data_parallel_rank();
-  }
+  if (fsdp_options_.sharding_strategy == ShardingStrategy::NoShard) return 0;
+  if (const Collective* group = formed_shard_group()) return group->rank();
+  return fsdp_options_.sharding_strategy == ShardingStrategy::HybridShard ? global_rank() % num_processes()
+                                                                          : global_rank();
 }
 
 bool FSDPStrategy::Engine::frees_parameters() const {
@@ -144,7 +141,7 @@ void FSDPStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module
       if (buffer.is_floating_point() && buffer.scalar_type() != *buffer_dtype) buffer.set_data(buffer.to(*buffer_dtype));
     }
   }
-  broadcast_module_from_rank_zero(*module, engine_->materialized(), &data_parallel_group());
+  broadcast_module_from_rank_zero(*module, engine_->materialized(), &data_group());
   engine_->shard(module, called);
   engine_->forget_materialized();
 }
@@ -156,14 +153,15 @@ std::vector<std::shared_ptr<torch::nn::Module>> FSDPStrategy::wrap_units(torch::
 
 // Units are made first, while the parameters still show their full shapes (the size rule and
 // policies read them); setup_module then takes them as made.
-void FSDPStrategy::materialize_meta_tensors(torch::nn::Module& module) { materialize_in_units(module, nullptr); }
+void FSDPStrategy::materialize_meta_tensors(torch::nn::Module& module) { materialize_sliced(module, nullptr); }
 
-void FSDPStrategy::materialize_in_units(torch::nn::Module& module, const std::function<void()>& before_replay) {
+void FSDPStrategy::materialize_sliced(torch::nn::Module& module, const MaterializeSlice& slice,
+                                      const std::function<void()>& before_replay) {
   setup_environment();
   wrapped_before_materializing_[&module] = wrap_units(module);
   try {
     if (before_replay) before_replay();
-    engine_->materialize(module);
+    engine_->materialize(module, slice);
   } catch (...) {
     wrapped_before_materializing_.erase(&module);
     engine_->forget_materialized();
@@ -176,7 +174,7 @@ void FSDPStrategy::Engine::forget_materialized() {
   materialized_.clear();
 }
 
-void FSDPStrategy::Engine::materialize(torch::nn::Module& module) {
+void FSDPStrategy::Engine::materialize(torch::nn::Module& module, const MaterializeSlice& slice) {
   MaterializeOptions options;
   options.agree_on_generator_state = [this](at::Tensor& state) {  // one build for every rank: rank 0's
     at::Tensor on_device = state.to(strategy_.root_device());
@@ -195,7 +193,7 @@ void FSDPStrategy::Engine::materialize(torch::nn::Module& module) {
   options.install = [&](const std::string& name, bool is_parameter, const at::Tensor& full) -> at::Tensor {
     const c10::TensorImpl* impl = by_name.at(name);
     materialized_.insert(impl);
-    const at::Tensor held = is_parameter && slice_before_sharding ? slice_before_sharding(name, full) : full;
+    const at::Tensor held = is_parameter && slice ? slice(name, full) : full;
     if (!is_parameter || !frees_parameters()) return held;
     const ShardSlice slice = shard_slice(held.numel(), parts, part);
     presets_[impl] = Preset{held.reshape(-1).narrow(0, slice.begin, slice.length).clone(), held.sizes().vec()};
@@ -613,13 +611,13 @@ void FSDPStrategy::Engine::reduce_gradients(ShardedModule& sharded, Unit& unit) 
     }
     offset += p.chunk;
   }
-  const int world = strategy_.data_parallel_size();  // the replicas averaged
+  const int world = strategy_.data_group().world_size();  // the replicas averaged
   // float16 sums overflow soon: divide partly before the reduction and the rest after (Python's
   // pre- and post-divide factors); other dtypes divide once, after.
   const double pre = reduce_dtype == at::kHalf ? std::sqrt(static_cast<double>(world)) : 1.0;
   if (pre != 1.0) rows.div_(pre);
   at::Tensor mine = parts > 1 ? strategy_.shard_group().reduce_scatter(rows, ReduceOp::Sum) : rows[0].clone();
-  if (parts == 1 && world > 1) strategy_.data_parallel_group().all_reduce_(mine, ReduceOp::Sum);  // NO_SHARD: DDP
+  if (parts == 1 && world > 1) strategy_.data_group().all_reduce_(mine, ReduceOp::Sum);  // NO_SHARD: DDP
   Collective* replicas = strategy_.replica_group();
   if (replicas != nullptr && replicas->world_size() > 1) replicas->all_reduce_(mine, ReduceOp::Sum);
   mine.div_(static_cast<double>(world) / pre);
@@ -730,6 +728,19 @@ at::Tensor FSDPStrategy::gather_full(const LocalShard& parameter, const at::Tens
 }
 
 void FSDPStrategy::shards_changed() { engine_->mark_stale(); }
+
+std::vector<std::pair<std::string, at::Tensor>> FSDPStrategy::trained_tensors(const torch::nn::Module& module) {
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& part : local_shards(module)) tensors.emplace_back(part.name, part.shard);
+  return tensors;
+}
+
+at::Tensor FSDPStrategy::parameter_of(const at::Tensor& tensor) const {
+  const auto* p = engine_->find_parameter(tensor);
+  return p != nullptr ? p->parameter : at::Tensor();
+}
+
+CheckpointLayout& FSDPStrategy::checkpoint_layout() { return *engine_; }
 
 ScopeGuard FSDPStrategy::Engine::summon(const torch::nn::Module& module) {
   ShardedModule* sharded = find(module);

@@ -32,10 +32,10 @@ const FSDPStrategy::Engine::ShardedParameter* FSDPStrategy::Engine::find_paramet
 std::optional<Placement> FSDPStrategy::Engine::placement(const at::Tensor& parameter) const {
   const ShardedParameter* p = find_parameter(parameter);
   if (p == nullptr) return std::nullopt;
-  Placement placement = outer_placement ? outer_placement(p->parameter, p->shape) : Placement::whole(p->shape);
+  Placement placement = Placement::whole(p->shape);
   placement.flat = p->slice;
   // One replica of each shard writes it (HYBRID_SHARD: the first node's ranks; NO_SHARD: rank 0).
-  placement.writes = placement.writes && strategy_.data_parallel_rank() < strategy_.shard_group_size();
+  placement.writes = placement.writes && strategy_.data_group().rank() < strategy_.shard_group_size();
   return placement;
 }
 

@@ -84,6 +84,23 @@ Collective& ParallelStrategy::collective() {
   return *collective_;
 }
 
+void ParallelStrategy::run_on(std::shared_ptr<Collective> world, DataGroups groups) {
+  collective_ = std::move(world);
+  data_group_ = std::move(groups.data);
+  shard_group_ = std::move(groups.shard);
+  replica_group_ = std::move(groups.replicate);
+  same_model_group_ = std::move(groups.same_model);
+}
+
+Collective& ParallelStrategy::data_group() { return data_group_ ? *data_group_ : collective(); }
+
+const std::shared_ptr<Collective>& ParallelStrategy::shared_data_group() {
+  collective();  // formed
+  return data_group_ ? data_group_ : collective_;
+}
+
+Collective& ParallelStrategy::same_model_group() { return same_model_group_ ? *same_model_group_ : collective(); }
+
 Collective& ParallelStrategy::shard_group() { return shard_group_ ? *shard_group_ : collective(); }
 
 void ParallelStrategy::use_node_groups(const std::string& prefix) {
@@ -99,7 +116,8 @@ void ParallelStrategy::use_node_groups(const std::string& prefix) {
 
 uint64_t ParallelStrategy::operation_count() const {
   uint64_t count = 0;
-  for (const Collective* group : {collective_.get(), shard_group_.get(), replica_group_.get()}) {
+  std::set<const Collective*> groups{collective_.get(), shard_group_.get(), replica_group_.get(), data_group_.get()};
+  for (const Collective* group : groups) {
     if (group != nullptr) count += group->operation_count();
   }
   return count;

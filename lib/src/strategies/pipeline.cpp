@@ -20,14 +20,12 @@
 #include <numeric>
 #include <unordered_set>
 
-#include "lightning/fabric/checkpoint/sharded_checkpoint.h"
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/plugins/collectives/collective.h"
 #include "lightning/fabric/plugins/collectives/collective_impl.h"
-#include "lightning/fabric/strategies/fsdp_engine.h"
+#include "lightning/fabric/strategies/composed.h"
 #include "lightning/fabric/strategies/pipeline_plan.h"
 #include "lightning/fabric/strategies/pipeline_schedule.h"
-#include "lightning/fabric/strategies/tensor_parallel_plan.h"
 #include "lightning/fabric/tensor_parallel/layers.h"
 #include "lightning/fabric/utilities/activation_checkpoint.h"
 #include "lightning/fabric/utilities/profiled_range.h"
@@ -466,7 +464,7 @@ std::pair<int, int> pipeline_shape(const PipelineOptions& options, int world_siz
   return {pipe, data};
 }
 
-// The checks of what fsdp cannot do inside a pipeline (see FSDPPipelineStrategy).
+// The checks of what fsdp cannot do inside a pipeline.
 const PipelineOptions& fully_sharded_checked(const PipelineOptions& options) {
   LF_CHECK(options.fully_sharded.sharding_strategy != ShardingStrategy::HybridShard, ValueError,
            "PipelineOptions: fully_sharded.sharding_strategy=HYBRID_SHARD needs a replica dimension the pipeline's "
@@ -511,13 +509,13 @@ StrategySpec pipeline_strategy(PipelineOptions options) {
   if (options.data_parallel_strategy == "ddp") {
     ddp_strategy(options.data_parallel);  // checks the ddp settings
     return StrategySpec{name, [options](StrategyContext context) -> std::shared_ptr<Strategy> {
-                          return std::make_shared<PipelineStrategy>(std::move(context), options);
+                          return std::make_shared<ComposedStrategy>(std::move(context), options);
                         }};
   }
   fully_sharded_checked(options);
   fsdp_strategy(options.fully_sharded);  // checks the fsdp settings
   return StrategySpec{name, [options](StrategyContext context) -> std::shared_ptr<Strategy> {
-                        return std::make_shared<FSDPPipelineStrategy>(std::move(context), options);
+                        return std::make_shared<ComposedStrategy>(std::move(context), options);
                       }};
 }
 
@@ -526,24 +524,11 @@ PipelinePlan::PipelinePlan(PipelineOptions options)
 
 std::pair<int, int> PipelinePlan::shape(int world_size) const { return pipeline_shape(options_, world_size); }
 
-void PipelinePlan::form(Collective& world) {
+void PipelinePlan::form(std::shared_ptr<DeviceMesh> mesh) {
   if (formed()) return;
-  const auto [pipe, data] = shape(world.world_size());
+  mesh_ = std::move(mesh);
+  const int pipe = mesh_->size("pipe");
   check_pipeline_schedule("PipelineOptions", options_.schedule, pipe, options_.stages_per_rank, options_.micro_batches);
-  const int tensor = options_.tensor_parallel_size;
-  // One mesh: (pipe, replicate or shard, tensor), the data dimension flattened as "data" and every
-  // dimension but pipe as "stage" (the ranks of one stage).
-  const std::string data_dimension = options_.data_parallel_strategy == "fsdp" ? "shard" : "replicate";
-  mesh_ = std::make_shared<DeviceMesh>(
-      world, std::vector<MeshDimension>{{"pipe", pipe}, {data_dimension, data}, {"tensor", tensor}});
-  mesh_->flatten({data_dimension}, "data");
-  mesh_->flatten({data_dimension, "tensor"}, "stage");
-  ModelParallelOptions stage;
-  stage.parallelize = options_.parallelize;
-  stage.data_parallel_size = data;
-  stage.tensor_parallel_size = tensor;
-  tensor_plan_ = std::make_unique<TensorParallelPlan>(stage);
-  tensor_plan_->use_mesh(mesh_);
   // Gradients travel on a twin of the pipe group: under 1F1B activations and gradients cross
   // between two ranks at once, and each direction then has a connection of its own.
   Collective& pipe_group = mesh_->group("pipe");
@@ -664,11 +649,6 @@ void PipelinePlan::keep_local_parameters(torch::optim::Optimizer& optimizer) con
   }
 }
 
-Strategy::SamplerShare PipelinePlan::sampler_share(int world_size, int global_rank) const {
-  const int data = shape(world_size).second, tensor = options_.tensor_parallel_size;
-  return {data, global_rank / tensor % data};
-}
-
 void PipelinePlan::check_precision(const Precision& precision) {
   LF_CHECK(precision.loss_scaler() == nullptr, ValueError, "The pipeline strategy cannot use a precision with a "
            "loss scaler (16-mixed): an overflow found on one stage would have to skip the step on every stage. "
@@ -709,252 +689,6 @@ void PipelinePlan::check_backward(const BackwardOptions& options) {
   LF_CHECK(options.inputs.empty(), ValueError, "fabric.backward(loss, BackwardOptions().only(...)): the pipeline "
            "strategy hands a step's gradients to all of this rank's parameters at once. Freeze the parameters you do "
            "not want trained (requires_grad false) instead.");
-}
-
-namespace {
-// The ddp pipeline's checkpoint layout. Each stage's tensors (parameters, buffers, optimizer
-// state) live on its ranks only: a tensor split by tensor parallelism is this rank's box of it,
-// written by data rank 0; any other is whole, written by the stage's first rank (data and tensor
-// rank 0), as is what has no placement.
-class StageLayout : public CheckpointLayout {
- public:
-  explicit StageLayout(const TensorParallelPlan& plan) : plan_(plan) {}
-  std::optional<Placement> placement(const at::Tensor& tensor) const override {
-    if (auto split = plan_.placement(tensor)) return split;
-    Placement placement = Placement::whole(tensor.sizes().vec());
-    placement.writes = writes_unplaced();
-    return placement;
-  }
-  int64_t parameter_position(const State& state, const std::string& name) const override {
-    return PipelinePlan::layer_position(state, name);
-  }
-  bool every_rank_holds_every_tensor() const override { return false; }
-  bool writes_unplaced() const override { return plan_.mesh()->coordinate("stage") == 0; }
-
- private:
-  const TensorParallelPlan& plan_;
-};
-
-// The fsdp pipeline's: fsdp's flat shards of each stage's parameters (of their tensor-parallel
-// slices' boxes, with a tensor dimension), everything else whole from the stage's first rank.
-class ShardedStageLayout : public CheckpointLayout {
- public:
-  ShardedStageLayout(CheckpointLayout& engine, const DeviceMesh& stage) : engine_(engine), stage_(stage) {}
-  std::optional<Placement> placement(const at::Tensor& tensor) const override {
-    if (auto shard = engine_.placement(tensor)) return shard;
-    Placement placement = Placement::whole(tensor.sizes().vec());
-    placement.writes = writes_unplaced();
-    return placement;
-  }
-  at::Tensor saved_value(const at::Tensor& parameter) const override {
-    return engine_.placement(parameter) ? engine_.saved_value(parameter) : parameter;  // not fsdp's: itself
-  }
-  std::vector<std::string> optimizer_parameter_names(const State& state, torch::optim::Optimizer& optimizer) const override {
-    return engine_.optimizer_parameter_names(state, optimizer);
-  }
-  StateDict restore(State& state, const StateDict& local, bool strict) override {
-    return engine_.restore(state, local, strict);
-  }
-  int64_t parameter_position(const State& state, const std::string& name) const override {
-    return PipelinePlan::layer_position(state, name);
-  }
-  bool every_rank_holds_every_tensor() const override { return false; }
-  bool writes_unplaced() const override { return stage_.coordinate("stage") == 0; }
-
- private:
-  CheckpointLayout& engine_;
-  const DeviceMesh& stage_;
-};
-
-}  // namespace
-
-// ---- ddp on the data dimension ----
-
-PipelineStrategy::PipelineStrategy(StrategyContext context, PipelineOptions options)
-    : DDPStrategy(std::move(context), options.data_parallel), plan_(std::make_unique<PipelinePlan>(std::move(options))) {}
-
-PipelineStrategy::~PipelineStrategy() = default;
-
-void PipelineStrategy::setup_environment() {
-  if (plan_->formed()) return;
-  DDPStrategy::setup_environment();
-  plan_->form(collective());
-}
-
-const std::shared_ptr<DeviceMesh>& PipelineStrategy::device_mesh() const { return plan_->mesh(); }
-int PipelineStrategy::pipe_size() const { return plan_->pipe_size(); }
-int PipelineStrategy::pipe_rank() const { return plan_->pipe_rank(); }
-std::vector<int> PipelineStrategy::local_stages() const { return plan_->local_stages(); }
-PipelineStepStats PipelineStrategy::last_step() const { return plan_->last_step(); }
-std::shared_ptr<Collective> PipelineStrategy::data_parallel_group() { return device_mesh()->shared_group("data"); }
-
-void PipelineStrategy::materialize_meta_tensors(torch::nn::Module& module) {
-  setup_environment();
-  plan_->keep_local_stages(PipelinePlan::as_pipeline(module));  // only this rank's stages get memory
-  DDPStrategy::materialize_meta_tensors(module);
-}
-
-void PipelineStrategy::module_to_device(torch::nn::Module& module) const {
-  plan_->keep_local_stages(PipelinePlan::as_pipeline(module));  // only this rank's stages move
-  DDPStrategy::module_to_device(module);
-}
-
-void PipelineStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module) {
-  setup_environment();
-  PipelineImpl& pipeline = PipelinePlan::as_pipeline(*module);
-  PipelinePlan::check_precision(*precision());
-  plan_->keep_local_stages(pipeline);
-  PipelinePlan::check_layers(pipeline, collective(), /*refuse_fsdp_units=*/false);
-  if (plan_->options().tensor_parallel_size > 1) {
-    // The stage's first rank's values on every rank of the stage before splitting, so every slice
-    // is a slice of one tensor and every unsplit tensor agrees within its tensor group.
-    broadcast_module_from_rank_zero(*module, {}, &plan_->stage_group());
-    plan_->tensor_plan().parallelize(module);
-  }
-  DDPStrategy::setup_module(module);  // data rank 0's values to its stage's data group, gradient hooks
-  plan_->attach(pipeline, global_rank(), root_device());
-}
-
-void PipelineStrategy::setup_optimizer(torch::optim::Optimizer& optimizer) { plan_->keep_local_parameters(optimizer); }
-
-double PipelineStrategy::clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm,
-                                                double norm_type, bool error_if_nonfinite) {
-  // Each stage's gradients are distinct (summed over the pipe group), and so are a split
-  // parameter's slices (summed over the tensor group too); a stage's data replicas hold the same
-  // averaged gradients, and its tensor group the same unsplit ones, counted once.
-  std::vector<at::Tensor> split, whole;
-  for (const auto& parameter : parameters) (plan_->tensor_plan().split_dim(parameter) ? split : whole).push_back(parameter);
-  Collective& pipe = plan_->pipe_group();
-  return TensorParallelPlan::clip(split, whole, {&pipe, &device_mesh()->group("tensor")}, {&pipe}, max_norm, norm_type,
-                                  error_if_nonfinite, root_device());
-}
-
-Strategy::SamplerShare PipelineStrategy::sampler_share() const { return plan_->sampler_share(world_size(), global_rank()); }
-
-void PipelineStrategy::backward(at::Tensor& loss, torch::nn::Module* module, const BackwardOptions& options) {
-  PipelinePlan::check_backward(options);
-  DDPStrategy::backward(loss, module, options);
-}
-
-CheckpointWrite PipelineStrategy::prepare_checkpoint(const std::string& call, const fs::path& path, const State& state,
-                                                     const StateFilter& filter, bool host_copy) {
-  return prepare_sharded_save(*this, call, path, state, filter, host_copy, StageLayout(plan_->tensor_plan()), false);
-}
-
-StateDict PipelineStrategy::load_checkpoint(const fs::path& path, State* state, bool strict) {
-  StageLayout layout(plan_->tensor_plan());
-  return load_sharded(*this, path, state, strict, layout);
-}
-
-// ---- fsdp on the data dimension ----
-
-FSDPPipelineStrategy::FSDPPipelineStrategy(StrategyContext context, PipelineOptions options)
-    : FSDPStrategy(std::move(context), fully_sharded_checked(options).fully_sharded),
-      plan_(std::make_unique<PipelinePlan>(std::move(options))) {
-  // With a tensor dimension fsdp shards each parameter as this rank holds it (its tensor-parallel
-  // slice): in checkpoints a flat range of the slice's box. A whole parameter's shards are the
-  // same on every rank of a tensor group: its first rank writes them.
-  engine_->outer_placement = [this](const at::Tensor& parameter, const std::vector<int64_t>& shape) {
-    if (auto split = plan_->tensor_plan().split_placement(parameter, shape)) return *split;
-    Placement whole = Placement::whole(shape);
-    whole.writes = plan_->mesh()->coordinate("tensor") == 0;
-    return whole;
-  };
-}
-
-FSDPPipelineStrategy::~FSDPPipelineStrategy() = default;
-
-std::string FSDPPipelineStrategy::name() const { return plan_->options().data_parallel.name; }
-
-void FSDPPipelineStrategy::setup_environment() {
-  if (plan_->formed()) return;
-  FSDPStrategy::setup_environment();
-  plan_->form(collective());
-  shard_over(plan_->mesh()->shared_group("data"));
-}
-
-const std::shared_ptr<DeviceMesh>& FSDPPipelineStrategy::device_mesh() const { return plan_->mesh(); }
-int FSDPPipelineStrategy::pipe_size() const { return plan_->pipe_size(); }
-int FSDPPipelineStrategy::pipe_rank() const { return plan_->pipe_rank(); }
-std::vector<int> FSDPPipelineStrategy::local_stages() const { return plan_->local_stages(); }
-PipelineStepStats FSDPPipelineStrategy::last_step() const { return plan_->last_step(); }
-Collective& FSDPPipelineStrategy::data_parallel_group() { return device_mesh()->group("data"); }
-int FSDPPipelineStrategy::data_parallel_size() const { return plan_->shape(world_size()).second; }
-int FSDPPipelineStrategy::data_parallel_rank() const { return sampler_share().rank; }
-Collective& FSDPPipelineStrategy::same_model_group() { return plan_->stage_group(); }
-
-void FSDPPipelineStrategy::materialize_meta_tensors(torch::nn::Module& module) {
-  setup_environment();
-  LF_CHECK(plan_->options().tensor_parallel_size == 1, ValueError, "fabric.init_module(true) under the pipeline "
-           "strategy with fsdp and tensor_parallel_size=", plan_->options().tensor_parallel_size, " is not supported "
-           "yet: build the model normally (init_module(false)), or use ddp on the data dimension, where meta "
-           "initialisation works with a tensor dimension.");
-  plan_->keep_local_stages(PipelinePlan::as_pipeline(module));
-  FSDPStrategy::materialize_meta_tensors(module);
-}
-
-void FSDPPipelineStrategy::module_to_device(torch::nn::Module& module) const {
-  plan_->keep_local_stages(PipelinePlan::as_pipeline(module));
-  FSDPStrategy::module_to_device(module);
-}
-
-void FSDPPipelineStrategy::setup_module(const std::shared_ptr<torch::nn::Module>& module) {
-  setup_environment();
-  PipelineImpl& pipeline = PipelinePlan::as_pipeline(*module);
-  PipelinePlan::check_precision(*precision());
-  plan_->keep_local_stages(pipeline);
-  PipelinePlan::check_layers(pipeline, collective(), /*refuse_fsdp_units=*/true);
-  if (plan_->options().tensor_parallel_size > 1) {
-    // As under ddp: the stage's first rank's values on every rank of the stage, then split.
-    broadcast_module_from_rank_zero(*module, {}, &plan_->stage_group());
-    plan_->tensor_plan().parallelize(module);
-  }
-  FSDPStrategy::setup_module(module);  // data rank 0's values to the stage's data group, then sharded over it
-  plan_->attach(pipeline, global_rank(), root_device());
-}
-
-void FSDPPipelineStrategy::setup_optimizer(torch::optim::Optimizer& optimizer) {
-  plan_->keep_local_parameters(optimizer);
-  FSDPStrategy::setup_optimizer(optimizer);  // the stage's parameters become their shards
-}
-
-double FSDPPipelineStrategy::clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm,
-                                                    double norm_type, bool error_if_nonfinite) {
-  // The optimizer steps shards: distinct across the shard group (under NO_SHARD each data rank
-  // holds the whole stage, counted once) and across the stages; a split parameter's shards also
-  // across the tensor group, where a whole one's repeat (counted once).
-  std::vector<at::Tensor> split, whole;
-  for (const auto& shard : parameters) {
-    const auto* p = engine_->find_shard(shard);
-    (p != nullptr && plan_->tensor_plan().split_dim(p->parameter) ? split : whole).push_back(shard);
-  }
-  std::vector<Collective*> whole_over;
-  if (shard_group_size() > 1) whole_over.push_back(&shard_group());
-  whole_over.push_back(&plan_->pipe_group());
-  std::vector<Collective*> split_over = whole_over;
-  split_over.push_back(&device_mesh()->group("tensor"));
-  return TensorParallelPlan::clip(split, whole, split_over, whole_over, max_norm, norm_type, error_if_nonfinite,
-                                  root_device());
-}
-
-Strategy::SamplerShare FSDPPipelineStrategy::sampler_share() const {
-  return plan_->sampler_share(world_size(), global_rank());
-}
-
-void FSDPPipelineStrategy::backward(at::Tensor& loss, torch::nn::Module* module, const BackwardOptions& options) {
-  PipelinePlan::check_backward(options);
-  FSDPStrategy::backward(loss, module, options);
-}
-
-CheckpointWrite FSDPPipelineStrategy::prepare_checkpoint(const std::string& call, const fs::path& path,
-                                                         const State& state, const StateFilter& filter, bool host_copy) {
-  return prepare_sharded_save(*this, call, path, state, filter, host_copy, ShardedStageLayout(*engine_, *device_mesh()),
-                              false);
-}
-
-StateDict FSDPPipelineStrategy::load_checkpoint(const fs::path& path, State* state, bool strict) {
-  ShardedStageLayout layout(*engine_, *device_mesh());
-  return load_sharded(*this, path, state, strict, layout);
 }
 
 }  // namespace lightning::fabric

@@ -175,6 +175,12 @@ StateDict Strategy::load_checkpoint(const std::filesystem::path& path, State* st
   return state ? restore_from_checkpoint(*state, checkpoint, strict) : checkpoint;
 }
 
+std::vector<std::pair<std::string, at::Tensor>> Strategy::trained_tensors(const torch::nn::Module& module) {
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) tensors.emplace_back(item.key(), item.value());
+  return tensors;
+}
+
 double Strategy::clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type,
                                         bool error_if_nonfinite) {
   torch::NoGradGuard no_grad;

@@ -8,6 +8,7 @@
 
 #include "lightning/fabric/callbacks/ema.h"
 #include "lightning/fabric/connector.h"
+#include "lightning/fabric/strategies/composed.h"
 #include "lightning/fabric/strategies/ddp.h"
 #include "lightning/fabric/strategies/dp.h"
 #include "lightning/fabric/strategies/fsdp.h"
@@ -105,13 +106,15 @@ TEST_CASE("strategies: model_parallel picks its data dimension and refuses what 
   lf::ModelParallelOptions options;
   options.tensor_parallel_size = 2;
   auto ddp = strategy_for(lf::FabricOptions().accelerator("cpu").devices(4).strategy(lf::model_parallel_strategy(options)));
-  CHECK(dynamic_cast<lf::ModelParallelStrategy*>(ddp.get()) != nullptr);
+  CHECK(dynamic_cast<lf::ComposedStrategy*>(ddp.get()) != nullptr);
+  CHECK(dynamic_cast<lf::DDPStrategy*>(ddp->data_parallel_part()) != nullptr);
   CHECK(ddp->name() == "model_parallel");
   CHECK(ddp->sampler_share().replicas == 2);
   options.data_parallel_strategy = "fsdp";
   options.fully_sharded.sharding_strategy = lf::ShardingStrategy::ShardGradOp;
   auto fsdp = strategy_for(lf::FabricOptions().accelerator("cpu").devices(4).strategy(lf::model_parallel_strategy(options)));
-  auto* sharded = dynamic_cast<lf::FSDPModelParallelStrategy*>(fsdp.get());
+  REQUIRE(dynamic_cast<lf::ComposedStrategy*>(fsdp.get()) != nullptr);
+  auto* sharded = dynamic_cast<lf::FSDPStrategy*>(fsdp->data_parallel_part());
   REQUIRE(sharded != nullptr);
   CHECK(fsdp->name() == "model_parallel");
   CHECK(sharded->fsdp_options().sharding_strategy == lf::ShardingStrategy::ShardGradOp);

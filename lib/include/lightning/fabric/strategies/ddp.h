@@ -61,15 +61,11 @@ class LF_API DDPStrategy : public ParallelStrategy {
   ModulePolicy activation_checkpointing() const override { return options_.activation_checkpointing; }
 
   /// Broadcasts rank 0's parameters and buffers, then attaches a gradient reducer (collective).
+  /// Both run over data_group(): every rank, or a composed strategy's data group (parallel.h).
   void setup_module(const std::shared_ptr<torch::nn::Module>& module) override;
   void backward(at::Tensor& loss, torch::nn::Module* module, const BackwardOptions& options) override;
   /// broadcast_buffers: rank 0's buffers to every rank of the data-parallel group.
   void before_forward(const torch::nn::Module& module) override;
-
- protected:
-  /// The ranks that hold the same model, over which setup_module broadcasts from its rank 0 and
-  /// gradients are averaged: every rank (model_parallel: the mesh's data group).
-  virtual std::shared_ptr<Collective> data_parallel_group() { return shared_collective(); }
 
  private:
   DDPOptions options_;

@@ -22,10 +22,12 @@
 #include "lightning/fabric/export.h"
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lightning/fabric/options.h"
@@ -94,6 +96,11 @@ struct LF_API FSDPOptions {
 /// FSDP with settings, for FabricOptions().strategy(...). ValueError for a bad state_dict_type.
 LF_API StrategySpec fsdp_strategy(FSDPOptions options = FSDPOptions());
 
+class CheckpointLayout;  // the sharded-checkpoint engine's questions (private to the library)
+/// What a parameter's full value becomes on this rank before it is sharded (e.g. its
+/// tensor-parallel slice): (name, full value) -> the value held.
+using MaterializeSlice = std::function<at::Tensor(const std::string& name, const at::Tensor& full)>;
+
 class LF_API FSDPStrategy : public ParallelStrategy {
  public:
   FSDPStrategy(StrategyContext context, FSDPOptions options = FSDPOptions());
@@ -159,20 +166,25 @@ class LF_API FSDPStrategy : public ParallelStrategy {
   /// Shards written outside an optimizer step (e.g. averaged weights swapped in): the next
   /// forward or summon_full_parameters gathers them again. Not collective.
   void shards_changed();
+  /// This rank's shards are what it trains (Strategy::trained_tensors).
+  std::vector<std::pair<std::string, at::Tensor>> trained_tensors(const torch::nn::Module& module) override;
+
+  // For a composed strategy that runs fsdp on its mesh's data dimensions (composed.h).
+  /// Materialises a meta-built module as materialize_meta_tensors does: the units are made (from
+  /// the parameters' shapes now), then before_replay runs (if set), then each parameter's full
+  /// value is cut by slice (if set; name, full value -> what this rank holds before sharding, its
+  /// tensor-parallel part) and this rank keeps its shard of that.
+  void materialize_sliced(torch::nn::Module& module, const MaterializeSlice& slice,
+                          const std::function<void()>& before_replay = nullptr);
+  /// The set-up module's parameter of `tensor` (its shard, or the parameter itself); undefined
+  /// when fsdp does not shard it.
+  at::Tensor parameter_of(const at::Tensor& tensor) const;
+  /// Where this rank's shard of a parameter (or its optimizer state) lies in the parameter as
+  /// this rank holds it: a flat range, written by the first replica of the shard; nullopt for a
+  /// tensor fsdp does not shard. The checkpoint engine's questions go to checkpoint_layout().
+  CheckpointLayout& checkpoint_layout();
 
  protected:
-  /// The ranks among which parameters are sharded and gradients averaged, and this rank's place
-  /// among them: every rank here; the mesh's data group under model_parallel with fsdp on its data
-  /// dimension (FSDPModelParallelStrategy).
-  virtual Collective& data_parallel_group() { return collective(); }
-  virtual int data_parallel_size() const { return world_size(); }
-  virtual int data_parallel_rank() const { return global_rank(); }
-  /// The ranks that build the same model, over which meta initialisation compares it: every rank;
-  /// one stage's under the pipeline strategy (FSDPPipelineStrategy).
-  virtual Collective& same_model_group() { return collective(); }
-  /// materialize_meta_tensors' steps: the units are made (from the parameters' shapes now), then
-  /// before_replay runs (if set), then the module is materialised.
-  void materialize_in_units(torch::nn::Module& module, const std::function<void()>& before_replay);
   class Engine;  // the sharding state and its operations (lib/private/lightning/fabric/strategies/fsdp_engine.h)
   std::unique_ptr<Engine> engine_;
 

@@ -10,10 +10,11 @@
 //   mp.data_parallel_strategy = "fsdp";          // default "ddp"
 //   lf::Fabric fabric(lf::FabricOptions().strategy(lf::model_parallel_strategy(mp)));
 //
-// The data dimension runs ddp (ModelParallelStrategy: every data replica holds its tensor-parallel
-// slices whole, gradients averaged over the data group) or fsdp (FSDPModelParallelStrategy, what
-// Python builds with fully_shard over the data dimension: each tensor-parallel slice is sharded
-// again across the data group, gradients reduce-scattered over it, optimizer state sharded).
+// The data dimension runs ddp (every data replica holds its tensor-parallel slices whole,
+// gradients averaged over the data group) or fsdp (what Python builds with fully_shard over the
+// data dimension: each tensor-parallel slice is sharded again across the data group, gradients
+// reduce-scattered over it, optimizer state sharded). One strategy class serves both, and the
+// pipeline: ComposedStrategy (composed.h).
 // At setup the strategy builds the mesh, broadcasts rank 0's whole model to every rank, calls
 // parallelize(module, mesh) once per set-up module (so every slice is a slice of rank 0's tensor
 // and every unsplit tensor agrees within its tensor group), then sets the module up for the data
@@ -50,8 +51,7 @@ struct LF_API ModelParallelOptions {
   std::optional<int> data_parallel_size;
   /// Unset: world size / data_parallel_size when that is set, else the devices per node (Python's "auto").
   std::optional<int> tensor_parallel_size;
-  /// What runs on the data dimension: "ddp" (ModelParallelStrategy) or "fsdp"
-  /// (FSDPModelParallelStrategy).
+  /// What runs on the data dimension: "ddp" (the mesh's "replicate" dimension) or "fsdp" ("shard").
   std::string data_parallel_strategy = "ddp";
   /// The data dimension's ddp ("ddp"): buckets, process group, activation checkpointing. Its name
   /// is what the strategy reports ("model_parallel") under either data dimension.
@@ -71,73 +71,13 @@ struct LF_API ModelParallelOptions {
 /// bad state_dict_type or data_parallel_strategy, HYBRID_SHARD, or invalid ddp or fsdp settings.
 LF_API StrategySpec model_parallel_strategy(ModelParallelOptions options = ModelParallelOptions());
 
-/// What both model_parallel strategies offer, whatever runs on the data dimension:
-/// fabric.strategy_as<lf::MeshStrategy>().device_mesh().
+/// What the mesh-based strategy offers (ComposedStrategy, composed.h), whatever runs on the data
+/// dimension: fabric.strategy_as<lf::MeshStrategy>().device_mesh().
 class LF_API MeshStrategy {
  public:
   virtual ~MeshStrategy() = default;
   /// The mesh (after setup_environment; RuntimeError before).
   virtual const std::shared_ptr<DeviceMesh>& device_mesh() const = 0;
-};
-
-class TensorParallelPlan;  // the mesh, parallelize and split parameters (private to the library)
-
-/// model_parallel with ddp on the data dimension.
-class LF_API ModelParallelStrategy : public DDPStrategy, public MeshStrategy {
- public:
-  ModelParallelStrategy(StrategyContext context, ModelParallelOptions options);
-  ~ModelParallelStrategy() override;
-
-  /// Forms the process group and the mesh (once; collective). ValueError when the sizes do not
-  /// make the world size.
-  void setup_environment() override;
-  const std::shared_ptr<DeviceMesh>& device_mesh() const override;
-  void setup_module(const std::shared_ptr<torch::nn::Module>& module) override;
-  double clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type,
-                                bool error_if_nonfinite) override;
-  SamplerShare sampler_share() const override;
-  /// Reads a file of whole tensors or a folder (from any mesh shape, or from fsdp or Python) and
-  /// keeps this rank's slice of every split tensor (collective).
-  StateDict load_checkpoint(const std::filesystem::path& path, State* state, bool strict) override;
-
- protected:
-  std::shared_ptr<Collective> data_parallel_group() override;
-  CheckpointWrite prepare_checkpoint(const std::string& call, const std::filesystem::path& path, const State& state,
-                                     const StateFilter& filter, bool host_copy) override;
-
- private:
-  std::unique_ptr<TensorParallelPlan> plan_;
-};
-
-/// model_parallel with fsdp on the data dimension (2-D parallelism: tensor parallel x fully
-/// sharded data parallel). Every fsdp call (summon_full_parameters, local_shards, resident_bytes)
-/// works on the tensor-parallel slices: shards are shards of this rank's slice, over its data group.
-class LF_API FSDPModelParallelStrategy : public FSDPStrategy, public MeshStrategy {
- public:
-  /// ValueError for HYBRID_SHARD (as model_parallel_strategy).
-  FSDPModelParallelStrategy(StrategyContext context, ModelParallelOptions options);
-  ~FSDPModelParallelStrategy() override;
-  std::string name() const override;
-
-  void setup_environment() override;
-  const std::shared_ptr<DeviceMesh>& device_mesh() const override;
-  /// init_module(true) builds on the meta device; setup splits the model first (parallelize on
-  /// meta tensors), then materialises each parameter's full value one at a time and keeps this
-  /// rank's shard of its slice.
-  void materialize_meta_tensors(torch::nn::Module& module) override;
-  void setup_module(const std::shared_ptr<torch::nn::Module>& module) override;
-  double clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type,
-                                bool error_if_nonfinite) override;
-  SamplerShare sampler_share() const override;
-
- protected:
-  Collective& data_parallel_group() override;
-  int data_parallel_size() const override;
-  int data_parallel_rank() const override;
-
- private:
-  std::unique_ptr<TensorParallelPlan> plan_;
-  std::set<const torch::nn::Module*> parallelized_;  // split while materialised from the meta device
 };
 
 }  // namespace lightning::fabric

@@ -29,6 +29,15 @@ namespace lightning::fabric {
 class Collective;  // the process group (private to the library; its tests include collective.h)
 class SubprocessLauncher;
 
+/// The groups a data-parallel strategy runs over when a composed strategy (composed.h) places it
+/// on a mesh's data dimensions. Null: the world.
+struct LF_API DataGroups {
+  std::shared_ptr<Collective> data;        // every rank holding the same model part (replicate x shard)
+  std::shared_ptr<Collective> shard;       // the ranks a parameter's shards are split over
+  std::shared_ptr<Collective> replicate;   // the ranks holding the same shard (HSDP), or null
+  std::shared_ptr<Collective> same_model;  // the ranks that build the same module (a pipeline stage's)
+};
+
 class LF_API ParallelStrategy : public Strategy {
  public:
   /// settings: the strategy's options' process_group (checked by the strategy's factory); the
@@ -54,12 +63,21 @@ class LF_API ParallelStrategy : public Strategy {
   at::Tensor broadcast(const at::Tensor& tensor, int src) override;
   std::string broadcast_bytes(const std::string& bytes, int src) override;
 
+  /// Runs this strategy on a process group formed by another (a composed strategy's world) and
+  /// the given groups of it: setup_environment then forms nothing. Not collective.
+  void run_on(std::shared_ptr<Collective> world, DataGroups groups);
   /// The process group over every rank (after setup_environment; RuntimeError before).
   Collective& collective();
-  /// The group a shard is split over: this node's ranks once use_node_groups() ran, or the group
-  /// given to shard_over, else the world.
+  /// The ranks that hold the same model (or model part) and average its gradients: the world, or
+  /// DataGroups::data. The ranks that build the same module: the world, or DataGroups::same_model.
+  Collective& data_group();
+  const std::shared_ptr<Collective>& shared_data_group();
+  Collective& same_model_group();
+  /// The group a shard is split over: this node's ranks once use_node_groups() ran, or
+  /// DataGroups::shard, else the world.
   Collective& shard_group();
-  /// The group over this local rank on every node once use_node_groups() ran, else null.
+  /// The group over this local rank on every node once use_node_groups() ran, or
+  /// DataGroups::replicate, else null.
   Collective* replica_group() const { return replica_group_.get(); }
   /// Collectives issued so far over every group of this strategy (tests count them).
   uint64_t operation_count() const;
@@ -80,8 +98,8 @@ class LF_API ParallelStrategy : public Strategy {
   /// False while no_backward_sync is active for module.
   bool syncs_gradients_of(const torch::nn::Module* module) const { return sync_disabled_.count(module) == 0; }
   const std::shared_ptr<Collective>& shared_collective() const { return collective_; }
-  /// Makes group (some of the world's ranks, this one among them) the shard group.
-  void shard_over(std::shared_ptr<Collective> group) { shard_group_ = std::move(group); }
+  /// The shard group when one was made (use_node_groups, run_on), else null.
+  const Collective* formed_shard_group() const { return shard_group_.get(); }
 
  private:
   ProcessGroupSettings settings_;
@@ -89,6 +107,7 @@ class LF_API ParallelStrategy : public Strategy {
   std::shared_ptr<Collective> collective_;
   std::shared_ptr<Collective> shard_group_;    // null: the world
   std::shared_ptr<Collective> replica_group_;  // null: no replicas
+  std::shared_ptr<Collective> data_group_, same_model_group_;  // null: the world
   std::set<const torch::nn::Module*> sync_disabled_;
 };
 

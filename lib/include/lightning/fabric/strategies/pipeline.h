@@ -107,7 +107,11 @@ struct LF_API PipelineOptions {
   int micro_batches = 4;
   /// Stages on each rank: 1, or more with Interleaved1F1B or GPipe (stage s on pipe rank s % P).
   int stages_per_rank = 1;
-  /// What runs on the data dimension: "ddp" (PipelineStrategy) or "fsdp" (FSDPPipelineStrategy).
+  /// What runs on the data dimension: "ddp" (the mesh's "replicate" dimension: each stage's data
+  /// replicas hold it whole) or "fsdp" ("shard": each stage's parameters, gradients and optimizer
+  /// state sharded over its data group; a rank's stages are one sharding unit, gathered at the
+  /// step's first forward and kept through the schedule until fabric.backward has
+  /// reduce-scattered the step's gradients, as Python's fully_shard(reshard_after_forward=False)).
   std::string data_parallel_strategy = "ddp";
   /// The data dimension's ddp: buckets, process group, buffer broadcast. Its name is the
   /// strategy's ("pipeline") under either data dimension.
@@ -133,7 +137,7 @@ struct LF_API PipelineStepStats {
   double idle_fraction() const { return step_seconds > 0 ? 1.0 - compute_seconds / step_seconds : 0.0; }
 };
 
-/// What both pipeline strategies offer, whatever runs on the data dimension:
+/// What the pipeline strategy offers (ComposedStrategy, composed.h), whatever runs on the data dimension:
 /// fabric.strategy_as<lf::PipelineParallel>().last_step(). device_mesh() is the job's mesh
 /// (device_mesh.h): dimensions "pipe", "replicate" (ddp) or "shard" (fsdp), and "tensor", in that
 /// order, with the data dimension flattened as "data" too and every dimension but pipe as "stage"
@@ -147,103 +151,6 @@ class LF_API PipelineParallel : public MeshStrategy {
   virtual std::vector<int> local_stages() const = 0;
   /// The last training step's timing on this rank (zeros before the first).
   virtual PipelineStepStats last_step() const = 0;
-};
-
-class PipelinePlan;  // the meshes, the kept layers, the executor (private to the library)
-
-/// The pipeline with ddp on the data dimension (PipelineOptions::data_parallel_strategy "ddp").
-class LF_API PipelineStrategy : public DDPStrategy, public PipelineParallel {
- public:
-  PipelineStrategy(StrategyContext context, PipelineOptions options);
-  ~PipelineStrategy() override;
-
-  /// Forms the process group and the (pipe, data, tensor) mesh (collective). ValueError when the
-  /// sizes do not make the world size.
-  void setup_environment() override;
-  const std::shared_ptr<DeviceMesh>& device_mesh() const override;
-  int pipe_size() const override;
-  int pipe_rank() const override;
-  std::vector<int> local_stages() const override;
-  PipelineStepStats last_step() const override;
-
-  /// init_module(true) builds on the meta device; setup materialises only this rank's stages.
-  bool builds_on_meta_device() const override { return true; }
-  void materialize_meta_tensors(torch::nn::Module& module) override;
-  void module_to_device(torch::nn::Module& module) const override;
-  /// Keeps this rank's stages of an lf::Pipeline (ValueError for any other module, a split that
-  /// does not match the stage count, tied weights across stages, a stage with nothing to train),
-  /// splits their tensor-parallel layers, then sets them up for ddp over the data group.
-  void setup_module(const std::shared_ptr<torch::nn::Module>& module) override;
-  /// Drops the parameters of other ranks' stages from the optimizer's groups.
-  void setup_optimizer(torch::optim::Optimizer& optimizer) override;
-  /// The norm over every stage's gradients (each element counted once).
-  double clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type,
-                                bool error_if_nonfinite) override;
-  SamplerShare sampler_share() const override;
-  /// Refuses fabric.backward's options the pipeline cannot honour (see docs), then as ddp.
-  void backward(at::Tensor& loss, torch::nn::Module* module, const BackwardOptions& options) override;
-  /// Reads a folder or file written under any pipeline shape and restores this rank's stages
-  /// (collective).
-  StateDict load_checkpoint(const std::filesystem::path& path, State* state, bool strict) override;
-
- protected:
-  std::shared_ptr<Collective> data_parallel_group() override;
-  /// A folder (torch.distributed.checkpoint's layout): each stage's tensors written by its ranks;
-  /// `lightning-run model consolidate` turns it into one file.
-  CheckpointWrite prepare_checkpoint(const std::string& call, const std::filesystem::path& path, const State& state,
-                                     const StateFilter& filter, bool host_copy) override;
-
- private:
-  std::unique_ptr<PipelinePlan> plan_;
-};
-
-/// The pipeline with fsdp on the data dimension (data_parallel_strategy "fsdp"): each stage's
-/// parameters sharded over its data group, gradients reduce-scattered there, optimizer state
-/// sharded. A rank's stages are one sharding unit: their full parameters are gathered at the
-/// step's first forward and kept through the schedule (every micro-batch's forward and backward)
-/// until fabric.backward has reduce-scattered the step's gradients; FULL_SHARD then frees them
-/// until the next step, SHARD_GRAD_OP keeps them (as Python's
-/// fully_shard(reshard_after_forward=False), which TorchTitan uses under pipelining).
-class LF_API FSDPPipelineStrategy : public FSDPStrategy, public PipelineParallel {
- public:
-  /// ValueError for HYBRID_SHARD, auto-wrapped units or state_dict_type "full" (the pipeline
-  /// saves folders; consolidate makes the file). With a tensor dimension each rank shards
-  /// its tensor-parallel slices over the stage's data group (as FSDPModelParallelStrategy).
-  /// init_module(true) with a tensor dimension is refused (meta initialisation works without one,
-  /// and under ddp with one).
-  FSDPPipelineStrategy(StrategyContext context, PipelineOptions options);
-  ~FSDPPipelineStrategy() override;
-  std::string name() const override;
-
-  void setup_environment() override;
-  const std::shared_ptr<DeviceMesh>& device_mesh() const override;
-  int pipe_size() const override;
-  int pipe_rank() const override;
-  std::vector<int> local_stages() const override;
-  PipelineStepStats last_step() const override;
-
-  void materialize_meta_tensors(torch::nn::Module& module) override;
-  void module_to_device(torch::nn::Module& module) const override;
-  /// As PipelineStrategy's, then fsdp over the stage's data group (ValueError for an lf::FSDPUnit
-  /// inside the pipeline: the stage is the unit).
-  void setup_module(const std::shared_ptr<torch::nn::Module>& module) override;
-  void setup_optimizer(torch::optim::Optimizer& optimizer) override;
-  double clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type,
-                                bool error_if_nonfinite) override;
-  SamplerShare sampler_share() const override;
-  void backward(at::Tensor& loss, torch::nn::Module* module, const BackwardOptions& options) override;
-  StateDict load_checkpoint(const std::filesystem::path& path, State* state, bool strict) override;
-
- protected:
-  Collective& data_parallel_group() override;
-  int data_parallel_size() const override;
-  int data_parallel_rank() const override;
-  Collective& same_model_group() override;
-  CheckpointWrite prepare_checkpoint(const std::string& call, const std::filesystem::path& path, const State& state,
-                                     const StateFilter& filter, bool host_copy) override;
-
- private:
-  std::unique_ptr<PipelinePlan> plan_;
 };
 
 }  // namespace lightning::fabric

@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lightning/fabric/accelerators/accelerator.h"
@@ -178,6 +179,12 @@ class LF_API Strategy {
     int rank = 0;
   };
   virtual SamplerShare sampler_share() const { return {world_size(), global_rank()}; }
+  /// The tensors this rank trains for a set-up module, by parameter name: its parameters; under
+  /// fsdp their shards (non-finite detection and spike checks read them).
+  virtual std::vector<std::pair<std::string, at::Tensor>> trained_tensors(const torch::nn::Module& module);
+  /// A composed strategy's data-parallel part (the ddp or fsdp strategy on its mesh's data
+  /// dimensions, composed.h); null for every other strategy. strategy_cast looks there too.
+  virtual Strategy* data_parallel_part() const { return nullptr; }
 
   // The checkpoint protocol of every strategy (collective; each is also a barrier), which the
   // sharded-checkpoint engine and a user's own strategy use alike. A failure of any kind
@@ -225,10 +232,12 @@ LF_API StrategyRegistry& strategy_registry();
 LF_API std::vector<std::string> strategy_choices();
 
 /// The strategy as its concrete type, e.g. fabric.strategy_as<FSDPStrategy>() (strategy_as in
-/// fabric.h); TypeError naming the active strategy when it is not a T.
+/// fabric.h), or its data-parallel part as that type (fsdp under model_parallel); TypeError
+/// naming the active strategy when neither is a T.
 template <class T>
 T& strategy_cast(Strategy& strategy, const char* wanted) {
   auto* cast = dynamic_cast<T*>(&strategy);
+  if (cast == nullptr && strategy.data_parallel_part() != nullptr) cast = dynamic_cast<T*>(strategy.data_parallel_part());
   LF_CHECK(cast != nullptr, TypeError, "The active strategy is '", strategy.name(), "', which is not a ", wanted,
            ". Choose a strategy of that type in FabricOptions().strategy(...) (or lightning-run --strategy).");
   return *cast;

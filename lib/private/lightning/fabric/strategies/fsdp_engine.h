@@ -75,7 +75,8 @@ class FSDPStrategy::Engine : public CheckpointLayout {
 
   /// Materialises a module built on the meta device (collective): parameters whose parameters are
   /// freed keep only this rank's shard, kept here until shard(); the rest get their full values.
-  void materialize(torch::nn::Module& module);
+  /// slice (if set): what this rank holds of each parameter's full value before sharding.
+  void materialize(torch::nn::Module& module, const MaterializeSlice& slice);
   /// Parameters and buffers materialize() gave values that every rank computed alike.
   const std::set<const c10::TensorImpl*>& materialized() const { return materialized_; }
   /// Drops what materialize() kept for the setup that follows it (after that setup, or when it failed).
@@ -117,8 +118,9 @@ class FSDPStrategy::Engine : public CheckpointLayout {
   const ShardedParameter* find_parameter(const at::Tensor& tensor) const;
 
   // Checkpoints (fsdp_checkpoint.cpp): the sharded-checkpoint engine's questions.
-  /// A sharded parameter's shard: a flat range of the parameter as this rank holds it, placed
-  /// inside outer_placement's box when one is set; written by the first replica of each shard.
+  /// A sharded parameter's shard: a flat range of the parameter as this rank holds it (a composed
+  /// strategy places that inside its tensor-parallel box); written by the first replica of each
+  /// shard.
   std::optional<Placement> placement(const at::Tensor& parameter) const override;
   /// The shard (a copy when it views its full parameter, so the save holds only its elements).
   at::Tensor saved_value(const at::Tensor& parameter) const override;
@@ -130,13 +132,6 @@ class FSDPStrategy::Engine : public CheckpointLayout {
   /// and loads the optimizers' state.
   StateDict restore(State& state, const StateDict& local, bool strict) override;
 
-  /// Set by fsdp on model_parallel's data dimension: where a parameter, as this rank holds it (its
-  /// tensor-parallel slice, of `shape`: the module's parameter has 0 elements while freed), lies in
-  /// the whole tensor; its shards are flat ranges of that box.
-  std::function<Placement(const at::Tensor& parameter, const std::vector<int64_t>& shape)> outer_placement;
-  /// Set by the same while materialising from the meta device: the part of a parameter's full
-  /// value this rank holds before sharding (its tensor-parallel slice).
-  std::function<at::Tensor(const std::string& name, const at::Tensor& full)> slice_before_sharding;
 
  private:
   class UnitHooks;

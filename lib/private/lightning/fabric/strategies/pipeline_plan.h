@@ -1,8 +1,7 @@
-// What both pipeline strategies share, whatever runs on the data dimension (ddp:
-// PipelineStrategy, fsdp: FSDPPipelineStrategy): the (pipe, data, tensor) mesh and its groups,
+// The composed strategy's pipe part (composed.h): the pipe group and its twin for gradients,
 // which layers this rank keeps, the schedule's executor attached to each set-up lf::Pipeline, the
-// optimizer's share, the sampler's share and the checks every pipeline makes. Private to the
-// library (docs/pipeline-parallel.md).
+// optimizer's share and the checks every pipeline makes. Private to the library
+// (docs/pipeline-parallel.md).
 #pragma once
 
 #include <cstdint>
@@ -14,7 +13,6 @@
 
 #include "lightning/fabric/checkpoint/state.h"
 #include "lightning/fabric/strategies/pipeline.h"
-#include "lightning/fabric/strategies/tensor_parallel_plan.h"
 
 namespace lightning::fabric {
 
@@ -27,15 +25,12 @@ class PipelinePlan {
 
   /// (pipe, data) for this world size; ValueError unless pipe x data x tensor makes it.
   std::pair<int, int> shape(int world_size) const;
-  /// Forms the meshes and groups once (collective over world), and connects each rank to its
-  /// neighbouring stages' ranks.
-  void form(Collective& world);
+  /// Takes the composed strategy's mesh (with "pipe" and a flattened "stage"), makes the pipe
+  /// group's twin and connects each rank to its neighbouring stages' ranks (collective, once).
+  void form(std::shared_ptr<DeviceMesh> mesh);
   bool formed() const { return mesh_ != nullptr; }
-  /// The (pipe, replicate or shard, tensor) mesh, with "data" and "stage" flattened; RuntimeError
-  /// before form.
+  /// RuntimeError before form.
   const std::shared_ptr<DeviceMesh>& mesh() const;
-  const TensorParallelPlan& tensor_plan() const { return *tensor_plan_; }
-  TensorParallelPlan& tensor_plan() { return *tensor_plan_; }
   /// This rank's pipe group (its neighbours in other stages, same data and tensor coordinates).
   Collective& pipe_group() const;
   /// Every rank of this rank's stage (the mesh's "stage" group: data x tensor of them).
@@ -57,7 +52,6 @@ class PipelinePlan {
   static int64_t layer_position(const State& state, const std::string& name);
   /// Drops other ranks' parameters from the optimizer's groups.
   void keep_local_parameters(torch::optim::Optimizer& optimizer) const;
-  Strategy::SamplerShare sampler_share(int world_size, int global_rank) const;
   PipelineStepStats last_step() const { return *last_step_; }
 
   /// Refusals every pipeline shares: a precision with a loss scaler; backward options it cannot honour.
@@ -72,7 +66,6 @@ class PipelinePlan {
   PipelineOptions options_;
   std::shared_ptr<DeviceMesh> mesh_;
   std::shared_ptr<Collective> gradient_group_;    // this rank's pipe group again, for gradients
-  std::unique_ptr<TensorParallelPlan> tensor_plan_;  // the split parameters
   std::shared_ptr<PipelineStepStats> last_step_;  // written by every attached pipeline's steps
   std::set<const c10::TensorImpl*> local_parameters_;
 };

@@ -1,0 +1,115 @@
+// The composed strategy: every parallelism but plain ddp and fsdp, built from one description.
+// It holds one DeviceMesh (device_mesh.h) whose dimensions are named "pipe", "replicate", "shard"
+// and "tensor" (in that order, those the configuration uses) and one part per dimension:
+//   - data: the ddp strategy on "replicate" (its bucketed reducer and buffer broadcast) or the
+//     fsdp strategy on "shard" (its sharding engine), run over the mesh's groups (DataGroups);
+//   - tensor: the tensor-parallel plan (parallelize, and which parameters it split);
+//   - pipe: the pipeline plan (which stages this rank keeps, the schedule's executor).
+// Each part contributes its setup step, its refusals and its factor of each tensor's placement;
+// one function composes a tensor's placement (where its value lies in the whole tensor and which
+// rank writes it), which the checkpoint engine and gradient clipping both read.
+// It is registered as "model_parallel" (model_parallel_strategy: (replicate or shard, tensor)) and
+// "pipeline" (pipeline_strategy: (pipe, replicate or shard, tensor)); docs/model-parallel.md.
+#pragma once
+
+#include "lightning/fabric/export.h"
+
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "lightning/fabric/strategies/device_mesh.h"
+#include "lightning/fabric/strategies/model_parallel.h"
+#include "lightning/fabric/strategies/parallel.h"
+#include "lightning/fabric/strategies/pipeline.h"
+
+namespace lightning::fabric {
+
+class FSDPStrategy;
+class PipelinePlan;        // the pipe part (private to the library)
+class TensorParallelPlan;  // the tensor part (private to the library)
+
+class LF_API ComposedStrategy : public ParallelStrategy, public PipelineParallel {
+ public:
+  /// model_parallel: (replicate, tensor) under ddp, (shard, tensor) under fsdp.
+  ComposedStrategy(StrategyContext context, ModelParallelOptions options);
+  /// pipeline: (pipe, replicate or shard, tensor).
+  ComposedStrategy(StrategyContext context, PipelineOptions options);
+  ~ComposedStrategy() override;
+  std::string name() const override;
+
+  /// Forms the process group, the mesh and its groups, and puts the data part on them (once;
+  /// collective). ValueError when the sizes do not make the world size.
+  void setup_environment() override;
+  /// The mesh (after setup_environment; RuntimeError before).
+  const std::shared_ptr<DeviceMesh>& device_mesh() const override;
+  /// The pipe dimension's size and this rank's coordinate on it (1 and 0 without one), this
+  /// rank's stages, and the last step's timing (zeros without a pipe dimension).
+  int pipe_size() const override;
+  int pipe_rank() const override;
+  std::vector<int> local_stages() const override;
+  PipelineStepStats last_step() const override;
+  /// The ddp or fsdp strategy running on the mesh's data dimensions.
+  Strategy* data_parallel_part() const override;
+
+  /// With a pipe dimension: every rank builds on the meta device and materialises only its
+  /// stages. Otherwise as the data part (fsdp: yes, ddp: no).
+  bool builds_on_meta_device() const override;
+  /// fsdp x tensor: parallelize splits the meta model first, then each parameter's full value is
+  /// materialised one at a time and cut to this rank's slice, of which fsdp keeps its shard.
+  void materialize_meta_tensors(torch::nn::Module& module) override;
+  void module_to_device(torch::nn::Module& module) const override;
+  /// The parts' setup steps in order: pipe (keep this rank's stages; refusals), tensor (rank 0's
+  /// values over the ranks that split them, then parallelize), data (ddp's reducer, or fsdp's
+  /// shards), pipe again (the schedule's executor).
+  void setup_module(const std::shared_ptr<torch::nn::Module>& module) override;
+  /// Drops other stages' parameters from the optimizer's groups, then the data part's step (fsdp:
+  /// the optimizer steps shards).
+  void setup_optimizer(torch::optim::Optimizer& optimizer) override;
+  ModulePolicy activation_checkpointing() const override;
+  ScopeGuard no_backward_sync(const torch::nn::Module& module, bool enabled) override;
+  void backward(at::Tensor& loss, torch::nn::Module* module, const BackwardOptions& options) override;
+  void before_grad(bool create_graph) override;
+  bool optimizer_step(torch::optim::Optimizer& optimizer, const torch::optim::Optimizer::LossClosure& closure = nullptr,
+                      StepKernel kernel = StepKernel::LibTorch) override;
+  void before_forward(const torch::nn::Module& module) override;
+  at::Tensor convert_input(const at::Tensor& input) const override;
+  void annotate_forward_error(const torch::nn::Module& module, const std::exception& error) override;
+  std::vector<std::pair<std::string, at::Tensor>> trained_tensors(const torch::nn::Module& module) override;
+  /// One norm over every element once: a tensor's part is summed over the dimensions that split
+  /// it (pipe: every stage's own; shard: fsdp's shards; tensor: a split parameter's slices) and
+  /// counted once over those that replicate it.
+  double clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type,
+                                bool error_if_nonfinite) override;
+  /// The data dimensions' share: ranks of one model replica (its pipe and tensor peers) read the
+  /// same samples; data ranks different ones.
+  SamplerShare sampler_share() const override;
+  /// Reads a folder or file written under any mesh shape, ddp or fsdp, or by Python (collective).
+  StateDict load_checkpoint(const std::filesystem::path& path, State* state, bool strict) override;
+
+ protected:
+  /// A folder (torch.distributed.checkpoint's layout, each part written by one rank), or under
+  /// model_parallel with state_dict_type "full" one file of whole tensors.
+  CheckpointWrite prepare_checkpoint(const std::string& call, const std::filesystem::path& path, const State& state,
+                                     const StateFilter& filter, bool host_copy) override;
+
+ private:
+  class Layout;  // the composed placement, as the checkpoint engine asks it
+  /// The mesh's dimensions for this world size, outermost first (no mesh needed).
+  std::vector<MeshDimension> dimensions() const;
+  bool fully_sharded() const { return options_.data_parallel_strategy == "fsdp"; }
+  FSDPStrategy* fsdp() const;
+
+  ModelParallelOptions options_;                  // the data and tensor parts' options
+  std::optional<PipelineOptions> pipeline_options_;  // set: a pipe dimension
+  std::shared_ptr<ParallelStrategy> data_;        // DDPStrategy or FSDPStrategy
+  std::unique_ptr<TensorParallelPlan> tensor_;
+  std::unique_ptr<PipelinePlan> pipe_;            // null without a pipe dimension
+  std::shared_ptr<DeviceMesh> mesh_;
+  std::set<const torch::nn::Module*> parallelized_;  // split while materialised from the meta device
+};
+
+}  // namespace lightning::fabric
