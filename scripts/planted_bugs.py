@@ -35,10 +35,9 @@ BUGS = [
     ("ddp-buffers-not-broadcast", "lib/src/strategies/ddp.cpp",
      "if (!options_.broadcast_buffers || world_size() < 2) return;", "return;",
      "ddp.checks_on_2_ranks"),
-    ("tensor-group-broadcast-skipped", "lib/src/strategies/model_parallel.cpp",
-     "if (world_size() > 1) broadcast_module_from_rank_zero(*module, {}, &collective());\n"
-     "  plan_->parallelize(module);\n  DDPStrategy::setup_module(module);",
-     ";\n  plan_->parallelize(module);\n  DDPStrategy::setup_module(module);",
+    ("tensor-group-broadcast-skipped", "lib/src/strategies/composed.cpp",
+     "broadcast_module_from_rank_zero(*module, {}, pipe_ != nullptr ? &mesh_->group(\"stage\") : &collective());",
+     ";",
      "model_parallel.trains_like_one_process_on_mesh_1x2_gloo"),
     ("gradients-summed-not-averaged", "lib/src/internal/gradient_reducer.cpp",
      "bucket.flat.div_(world);", ";",

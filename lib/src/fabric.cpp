@@ -103,8 +103,6 @@ ScopeGuard Fabric::no_backward_sync(const torch::nn::Module& module, bool enable
   LF_CHECK(set_up, TypeError, "You need to set up the model first before you can call `fabric.no_backward_sync()`: "
            "`model = fabric.setup(model, ...)`. This module (", module.name(), ") was not set up by this Fabric; "
            "pass the FabricModule that fabric.setup returned.");
-  // As Python: one device has nothing to synchronise, so there is nothing to warn about either.
-  if (dynamic_cast<const SingleDeviceStrategy*>(connector_->strategy.get()) != nullptr) return ScopeGuard();
   return connector_->strategy->no_backward_sync(module, enabled);
 }
 

@@ -21,6 +21,8 @@
 //   --dropout P                             residual dropout; every rank seeds each step alike and
 //                                           the reference runs each data rank's rows on its own
 //                                           with the same seed (ParallelDropout's mask rule)
+//   --shard N                               with --fsdp HYBRID_SHARD: shard each replica over N data
+//                                           ranks (HSDP x tensor: mesh (replicate, shard, tensor))
 //   --meta                                  build the model under fabric.init_module(true) (on the
 //                                           meta device under fsdp: split, then materialised)
 //   --plain                                 no model_parallel: Fabric's default strategy, unsplit
@@ -55,6 +57,7 @@ struct Flags {
   int64_t steps = 20;
   std::string save, save_type = "sharded", resume, fsdp;
   bool plain = false, meta = false;
+  int shard = 0;  // HYBRID_SHARD's shard size; 0: the default
 };
 
 Flags parse(int argc, char** argv) {
@@ -64,6 +67,7 @@ Flags parse(int argc, char** argv) {
     const bool has_value = i + 1 < argc;
     if (name == "--plain") flags.plain = true;
     else if (name == "--meta") flags.meta = true;
+    else if (name == "--shard" && has_value) flags.shard = std::atoi(argv[++i]);
     else if (name == "--tensor" && has_value) flags.tensor = std::atoi(argv[++i]);
     else if (name == "--fsdp") flags.fsdp = i + 1 < argc && argv[i + 1][0] != '-' ? argv[++i] : "FULL_SHARD";
     else if (name == "--steps" && has_value) flags.steps = std::atoll(argv[++i]);
@@ -91,6 +95,7 @@ lf::FabricOptions fabric_options(const Flags& flags) {
     if (!flags.fsdp.empty()) {
       model_parallel.data_parallel_strategy = "fsdp";
       model_parallel.fully_sharded.sharding_strategy = lf::parse_sharding_strategy(flags.fsdp);
+      if (flags.shard > 0) model_parallel.data_parallel_shard_size = flags.shard;
     }
     options.strategy(lf::model_parallel_strategy(model_parallel));
   }
@@ -195,6 +200,12 @@ int main(int argc, char** argv) {
     expect(data * tensor == fabric.world_size(), "the mesh covers the world");
     const auto share = strategy->sampler_share();
     expect(share.replicas == data && share.rank == mesh->coordinate("data"), "the sampler splits by the data rank");
+    if (flags.shard > 0) {  // HSDP: the data dimension is replicate x shard, fsdp shards over shard
+      expect(mesh->has("replicate") && mesh->size("shard") == flags.shard &&
+                 mesh->size("replicate") * flags.shard == data && fsdp->shard_group_size() == flags.shard,
+             "HYBRID_SHARD's mesh is (replicate " + std::to_string(data / flags.shard) + ", shard " +
+                 std::to_string(flags.shard) + ", tensor)");
+    }
   }
   {
     lf::ScopeGuard full = fsdp ? fsdp->summon_full_parameters(*net) : lf::ScopeGuard();
@@ -224,14 +235,15 @@ int main(int argc, char** argv) {
     worst = largest_difference(net, reference, mesh);
   }
   expect(worst <= 1e-5, "the parameters differ from the unsplit model's by " + std::to_string(worst));
-  if (fsdp && flags.fsdp == "FULL_SHARD") {
-    // Parameters, gradients and momentum: each rank holds 1/(data x tensor) of a split parameter
-    // and 1/data of a whole one, three times over (float32); SHARD_GRAD_OP and NO_SHARD keep full
-    // parameters by design.
+  if (fsdp && (flags.fsdp == "FULL_SHARD" || flags.fsdp == "HYBRID_SHARD")) {
+    // Parameters, gradients and momentum: each rank holds 1/(shards x tensor) of a split parameter
+    // and 1/shards of a whole one, three times over (float32), shards being the data size (the
+    // shard size under HYBRID_SHARD); SHARD_GRAD_OP and NO_SHARD keep full parameters by design.
+    const int shards = fsdp->shard_group_size();
     double formula = 0;
     for (const auto& shard : fsdp->local_shards(*net)) {
       const double whole = static_cast<double>(c10::multiply_integers(shard.shape)) * 4;  // this rank's slice
-      formula += 3 * whole / data;
+      formula += 3 * whole / shards;
     }
     int64_t momentum = 0;
     for (const auto& group : sgd.param_groups()) {

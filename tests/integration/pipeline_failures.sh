@@ -74,7 +74,6 @@ expect 4 all "schedule=\"Interleaved1F1B\" takes micro-batches 4 at a time" \
 expect 4 all "schedule=\"1F1B\" runs one stage per rank, but stages_per_rank=2" -- --pipe 2 --stages-per-rank 2
 expect 4 all "schedule=\"ZeroBubble\" is not valid" -- --schedule ZeroBubble
 expect 4 all "fully_sharded.sharding_strategy=HYBRID_SHARD needs a replica dimension" -- --pipe 2 --fsdp HYBRID_SHARD
-expect 4 all "with fsdp and tensor_parallel_size=2 is not supported yet" -- --pipe 2 --fsdp FULL_SHARD --tensor 2 --meta
 # A precision with a loss scaler: refused at setup on every rank, which then meet at a barrier.
 expect 0 all "refused on rank" -- --pipe 4 --loss-scaler
 exit $failed

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <torch/types.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -17,6 +18,7 @@
 #include "lightning/fabric/strategies/fsdp.h"
 #include "lightning/fabric/strategies/pipeline_plan.h"
 #include "lightning/fabric/strategies/tensor_parallel_plan.h"
+#include "lightning/fabric/utilities/meta_init.h"
 
 namespace lightning::fabric {
 
@@ -128,6 +130,10 @@ FSDPStrategy* ComposedStrategy::fsdp() const {
 
 Strategy* ComposedStrategy::data_parallel_part() const { return data_.get(); }
 
+bool ComposedStrategy::hybrid() const {
+  return fully_sharded() && options_.fully_sharded.sharding_strategy == ShardingStrategy::HybridShard;
+}
+
 std::vector<MeshDimension> ComposedStrategy::dimensions() const {
   const std::string data_dimension = fully_sharded() ? "shard" : "replicate";
   if (pipe_ != nullptr) {
@@ -135,21 +141,34 @@ std::vector<MeshDimension> ComposedStrategy::dimensions() const {
     return {{"pipe", pipe}, {data_dimension, data}, {"tensor", pipeline_options_->tensor_parallel_size}};
   }
   const auto [data, tensor] = tensor_->mesh_shape(world_size(), num_processes());
-  return {{data_dimension, data}, {"tensor", tensor}};
+  if (!hybrid()) return {{data_dimension, data}, {"tensor", tensor}};
+  // HSDP: each replica sharded over `shard` ranks of the data dimension (a node's by default).
+  const int shard = options_.data_parallel_shard_size.value_or(std::max(1, num_processes() / tensor));
+  LF_CHECK(data > 0 && data % shard == 0, ValueError, "ModelParallelOptions: HYBRID_SHARD shards each replica over ",
+           shard, " data ranks (data_parallel_shard_size", options_.data_parallel_shard_size ? "" : " unset: the devices "
+           "per node / tensor_parallel_size", "), which does not divide the data size ", data, " (world size ",
+           world_size(), " / tensor_parallel_size ", tensor, "). Set data_parallel_shard_size to a divisor of ", data, ".");
+  return {{"replicate", data / shard}, {"shard", shard}, {"tensor", tensor}};
+}
+
+std::vector<std::string> ComposedStrategy::data_dimensions() const {
+  if (hybrid()) return {"replicate", "shard"};
+  return {fully_sharded() ? "shard" : "replicate"};
 }
 
 void ComposedStrategy::setup_environment() {
   if (mesh_ != nullptr) return;
   ParallelStrategy::setup_environment();
-  const std::vector<MeshDimension> dims = dimensions();
-  auto mesh = std::make_shared<DeviceMesh>(collective(), dims);
-  const std::string data_dimension = fully_sharded() ? "shard" : "replicate";
-  mesh->flatten({data_dimension}, "data");
-  if (pipe_ != nullptr) mesh->flatten({data_dimension, "tensor"}, "stage");
+  auto mesh = std::make_shared<DeviceMesh>(collective(), dimensions());
+  std::vector<std::string> stage = data_dimensions();
+  mesh->flatten(stage, "data");
+  stage.push_back("tensor");
+  if (pipe_ != nullptr) mesh->flatten(stage, "stage");
   DataGroups groups;
   groups.data = mesh->shared_group("data");
   if (fully_sharded()) groups.shard = mesh->shared_group("shard");
-  if (pipe_ != nullptr) groups.same_model = mesh->shared_group("stage");
+  if (hybrid()) groups.replicate = mesh->shared_group("replicate");
+  if (pipe_ != nullptr) groups.module_copies = mesh->shared_group("stage");
   data_->run_on(shared_collective(), std::move(groups));
   tensor_->use_mesh(mesh);
   if (pipe_ != nullptr) pipe_->form(mesh);
@@ -169,28 +188,21 @@ std::vector<int> ComposedStrategy::local_stages() const {
 }
 PipelineStepStats ComposedStrategy::last_step() const { return pipe_ != nullptr ? pipe_->last_step() : PipelineStepStats(); }
 
-bool ComposedStrategy::builds_on_meta_device() const { return pipe_ != nullptr || data_->builds_on_meta_device(); }
+bool ComposedStrategy::builds_on_meta_device() const { return true; }
 
 void ComposedStrategy::materialize_meta_tensors(torch::nn::Module& module) {
   setup_environment();
-  if (pipe_ != nullptr) {
-    LF_CHECK(!fully_sharded() || pipeline_options_->tensor_parallel_size == 1, ValueError, "fabric.init_module(true) "
-             "under the pipeline strategy with fsdp and tensor_parallel_size=", pipeline_options_->tensor_parallel_size,
-             " is not supported yet: build the model normally (init_module(false)), or use ddp on the data "
-             "dimension, where meta initialisation works with a tensor dimension.");
-    pipe_->keep_local_stages(PipelinePlan::as_pipeline(module));  // only this rank's stages get memory
-    data_->materialize_meta_tensors(module);
-    return;
-  }
-  if (!fully_sharded()) {
+  if (pipe_ != nullptr) pipe_->keep_local_stages(PipelinePlan::as_pipeline(module));  // only this rank's stages get memory
+  if (pipe_ != nullptr && mesh_->size("tensor") == 1) {  // nothing to split: the data part's materialisation
     data_->materialize_meta_tensors(module);
     return;
   }
   // Which parameters parallelize splits, learnt on the meta module, and the split of the meta
-  // ones undone once the units are made (from the split shapes, as a normal setup makes them):
-  // the record of the build belongs to the tensors as built. Materialising then keeps each split
-  // parameter's slice of its full value (and fsdp its shard of that), one parameter at a time.
-  // Parameters that are real already stay as parallelize split them.
+  // ones undone before the replay (fsdp: once its units are made, from the split shapes, as a
+  // normal setup makes them): the record of the build belongs to the tensors as built.
+  // Materialising then keeps each split parameter's slice of its full value (and fsdp its shard
+  // of that), one parameter at a time. Parameters that are real already stay as parallelize split
+  // them.
   std::vector<std::pair<at::Tensor, at::Tensor>> as_built;  // the module's tensor, a handle on its built geometry
   for (const auto& parameter : module.parameters()) {
     if (parameter.is_meta()) as_built.emplace_back(parameter, parameter.detach());
@@ -202,15 +214,31 @@ void ComposedStrategy::materialize_meta_tensors(torch::nn::Module& module) {
     if (auto dim = tensor_->split_dim(item.value())) slices[item.key()] = {*dim, item.value().size(*dim)};
   }
   const int tensor_rank = mesh_->coordinate("tensor");
-  const auto restore_built = [&] {  // once the units are made, from the split shapes
+  const auto restore_built = [&] {
     for (auto& [tensor, built] : as_built) tensor.set_data(built);
   };
-  fsdp()->materialize_sliced(module, [&](const std::string& name, const at::Tensor& full) {
+  const auto slice = [&](const std::string& name, const at::Tensor& full) {
     auto found = slices.find(name);
     if (found == slices.end()) return full;
     const auto [dim, size] = found->second;
     return full.narrow(dim, tensor_rank * size, size).clone();
-  }, restore_built);
+  };
+  if (FSDPStrategy* sharded = fsdp()) {
+    sharded->materialize_sliced(module, slice, restore_built);
+  } else {
+    restore_built();
+    MaterializeOptions options;  // every rank replays rank 0's build, and keeps its slices
+    options.agree_on_generator_state = [this](at::Tensor& state) {
+      at::Tensor on_device = state.to(root_device());
+      collective().broadcast_(on_device, 0);
+      state = on_device.cpu();
+    };
+    options.require_shared_generator = true;
+    options.install = [&](const std::string& name, bool is_parameter, const at::Tensor& full) {
+      return is_parameter ? slice(name, full) : full;
+    };
+    materialize_module(module, options);
+  }
   parallelized_.insert(&module);
 }
 
@@ -315,7 +343,7 @@ double ComposedStrategy::clip_gradients_by_norm(const std::vector<at::Tensor>& p
 }
 
 Strategy::SamplerShare ComposedStrategy::sampler_share() const {
-  // rank = ... x data + data rank) x tensor + tensor rank, with pipe outermost.
+  // rank = ((pipe x data) + data rank) x tensor + tensor rank: the data dimensions lie between.
   int data = 1, tensor = 1;
   for (const auto& dimension : dimensions()) {
     if (dimension.name == "replicate" || dimension.name == "shard") data *= dimension.size;

@@ -185,7 +185,7 @@ void FSDPStrategy::Engine::materialize(torch::nn::Module& module, const Material
   // Shapes are compared before the replay: afterwards the sharded parameters hold 0 elements.
   std::vector<at::Tensor> all = module.parameters();
   for (const auto& buffer : module.buffers()) all.push_back(buffer);
-  strategy_.same_model_group().check_same_tensors(all, "The model passed to fabric.setup");
+  strategy_.module_copies_group().check_same_tensors(all, "The model passed to fabric.setup");
   const int parts = strategy_.shard_group_size(), part = strategy_.shard_group_rank();
   std::map<std::string, const c10::TensorImpl*> by_name;
   for (const auto& item : module.named_parameters()) by_name.emplace(item.key(), item.value().unsafeGetTensorImpl());
@@ -617,8 +617,9 @@ void FSDPStrategy::Engine::reduce_gradients(ShardedModule& sharded, Unit& unit) 
   const double pre = reduce_dtype == at::kHalf ? std::sqrt(static_cast<double>(world)) : 1.0;
   if (pre != 1.0) rows.div_(pre);
   at::Tensor mine = parts > 1 ? strategy_.shard_group().reduce_scatter(rows, ReduceOp::Sum) : rows[0].clone();
-  if (parts == 1 && world > 1) strategy_.data_group().all_reduce_(mine, ReduceOp::Sum);  // NO_SHARD: DDP
   Collective* replicas = strategy_.replica_group();
+  // NO_SHARD: DDP. HYBRID_SHARD with one rank per shard group averages over its replicas below.
+  if (parts == 1 && world > 1 && replicas == nullptr) strategy_.data_group().all_reduce_(mine, ReduceOp::Sum);
   if (replicas != nullptr && replicas->world_size() > 1) replicas->all_reduce_(mine, ReduceOp::Sum);
   mine.div_(static_cast<double>(world) / pre);
   offset = 0;

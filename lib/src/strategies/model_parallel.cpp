@@ -8,17 +8,6 @@
 
 namespace lightning::fabric {
 
-namespace {
-// options, after refusing what fsdp cannot do on a 2-D mesh's data group.
-const ModelParallelOptions& fully_sharded_checked(const ModelParallelOptions& options) {
-  LF_CHECK(options.fully_sharded.sharding_strategy != ShardingStrategy::HybridShard, ValueError,
-           "ModelParallelOptions: fully_sharded.sharding_strategy=HYBRID_SHARD cannot apply to the data group of a 2-D "
-           "(data x tensor) mesh: it shards within a node and replicates across nodes, which needs a third mesh "
-           "dimension. Choose FULL_SHARD, SHARD_GRAD_OP or NO_SHARD (sharded over the whole data group).");
-  return options;
-}
-}  // namespace
-
 ModelParallelOptions::ModelParallelOptions() {
   parallelize = [](const std::shared_ptr<torch::nn::Module>& module, const std::shared_ptr<DeviceMesh>& mesh) {
     tensor_parallel::shard_tensor_parallel_layers(*module, mesh);
@@ -30,7 +19,8 @@ StrategySpec model_parallel_strategy(ModelParallelOptions options) {
   LF_CHECK(options.parallelize != nullptr, ValueError, "ModelParallelOptions: parallelize is empty. Give the function "
            "that applies tensor parallelism to the model, or keep the default (shard every tensor-parallel layer).");
   for (const auto& [name, size] : {std::pair{"data_parallel_size", options.data_parallel_size},
-                                   std::pair{"tensor_parallel_size", options.tensor_parallel_size}}) {
+                                   std::pair{"tensor_parallel_size", options.tensor_parallel_size},
+                                   std::pair{"data_parallel_shard_size", options.data_parallel_shard_size}}) {
     LF_CHECK(!size || *size > 0, ValueError, "ModelParallelOptions: ", name, "=", size.value_or(0),
              " must be positive, or unset.");
   }
@@ -41,17 +31,20 @@ StrategySpec model_parallel_strategy(ModelParallelOptions options) {
            "ModelParallelOptions: data_parallel_strategy=\"", options.data_parallel_strategy, "\" is not valid. Choose "
            "\"ddp\" (every data replica holds its tensor-parallel slices whole) or \"fsdp\" (the slices are sharded "
            "again over the data group).");
-  const std::string name = options.data_parallel.name;
+  LF_CHECK(!options.data_parallel_shard_size || (options.data_parallel_strategy == "fsdp" &&
+                                                 options.fully_sharded.sharding_strategy == ShardingStrategy::HybridShard),
+           ValueError, "ModelParallelOptions: data_parallel_shard_size=", options.data_parallel_shard_size.value_or(0),
+           " splits the data dimension into replicas of shards, which only fsdp's HYBRID_SHARD does (now "
+           "data_parallel_strategy=\"", options.data_parallel_strategy, "\" with ",
+           to_string(options.fully_sharded.sharding_strategy), "). Set data_parallel_strategy \"fsdp\" and "
+           "fully_sharded.sharding_strategy HYBRID_SHARD, or leave data_parallel_shard_size unset.");
   if (options.data_parallel_strategy == "ddp") {
     ddp_strategy(options.data_parallel);  // checks the ddp settings
-    return StrategySpec{name, [options](StrategyContext context) -> std::shared_ptr<Strategy> {
-                          return std::make_shared<ComposedStrategy>(std::move(context), options);
-                        }};
+  } else {
+    options.fully_sharded.state_dict_type = options.state_dict_type;
+    fsdp_strategy(options.fully_sharded);  // checks the fsdp settings
   }
-  fully_sharded_checked(options);
-  options.fully_sharded.state_dict_type = options.state_dict_type;
-  fsdp_strategy(options.fully_sharded);  // checks the fsdp settings
-  return StrategySpec{name, [options](StrategyContext context) -> std::shared_ptr<Strategy> {
+  return StrategySpec{options.data_parallel.name, [options](StrategyContext context) -> std::shared_ptr<Strategy> {
                         return std::make_shared<ComposedStrategy>(std::move(context), options);
                       }};
 }

@@ -89,7 +89,7 @@ void ParallelStrategy::run_on(std::shared_ptr<Collective> world, DataGroups grou
   data_group_ = std::move(groups.data);
   shard_group_ = std::move(groups.shard);
   replica_group_ = std::move(groups.replicate);
-  same_model_group_ = std::move(groups.same_model);
+  module_copies_group_ = std::move(groups.module_copies);
 }
 
 Collective& ParallelStrategy::data_group() { return data_group_ ? *data_group_ : collective(); }
@@ -99,7 +99,7 @@ const std::shared_ptr<Collective>& ParallelStrategy::shared_data_group() {
   return data_group_ ? data_group_ : collective_;
 }
 
-Collective& ParallelStrategy::same_model_group() { return same_model_group_ ? *same_model_group_ : collective(); }
+Collective& ParallelStrategy::module_copies_group() { return module_copies_group_ ? *module_copies_group_ : collective(); }
 
 Collective& ParallelStrategy::shard_group() { return shard_group_ ? *shard_group_ : collective(); }
 

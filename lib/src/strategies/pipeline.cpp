@@ -505,16 +505,13 @@ StrategySpec pipeline_strategy(PipelineOptions options) {
   LF_CHECK(options.data_parallel_strategy == "ddp" || options.data_parallel_strategy == "fsdp", ValueError,
            "PipelineOptions: data_parallel_strategy=\"", options.data_parallel_strategy, "\" is not valid. Choose "
            "\"ddp\" (each stage's data replicas hold it whole) or \"fsdp\" (each stage sharded over its data group).");
-  const std::string name = options.data_parallel.name;
   if (options.data_parallel_strategy == "ddp") {
     ddp_strategy(options.data_parallel);  // checks the ddp settings
-    return StrategySpec{name, [options](StrategyContext context) -> std::shared_ptr<Strategy> {
-                          return std::make_shared<ComposedStrategy>(std::move(context), options);
-                        }};
+  } else {
+    fully_sharded_checked(options);
+    fsdp_strategy(options.fully_sharded);  // checks the fsdp settings
   }
-  fully_sharded_checked(options);
-  fsdp_strategy(options.fully_sharded);  // checks the fsdp settings
-  return StrategySpec{name, [options](StrategyContext context) -> std::shared_ptr<Strategy> {
+  return StrategySpec{options.data_parallel.name, [options](StrategyContext context) -> std::shared_ptr<Strategy> {
                         return std::make_shared<ComposedStrategy>(std::move(context), options);
                       }};
 }

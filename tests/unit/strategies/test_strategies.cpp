@@ -123,10 +123,18 @@ TEST_CASE("strategies: model_parallel picks its data dimension and refuses what 
   lf::EMA ema;  // averages whole or fsdp-sharded parameters, not tensor-parallel slices
   CHECK_THROWS_WITH(ema.follow(std::make_shared<torch::nn::LinearImpl>(2, 2), *fsdp),
                     Contains("EMA: the model_parallel strategy splits parameters"));
-  options.fully_sharded.sharding_strategy = lf::ShardingStrategy::HybridShard;
+  options.data_parallel_shard_size = 2;  // HSDP's shard size, without HYBRID_SHARD
   CHECK_THROWS_WITH(lf::model_parallel_strategy(options),
-                    Contains("HYBRID_SHARD cannot apply to the data group of a 2-D (data x tensor) mesh") &&
-                        Contains("Choose FULL_SHARD, SHARD_GRAD_OP or NO_SHARD"));
+                    Contains("data_parallel_shard_size=2 splits the data dimension into replicas of shards") &&
+                        Contains("SHARD_GRAD_OP") && Contains("HYBRID_SHARD"));
+  options.fully_sharded.sharding_strategy = lf::ShardingStrategy::HybridShard;  // HSDP x tensor: (replicate, shard, tensor)
+  auto hybrid = strategy_for(lf::FabricOptions().accelerator("cpu").devices(8).strategy(lf::model_parallel_strategy(options)));
+  CHECK(hybrid->sampler_share().replicas == 4);
+  options.data_parallel_shard_size = 3;
+  auto odd = strategy_for(lf::FabricOptions().accelerator("cpu").devices(8).strategy(lf::model_parallel_strategy(options)));
+  CHECK_THROWS_WITH(odd->sampler_share(), Contains("HYBRID_SHARD shards each replica over 3 data ranks") &&
+                                              Contains("does not divide the data size 4"));
+  options.data_parallel_shard_size.reset();
   options.data_parallel_strategy = "zero";
   CHECK_THROWS_WITH(lf::model_parallel_strategy(options),
                     Contains("data_parallel_strategy=\"zero\" is not valid. Choose \"ddp\"") && Contains("\"fsdp\""));

@@ -1,14 +1,16 @@
 // The composed strategy: every parallelism but plain ddp and fsdp, built from one description.
 // It holds one DeviceMesh (device_mesh.h) whose dimensions are named "pipe", "replicate", "shard"
 // and "tensor" (in that order, those the configuration uses) and one part per dimension:
-//   - data: the ddp strategy on "replicate" (its bucketed reducer and buffer broadcast) or the
-//     fsdp strategy on "shard" (its sharding engine), run over the mesh's groups (DataGroups);
+//   - data: the ddp strategy on "replicate" (its bucketed reducer and buffer broadcast), the fsdp
+//     strategy on "shard" (its sharding engine), or fsdp on both (HYBRID_SHARD: shards within
+//     "shard", averaged over "replicate"), run over the mesh's groups (DataGroups);
 //   - tensor: the tensor-parallel plan (parallelize, and which parameters it split);
 //   - pipe: the pipeline plan (which stages this rank keeps, the schedule's executor).
 // Each part contributes its setup step, its refusals and its factor of each tensor's placement;
 // one function composes a tensor's placement (where its value lies in the whole tensor and which
 // rank writes it), which the checkpoint engine and gradient clipping both read.
-// It is registered as "model_parallel" (model_parallel_strategy: (replicate or shard, tensor)) and
+// It is registered as "model_parallel" (model_parallel_strategy: (replicate or shard, tensor), or
+// (replicate, shard, tensor) under HYBRID_SHARD) and
 // "pipeline" (pipeline_strategy: (pipe, replicate or shard, tensor)); docs/model-parallel.md.
 #pragma once
 
@@ -55,11 +57,12 @@ class LF_API ComposedStrategy : public ParallelStrategy, public PipelineParallel
   /// The ddp or fsdp strategy running on the mesh's data dimensions.
   Strategy* data_parallel_part() const override;
 
-  /// With a pipe dimension: every rank builds on the meta device and materialises only its
-  /// stages. Otherwise as the data part (fsdp: yes, ddp: no).
+  /// True: fabric.init_module(true) builds on the meta device under every configuration.
   bool builds_on_meta_device() const override;
-  /// fsdp x tensor: parallelize splits the meta model first, then each parameter's full value is
-  /// materialised one at a time and cut to this rank's slice, of which fsdp keeps its shard.
+  /// Keeps only this rank's stages (pipe), runs parallelize on the meta model to learn which
+  /// parameters it splits, then materialises each parameter's full value one at a time (rank 0's
+  /// build replayed on every rank), cut to this rank's tensor-parallel slice, of which fsdp keeps
+  /// its shard: no rank holds more than one full parameter beyond its own part.
   void materialize_meta_tensors(torch::nn::Module& module) override;
   void module_to_device(torch::nn::Module& module) const override;
   /// The parts' setup steps in order: pipe (keep this rank's stages; refusals), tensor (rank 0's
@@ -100,7 +103,10 @@ class LF_API ComposedStrategy : public ParallelStrategy, public PipelineParallel
   class Layout;  // the composed placement, as the checkpoint engine asks it
   /// The mesh's dimensions for this world size, outermost first (no mesh needed).
   std::vector<MeshDimension> dimensions() const;
+  /// The data dimensions: "replicate" (ddp), "shard" (fsdp), or both (fsdp's HYBRID_SHARD).
+  std::vector<std::string> data_dimensions() const;
   bool fully_sharded() const { return options_.data_parallel_strategy == "fsdp"; }
+  bool hybrid() const;
   FSDPStrategy* fsdp() const;
 
   ModelParallelOptions options_;                  // the data and tensor parts' options

@@ -51,15 +51,20 @@ struct LF_API ModelParallelOptions {
   std::optional<int> data_parallel_size;
   /// Unset: world size / data_parallel_size when that is set, else the devices per node (Python's "auto").
   std::optional<int> tensor_parallel_size;
+  /// Under HYBRID_SHARD: the ranks of the data dimension that shard one replica (the mesh's
+  /// "shard" size; it must divide the data size). Unset: the devices per node /
+  /// tensor_parallel_size (at least 1), as fsdp's HYBRID_SHARD shards within a node.
+  std::optional<int> data_parallel_shard_size;
   /// What runs on the data dimension: "ddp" (the mesh's "replicate" dimension) or "fsdp" ("shard").
   std::string data_parallel_strategy = "ddp";
   /// The data dimension's ddp ("ddp"): buckets, process group, activation checkpointing. Its name
   /// is what the strategy reports ("model_parallel") under either data dimension.
   DDPOptions data_parallel;
-  /// The data dimension's fsdp ("fsdp"): sharding strategy (FULL_SHARD, SHARD_GRAD_OP or
-  /// NO_SHARD; HYBRID_SHARD needs a third mesh dimension), units, mixed precision, prefetch,
+  /// The data dimension's fsdp ("fsdp"): sharding strategy, units, mixed precision, prefetch,
   /// activation checkpointing, process group. Its state_dict_type is not used: state_dict_type
-  /// below decides for both.
+  /// below decides for both. HYBRID_SHARD (HSDP x tensor) splits the data dimension in two: the
+  /// mesh is (replicate, shard, tensor), each replica's parameters sharded over the shard
+  /// dimension and its gradients averaged over the replicate one.
   FSDPOptions fully_sharded;
   /// "sharded": fabric.save writes a folder in which every rank writes its slices (Python's
   /// save_distributed_checkpoint=True). "full": each split tensor is gathered and rank 0 writes
@@ -68,7 +73,8 @@ struct LF_API ModelParallelOptions {
 };
 
 /// For FabricOptions().strategy(...). ValueError for non-positive sizes, an empty parallelize, a
-/// bad state_dict_type or data_parallel_strategy, HYBRID_SHARD, or invalid ddp or fsdp settings.
+/// bad state_dict_type or data_parallel_strategy, data_parallel_shard_size without HYBRID_SHARD,
+/// or invalid ddp or fsdp settings.
 LF_API StrategySpec model_parallel_strategy(ModelParallelOptions options = ModelParallelOptions());
 
 /// What the mesh-based strategy offers (ComposedStrategy, composed.h), whatever runs on the data

@@ -35,7 +35,7 @@ struct LF_API DataGroups {
   std::shared_ptr<Collective> data;        // every rank holding the same model part (replicate x shard)
   std::shared_ptr<Collective> shard;       // the ranks a parameter's shards are split over
   std::shared_ptr<Collective> replicate;   // the ranks holding the same shard (HSDP), or null
-  std::shared_ptr<Collective> same_model;  // the ranks that build the same module (a pipeline stage's)
+  std::shared_ptr<Collective> module_copies;  // the ranks that build the same module (a pipeline stage's)
 };
 
 class LF_API ParallelStrategy : public Strategy {
@@ -69,10 +69,10 @@ class LF_API ParallelStrategy : public Strategy {
   /// The process group over every rank (after setup_environment; RuntimeError before).
   Collective& collective();
   /// The ranks that hold the same model (or model part) and average its gradients: the world, or
-  /// DataGroups::data. The ranks that build the same module: the world, or DataGroups::same_model.
+  /// DataGroups::data. The ranks that build the same module: the world, or DataGroups::module_copies.
   Collective& data_group();
   const std::shared_ptr<Collective>& shared_data_group();
-  Collective& same_model_group();
+  Collective& module_copies_group();
   /// The group a shard is split over: this node's ranks once use_node_groups() ran, or
   /// DataGroups::shard, else the world.
   Collective& shard_group();
@@ -107,7 +107,7 @@ class LF_API ParallelStrategy : public Strategy {
   std::shared_ptr<Collective> collective_;
   std::shared_ptr<Collective> shard_group_;    // null: the world
   std::shared_ptr<Collective> replica_group_;  // null: no replicas
-  std::shared_ptr<Collective> data_group_, same_model_group_;  // null: the world
+  std::shared_ptr<Collective> data_group_, module_copies_group_;  // null: the world
   std::set<const torch::nn::Module*> sync_disabled_;
 };
 

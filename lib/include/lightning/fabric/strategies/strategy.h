@@ -88,8 +88,7 @@ class LF_API Strategy {
   /// nothing, the strategy runs one process.
   virtual void launch_processes() {}
   /// Skips the gradient synchronisation of `module` while the guard lives (accumulation).
-  /// Default: a no-op with a warning (Fabric does not call it under single_device, which is
-  /// silent, as Python).
+  /// Default: a no-op with a warning (single_device is silent, as Python).
   virtual ScopeGuard no_backward_sync(const torch::nn::Module& module, bool enabled);
   /// Whether backward averages gradients across processes (ddp, fsdp: every ParallelStrategy
   /// running more than one process). Fabric::backward then refuses a loss that no set-up model
@@ -221,6 +220,11 @@ class LF_API SingleDeviceStrategy : public Strategy {
   explicit SingleDeviceStrategy(StrategyContext context);
   std::string name() const override { return "single_device"; }
   torch::Device root_device() const override { return context_.parallel_devices.front(); }
+  /// As Python: one device has nothing to synchronise, so nothing to warn about either.
+  ScopeGuard no_backward_sync(const torch::nn::Module& module, bool enabled) override {
+    (void)module, (void)enabled;
+    return ScopeGuard();
+  }
 };
 
 using StrategyRegistry = Registry<Strategy, StrategyContext>;
