@@ -121,12 +121,13 @@ int run(const Settings& settings) {
   std::unique_ptr<lf::StreamingDataLoader> stream;
   if (!settings.stream_dir.empty()) {
     stream_data = std::make_unique<lf::StreamingDataset>(settings.stream_dir);
+    const auto share = fabric.strategy()->sampler_share();  // the data ranks
     stream = std::make_unique<lf::StreamingDataLoader>(
         *stream_data, lf::StreamingLoaderOptions()
                           .batch_size(settings.batch_size).shuffle(true).seed(settings.seed)
                           .threads(settings.loader_threads)
                           .pin_memory(fabric.device().is_cuda())  // page-locked batches: fast copies to the GPU
-                          .world_size(fabric.world_size()).rank(fabric.global_rank()));
+                          .world_size(share.replicas).rank(share.rank));
   }
   auto test_loader = fabric.setup_dataloaders(test.map(torch::data::transforms::Stack<>()),
                                               torch::data::DataLoaderOptions(1000));

@@ -14,12 +14,12 @@
 #include "lightning/fabric/checkpoint/atomic_file.h"
 #include "lightning/fabric/checkpoint/background_write.h"
 #include "lightning/fabric/checkpoint/checkpoint_io.h"
+#include "lightning/fabric/checkpoint/checkpoint_peers.h"
 #include "lightning/fabric/checkpoint/dcp.h"
 #include "lightning/fabric/checkpoint/optimizer_names.h"
 #include "lightning/fabric/checkpoint/sharded.h"
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/plugins/collectives/collective.h"
-#include "lightning/fabric/strategies/parallel.h"
 
 namespace lightning::fabric {
 
@@ -201,23 +201,23 @@ std::map<std::string, GroupNames> merge_groups(const std::vector<std::string>& e
 
 // A folder: rank 0 stages it, every rank writes its items (write), rank 0 merges the metadata and
 // renames the folder into place (commit).
-CheckpointWrite prepare_folder(ParallelStrategy& strategy, const std::string& call, const fs::path& path, bool host_copy,
+CheckpointWrite prepare_folder(const CheckpointPeers& peers, const std::string& call, const fs::path& path, bool host_copy,
                                const std::function<std::vector<dcp::SaveItem>(StateDict& rest)>& collect) {
-  const fs::path staging = strategy.broadcast_bytes(
-      strategy.is_global_zero() ? path.string() + ".tmp-" + std::to_string(::getpid()) : std::string(), 0);
-  const bool zero = strategy.is_global_zero();
+  const fs::path staging = peers.broadcast_bytes(
+      peers.is_global_zero() ? path.string() + ".tmp-" + std::to_string(::getpid()) : std::string(), 0);
+  const bool zero = peers.is_global_zero();
   auto discard = [zero, staging] {
     std::error_code ignored;
     if (zero) fs::remove_all(staging, ignored);  // nothing half-written stays behind
   };
-  strategy.run_on_rank_zero(call, [&] {
+  peers.run_on_rank_zero(call, [&] {
     fs::remove_all(staging);
     fs::create_directories(staging);
   });
   auto items = std::make_shared<std::vector<dcp::SaveItem>>();
   auto rest = std::make_shared<StateDict>(make_state_dict());  // what Python Fabric keeps in meta.pt
   try {
-    strategy.run_on_every_rank(call, [&] {
+    peers.run_on_every_rank(call, [&] {
       *items = collect(*rest);
       if (!host_copy) return;
       for (dcp::SaveItem& item : *items) item.value = lightning::fabric::host_copy(item.value);
@@ -229,16 +229,16 @@ CheckpointWrite prepare_folder(ParallelStrategy& strategy, const std::string& ca
   }
   auto written = std::make_shared<std::string>();  // this rank's metadata, pickled
   CheckpointWrite steps;
-  steps.write = [staging, rank = strategy.global_rank(), items, written] {
+  steps.write = [staging, rank = peers.global_rank(), items, written] {
     *written = dcp::write_metadata(dcp::write_rank_items(staging, rank, *items));
   };
-  steps.commit = [&strategy, call, staging, path, rest, written] {
+  steps.commit = [peers, call, staging, path, rest, written] {
     std::vector<std::string> every_rank;
-    for (int rank = 0; rank < strategy.world_size(); ++rank) {
-      std::string bytes = strategy.broadcast_bytes(rank == strategy.global_rank() ? *written : std::string(), rank);
-      if (strategy.is_global_zero()) every_rank.push_back(std::move(bytes));
+    for (int rank = 0; rank < peers.world_size(); ++rank) {
+      std::string bytes = peers.broadcast_bytes(rank == peers.global_rank() ? *written : std::string(), rank);
+      if (peers.is_global_zero()) every_rank.push_back(std::move(bytes));
     }
-    strategy.run_on_rank_zero(call, [&] {
+    peers.run_on_rank_zero(call, [&] {
       std::vector<dcp::Metadata> parts;
       for (size_t rank = 0; rank < every_rank.size(); ++rank) {
         parts.push_back(dcp::parse_metadata(every_rank[rank], "rank " + std::to_string(rank) + "'s items"));
@@ -437,16 +437,17 @@ StateDict read_earlier_layout(const fs::path& path, State* state, bool strict, C
 }
 }  // namespace
 
-CheckpointWrite prepare_sharded_save(ParallelStrategy& strategy, const std::string& call, const fs::path& path,
+CheckpointWrite prepare_sharded_save(Collective& group, const std::string& call, const fs::path& path,
                                      const State& state, const StateFilter& filter, bool host_copy,
                                      const CheckpointLayout& layout, bool one_file) {
+  const CheckpointPeers peers(group);
   StateDict local = make_state_dict();
   Placements placements;
   // Where a rank holds only some parameters, its optimizer groups list only those: every rank's
   // are gathered, so that the folder's groups list the whole model's.
   const bool gather_groups = !one_file && !layout.every_rank_holds_every_tensor();
   std::string my_groups;
-  strategy.run_on_every_rank(call, [&] {
+  peers.run_on_every_rank(call, [&] {
     local = to_checkpoint(state, filter);
     placements = place_local(state, local, layout);
     if (gather_groups) my_groups = encode_groups(state, local, layout);
@@ -454,13 +455,13 @@ CheckpointWrite prepare_sharded_save(ParallelStrategy& strategy, const std::stri
   std::map<std::string, GroupNames> every_rank_groups;
   if (gather_groups) {
     std::vector<std::string> every_rank;
-    for (int rank = 0; rank < strategy.world_size(); ++rank) {
-      every_rank.push_back(strategy.broadcast_bytes(rank == strategy.global_rank() ? my_groups : std::string(), rank));
+    for (int rank = 0; rank < peers.world_size(); ++rank) {
+      every_rank.push_back(peers.broadcast_bytes(rank == peers.global_rank() ? my_groups : std::string(), rank));
     }
-    strategy.run_on_every_rank(call, [&] { every_rank_groups = merge_groups(every_rank); });
+    peers.run_on_every_rank(call, [&] { every_rank_groups = merge_groups(every_rank); });
   }
   if (!one_file) {
-    return prepare_folder(strategy, call, path, host_copy, [&](StateDict& rest) {
+    return prepare_folder(peers, call, path, host_copy, [&](StateDict& rest) {
       dcp::SaveRules rules;
       rules.group_params = every_rank_groups;
       rules.parameter_names = [&](torch::optim::Optimizer& optimizer) {
@@ -470,7 +471,7 @@ CheckpointWrite prepare_sharded_save(ParallelStrategy& strategy, const std::stri
         auto found = placements.find(slash_path);
         return found == placements.end() ? std::nullopt : std::optional<Placement>(found->second);
       };
-      rules.writes_whole = layout.every_rank_holds_every_tensor() ? strategy.is_global_zero() : layout.writes_unplaced();
+      rules.writes_whole = layout.every_rank_holds_every_tensor() ? peers.is_global_zero() : layout.writes_unplaced();
       return dcp::collect_save_items(state, local, rules, rest);
     });
   }
@@ -481,18 +482,19 @@ CheckpointWrite prepare_sharded_save(ParallelStrategy& strategy, const std::stri
     const at::Tensor mine = tensor_at_path(local, tensor_path);
     at::Tensor whole = at::zeros(placement.global_shape, mine.options());
     if (placement.writes) place_into_whole(whole, placement, mine);
-    if (strategy.world_size() > 1) strategy.collective().all_reduce_(whole, ReduceOp::Sum);
-    if (strategy.is_global_zero()) insert_at_path(local, tensor_path, whole);
+    if (peers.world_size() > 1) peers.all_reduce_sum_(whole);
+    if (peers.is_global_zero()) insert_at_path(local, tensor_path, whole);
   }
-  if (host_copy) strategy.run_on_rank_zero(call, [&] { local = lightning::fabric::host_copy(local).toGenericDict(); });
-  if (!strategy.is_global_zero()) return {};
+  if (host_copy) peers.run_on_rank_zero(call, [&] { local = lightning::fabric::host_copy(local).toGenericDict(); });
+  if (!peers.is_global_zero()) return {};
   return {[path, local] { save_state_dict_file(path, local); }, nullptr, nullptr};
 }
 
-StateDict load_sharded(ParallelStrategy& strategy, const fs::path& path, State* state, bool strict,
+StateDict load_sharded(Collective& group, const fs::path& path, State* state, bool strict,
                        CheckpointLayout& layout) {
+  const CheckpointPeers peers(group);
   StateDict result = make_state_dict();
-  strategy.run_on_every_rank("fabric.load(" + path.string() + ")", [&] {
+  peers.run_on_every_rank("fabric.load(" + path.string() + ")", [&] {
     if (!fs::is_directory(path)) {
       result = read_whole_file(path, state, strict, layout);
     } else if (is_sharded_checkpoint(path)) {

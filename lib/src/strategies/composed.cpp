@@ -355,14 +355,14 @@ Strategy::SamplerShare ComposedStrategy::sampler_share() const {
 CheckpointWrite ComposedStrategy::prepare_checkpoint(const std::string& call, const fs::path& path, const State& state,
                                                      const StateFilter& filter, bool host_copy) {
   setup_environment();
-  return prepare_sharded_save(*this, call, path, state, filter, host_copy, Layout(*this),
+  return prepare_sharded_save(collective(), call, path, state, filter, host_copy, Layout(*this),
                               pipe_ == nullptr && options_.state_dict_type == "full");
 }
 
 StateDict ComposedStrategy::load_checkpoint(const fs::path& path, State* state, bool strict) {
   setup_environment();
   Layout layout(*this);
-  return load_sharded(*this, path, state, strict, layout);
+  return load_sharded(collective(), path, state, strict, layout);
 }
 
 }  // namespace lightning::fabric

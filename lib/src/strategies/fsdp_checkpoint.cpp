@@ -16,12 +16,12 @@ namespace fs = std::filesystem;
 
 CheckpointWrite FSDPStrategy::prepare_checkpoint(const std::string& call, const fs::path& path, const State& state,
                                                  const StateFilter& filter, bool host_copy) {
-  return prepare_sharded_save(*this, call, path, state, filter, host_copy, *engine_,
+  return prepare_sharded_save(collective(), call, path, state, filter, host_copy, *engine_,
                               fsdp_options_.state_dict_type == "full");
 }
 
 StateDict FSDPStrategy::load_checkpoint(const fs::path& path, State* state, bool strict) {
-  return load_sharded(*this, path, state, strict, *engine_);
+  return load_sharded(collective(), path, state, strict, *engine_);
 }
 
 const FSDPStrategy::Engine::ShardedParameter* FSDPStrategy::Engine::find_parameter(const at::Tensor& tensor) const {

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "lightning/fabric/checkpoint/background_write.h"
+#include "lightning/fabric/checkpoint/checkpoint_peers.h"
 #include "lightning/fabric/checkpoint/checkpoint_io.h"
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/internal/gradient_norm.h"
@@ -57,37 +58,24 @@ SingleDeviceStrategy::SingleDeviceStrategy(StrategyContext context) : Strategy(s
 }
 
 namespace {
-// The reason action failed, or "" when it succeeded; every exception type is handled alike.
-std::string failure_of(const std::function<void()>& action) {
-  std::string failure;
-  try {
-    action();
-    return failure;
-  } catch (const c10::Error& error) {
-    failure = error.what_without_backtrace();
-  } catch (const std::exception& error) {
-    failure = error.what();
-  } catch (...) {
-    failure = "an exception that is not a std::exception";
-  }
-  return failure.empty() ? "an exception without a message" : failure;
+// The strategy's ranks, reached through its own collectives (one process included).
+CheckpointPeers peers_of(Strategy& strategy) {
+  return CheckpointPeers(
+      strategy.global_rank(), strategy.world_size(),
+      [&strategy](const std::string& bytes, int src) { return strategy.broadcast_bytes(bytes, src); },
+      [&strategy](int value) {
+        const at::Tensor mine = torch::full({1}, static_cast<double>(value), torch::TensorOptions().dtype(torch::kFloat64));
+        return static_cast<int>(strategy.all_reduce(mine, ReduceOp::Min).item<double>());
+      });
 }
 }  // namespace
 
 void Strategy::run_on_rank_zero(const std::string& call, const std::function<void()>& action) {
-  std::string failure = is_global_zero() ? failure_of(action) : std::string();
-  failure = broadcast_bytes(failure, 0);
-  LF_CHECK(failure.empty(), RuntimeError, call, " failed on rank 0: ", failure);
+  peers_of(*this).run_on_rank_zero(call, action);
 }
 
 void Strategy::run_on_every_rank(const std::string& call, const std::function<void()>& action) {
-  std::string failure = failure_of(action);
-  const double mine = failure.empty() ? world_size() : global_rank();
-  const int first = static_cast<int>(
-      all_reduce(torch::full({1}, mine, torch::TensorOptions().dtype(torch::kFloat64)), ReduceOp::Min).item<double>());
-  if (first >= world_size()) return;
-  failure = broadcast_bytes(failure, first);
-  throw RuntimeError(call + " failed on rank " + std::to_string(first) + ": " + failure);
+  peers_of(*this).run_on_every_rank(call, action);
 }
 
 void Strategy::save_checkpoint(const std::filesystem::path& path, const State& state, const StateFilter& filter,

@@ -3,9 +3,10 @@
 // same topology (world size, num_workers, batch_size, seed, epoch), and resumable mid-epoch:
 //
 //   lf::StreamingDataset dataset("/data/train");
+//   const auto share = fabric.strategy()->sampler_share();  // the data ranks (model-parallel peers share one)
 //   lf::StreamingDataLoader loader(dataset, lf::StreamingLoaderOptions()
 //                                               .batch_size(64).shuffle(true)
-//                                               .world_size(fabric.world_size()).rank(fabric.global_rank()));
+//                                               .world_size(share.replicas).rank(share.rank));
 //   for (auto& batch : loader) {                  // one pass = one epoch (the first is epoch 1)
 //     auto images = batch.data.toTupleRef().elements()[0].toTensor();   // stacked: [64, ...]
 //     ...

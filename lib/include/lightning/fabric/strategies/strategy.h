@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "lightning/fabric/accelerators/accelerator.h"
+#include "lightning/fabric/checkpoint/checkpoint_write.h"
 #include "lightning/fabric/checkpoint/state_fwd.h"
 #include "lightning/fabric/plugins/environments/cluster_environment.h"
 #include "lightning/fabric/plugins/precision/precision.h"
@@ -43,19 +44,6 @@ struct LF_API StrategyContext {
 
 class BackgroundWrite;  // checkpoint/background_write.h
 class HostBufferPool;
-
-/// One fabric.save as a strategy carries it out, in three steps after the collective preparation
-/// (Strategy::prepare_checkpoint). Any of them may be empty.
-struct LF_API CheckpointWrite {
-  /// Writes this rank's files. Not collective: it may run on a background thread, so it touches
-  /// only what the preparation handed it (a host copy of the state when saving in the background).
-  std::function<void()> write;
-  /// Collective, on the calling thread, once every rank's write succeeded: makes the checkpoint
-  /// visible at its path (e.g. the metadata and the folder's rename).
-  std::function<void()> commit;
-  /// Not collective: after a failed write or commit, removes what they left (a staging folder).
-  std::function<void()> discard;
-};
 
 class LF_API Strategy {
  public:

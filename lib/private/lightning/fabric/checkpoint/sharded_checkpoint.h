@@ -25,7 +25,7 @@
 #include "lightning/fabric/checkpoint/placement.h"
 #include "lightning/fabric/checkpoint/state.h"
 #include "lightning/fabric/checkpoint/state_dict.h"
-#include "lightning/fabric/strategies/strategy.h"
+#include "lightning/fabric/checkpoint/checkpoint_write.h"
 
 namespace torch::optim {
 class Optimizer;
@@ -33,7 +33,7 @@ class Optimizer;
 
 namespace lightning::fabric {
 
-class ParallelStrategy;
+class Collective;
 
 /// What a sharded strategy tells the engine. Answers must agree across ranks on which tensors are
 /// placed (each rank's own box and range may differ).
@@ -67,14 +67,16 @@ class CheckpointLayout {
   virtual StateDict restore(State& state, const StateDict& local, bool strict);
 };
 
-/// The steps of fabric.save under a sharded strategy (collective). one_file: state_dict_type
-/// "full" (rank 0 writes one file of whole tensors); otherwise a folder.
-CheckpointWrite prepare_sharded_save(ParallelStrategy& strategy, const std::string& call, const std::filesystem::path& path,
+/// The steps of fabric.save under a sharded strategy (collective over group, the strategy's world,
+/// which must outlive the steps). one_file: state_dict_type "full" (rank 0 writes one file of
+/// whole tensors); otherwise a folder.
+CheckpointWrite prepare_sharded_save(Collective& group, const std::string& call, const std::filesystem::path& path,
                                      const State& state, const StateFilter& filter, bool host_copy,
                                      const CheckpointLayout& layout, bool one_file);
-/// fabric.load under a sharded strategy (collective): a folder or a file, from any layout. With
-/// state: restores it and returns the unrequested entries; without: the whole checkpoint.
-StateDict load_sharded(ParallelStrategy& strategy, const std::filesystem::path& path, State* state, bool strict,
+/// fabric.load under a sharded strategy (collective over group): a folder or a file, from any
+/// layout. With state: restores it and returns the unrequested entries; without: the whole
+/// checkpoint.
+StateDict load_sharded(Collective& group, const std::filesystem::path& path, State* state, bool strict,
                        CheckpointLayout& layout);
 
 }  // namespace lightning::fabric
