@@ -130,7 +130,8 @@ int main(int argc, char** argv) {
     auto [model, optimizer] = fabric.setup(net, adamw);  // model_parallel: the mesh, the split layers
     auto* model_parallel = dynamic_cast<lf::MeshStrategy*>(fabric.strategy().get());
     const lf::DeviceMesh* mesh = model_parallel ? model_parallel->device_mesh().get() : nullptr;
-    const bool fully_sharded = dynamic_cast<lf::FSDPStrategy*>(fabric.strategy()->data_parallel_part()) != nullptr;
+    const bool fully_sharded = dynamic_cast<lf::FSDPStrategy*>(fabric.strategy().get()) != nullptr ||
+                               dynamic_cast<lf::FSDPStrategy*>(fabric.strategy()->data_parallel_part()) != nullptr;
     const auto share = fabric.strategy()->sampler_share();  // model_parallel: by the data rank
     if (f.batch_size % share.replicas != 0) {
       std::cerr << "tensor_parallel_gpt: --batch-size " << f.batch_size << " does not split over " << share.replicas

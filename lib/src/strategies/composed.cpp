@@ -130,6 +130,19 @@ FSDPStrategy* ComposedStrategy::fsdp() const {
 
 Strategy* ComposedStrategy::data_parallel_part() const { return data_.get(); }
 
+uint64_t ComposedStrategy::operation_count() const {
+  if (mesh_ == nullptr) return ParallelStrategy::operation_count();
+  std::set<const Collective*> groups{shared_collective().get()};  // the data part's are the mesh's
+  for (const auto& name : mesh_->names()) groups.insert(&mesh_->group(name));
+  for (const char* name : {"data", "stage"}) {
+    if (mesh_->has(name)) groups.insert(&mesh_->group(name));
+  }
+  if (pipe_ != nullptr) groups.insert(&pipe_->gradient_group());
+  uint64_t count = 0;
+  for (const Collective* group : groups) count += group->operation_count();
+  return count;
+}
+
 bool ComposedStrategy::hybrid() const {
   return fully_sharded() && options_.fully_sharded.sharding_strategy == ShardingStrategy::HybridShard;
 }
@@ -159,7 +172,7 @@ std::vector<std::string> ComposedStrategy::data_dimensions() const {
 void ComposedStrategy::setup_environment() {
   if (mesh_ != nullptr) return;
   ParallelStrategy::setup_environment();
-  auto mesh = std::make_shared<DeviceMesh>(collective(), dimensions());
+  auto mesh = std::make_shared<DeviceMesh>(shared_collective(), dimensions());
   std::vector<std::string> stage = data_dimensions();
   mesh->flatten(stage, "data");
   stage.push_back("tensor");

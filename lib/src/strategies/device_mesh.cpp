@@ -11,7 +11,7 @@ namespace lightning::fabric {
 // The world's grid, shared by a mesh and its sub-meshes: the dimensions, this rank's coordinates
 // and every group formed so far, by name.
 struct DeviceMesh::Grid {
-  Collective* world = nullptr;
+  std::shared_ptr<Collective> world;  // null-deleting when the mesh was given a reference
   std::string prefix;  // unique to this mesh among the world's groups
   std::vector<MeshDimension> dimensions;
   std::vector<int> strides, coordinates;
@@ -63,7 +63,12 @@ struct DeviceMesh::Grid {
   }
 };
 
-DeviceMesh::DeviceMesh(Collective& world, std::vector<MeshDimension> dimensions) : grid_(std::make_shared<Grid>()) {
+DeviceMesh::DeviceMesh(Collective& world, std::vector<MeshDimension> dimensions)
+    : DeviceMesh(std::shared_ptr<Collective>(std::shared_ptr<Collective>(), &world), std::move(dimensions)) {}
+
+DeviceMesh::DeviceMesh(std::shared_ptr<Collective> shared_world, std::vector<MeshDimension> dimensions)
+    : grid_(std::make_shared<Grid>()) {
+  Collective& world = *shared_world;
   const int world_size = world.world_size();
   std::string shape;
   int64_t product = 1;
@@ -82,7 +87,7 @@ DeviceMesh::DeviceMesh(Collective& world, std::vector<MeshDimension> dimensions)
            shape, ") make ", dimensions.empty() ? 0 : product, " ranks, not the world size ", world_size,
            ". Choose positive sizes whose product is ", world_size, ".");
   Grid& grid = *grid_;
-  grid.world = &world;
+  grid.world = std::move(shared_world);
   grid.prefix = world.next_group_name("mesh") + "-";
   grid.dimensions = std::move(dimensions);
   const size_t n = grid.dimensions.size();

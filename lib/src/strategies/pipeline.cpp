@@ -523,9 +523,9 @@ std::pair<int, int> PipelinePlan::shape(int world_size) const { return pipeline_
 
 void PipelinePlan::form(std::shared_ptr<DeviceMesh> mesh) {
   if (formed()) return;
-  mesh_ = std::move(mesh);
-  const int pipe = mesh_->size("pipe");
+  const int pipe = mesh->size("pipe");
   check_pipeline_schedule("PipelineOptions", options_.schedule, pipe, options_.stages_per_rank, options_.micro_batches);
+  mesh_ = std::move(mesh);
   // Gradients travel on a twin of the pipe group: under 1F1B activations and gradients cross
   // between two ranks at once, and each direction then has a connection of its own.
   Collective& pipe_group = mesh_->group("pipe");

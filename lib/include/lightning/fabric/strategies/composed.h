@@ -56,6 +56,8 @@ class LF_API ComposedStrategy : public ParallelStrategy, public PipelineParallel
   PipelineStepStats last_step() const override;
   /// The ddp or fsdp strategy running on the mesh's data dimensions.
   Strategy* data_parallel_part() const override;
+  /// Over the world and every group of the mesh (the data part's among them) and the pipe's.
+  uint64_t operation_count() const override;
 
   /// True: fabric.init_module(true) builds on the meta device under every configuration.
   bool builds_on_meta_device() const override;

@@ -38,8 +38,10 @@ class LF_API DeviceMesh {
   /// Splits world's ranks into a grid of these dimensions, the first outermost (collective over
   /// world: every rank builds the same meshes in the same order). ValueError naming every size and
   /// the world size unless the sizes are positive and their product is the world size; ValueError
-  /// for no dimension, an empty name or a name given twice. world must outlive the mesh.
+  /// for no dimension, an empty name or a name given twice. world must outlive every flatten
+  /// call; the shared_ptr form keeps it alive for them (the strategies' meshes).
   DeviceMesh(Collective& world, std::vector<MeshDimension> dimensions);
+  DeviceMesh(std::shared_ptr<Collective> world, std::vector<MeshDimension> dimensions);
   ~DeviceMesh();
   DeviceMesh(const DeviceMesh&) = delete;
   DeviceMesh& operator=(const DeviceMesh&) = delete;

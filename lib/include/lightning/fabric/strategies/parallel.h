@@ -80,7 +80,7 @@ class LF_API ParallelStrategy : public Strategy {
   /// DataGroups::replicate, else null.
   Collective* replica_group() const { return replica_group_.get(); }
   /// Collectives issued so far over every group of this strategy (tests count them).
-  uint64_t operation_count() const;
+  virtual uint64_t operation_count() const;
   const ProcessGroupSettings& process_group_settings() const { return settings_; }
 
  protected:

@@ -33,6 +33,8 @@ class PipelinePlan {
   const std::shared_ptr<DeviceMesh>& mesh() const;
   /// This rank's pipe group (its neighbours in other stages, same data and tensor coordinates).
   Collective& pipe_group() const;
+  /// The pipe group's twin, on which gradients travel.
+  const Collective& gradient_group() const { return *gradient_group_; }
   /// Every rank of this rank's stage (the mesh's "stage" group: data x tensor of them).
   Collective& stage_group() const;
   int pipe_size() const;
