@@ -10,7 +10,8 @@
 // the ranks, 8 * psi / world bytes (16 * psi / world with Adam's two states). --tensor-parallel T:
 // the layers alternate column- and row-parallel (tensor_parallel/layers.h) under model_parallel
 // with fsdp on the data dimension, mesh (world / T, T): meta initialisation then splits before it
-// materialises. Run under lightning-run, with a memory limit if wanted:
+// materialises; with --data-parallel ddp, ddp on the data dimension (each rank allocates its
+// tensor-parallel slices whole). Run under lightning-run, with a memory limit if wanted:
 //   lightning-run model --accelerator cpu --devices 4 build/bin/bench_fsdp_meta_init --meta [--layers 48] [--width 1024]
 #include <lightning/fabric.h>
 #include <malloc.h>
@@ -32,6 +33,7 @@ int main(int argc, char** argv) {
   bool meta = false, adam = false, prefetch = true;
   int64_t layers = 48, width = 1024, steps = 3;
   int tensor_parallel = 0;
+  std::string data_parallel = "fsdp";
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--meta") meta = true;
@@ -41,6 +43,7 @@ int main(int argc, char** argv) {
     if (arg == "--width" && i + 1 < argc) width = std::stoll(argv[++i]);
     if (arg == "--steps" && i + 1 < argc) steps = std::stoll(argv[++i]);
     if (arg == "--tensor-parallel" && i + 1 < argc) tensor_parallel = std::stoi(argv[++i]);
+    if (arg == "--data-parallel" && i + 1 < argc) data_parallel = argv[++i];
   }
   lf::FSDPOptions fsdp;
   fsdp.auto_wrap_min_params = 1;  // every Linear is a unit
@@ -49,7 +52,7 @@ int main(int argc, char** argv) {
   if (tensor_parallel > 0) {
     lf::ModelParallelOptions model_parallel;
     model_parallel.tensor_parallel_size = tensor_parallel;
-    model_parallel.data_parallel_strategy = "fsdp";
+    model_parallel.data_parallel_strategy = data_parallel;
     model_parallel.fully_sharded = fsdp;
     strategy = lf::model_parallel_strategy(model_parallel);
   }
@@ -97,7 +100,7 @@ int main(int argc, char** argv) {
   if (fabric.is_global_zero()) {
     const double world = fabric.world_size(), full = 4.0 * static_cast<double>(psi), zero = (adam ? 16.0 : 8.0) * psi / world;
     std::cout << "{\"benchmark\":\"fsdp meta init\",\"meta\":" << (meta ? "true" : "false")
-              << ",\"tensor_parallel\":" << tensor_parallel
+              << ",\"tensor_parallel\":" << tensor_parallel << ",\"data_parallel\":\"" << data_parallel << "\""
               << ",\"optimizer\":\"" << (adam ? "adam" : "sgd") << "\",\"backward_prefetch\":" << (prefetch ? "true" : "false") << ",\"ranks\":" << world
               << ",\"layers\":" << layers << ",\"width\":" << width << ",\"full_parameter_mb\":" << full / 1e6
               << ",\"base_mb\":" << static_cast<double>(base) / 1e6

@@ -3,7 +3,8 @@
 // (each rank of the tensor group computes its own heads) and the output projection row-parallel,
 // an MLP column- then row-parallel, and a column-parallel head whose logits stay split by
 // vocabulary for tp::vocab_parallel_cross_entropy; optionally sequence parallel, with residual
-// dropout. Until a mesh splits its layers (the
+// dropout; context parallel inside a lf::context_parallel::Region (ring attention, global
+// positions). Until a mesh splits its layers (the
 // model_parallel strategy's setup) it is the ordinary unsplit model, so the same code trains
 // under every strategy. Used by examples/tensor_parallel_gpt and the model_parallel tests.
 #pragma once
@@ -17,6 +18,7 @@
 namespace examples {
 
 namespace tp = lightning::fabric::tensor_parallel;
+namespace cp = lightning::fabric::context_parallel;
 
 struct TensorParallelGptSettings {
   int64_t vocab = 256, seq = 32, d_model = 64, heads = 4, layers = 2;
@@ -60,10 +62,10 @@ struct TensorParallelBlockImpl : torch::nn::Module {
     const at::Tensor h = ln1(x);
     const at::Tensor queries = q(h);  // [B, L, D/T]: the whole sequence, this rank's heads
     const int64_t batch = queries.size(0), length = queries.size(1);
-    // This rank's heads: [B, heads/T, L, head_dim].
+    // This rank's heads: [B, heads/T, L, head_dim]. Inside a context-parallel region L is this
+    // rank's part of the sequence and attention runs around the context group's ring.
     auto heads_of = [&](const at::Tensor& t) { return t.view({batch, length, -1, head_dim}).transpose(1, 2); };
-    const at::Tensor attended = at::scaled_dot_product_attention(heads_of(queries), heads_of(k(h)), heads_of(v(h)),
-                                                                 /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+    const at::Tensor attended = cp::attention(heads_of(queries), heads_of(k(h)), heads_of(v(h)), /*causal=*/true);
     x = x + drop1(projection(attended.transpose(1, 2).reshape({batch, length, -1})));
     return x + drop2(fc2(torch::gelu(fc1(ln2(x)))));
   }
@@ -92,7 +94,7 @@ struct TensorParallelGptImpl : torch::nn::Module {
   }
   // ids: [B, L] -> this rank's logits [B, L, vocab/T] (all of them when unsplit).
   at::Tensor forward(const at::Tensor& ids) {
-    at::Tensor x = tokens(ids) + positions(torch::arange(ids.size(1), ids.options()));
+    at::Tensor x = tokens(ids) + positions(cp::positions(ids.size(1), ids.device()));  // global positions
     // Sequence parallelism: from here to the head, this rank's slice of the sequence.
     if (sequence_parallel && tokens->mesh()) x = tp::scatter_to_tensor_region(x, *tokens->mesh(), 1);
     for (auto& block : blocks) x = block(x);

@@ -3,7 +3,8 @@
 # on 4 ranks when built on the meta device, and cannot even be built normally. The limit is a data
 # limit (prlimit --data, which counts every private writable mapping) of each rank's own at rest
 # (measured by a first run without limit) plus 0.85 x the full parameters. Extra flags go to the
-# driver (--tensor-parallel 2: model_parallel, fsdp over tensor-parallel slices, mesh (2, 2)).
+# driver (--tensor-parallel 2: model_parallel, fsdp over tensor-parallel slices, mesh (2, 2);
+# --tensor-parallel 4 --data-parallel ddp: ddp x tensor, mesh (1, 4)).
 #   fsdp_meta_init_memory_limit.sh LIGHTNING_RUN BENCH_FSDP_META_INIT [FLAGS...]
 set -uo pipefail
 run="$1"; bench="$2"; shift 2

@@ -23,6 +23,11 @@
 //                                           with the same seed (ParallelDropout's mask rule)
 //   --shard N                               with --fsdp HYBRID_SHARD: shard each replica over N data
 //                                           ranks (HSDP x tensor: mesh (replicate, shard, tensor))
+//   --context N                             context parallelism over N ranks (mesh (data, context,
+//                                           tensor)): each rank trains on its load-balanced part of
+//                                           the sequence, attention by ring
+//   --losses FILE                           rank 0 writes "STEP LOSS" per trained step: the step's
+//                                           mean loss over the whole batch, before the update
 //   --meta                                  build the model under fabric.init_module(true) (on the
 //                                           meta device under fsdp: split, then materialised)
 //   --plain                                 no model_parallel: Fabric's default strategy, unsplit
@@ -31,6 +36,8 @@
 #include <torch/torch.h>
 
 #include <cstdlib>
+#include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <map>
 #include <string>
@@ -55,7 +62,8 @@ void expect(bool ok, const std::string& what) {
 struct Flags {
   std::optional<int> tensor;
   int64_t steps = 20;
-  std::string save, save_type = "sharded", resume, fsdp;
+  std::string save, save_type = "sharded", resume, fsdp, losses;
+  int context = 1;
   bool plain = false, meta = false;
   int shard = 0;  // HYBRID_SHARD's shard size; 0: the default
 };
@@ -68,6 +76,8 @@ Flags parse(int argc, char** argv) {
     if (name == "--plain") flags.plain = true;
     else if (name == "--meta") flags.meta = true;
     else if (name == "--shard" && has_value) flags.shard = std::atoi(argv[++i]);
+    else if (name == "--context" && has_value) flags.context = std::atoi(argv[++i]);
+    else if (name == "--losses" && has_value) flags.losses = argv[++i];
     else if (name == "--tensor" && has_value) flags.tensor = std::atoi(argv[++i]);
     else if (name == "--fsdp") flags.fsdp = i + 1 < argc && argv[i + 1][0] != '-' ? argv[++i] : "FULL_SHARD";
     else if (name == "--steps" && has_value) flags.steps = std::atoll(argv[++i]);
@@ -88,9 +98,10 @@ Flags parse(int argc, char** argv) {
 lf::FabricOptions fabric_options(const Flags& flags) {
   lf::FabricOptions options;
   options.accelerator("cpu");
-  if (flags.tensor || flags.save_type != "sharded" || !flags.fsdp.empty()) {
+  if (flags.tensor || flags.save_type != "sharded" || !flags.fsdp.empty() || flags.context > 1) {
     lf::ModelParallelOptions model_parallel;
     model_parallel.tensor_parallel_size = flags.tensor;
+    model_parallel.context_parallel_size = flags.context;
     model_parallel.state_dict_type = flags.save_type;
     if (!flags.fsdp.empty()) {
       model_parallel.data_parallel_strategy = "fsdp";
@@ -102,19 +113,29 @@ lf::FabricOptions fabric_options(const Flags& flags) {
   return options;
 }
 
-// One step on the split (or unsplit) model: this data rank's rows of the global batch.
-double train_step(lf::Fabric& fabric, lf::FabricModule<examples::TensorParallelGptImpl>& model,
-                  lf::FabricOptimizer& optimizer, const lf::DeviceMesh* mesh, int64_t step) {
+struct StepResult {
+  double norm = 0;
+  double loss = 0;  // the whole batch's mean loss
+};
+
+// One step on the split (or unsplit) model: this data rank's rows of the global batch, and of
+// them this context rank's part of the sequence.
+StepResult train_step(lf::Fabric& fabric, lf::FabricModule<examples::TensorParallelGptImpl>& model,
+                      lf::FabricOptimizer& optimizer, const lf::DeviceMesh* mesh, int64_t step) {
   auto [ids, targets] = examples::tensor_parallel_gpt_batch(kSettings, kBatch, step);
   const int data = mesh ? mesh->size("data") : 1, data_rank = mesh ? mesh->coordinate("data") : 0;
   const int64_t rows = kBatch / data;
   optimizer.zero_grad();
   if (kSettings.dropout > 0) torch::manual_seed(500 + static_cast<uint64_t>(step));  // the step's masks
-  const at::Tensor logits = model(ids.narrow(0, data_rank * rows, rows));
-  fabric.backward(examples::tensor_parallel_gpt_loss(logits, targets.narrow(0, data_rank * rows, rows), mesh));
+  lf::context_parallel::Region region(mesh);
+  const at::Tensor logits = model(region.shard(ids.narrow(0, data_rank * rows, rows), 1));
+  at::Tensor loss = examples::tensor_parallel_gpt_loss(logits, region.shard(targets.narrow(0, data_rank * rows, rows), 1), mesh);
+  fabric.backward(loss);
+  // Every rank's loss is its part's mean and every part is as large: the world's mean is the batch's.
+  const double mean_loss = fabric.all_reduce(loss.detach(), "mean").item<double>();
   const double norm = fabric.clip_gradients(model, optimizer, lf::GradientClipping().norm(1.0))->item<double>();
   optimizer.step();
-  return norm;
+  return {norm, mean_loss};
 }
 
 // With dropout, each data rank's rows on their own under the step's seed (the mean of the shares'
@@ -195,9 +216,11 @@ int main(int argc, char** argv) {
   auto [model, optimizer] = fabric.setup(net, sgd);  // builds the mesh, shards the layers
   const lf::DeviceMesh* mesh = strategy ? fabric.strategy_as<lf::MeshStrategy>().device_mesh().get() : nullptr;
   const int rank = fabric.global_rank(), data = mesh ? mesh->size("data") : 1, tensor = mesh ? mesh->size("tensor") : 1;
+  const int context = mesh && mesh->has("context") ? mesh->size("context") : 1;
   if (strategy) {
     expect(strategy->name() == "model_parallel", "the strategy is called " + strategy->name());
-    expect(data * tensor == fabric.world_size(), "the mesh covers the world");
+    expect(data * context * tensor == fabric.world_size(), "the mesh covers the world");
+    expect(context == flags.context, "the mesh's context size is " + std::to_string(context));
     const auto share = strategy->sampler_share();
     expect(share.replicas == data && share.rank == mesh->coordinate("data"), "the sampler splits by the data rank");
     if (flags.shard > 0) {  // HSDP: the data dimension is replicate x shard, fsdp shards over shard
@@ -222,9 +245,19 @@ int main(int argc, char** argv) {
     expect(start > 0, "the checkpoint's step is " + std::to_string(start));
   }
   double last_norm = 0, last_reference_norm = 0;
+  std::ofstream losses;
+  if (!flags.losses.empty() && rank == 0) losses.open(flags.losses);
   for (int64_t step = 0; step < start + flags.steps; ++step) {
-    if (step >= start) last_norm = train_step(fabric, model, optimizer, mesh, step);
+    if (step >= start) {
+      const StepResult result = train_step(fabric, model, optimizer, mesh, step);
+      last_norm = result.norm;
+      if (losses.is_open()) losses << step << ' ' << std::setprecision(10) << result.loss << '\n';
+    }
     last_reference_norm = reference_step(reference, reference_sgd, step, data);
+  }
+  if (losses.is_open()) {
+    losses.close();
+    expect(!losses.fail(), "could not write the losses to " + flags.losses);
   }
   expect(std::abs(last_norm - last_reference_norm) <= 1e-5 * std::max(1.0, last_reference_norm),
          "the clipped norm " + std::to_string(last_norm) + " differs from the unsplit model's " +

@@ -13,6 +13,7 @@
 #include "lightning/fabric/checkpoint/state_dict.h"
 #include "lightning/fabric/checkpoint/state_fwd.h"
 #include "lightning/fabric/checkpoint/stateful.h"
+#include "lightning/fabric/context_parallel/attention.h"
 #include "lightning/fabric/context_parallel/ring_attention.h"
 #include "lightning/fabric/data/streaming_dataset.h"
 #include "lightning/fabric/data/streaming_loader.h"

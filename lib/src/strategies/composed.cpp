@@ -67,7 +67,7 @@ class ComposedStrategy::Layout : public CheckpointLayout {
       }
     }
     if (auto box = plan.split_placement(tensor, tensor.sizes().vec())) {
-      box->writes = mesh.coordinate("data") == 0;
+      box->writes = mesh.coordinate(strategy_.replicas()) == 0;
       return box;
     }
     if (strategy_.pipe_ == nullptr) return std::nullopt;
@@ -134,7 +134,7 @@ uint64_t ComposedStrategy::operation_count() const {
   if (mesh_ == nullptr) return ParallelStrategy::operation_count();
   std::set<const Collective*> groups{shared_collective().get()};  // the data part's are the mesh's
   for (const auto& name : mesh_->names()) groups.insert(&mesh_->group(name));
-  for (const char* name : {"data", "stage"}) {
+  for (const char* name : {"data", "data_context", "shard_context", "stage"}) {
     if (mesh_->has(name)) groups.insert(&mesh_->group(name));
   }
   if (pipe_ != nullptr) groups.insert(&pipe_->gradient_group());
@@ -153,15 +153,30 @@ std::vector<MeshDimension> ComposedStrategy::dimensions() const {
     const auto [pipe, data] = pipe_->shape(world_size());
     return {{"pipe", pipe}, {data_dimension, data}, {"tensor", pipeline_options_->tensor_parallel_size}};
   }
-  const auto [data, tensor] = tensor_->mesh_shape(world_size(), num_processes());
-  if (!hybrid()) return {{data_dimension, data}, {"tensor", tensor}};
-  // HSDP: each replica sharded over `shard` ranks of the data dimension (a node's by default).
-  const int shard = options_.data_parallel_shard_size.value_or(std::max(1, num_processes() / tensor));
-  LF_CHECK(data > 0 && data % shard == 0, ValueError, "ModelParallelOptions: HYBRID_SHARD shards each replica over ",
-           shard, " data ranks (data_parallel_shard_size", options_.data_parallel_shard_size ? "" : " unset: the devices "
-           "per node / tensor_parallel_size", "), which does not divide the data size ", data, " (world size ",
-           world_size(), " / tensor_parallel_size ", tensor, "). Set data_parallel_shard_size to a divisor of ", data, ".");
-  return {{"replicate", data / shard}, {"shard", shard}, {"tensor", tensor}};
+  const int context = options_.context_parallel_size;
+  LF_CHECK(world_size() % context == 0, ValueError, "ModelParallelOptions: context_parallel_size=", context,
+           " does not divide the world size ", world_size(), ". Choose a divisor of ", world_size(), ".");
+  // Without tensor_parallel_size, the devices per node left after the context dimension.
+  const auto [data, tensor] = tensor_->mesh_shape(world_size() / context, std::max(1, num_processes() / context));
+  std::vector<MeshDimension> dimensions;
+  if (!hybrid()) {
+    dimensions = {{data_dimension, data}};
+  } else {  // HSDP: each replica sharded over `shard` ranks of the data dimension (a node's by default)
+    const int shard = options_.data_parallel_shard_size.value_or(std::max(1, num_processes() / (tensor * context)));
+    LF_CHECK(data > 0 && data % shard == 0, ValueError, "ModelParallelOptions: HYBRID_SHARD shards each replica over ",
+             shard, " data ranks (data_parallel_shard_size", options_.data_parallel_shard_size ? "" : " unset: the "
+             "devices per node / (tensor_parallel_size x context_parallel_size)", "), which does not divide the data "
+             "size ", data, " (world size ", world_size(), " / tensor_parallel_size ", tensor, " / context_parallel_size ",
+             context, "). Set data_parallel_shard_size to a divisor of ", data, ".");
+    dimensions = {{"replicate", data / shard}, {"shard", shard}};
+  }
+  if (context > 1) dimensions.push_back({"context", context});
+  dimensions.push_back({"tensor", tensor});
+  return dimensions;
+}
+
+std::string ComposedStrategy::replicas() const {
+  return options_.context_parallel_size > 1 ? "data_context" : "data";
 }
 
 std::vector<std::string> ComposedStrategy::data_dimensions() const {
@@ -175,11 +190,16 @@ void ComposedStrategy::setup_environment() {
   auto mesh = std::make_shared<DeviceMesh>(shared_collective(), dimensions());
   std::vector<std::string> stage = data_dimensions();
   mesh->flatten(stage, "data");
+  // Context peers hold the same model and see parts of the same samples: their gradients are
+  // averaged with the data ranks' (and fsdp shards over them too), as TorchTitan's dp_cp.
+  const bool context = mesh->has("context");
+  if (context) mesh->flatten([&] { auto dims = stage; dims.push_back("context"); return dims; }(), "data_context");
+  if (context && fully_sharded()) mesh->flatten({"shard", "context"}, "shard_context");
   stage.push_back("tensor");
   if (pipe_ != nullptr) mesh->flatten(stage, "stage");
   DataGroups groups;
-  groups.data = mesh->shared_group("data");
-  if (fully_sharded()) groups.shard = mesh->shared_group("shard");
+  groups.data = mesh->shared_group(replicas());
+  if (fully_sharded()) groups.shard = mesh->shared_group(context ? "shard_context" : "shard");
   if (hybrid()) groups.replicate = mesh->shared_group("replicate");
   if (pipe_ != nullptr) groups.module_copies = mesh->shared_group("stage");
   data_->run_on(shared_collective(), std::move(groups));
@@ -356,13 +376,15 @@ double ComposedStrategy::clip_gradients_by_norm(const std::vector<at::Tensor>& p
 }
 
 Strategy::SamplerShare ComposedStrategy::sampler_share() const {
-  // rank = ((pipe x data) + data rank) x tensor + tensor rank: the data dimensions lie between.
-  int data = 1, tensor = 1;
+  // The data dimensions are adjacent: rank = (outer x data + data rank) x inner + inner rank,
+  // inner being the dimensions after them (context, tensor).
+  int data = 1, inner = 1;
   for (const auto& dimension : dimensions()) {
-    if (dimension.name == "replicate" || dimension.name == "shard") data *= dimension.size;
-    if (dimension.name == "tensor") tensor = dimension.size;
+    const bool is_data = dimension.name == "replicate" || dimension.name == "shard";
+    data *= is_data ? dimension.size : 1;
+    inner = is_data ? 1 : inner * dimension.size;
   }
-  return {data, global_rank() / tensor % data};
+  return {data, global_rank() / inner % data};
 }
 
 CheckpointWrite ComposedStrategy::prepare_checkpoint(const std::string& call, const fs::path& path, const State& state,

@@ -24,6 +24,8 @@ StrategySpec model_parallel_strategy(ModelParallelOptions options) {
     LF_CHECK(!size || *size > 0, ValueError, "ModelParallelOptions: ", name, "=", size.value_or(0),
              " must be positive, or unset.");
   }
+  LF_CHECK(options.context_parallel_size > 0, ValueError, "ModelParallelOptions: context_parallel_size=",
+           options.context_parallel_size, " must be positive (1: no context parallelism).");
   LF_CHECK(options.state_dict_type == "sharded" || options.state_dict_type == "full", ValueError,
            "ModelParallelOptions: state_dict_type=\"", options.state_dict_type,
            "\" is not valid. Choose \"sharded\" (a folder, every rank writes its parts) or \"full\" (one file).");

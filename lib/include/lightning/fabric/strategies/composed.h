@@ -1,16 +1,19 @@
 // The composed strategy: every parallelism but plain ddp and fsdp, built from one description.
-// It holds one DeviceMesh (device_mesh.h) whose dimensions are named "pipe", "replicate", "shard"
-// and "tensor" (in that order, those the configuration uses) and one part per dimension:
+// It holds one DeviceMesh (device_mesh.h) whose dimensions are named "pipe", "replicate", "shard",
+// "context" and "tensor" (in that order, those the configuration uses) and one part per dimension:
 //   - data: the ddp strategy on "replicate" (its bucketed reducer and buffer broadcast), the fsdp
 //     strategy on "shard" (its sharding engine), or fsdp on both (HYBRID_SHARD: shards within
 //     "shard", averaged over "replicate"), run over the mesh's groups (DataGroups);
+//   - context: the data part's groups widened by "context" (gradients averaged over data x
+//     context, fsdp sharding over shard x context); the sequence split and ring attention are the
+//     model's calls (context_parallel/attention.h) over the mesh's "context" group;
 //   - tensor: the tensor-parallel plan (parallelize, and which parameters it split);
 //   - pipe: the pipeline plan (which stages this rank keeps, the schedule's executor).
 // Each part contributes its setup step, its refusals and its factor of each tensor's placement;
 // one function composes a tensor's placement (where its value lies in the whole tensor and which
 // rank writes it), which the checkpoint engine and gradient clipping both read.
-// It is registered as "model_parallel" (model_parallel_strategy: (replicate or shard, tensor), or
-// (replicate, shard, tensor) under HYBRID_SHARD) and
+// It is registered as "model_parallel" (model_parallel_strategy: (replicate or shard, [context,]
+// tensor), or (replicate, shard, [context,] tensor) under HYBRID_SHARD) and
 // "pipeline" (pipeline_strategy: (pipe, replicate or shard, tensor)); docs/model-parallel.md.
 #pragma once
 
@@ -107,6 +110,9 @@ class LF_API ComposedStrategy : public ParallelStrategy, public PipelineParallel
   std::vector<MeshDimension> dimensions() const;
   /// The data dimensions: "replicate" (ddp), "shard" (fsdp), or both (fsdp's HYBRID_SHARD).
   std::vector<std::string> data_dimensions() const;
+  /// The group of ranks holding the same model part: "data", or "data_context" with a context
+  /// dimension (its gradients averaged over both).
+  std::string replicas() const;
   bool fully_sharded() const { return options_.data_parallel_strategy == "fsdp"; }
   bool hybrid() const;
   FSDPStrategy* fsdp() const;

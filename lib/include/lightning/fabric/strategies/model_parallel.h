@@ -1,7 +1,8 @@
 // The model_parallel strategy: tensor parallelism inside each group of tensor_parallel_size
-// ranks and data parallelism across those groups, on a 2-D DeviceMesh ("replicate" under ddp or
+// ranks and data parallelism across those groups, on a DeviceMesh ("replicate" under ddp or
 // "shard" under fsdp, flattened as "data" too; then "tensor"), as Python Lightning's
-// ModelParallelStrategy (docs/model-parallel.md).
+// ModelParallelStrategy (docs/model-parallel.md); optionally context parallelism between them
+// ("context": each sequence split over context_parallel_size ranks).
 //
 //   lf::ModelParallelOptions mp;
 //   mp.tensor_parallel_size = 2;                 // default: the devices per node
@@ -55,6 +56,12 @@ struct LF_API ModelParallelOptions {
   /// "shard" size; it must divide the data size). Unset: the devices per node /
   /// tensor_parallel_size (at least 1), as fsdp's HYBRID_SHARD shards within a node.
   std::optional<int> data_parallel_shard_size;
+  /// Context parallelism: the ranks that split each sequence between them (the mesh's "context"
+  /// dimension, between the data dimensions and "tensor"; none when 1). They read the same
+  /// samples, each attends its part of the sequence by ring attention
+  /// (context_parallel/attention.h), and gradients are averaged over data x context (fsdp shards
+  /// over shard x context). The world size is data x context x tensor.
+  int context_parallel_size = 1;
   /// What runs on the data dimension: "ddp" (the mesh's "replicate" dimension) or "fsdp" ("shard").
   std::string data_parallel_strategy = "ddp";
   /// The data dimension's ddp ("ddp"): buckets, process group, activation checkpointing. Its name
