@@ -1,12 +1,15 @@
 // lf::EMA against a moving average computed by hand over one process's plain LibTorch run:
-//   lf_ema_checks single|ddp|fsdp
+//   lf_ema_checks single|ddp|fsdp|model_parallel_ddp|model_parallel_fsdp
 // single: one process over the whole batch, with a BatchNorm (buffers averaged, the integer
 // counter truncated as AveragedModel does); ddp and fsdp (FULL_SHARD, two sharding units; the
-// head's bias has one element, so rank 1's shard of it is empty) under lightning-run, rank r
-// holding rows [4r, 4r + 4). 8 SGD steps (lr 0.1), EMA decay 0.9 updated every 2 steps from
-// step 1 (steps 2, 4, 6). Checks, on every rank:
-//   - the averaged weights (state_dict: full tensors, gathered under fsdp) equal the reference's
-//     within 1e-5 relative; n_averaged and step as counted;
+// head's bias has one element, so rank 1's shard of it is empty) under lightning-run;
+// model_parallel_* on 4 ranks, mesh (data 2, tensor 2) with ddp or fsdp (FULL_SHARD) on the data
+// dimension, the first layer column-parallel and the second row-parallel (their weights split
+// over the tensor group, fsdp's shards cut from those slices). Data rank d holds rows
+// [4d, 4d + 4). 8 SGD steps (lr 0.1), EMA decay 0.9 updated every 2 steps from step 1 (steps 2,
+// 4, 6). Checks, on every rank:
+//   - the averaged weights (state_dict: full tensors, gathered over the shards and the tensor
+//     group) equal the reference's within 1e-5 relative; n_averaged and step as counted;
 //   - inside swap_into_model the model computes with the average, after it with its weights;
 //   - a run saved after step 4 (model, optimizer, EMA) and resumed into a fresh model equals the
 //     uninterrupted run bitwise, average and weights;
@@ -21,6 +24,7 @@
 #include "lightning/fabric/utilities/process.h"
 
 namespace lf = lightning::fabric;
+namespace tp = lightning::fabric::tensor_parallel;
 
 namespace {
 using checks::expect;
@@ -41,6 +45,25 @@ torch::nn::Sequential make_model(bool with_norm, uint64_t seed) {
   model->push_back(torch::nn::Linear(16, 16));
   model->push_back(torch::nn::Tanh());
   model->push_back(torch::nn::Linear(16, 1));
+  return model;
+}
+
+bool split(const std::string& strategy) { return strategy == "model_parallel_ddp" || strategy == "model_parallel_fsdp"; }
+bool sharded(const std::string& strategy) { return strategy == "fsdp" || strategy == "model_parallel_fsdp"; }
+
+// make_model's (without the norm) with the first two layers tensor-parallel: the column layer's
+// output features and the row layer's input features split over the tensor group at setup.
+torch::nn::Sequential make_split_model(uint64_t seed) {
+  auto plain = make_model(false, seed);
+  torch::nn::Sequential model;
+  model->push_back(tp::ColumnParallelLinear(tp::ParallelLinearOptions(6, 16)));
+  model->push_back(torch::nn::Tanh());
+  model->push_back(tp::RowParallelLinear(tp::ParallelLinearOptions(16, 16)));
+  model->push_back(torch::nn::Tanh());
+  model->push_back(torch::nn::Linear(16, 1));
+  torch::NoGradGuard no_grad;
+  const auto weights = plain->named_parameters();
+  for (const auto& item : model->named_parameters()) item.value().copy_(weights[item.key()]);
   return model;
 }
 
@@ -80,13 +103,22 @@ bool close(const torch::Tensor& actual, const torch::Tensor& expected) {
   return (actual.to(torch::kDouble) - expected.to(torch::kDouble)).abs().max().item<double>() <= 1e-5 * scale;
 }
 
-// The module's full weights on every rank (gathered under fsdp).
+// The module's full weights on every rank (gathered under fsdp, and over the tensor group where split).
 std::map<std::string, torch::Tensor> full_weights(lf::Fabric& fabric, const std::string& strategy,
                                                   torch::nn::Sequential& model) {
   lf::ScopeGuard full;
-  if (strategy == "fsdp") full = fabric.strategy_as<lf::FSDPStrategy>().summon_full_parameters(*model);
+  if (sharded(strategy)) full = fabric.strategy_as<lf::FSDPStrategy>().summon_full_parameters(*model);
+  std::map<const c10::TensorImpl*, int64_t> split_dims;
+  for (const auto& part : tp::sharded_parameters_of(*model)) split_dims[part.tensor.unsafeGetTensorImpl()] = part.dim;
   std::map<std::string, torch::Tensor> weights;
-  for (const auto& item : model->named_parameters()) weights[item.key()] = item.value().detach().clone();
+  for (const auto& item : model->named_parameters()) {
+    torch::Tensor value = item.value().detach().clone();
+    auto dim = split_dims.find(item.value().unsafeGetTensorImpl());
+    if (dim != split_dims.end()) {
+      value = tp::gather_from_tensor_region(value, *fabric.strategy_as<lf::MeshStrategy>().device_mesh(), dim->second);
+    }
+    weights[item.key()] = value;
+  }
   for (const auto& item : model->named_buffers()) weights[item.key()] = item.value().detach().clone();
   return weights;
 }
@@ -95,14 +127,15 @@ struct Run {
   lf::Fabric& fabric;
   std::string strategy;
   std::shared_ptr<lf::EMA> ema;
+  int data_rank;       // the rows this rank reads (the ranks of a tensor group read the same)
   torch::Tensor x, y;  // the global batch
   torch::Tensor local_x() const {
     if (strategy == "single") return x;
-    return x.narrow(0, kLocalRows * fabric.global_rank(), kLocalRows);
+    return x.narrow(0, kLocalRows * data_rank, kLocalRows);
   }
   torch::Tensor local_y() const {
     if (strategy == "single") return y;
-    return y.narrow(0, kLocalRows * fabric.global_rank(), kLocalRows);
+    return y.narrow(0, kLocalRows * data_rank, kLocalRows);
   }
 };
 
@@ -124,28 +157,36 @@ int main(int argc, char** argv) {
     lf::FSDPOptions fsdp;
     fsdp.auto_wrap_min_params = 100;  // the two larger layers become units; the head stays
     options.strategy(lf::fsdp_strategy(fsdp));
+  } else if (split(strategy)) {
+    lf::ModelParallelOptions parallel;  // the default parallelize splits both tensor-parallel layers
+    parallel.tensor_parallel_size = 2;
+    parallel.data_parallel_strategy = strategy == "model_parallel_fsdp" ? "fsdp" : "ddp";
+    options.strategy(lf::model_parallel_strategy(parallel));
   } else {
     options.strategy(strategy == "single" ? "single_device" : strategy);
   }
   lf::Fabric fabric(options);
   const bool with_norm = strategy == "single";
-  const int64_t rows = kLocalRows * (strategy == "single" ? 2 : fabric.world_size());
+  const lf::Strategy::SamplerShare share = fabric.strategy()->sampler_share();
+  const int64_t rows = kLocalRows * (strategy == "single" ? 2 : share.replicas);
   torch::manual_seed(3);
-  Run run{fabric, strategy, ema, torch::randn({rows, 6}), torch::randn({rows, 1})};
+  Run run{fabric, strategy, ema, share.rank, torch::randn({rows, 6}), torch::randn({rows, 1})};
   std::map<std::string, torch::Tensor> expected_weights;
   const auto expected = reference(with_norm, run.x, run.y, expected_weights);
 
   // The uninterrupted run, saved after kSaveAfter steps.
   const std::string folder = fabric.broadcast(fabric.is_global_zero() ? lf::make_temporary_directory("lf-ema") : "");
   const std::string path = folder + "/resume.ckpt";
-  auto net = make_model(with_norm, 5);
+  auto net = split(strategy) ? make_split_model(5) : make_model(with_norm, 5);
   torch::optim::SGD sgd(net->parameters(), kLearningRate);
   auto [model, optimizer] = fabric.setup(net, sgd);
+  expect(!split(strategy) || tp::sharded_parameters_of(*net).size() == 3,
+         "the tensor-parallel plan split the column layer's weight and bias and the row layer's weight");
   train(run, model, optimizer, 0, kSaveAfter);
   fabric.save(path, {{"model", model}, {"optimizer", optimizer}, {"ema", ema}});
   train(run, model, optimizer, kSaveAfter, kSteps);
 
-  const lf::StateDict state = ema->state_dict();  // collective under fsdp
+  const lf::StateDict state = ema->state_dict();  // collective under fsdp and model_parallel
   for (const auto& [key, value] : expected) {
     expect(state.contains(key) && close(state.at(key).toTensor(), value), "the average of " + key + " equals the reference's");
   }
@@ -172,7 +213,7 @@ int main(int argc, char** argv) {
   }
 
   // Resumed into a fresh model: the same average and weights, bit for bit.
-  auto fresh = make_model(with_norm, 77);
+  auto fresh = split(strategy) ? make_split_model(77) : make_model(with_norm, 77);
   torch::optim::SGD fresh_sgd(fresh->parameters(), kLearningRate);
   auto [resumed, resumed_optimizer] = fabric.setup(fresh, fresh_sgd);
   ema->follow(fresh.ptr(), *fabric.strategy());

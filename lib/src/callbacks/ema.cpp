@@ -5,24 +5,26 @@
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/optim/optimizer.h>
 
+#include <functional>
 #include <sstream>
 
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/fabric.h"
-#include "lightning/fabric/strategies/fsdp.h"
-#include "lightning/fabric/strategies/model_parallel.h"
+#include "lightning/fabric/strategies/strategy.h"
 
 namespace lightning::fabric {
 
-// One averaged tensor: a parameter (under fsdp this rank's shard of it) or a buffer.
+// One averaged tensor: this rank's part of a parameter (Strategy::trained_parts) or a buffer.
 struct EMA::Tracked {
   std::string key;             // "module.<name>", as AveragedModel's state dict
   std::vector<int64_t> shape;  // the full tensor's
-  int64_t offset = 0;          // of live's first element in the flattened full tensor
-  at::Tensor live;             // what the model (or fsdp's optimizer) holds
+  at::Tensor live;             // what the model (or the optimizer, e.g. fsdp's shard) holds
   at::Tensor average;          // shaped like live
   bool parameter = true;
-  std::optional<FSDPStrategy::LocalShard> shard;  // under fsdp: how to gather the full value
+  // Parameters: the full value from every rank's averages (collective), and this rank's part of a
+  // full value. Unset for buffers, which every rank holds whole.
+  std::function<at::Tensor(const at::Tensor&)> gather;
+  std::function<at::Tensor(const at::Tensor&)> cut;
 };
 
 EMA::EMA(EMAOptions options) : options_(std::move(options)) {
@@ -48,22 +50,14 @@ void EMA::on_after_setup(const HookArgs& args) {
 
 void EMA::bind(const std::shared_ptr<torch::nn::Module>& module, Strategy* strategy) {
   LF_CHECK(module != nullptr, ValueError, "EMA::follow: no module given.");
-  LF_CHECK(dynamic_cast<MeshStrategy*>(strategy) == nullptr, ValueError, "EMA: the model_parallel strategy "
-           "splits parameters across the tensor-parallel ranks (with ddp or fsdp on the data dimension), which this "
-           "callback does not average; use it with single_device, ddp or fsdp.");
-  fsdp_ = dynamic_cast<FSDPStrategy*>(strategy);
+  LF_CHECK(strategy != nullptr, ValueError, "EMA::follow: no strategy given; pass *fabric.strategy().");
   std::vector<Tracked> tracked;
-  if (fsdp_ != nullptr) {
-    for (auto& shard : fsdp_->local_shards(*module)) {
-      tracked.push_back({"module." + shard.name, shard.shape, shard.offset, shard.shard, {}, true, shard});
-    }
-  } else {
-    for (const auto& item : module->named_parameters()) {
-      tracked.push_back({"module." + item.key(), item.value().sizes().vec(), 0, item.value(), {}, true, std::nullopt});
-    }
+  for (auto& part : strategy->trained_parts(*module)) {
+    tracked.push_back({"module." + part.name, std::move(part.full_shape), part.tensor, {}, true, std::move(part.gather),
+                       std::move(part.cut)});
   }
   for (const auto& item : module->named_buffers()) {
-    tracked.push_back({"module." + item.key(), item.value().sizes().vec(), 0, item.value(), {}, false, std::nullopt});
+    tracked.push_back({"module." + item.key(), item.value().sizes().vec(), item.value(), {}, false, nullptr, nullptr});
   }
   for (auto& entry : tracked) entry.average = entry.live.detach().clone();
   tracked_ = std::move(tracked);
@@ -72,6 +66,7 @@ void EMA::bind(const std::shared_ptr<torch::nn::Module>& module, Strategy* strat
     if (entry.parameter) stepped_.insert(entry.live.unsafeGetTensorImpl());
   }
   module_ = module;
+  strategy_ = strategy;
   if (pending_) apply_loaded();
 }
 
@@ -114,7 +109,7 @@ void EMA::swap_values() {
     entry.live.detach().copy_(entry.average);
     entry.average.copy_(held);
   }
-  if (fsdp_ != nullptr) fsdp_->shards_changed();
+  strategy_->trained_tensors_changed();
 }
 
 ScopeGuard EMA::swap_into_model() {
@@ -127,7 +122,7 @@ void EMA::copy_to_model() {
   require_bound("copy_to_model");
   torch::NoGradGuard no_grad;
   for (auto& entry : tracked_) entry.live.detach().copy_(entry.average);
-  if (fsdp_ != nullptr) fsdp_->shards_changed();
+  strategy_->trained_tensors_changed();
 }
 
 StateDict EMA::state_dict() const {
@@ -137,7 +132,7 @@ StateDict EMA::state_dict() const {
   state.insert("step", step_);
   state.insert("latest_update_step", latest_update_step_);
   for (const auto& entry : tracked_) {
-    state.insert(entry.key, entry.shard ? fsdp_->gather_full(*entry.shard, entry.average) : entry.average.clone());
+    state.insert(entry.key, entry.gather ? entry.gather(entry.average) : entry.average.clone());
   }
   return state;
 }
@@ -165,7 +160,8 @@ void EMA::apply_loaded() {
     const at::Tensor full = state.at(entry.key).toTensor();
     LF_CHECK(full.numel() == c10::multiply_integers(entry.shape), ValueError, "EMA::load_state_dict: '", entry.key,
              "' has shape ", full.sizes(), " in the entry but ", at::IntArrayRef(entry.shape), " in the module.");
-    entry.average.copy_(full.reshape(-1).narrow(0, entry.offset, entry.live.numel()).view_as(entry.average));
+    const at::Tensor whole = full.reshape(entry.shape);
+    entry.average.copy_(entry.cut ? entry.cut(whole) : whole);
   }
 }
 

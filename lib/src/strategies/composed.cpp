@@ -338,6 +338,39 @@ std::vector<std::pair<std::string, at::Tensor>> ComposedStrategy::trained_tensor
   return data_->trained_tensors(module);
 }
 
+std::vector<Strategy::TrainedPart> ComposedStrategy::trained_parts(const torch::nn::Module& module) {
+  LF_CHECK(pipe_ == nullptr, ValueError, "trained_parts (which lf::EMA averages by): strategy '", name(), "' keeps "
+           "each pipeline stage's parameters on that stage's ranks only, so no rank can give every parameter's full "
+           "value for the average and its checkpoint. Use lf::EMA with single_device, dp, ddp, fsdp or model_parallel.");
+  const DeviceMesh& mesh = *device_mesh();
+  std::map<std::string, int64_t> split_dims;  // the parameters the tensor part split, by name
+  for (const auto& item : module.named_parameters()) {
+    if (auto dim = tensor_->split_dim(item.value())) split_dims[item.key()] = *dim;
+  }
+  std::vector<TrainedPart> parts = data_->trained_parts(module);
+  const int tensor_size = mesh.size("tensor");
+  if (tensor_size == 1) return parts;
+  Collective* tensor_group = &mesh.group("tensor");
+  const int tensor_rank = mesh.coordinate("tensor");
+  for (auto& part : parts) {
+    auto found = split_dims.find(part.name);
+    if (found == split_dims.end()) continue;
+    const int64_t dim = found->second;
+    const int64_t slice = part.full_shape[static_cast<size_t>(dim)];  // this rank's, whole over the data part
+    part.full_shape[static_cast<size_t>(dim)] = slice * tensor_size;
+    part.gather = [data_gather = std::move(part.gather), tensor_group, dim](const at::Tensor& values) {
+      const at::Tensor every = tensor_group->all_gather(data_gather(values).contiguous());  // [tensor, slice...]
+      return at::cat(every.unbind(0), dim);
+    };
+    part.cut = [data_cut = std::move(part.cut), tensor_rank, dim, slice](const at::Tensor& full) {
+      return data_cut(full.narrow(dim, tensor_rank * slice, slice));
+    };
+  }
+  return parts;
+}
+
+void ComposedStrategy::trained_tensors_changed() { data_->trained_tensors_changed(); }
+
 double ComposedStrategy::clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm,
                                                double norm_type, bool error_if_nonfinite) {
   setup_environment();

@@ -736,6 +736,19 @@ std::vector<std::pair<std::string, at::Tensor>> FSDPStrategy::trained_tensors(co
   return tensors;
 }
 
+std::vector<Strategy::TrainedPart> FSDPStrategy::trained_parts(const torch::nn::Module& module) {
+  std::vector<TrainedPart> parts;
+  for (auto& shard : local_shards(module)) {
+    TrainedPart part{shard.name, shard.shape, shard.shard, nullptr, nullptr};
+    part.gather = [this, shard](const at::Tensor& values) { return gather_full(shard, values); };
+    part.cut = [shard](const at::Tensor& full) {
+      return full.reshape(-1).narrow(0, shard.offset, shard.shard.numel()).view_as(shard.shard);
+    };
+    parts.push_back(std::move(part));
+  }
+  return parts;
+}
+
 at::Tensor FSDPStrategy::parameter_of(const at::Tensor& tensor) const {
   const auto* p = engine_->find_parameter(tensor);
   return p != nullptr ? p->parameter : at::Tensor();

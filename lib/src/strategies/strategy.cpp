@@ -169,6 +169,17 @@ std::vector<std::pair<std::string, at::Tensor>> Strategy::trained_tensors(const 
   return tensors;
 }
 
+std::vector<Strategy::TrainedPart> Strategy::trained_parts(const torch::nn::Module& module) {
+  std::vector<TrainedPart> parts;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    TrainedPart part{item.key(), item.value().sizes().vec(), item.value(), nullptr, nullptr};
+    part.gather = [](const at::Tensor& values) { return values.clone(); };
+    part.cut = [](const at::Tensor& full) { return full; };
+    parts.push_back(std::move(part));
+  }
+  return parts;
+}
+
 double Strategy::clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type,
                                         bool error_if_nonfinite) {
   torch::NoGradGuard no_grad;

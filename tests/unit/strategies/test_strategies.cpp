@@ -13,6 +13,7 @@
 #include "lightning/fabric/strategies/dp.h"
 #include "lightning/fabric/strategies/fsdp.h"
 #include "lightning/fabric/strategies/model_parallel.h"
+#include "lightning/fabric/strategies/pipeline.h"
 
 namespace lf = lightning::fabric;
 using Catch::Matchers::Contains;
@@ -120,9 +121,12 @@ TEST_CASE("strategies: model_parallel picks its data dimension and refuses what 
   CHECK(sharded->fsdp_options().sharding_strategy == lf::ShardingStrategy::ShardGradOp);
   CHECK(fsdp->sampler_share().replicas == 2);
   CHECK(dynamic_cast<lf::MeshStrategy*>(fsdp.get()) != nullptr);
-  lf::EMA ema;  // averages whole or fsdp-sharded parameters, not tensor-parallel slices
-  CHECK_THROWS_WITH(ema.follow(std::make_shared<torch::nn::LinearImpl>(2, 2), *fsdp),
-                    Contains("EMA: the model_parallel strategy splits parameters"));
+  // lf::EMA averages every strategy's parts but the pipeline's (each stage's tensors on its ranks).
+  auto pipeline = strategy_for(lf::FabricOptions().accelerator("cpu").devices(4).strategy(lf::pipeline_strategy()));
+  lf::EMA ema;
+  CHECK_THROWS_WITH(ema.follow(std::make_shared<torch::nn::LinearImpl>(2, 2), *pipeline),
+                    Contains("strategy 'pipeline' keeps each pipeline stage's parameters on that stage's ranks") &&
+                        Contains("Use lf::EMA with single_device, dp, ddp, fsdp or model_parallel"));
   options.data_parallel_shard_size = 2;  // HSDP's shard size, without HYBRID_SHARD
   CHECK_THROWS_WITH(lf::model_parallel_strategy(options),
                     Contains("data_parallel_shard_size=2 splits the data dimension into replicas of shards") &&

@@ -10,12 +10,17 @@
 //
 // It follows the first module set up after it was registered (or the one given to follow()):
 // on_after_setup binds it, on_after_optimizer_step updates it when the optimizer steps one of the
-// module's parameters. Under fsdp it averages this rank's shards, in the shards' (master) dtype:
-// no full parameter is ever gathered for an update. Buffers (use_buffers) are averaged whole.
+// module's parameters. It averages what the strategy says this rank trains of each parameter
+// (Strategy::trained_parts): the parameter itself, fsdp's shard (in its master dtype), a
+// tensor-parallel slice under model_parallel or fsdp's shard of one; an update never communicates.
+// Buffers (use_buffers) are averaged whole. It works under single_device, dp, ddp, fsdp and
+// model_parallel (ddp or fsdp on the data dimension); the pipeline is refused (ValueError at bind).
 //
 // Checkpoints hold the full averaged tensors under "module.<name>" (AveragedModel's keys), with
 // "n_averaged", "step" and "latest_update_step": the same file under every strategy, any number
-// of ranks. Under fsdp, state_dict() gathers (collective: fabric.save calls it on every rank).
+// of ranks. state_dict() gathers each full value through the strategy (collective under fsdp and
+// model_parallel: fabric.save calls it on every rank); load_state_dict cuts each full value back
+// to this rank's part.
 #pragma once
 
 #include "lightning/fabric/export.h"
@@ -36,7 +41,6 @@
 
 namespace lightning::fabric {
 
-class FSDPStrategy;
 class Strategy;
 
 struct LF_API EMAOptions {
@@ -80,9 +84,11 @@ class LF_API EMA : public Callback, public Stateful {
   int64_t step() const { return step_; }
   int64_t n_averaged() const { return n_averaged_; }
 
-  /// Collective under fsdp (the full tensors are gathered); not under the other strategies.
+  /// Collective where the strategy splits parameters (fsdp, model_parallel: the full tensors are
+  /// gathered); not under single_device, dp and ddp.
   StateDict state_dict() const override;
-  /// Before setup too: the values wait for the module. ValueError naming a missing or mis-shaped entry.
+  /// Before setup too: the values wait for the module, then each full value is cut to this rank's
+  /// part. ValueError naming a missing or mis-shaped entry.
   void load_state_dict(const StateDict& state) override;
 
  private:
@@ -93,7 +99,7 @@ class LF_API EMA : public Callback, public Stateful {
   void swap_values();
   EMAOptions options_;
   std::weak_ptr<torch::nn::Module> module_;
-  FSDPStrategy* fsdp_ = nullptr;
+  Strategy* strategy_ = nullptr;  // the followed module's
   std::vector<Tracked> tracked_;
   std::set<const c10::TensorImpl*> stepped_;  // the tensors an optimizer step of the module touches
   int64_t step_ = 0;

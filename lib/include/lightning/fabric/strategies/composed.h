@@ -87,6 +87,11 @@ class LF_API ComposedStrategy : public ParallelStrategy, public PipelineParallel
   at::Tensor convert_input(const at::Tensor& input) const override;
   void annotate_forward_error(const torch::nn::Module& module, const std::exception& error) override;
   std::vector<std::pair<std::string, at::Tensor>> trained_tensors(const torch::nn::Module& module) override;
+  /// The data part's parts; a parameter the tensor part split is gathered along its split
+  /// dimension over the mesh's "tensor" group too (after the data part's gather), and cut to this
+  /// rank's slice first. ValueError under the pipeline: each stage's tensors live on its ranks only.
+  std::vector<TrainedPart> trained_parts(const torch::nn::Module& module) override;
+  void trained_tensors_changed() override;
   /// One norm over every element once: a tensor's part is summed over the dimensions that split
   /// it (pipe: every stage's own; shard: fsdp's shards; tensor: a split parameter's slices) and
   /// counted once over those that replicate it.

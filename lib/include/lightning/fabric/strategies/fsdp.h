@@ -168,6 +168,10 @@ class LF_API FSDPStrategy : public ParallelStrategy {
   void shards_changed();
   /// This rank's shards are what it trains (Strategy::trained_tensors).
   std::vector<std::pair<std::string, at::Tensor>> trained_tensors(const torch::nn::Module& module) override;
+  /// The shards, full values gathered over the shard group (gather_full), cut to this rank's flat
+  /// range; shards written outside a step reach the next forward (shards_changed).
+  std::vector<TrainedPart> trained_parts(const torch::nn::Module& module) override;
+  void trained_tensors_changed() override { shards_changed(); }
 
   // For a composed strategy that runs fsdp on its mesh's data dimensions (composed.h).
   /// Materialises a meta-built module as materialize_meta_tensors does: the units are made (from

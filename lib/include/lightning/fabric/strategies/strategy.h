@@ -169,6 +169,28 @@ class LF_API Strategy {
   /// The tensors this rank trains for a set-up module, by parameter name: its parameters; under
   /// fsdp their shards (non-finite detection and spike checks read them).
   virtual std::vector<std::pair<std::string, at::Tensor>> trained_tensors(const torch::nn::Module& module);
+  /// One tensor this rank trains for a parameter of a set-up module, and how values shaped like
+  /// it relate to the parameter's full value: what a callback that keeps a value per parameter
+  /// (lf::EMA) asks the strategy instead of its type.
+  struct TrainedPart {
+    std::string name;                 // the parameter's, as in the module's named_parameters()
+    std::vector<int64_t> full_shape;  // the whole parameter's, over every rank
+    at::Tensor tensor;                // what the optimizer steps here (trained_tensors)
+    /// The full value (full_shape, a new tensor) from every rank's values shaped like tensor.
+    /// Collective over the ranks that hold parts of the parameter: every rank calls it for the
+    /// same parts, in the same order.
+    std::function<at::Tensor(const at::Tensor& values)> gather;
+    /// This rank's part of a full value (full_shape), shaped like tensor. Not collective.
+    std::function<at::Tensor(const at::Tensor& full)> cut;
+  };
+  /// The parts of a set-up module's parameters this rank trains, in named_parameters() order.
+  /// Default: each parameter whole (gather clones, cut returns the full value). fsdp: its shards;
+  /// model_parallel: the data part's, a tensor-parallel slice gathered over the tensor group too.
+  /// ValueError where no rank can give every full value (the pipeline).
+  virtual std::vector<TrainedPart> trained_parts(const torch::nn::Module& module);
+  /// The tensors of trained_parts were written outside an optimizer step (averaged weights swapped
+  /// in): fsdp gathers its shards again before the next forward. Not collective. Default: nothing.
+  virtual void trained_tensors_changed() {}
   /// A composed strategy's data-parallel part (the ddp or fsdp strategy on its mesh's data
   /// dimensions, composed.h); null for every other strategy. strategy_cast looks there too.
   virtual Strategy* data_parallel_part() const { return nullptr; }
