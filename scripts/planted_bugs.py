@@ -38,7 +38,7 @@ BUGS = [
     ("tensor-group-broadcast-skipped", "lib/src/strategies/composed.cpp",
      "broadcast_module_from_rank_zero(*module, {}, pipe_ != nullptr ? &mesh_->group(\"stage\") : &collective());",
      ";",
-     "model_parallel.trains_like_one_process_on_mesh_1x2_gloo"),
+     "model_parallel.trains_like_one_process_on_mesh_1x2_shm"),
     ("gradients-summed-not-averaged", "lib/src/internal/gradient_reducer.cpp",
      "bucket.flat.div_(world);", ";",
      "ddp.checks_on_2_ranks"),
@@ -112,6 +112,15 @@ BUGS = [
      "return tensor.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);",
      "return tensor;",
      "unit.test_state_dict"),
+    ("context-gradients-averaged-over-data-only", "lib/src/strategies/composed.cpp",
+     "return options_.context_parallel_size > 1 ? \"data_context\" : \"data\";", "return \"data\";",
+     "model_parallel.context_parallel_trains_like_one_process_on_mesh_context2_tensor2"),
+    ("context-positions-local", "lib/src/context_parallel/attention.cpp",
+     "return size > 1 ? region->shard(all, 0) : all;", "return all.narrow(0, 0, local_length);",
+     "model_parallel.context_parallel_trains_like_one_process_on_mesh_shard2_context2"),
+    ("ema-tensor-slice-cut-at-rank-zero", "lib/src/strategies/composed.cpp",
+     "return data_cut(full.narrow(dim, tensor_rank * slice, slice));", "return data_cut(full.narrow(dim, 0, slice));",
+     "ema.matches_the_reference_and_resumes_model_parallel_ddp_on_4_ranks"),
 ]
 
 
