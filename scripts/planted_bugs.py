@@ -114,13 +114,16 @@ BUGS = [
      "unit.test_state_dict"),
     ("context-gradients-averaged-over-data-only", "lib/src/strategies/composed.cpp",
      "return options_.context_parallel_size > 1 ? \"data_context\" : \"data\";", "return \"data\";",
-     "model_parallel.context_parallel_trains_like_one_process_on_mesh_context2_tensor2"),
+     "model_parallel.context_parallel_trains_like_one_process_on_mesh_context2_tensor2_checkpointed_blocks"),
     ("context-positions-local", "lib/src/context_parallel/attention.cpp",
      "return size > 1 ? region->shard(all, 0) : all;", "return all.narrow(0, 0, local_length);",
      "model_parallel.context_parallel_trains_like_one_process_on_mesh_shard2_context2"),
     ("ema-tensor-slice-cut-at-rank-zero", "lib/src/strategies/composed.cpp",
      "return data_cut(full.narrow(dim, tensor_rank * slice, slice));", "return data_cut(full.narrow(dim, 0, slice));",
      "ema.matches_the_reference_and_resumes_model_parallel_ddp_on_4_ranks"),
+    ("checkpoint-recompute-outside-the-context-region", "lib/src/utilities/activation_checkpoint.cpp",
+     "if (call->in_context_region) region.emplace(call->context_mesh, call->context_load_balance);", ";",
+     "model_parallel.context_parallel_trains_like_one_process_on_mesh_context2_tensor2_checkpointed_blocks"),
 ]
 
 

@@ -97,7 +97,7 @@ struct TensorParallelGptImpl : torch::nn::Module {
     at::Tensor x = tokens(ids) + positions(cp::positions(ids.size(1), ids.device()));  // global positions
     // Sequence parallelism: from here to the head, this rank's slice of the sequence.
     if (sequence_parallel && tokens->mesh()) x = tp::scatter_to_tensor_region(x, *tokens->mesh(), 1);
-    for (auto& block : blocks) x = block(x);
+    for (auto& block : blocks) x = lightning::fabric::call(block, x);  // recomputed when its activations are checkpointed
     return head(ln_f(x));
   }
   bool sequence_parallel;

@@ -3,7 +3,8 @@
 // and the MLP's first layer by output features, the projections by input features, embedding and
 // head by vocabulary) and the data groups run ddp, or fsdp with --data-parallel fsdp (each slice
 // sharded again over the data group); --sequence-parallel splits the activations between the
-// tensor-parallel pairs by sequence, --dropout adds residual dropout. Under any other strategy it
+// tensor-parallel pairs by sequence, --dropout adds residual dropout, --context-parallel-size C
+// splits every sequence over C ranks (ring attention). Under any other strategy it
 // is the unsplit model. Prints the loss every --log-every steps and, at the end, one JSON line
 // from rank 0: the median step time, the mesh, the tensor group's collectives per step, and the
 // parameter and AdamW state bytes rank 0 holds (the storages of the tensors its optimizer steps)
@@ -13,6 +14,8 @@
 //   build/bin/tensor_parallel_gpt --accelerator cpu --devices 2 --tensor-parallel-size 2 --steps 20
 //   lightning-run model --accelerator cpu --devices 4 build/bin/tensor_parallel_gpt --tensor-parallel-size 2 \
 //       --data-parallel fsdp --sequence-parallel --dropout 0.1
+//   lightning-run model --accelerator cpu --devices 4 build/bin/tensor_parallel_gpt --tensor-parallel-size 2 \
+//       --context-parallel-size 2
 //   ... --checkpoint ck/last.ckpt          save {model, optimizer, step} there at the end
 //   ... --resume ck/last.ckpt              continue from it (any mesh shape, any strategy)
 #include <CLI/CLI.hpp>
@@ -37,6 +40,7 @@ struct Flags {
   int64_t batch_size = 8, steps = 50, warmup = 3, log_every = 10;
   double lr = 3e-3;
   std::optional<int> tensor_parallel_size;
+  int context_parallel_size = 1;
   std::string state_dict_type = "sharded", checkpoint, resume, data_parallel;
   examples::SharedFlags shared;
 };
@@ -97,6 +101,9 @@ int main(int argc, char** argv) {
   app.add_option("--lr", f.lr, "AdamW learning rate");
   app.add_option("--tensor-parallel-size", f.tensor_parallel_size,
                  "Configure model_parallel in code with this tensor size (default: --strategy decides)");
+  app.add_option("--context-parallel-size", f.context_parallel_size,
+                 "Configure model_parallel in code with each sequence split over this many ranks (ring attention)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--state-dict-type", f.state_dict_type, "With --tensor-parallel-size: sharded (a folder) or full (one file)")
       ->check(CLI::IsMember({"sharded", "full"}));
   app.add_option("--data-parallel", f.data_parallel,
@@ -116,9 +123,10 @@ int main(int argc, char** argv) {
   }
   try {
     lf::FabricOptions options = f.shared.apply();
-    if (f.tensor_parallel_size || !f.data_parallel.empty()) {
+    if (f.tensor_parallel_size || !f.data_parallel.empty() || f.context_parallel_size > 1) {
       lf::ModelParallelOptions mp;
       mp.tensor_parallel_size = f.tensor_parallel_size;
+      mp.context_parallel_size = f.context_parallel_size;
       mp.state_dict_type = f.state_dict_type;
       if (!f.data_parallel.empty()) mp.data_parallel_strategy = f.data_parallel;
       options.strategy(lf::model_parallel_strategy(mp));
@@ -153,9 +161,13 @@ int main(int argc, char** argv) {
       const auto begin = std::chrono::steady_clock::now();
       auto [ids, targets] = examples::tensor_parallel_gpt_batch(f.model, f.batch_size, step);
       optimizer.zero_grad();
-      const at::Tensor logits = model(ids.narrow(0, share.rank * rows, rows).to(fabric.device()));
-      const at::Tensor loss =
-          examples::tensor_parallel_gpt_loss(logits, targets.narrow(0, share.rank * rows, rows).to(fabric.device()), mesh);
+      at::Tensor loss;
+      {  // under context parallelism each rank its part of every sequence (no mesh, or none: all of it)
+        lf::context_parallel::Region region(mesh);
+        const at::Tensor logits = model(region.shard(ids.narrow(0, share.rank * rows, rows), 1).to(fabric.device()));
+        loss = examples::tensor_parallel_gpt_loss(
+            logits, region.shard(targets.narrow(0, share.rank * rows, rows), 1).to(fabric.device()), mesh);
+      }
       fabric.backward(loss);
       optimizer.step();
       loss_value = loss.item<double>();
@@ -181,7 +193,8 @@ int main(int argc, char** argv) {
     if (fabric.is_global_zero()) {
       std::cout << "{\"example\":\"tensor_parallel_gpt\",\"strategy\":\"" << fabric.strategy()->name()
                 << "\",\"world_size\":" << fabric.world_size() << ",\"data\":" << (mesh ? mesh->size("data") : share.replicas)
-                << ",\"tensor\":" << (mesh ? mesh->size("tensor") : 1) << ",\"median_step_ms\":" << examples::rounded(median, 3)
+                << ",\"tensor\":" << (mesh ? mesh->size("tensor") : 1)
+                << ",\"context\":" << (mesh && mesh->has("context") ? mesh->size("context") : 1) << ",\"median_step_ms\":" << examples::rounded(median, 3)
                 << ",\"loss\":" << examples::rounded(loss_value, 5)
                 << ",\"tensor_collectives_per_step\":" << tensor_collectives_per_step << ",\"parameter_bytes\":" << parameter_bytes
                 << ",\"optimizer_bytes\":" << optimizer_bytes << ",\"formula_parameter_bytes\":" << formula

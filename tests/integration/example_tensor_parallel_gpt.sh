@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The tensor-parallel GPT example as its header documents it, with every flag: the mesh from
 # `lightning-run --strategy model_parallel`; then (2, 2) with fsdp on the data dimension, sequence
-# parallelism and dropout, saving a sharded checkpoint that resumes under (1, 4) with ddp. Each run
+# parallelism and dropout, saving a sharded checkpoint that resumes under (context 2, tensor 2) with
+# ddp (context parallelism: each rank half of every sequence, ring attention). Each run
 # must print its JSON line with a finite loss; under fsdp rank 0's parameter and AdamW bytes must
 # be within 1.10 of the formula's (split / T + replicated, / D).
 #   example_tensor_parallel_gpt.sh LIGHTNING_RUN TENSOR_PARALLEL_GPT
@@ -36,8 +37,8 @@ assert optimizer <= 1.10 * optimizer_formula, (optimizer, optimizer_formula)
 print(f"fsdp x tp: parameters {parameters / formula:.3f} x the formula, AdamW state {optimizer / optimizer_formula:.3f} x")
 PY
 
-"$run" model --accelerator cpu --devices 4 "$gpt" "${small[@]}" --steps 3 --tensor-parallel-size 4 --data-parallel ddp \
-  --sequence-parallel --resume "$work/ck" > "$work/resume.log" || fail "resuming under (1, 4) with ddp failed"
+"$run" model --accelerator cpu --devices 4 "$gpt" "${small[@]}" --steps 3 --tensor-parallel-size 2 --data-parallel ddp \
+  --context-parallel-size 2 --resume "$work/ck" > "$work/resume.log" || fail "resuming under (context 2, tensor 2) with ddp failed"
 grep -q "resumed from $work/ck at step 6" "$work/resume.log" || fail "the resume did not start at step 6"
-grep -q '"data":1,"tensor":4' "$work/resume.log" || fail "no JSON line after the resume"
+grep -q '"data":1,"tensor":2,"context":2' "$work/resume.log" || fail "no JSON line after the resume"
 echo "tensor parallel GPT example passed"

@@ -26,6 +26,8 @@
 //   --context N                             context parallelism over N ranks (mesh (data, context,
 //                                           tensor)): each rank trains on its load-balanced part of
 //                                           the sequence, attention by ring
+//   --checkpoint-blocks                     activation checkpointing of every block (recomputed in
+//                                           the backward, after the step's context region ended)
 //   --losses FILE                           rank 0 writes "STEP LOSS" per trained step: the step's
 //                                           mean loss over the whole batch, before the update
 //   --meta                                  build the model under fabric.init_module(true) (on the
@@ -64,7 +66,7 @@ struct Flags {
   int64_t steps = 20;
   std::string save, save_type = "sharded", resume, fsdp, losses;
   int context = 1;
-  bool plain = false, meta = false;
+  bool plain = false, meta = false, checkpoint_blocks = false;
   int shard = 0;  // HYBRID_SHARD's shard size; 0: the default
 };
 
@@ -75,6 +77,7 @@ Flags parse(int argc, char** argv) {
     const bool has_value = i + 1 < argc;
     if (name == "--plain") flags.plain = true;
     else if (name == "--meta") flags.meta = true;
+    else if (name == "--checkpoint-blocks") flags.checkpoint_blocks = true;
     else if (name == "--shard" && has_value) flags.shard = std::atoi(argv[++i]);
     else if (name == "--context" && has_value) flags.context = std::atoi(argv[++i]);
     else if (name == "--losses" && has_value) flags.losses = argv[++i];
@@ -102,6 +105,11 @@ lf::FabricOptions fabric_options(const Flags& flags) {
     lf::ModelParallelOptions model_parallel;
     model_parallel.tensor_parallel_size = flags.tensor;
     model_parallel.context_parallel_size = flags.context;
+    if (flags.checkpoint_blocks) {
+      const auto blocks = lf::ModulePolicy::of_type<examples::TensorParallelBlockImpl>();
+      model_parallel.data_parallel.activation_checkpointing = blocks;
+      model_parallel.fully_sharded.activation_checkpointing = blocks;
+    }
     model_parallel.state_dict_type = flags.save_type;
     if (!flags.fsdp.empty()) {
       model_parallel.data_parallel_strategy = "fsdp";
@@ -127,9 +135,12 @@ StepResult train_step(lf::Fabric& fabric, lf::FabricModule<examples::TensorParal
   const int64_t rows = kBatch / data;
   optimizer.zero_grad();
   if (kSettings.dropout > 0) torch::manual_seed(500 + static_cast<uint64_t>(step));  // the step's masks
-  lf::context_parallel::Region region(mesh);
-  const at::Tensor logits = model(region.shard(ids.narrow(0, data_rank * rows, rows), 1));
-  at::Tensor loss = examples::tensor_parallel_gpt_loss(logits, region.shard(targets.narrow(0, data_rank * rows, rows), 1), mesh);
+  at::Tensor loss;
+  {  // the region ends before the backward, as attention.h allows
+    lf::context_parallel::Region region(mesh);
+    const at::Tensor logits = model(region.shard(ids.narrow(0, data_rank * rows, rows), 1));
+    loss = examples::tensor_parallel_gpt_loss(logits, region.shard(targets.narrow(0, data_rank * rows, rows), 1), mesh);
+  }
   fabric.backward(loss);
   // Every rank's loss is its part's mean and every part is as large: the world's mean is the batch's.
   const double mean_loss = fabric.all_reduce(loss.detach(), "mean").item<double>();

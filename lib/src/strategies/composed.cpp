@@ -45,7 +45,7 @@ std::shared_ptr<ParallelStrategy> data_part(const StrategyContext& context, cons
 
 // The checkpoint engine's questions, answered by composing the parts' factors of a tensor's
 // placement: the tensor part's box (a split parameter's slice), fsdp's flat range inside it, and
-// who writes: one rank of each part's replicas (data rank 0 for a slice under ddp, the first
+// who writes: one rank of each part's replicas (data x context rank 0 for a slice under ddp, the first
 // replica of a shard under fsdp, tensor rank 0 for what every tensor rank holds whole, the
 // stage's first rank for a stage's unsplit tensors).
 class ComposedStrategy::Layout : public CheckpointLayout {

@@ -10,10 +10,12 @@
 
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <unordered_set>
 
+#include "lightning/fabric/context_parallel/attention.h"
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/internal/module_table.h"
 #include "lightning/fabric/strategies/fsdp_unit.h"
@@ -121,6 +123,11 @@ struct CheckpointCall : torch::CustomClassHolder {
   std::vector<at::Tensor> parameters;  // not saved_for_backward: fsdp swaps their storage in between
   RandomState random;
   AutocastState autocast;
+  // The context-parallel region current at the forward (attention.h), made current again for the
+  // recompute: the backward may run after the region ended, or on another thread.
+  bool in_context_region = false;
+  const DeviceMesh* context_mesh = nullptr;
+  bool context_load_balance = true;
 };
 
 std::string tensor_text(const at::Tensor& tensor) {
@@ -185,6 +192,8 @@ struct CheckpointNode : torch::autograd::Function<CheckpointNode> {
     {
       RandomStateFork random(call->random);
       AutocastAsIn autocast(call->autocast);
+      std::optional<context_parallel::Region> region;
+      if (call->in_context_region) region.emplace(call->context_mesh, call->context_load_balance);
       torch::AutoGradMode grad_mode(true);
       outputs = call->fn(inputs);
     }
@@ -238,6 +247,11 @@ std::vector<at::Tensor> detail::checkpoint_tensors(const CheckpointFunction& fn,
   call->parameters = parameters;
   call->random = capture_random_state(inputs);
   call->autocast = AutocastState::now();
+  if (const context_parallel::Region* region = context_parallel::Region::current()) {
+    call->in_context_region = true;
+    call->context_mesh = region->mesh();
+    call->context_load_balance = region->load_balance();
+  }
   std::vector<at::Tensor> tensors = inputs;
   tensors.insert(tensors.end(), parameters.begin(), parameters.end());
   return CheckpointNode::apply(std::move(call), at::TensorList(tensors));

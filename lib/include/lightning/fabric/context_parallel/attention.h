@@ -9,6 +9,7 @@
 //   at::Tensor ids = region.shard(batch_ids, 1), targets = region.shard(batch_targets, 1);
 //   at::Tensor loss = loss_of(model(ids), targets);      // the model calls attention(), positions()
 //   fabric.backward(loss);                               // the region may end before the backward
+// (a checkpointed module's recompute runs in the region of its forward: activation_checkpoint.h).
 // Each context rank's loss is the mean over its part; the strategy averages gradients over data x
 // context, so the step is the whole sequence's.
 #pragma once
