@@ -32,7 +32,8 @@
 #      the model_parallel strategy on an NCCL group of one (mesh 1 x 1), saving a sharded (DCP)
 #      checkpoint, then resuming from it; the resumed run must start from the saved step. Then the
 #      same at mesh 1 x 1 with fsdp on the data dimension, sequence parallelism and dropout (the 2-D
-#      strategy's code path on CUDA: shards over a data group of one), resumed under ddp.
+#      strategy's code path on CUDA: shards over a data group of one), resumed under ddp; and HSDP
+#      (mesh replicate 1 x shard 1 x tensor 1, the hybrid path).
 #   8. streaming data on the GPU: the rows make their own data (the machine has no Fashion-MNIST
 #      and no litdata): synthetic idx files (scripts/synthetic_fashion_mnist.py, python3's standard
 #      library), written as a streaming dataset by the image classifier's --write-data
@@ -94,7 +95,7 @@ est_p8_first=$((2 * 8 + 3 * 10 + 8))         # round 1: 2 C++ x 8, 3 Python x 10
 est_p8_later=$((8 + 2 * 10 + 8))             # each later round: C++ fused 8, 2 Python x 10, CUDA graph 8
 est_p8=$((est_p8_first + (p8_rounds - 1) * est_p8_later))
 est_ac=$((2 * 10 + 2 * 12))                  # fsdp + checkpointing: 2 C++ x 10, 2 Python x 12
-est_tp=$((4 * 8))                            # tensor parallel: 4 x 8
+est_tp=$((5 * 8))                            # tensor parallel: 5 x 8
 est_stream=$((2 + 3 + 10))                   # streaming: idx files 2, streaming dataset 3, training 10
 estimate=$((est_build + est_gpu + est_step + est_p8 + est_ac + est_tp + est_stream))
 say "# device-check $(date -u +%Y-%m-%dT%H:%MZ)$([ "$dry_run" = 1 ] && echo ' (dry run)')"
@@ -308,6 +309,11 @@ if run_step tp-fsdp-world-1-resume-ddp "${tp_fsdp_command[@]}" --data-parallel d
   failures+=(tp-fsdp-world-1-resume-ddp); say "    tp-fsdp-world-1-resume-ddp: no 'resumed from ... at step 10' line"
 fi
 grep -sh '"example"' "$out/tp-fsdp-world-1-resume-ddp.log" | tee -a "$results"
+# The composed strategy's HSDP data part on CUDA (mesh replicate 1 x shard 1 x tensor 1: the
+# hybrid code path, its two groups of one on NCCL), the blocks through the context region's calls.
+run_step tp-hsdp-world-1 "$bin/lightning-run" model --accelerator cuda --devices 1 "$bin/tensor_parallel_gpt" --steps 10 \
+  --log-every 5 --tensor-parallel-size 1 --data-parallel hsdp
+grep -sh '"example"' "$out/tp-hsdp-world-1.log" | tee -a "$results"
 
 # Streaming data on the GPU: the image classifier trains from a streaming dataset (uint8 tensors:
 # this build may lack the JPEG decoder), its batches read ahead into pinned memory. The machine has

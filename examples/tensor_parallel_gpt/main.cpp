@@ -107,8 +107,9 @@ int main(int argc, char** argv) {
   app.add_option("--state-dict-type", f.state_dict_type, "With --tensor-parallel-size: sharded (a folder) or full (one file)")
       ->check(CLI::IsMember({"sharded", "full"}));
   app.add_option("--data-parallel", f.data_parallel,
-                 "Configure model_parallel in code with this on the data dimension: ddp or fsdp (FULL_SHARD)")
-      ->check(CLI::IsMember({"ddp", "fsdp"}));
+                 "Configure model_parallel in code with this on the data dimension: ddp, fsdp (FULL_SHARD) or hsdp "
+                 "(HYBRID_SHARD: shards within a node's data ranks, replicas across)")
+      ->check(CLI::IsMember({"ddp", "fsdp", "hsdp"}));
   app.add_flag("--sequence-parallel", f.model.sequence_parallel,
                "Split the activations between the tensor-parallel pairs (LayerNorm, dropout, residuals) by sequence");
   app.add_option("--dropout", f.model.dropout, "Residual dropout probability")->check(CLI::Range(0.0, 0.99));
@@ -128,7 +129,8 @@ int main(int argc, char** argv) {
       mp.tensor_parallel_size = f.tensor_parallel_size;
       mp.context_parallel_size = f.context_parallel_size;
       mp.state_dict_type = f.state_dict_type;
-      if (!f.data_parallel.empty()) mp.data_parallel_strategy = f.data_parallel;
+      if (!f.data_parallel.empty()) mp.data_parallel_strategy = f.data_parallel == "ddp" ? "ddp" : "fsdp";
+      if (f.data_parallel == "hsdp") mp.fully_sharded.sharding_strategy = lf::ShardingStrategy::HybridShard;
       options.strategy(lf::model_parallel_strategy(mp));
     }
     lf::Fabric fabric(options);
@@ -188,13 +190,16 @@ int main(int argc, char** argv) {
     for (const auto& group : adamw.param_groups()) stepped.insert(stepped.end(), group.params().begin(), group.params().end());
     const int64_t parameter_bytes = storage_bytes(stepped);
     const int64_t optimizer_bytes = storage_bytes(optimizer_tensors(adamw));
-    const int64_t formula = formula_parameter_bytes(f.model, mesh ? mesh->size("tensor") : 1,
-                                                    fully_sharded ? (mesh ? mesh->size("data") : fabric.world_size()) : 1);
+    // fsdp shards over "shard" (times "context" when there is one); HSDP's replicas hold a shard each.
+    const int context = mesh && mesh->has("context") ? mesh->size("context") : 1;
+    const int64_t formula = formula_parameter_bytes(
+        f.model, mesh ? mesh->size("tensor") : 1,
+        fully_sharded ? (mesh ? mesh->size("shard") * context : fabric.world_size()) : 1);
     if (fabric.is_global_zero()) {
       std::cout << "{\"example\":\"tensor_parallel_gpt\",\"strategy\":\"" << fabric.strategy()->name()
                 << "\",\"world_size\":" << fabric.world_size() << ",\"data\":" << (mesh ? mesh->size("data") : share.replicas)
                 << ",\"tensor\":" << (mesh ? mesh->size("tensor") : 1)
-                << ",\"context\":" << (mesh && mesh->has("context") ? mesh->size("context") : 1) << ",\"median_step_ms\":" << examples::rounded(median, 3)
+                << ",\"context\":" << context << ",\"median_step_ms\":" << examples::rounded(median, 3)
                 << ",\"loss\":" << examples::rounded(loss_value, 5)
                 << ",\"tensor_collectives_per_step\":" << tensor_collectives_per_step << ",\"parameter_bytes\":" << parameter_bytes
                 << ",\"optimizer_bytes\":" << optimizer_bytes << ",\"formula_parameter_bytes\":" << formula
