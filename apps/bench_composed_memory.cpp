@@ -65,13 +65,7 @@ int main(int argc, char** argv) {
   }
   lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").strategy(lf::model_parallel_strategy(options)));
   fabric.seed_everything(0);
-  {  // one step of a small model first: the groups, code and buffers every step touches are part of base
-    torch::nn::Sequential small(torch::nn::Linear(64, 64), torch::nn::ReLU(), torch::nn::Linear(64, 64));
-    torch::optim::SGD sgd(small->parameters(), torch::optim::SGDOptions(1e-3));
-    auto [model, optimizer] = fabric.setup(small, sgd);
-    fabric.backward(model(torch::randn({4, 64})).pow(2).mean());
-    optimizer.step();
-  }
+  fsdp_bench::warm_up(fabric);  // the groups, code and buffers every step touches are part of base
   const int64_t base = status_bytes("VmRSS");
   examples::TensorParallelGpt net(settings);
   torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(1e-4));

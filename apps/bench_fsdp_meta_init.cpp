@@ -58,13 +58,7 @@ int main(int argc, char** argv) {
   }
   lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").strategy(strategy));
   fabric.seed_everything(0);
-  {  // one step of a small model first: the code and buffers every step touches are part of base
-    torch::nn::Sequential small(torch::nn::Linear(64, 64), torch::nn::ReLU(), torch::nn::Linear(64, 64));
-    torch::optim::SGD sgd(small->parameters(), torch::optim::SGDOptions(1e-3));
-    auto [model, optimizer] = fabric.setup(small, sgd);
-    fabric.backward(model(torch::randn({4, 64})).pow(2).mean());
-    optimizer.step();
-  }
+  fsdp_bench::warm_up(fabric);  // the code and buffers every step touches are part of base
   const int64_t base = status_bytes("VmRSS"), base_data = status_bytes("VmData");
   fsdp_bench::reset_peak_rss();
   const auto build_start = std::chrono::steady_clock::now();

@@ -1,4 +1,4 @@
-// Shared by the fsdp memory benchmarks (bench_fsdp_peak, bench_fsdp_meta_init): the kernel's view of
+// Shared by the memory benchmarks (bench_fsdp_peak, bench_fsdp_meta_init, bench_composed_memory): the kernel's view of
 // this process's memory, and their model, a stack of Linear(width, width) + ReLU.
 #pragma once
 
@@ -6,6 +6,9 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 
+#include <torch/optim/sgd.h>
+
+#include "lightning/fabric/fabric.h"
 #include "lightning/fabric/tensor_parallel/layers.h"
 
 #include <fstream>
@@ -25,6 +28,16 @@ inline int64_t status_bytes(const std::string& field) {
 
 /// Resets the peak resident set: VmHWM := VmRSS.
 inline void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
+/// One step of a small model under fabric's strategy, so that what every step touches (the
+/// process groups, code, buffers) is resident before a benchmark reads its base memory.
+inline void warm_up(lightning::fabric::Fabric& fabric) {
+  torch::nn::Sequential small(torch::nn::Linear(64, 64), torch::nn::ReLU(), torch::nn::Linear(64, 64));
+  torch::optim::SGD sgd(small->parameters(), torch::optim::SGDOptions(1e-3));
+  auto [model, optimizer] = fabric.setup(small, sgd);
+  fabric.backward(model(torch::randn({4, 64})).pow(2).mean());
+  optimizer.step();
+}
 
 /// layers x (Linear(width, width), ReLU), built where called (under a guard, if any).
 inline torch::nn::Sequential linear_stack(int64_t layers, int64_t width) {

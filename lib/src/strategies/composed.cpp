@@ -17,6 +17,7 @@
 #include "lightning/fabric/strategies/ddp.h"
 #include "lightning/fabric/strategies/fsdp.h"
 #include "lightning/fabric/strategies/pipeline_plan.h"
+#include "lightning/fabric/strategies/rank_zero_build.h"
 #include "lightning/fabric/strategies/tensor_parallel_plan.h"
 #include "lightning/fabric/utilities/meta_init.h"
 
@@ -260,13 +261,7 @@ void ComposedStrategy::materialize_meta_tensors(torch::nn::Module& module) {
     sharded->materialize_sliced(module, slice, restore_built);
   } else {
     restore_built();
-    MaterializeOptions options;  // every rank replays rank 0's build, and keeps its slices
-    options.agree_on_generator_state = [this](at::Tensor& state) {
-      at::Tensor on_device = state.to(root_device());
-      collective().broadcast_(on_device, 0);
-      state = on_device.cpu();
-    };
-    options.require_shared_generator = true;
+    MaterializeOptions options = replay_rank_zero_build(*this);  // and each rank keeps its slices
     options.install = [&](const std::string& name, bool is_parameter, const at::Tensor& full) {
       return is_parameter ? slice(name, full) : full;
     };

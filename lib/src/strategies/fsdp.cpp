@@ -14,6 +14,7 @@
 #include "lightning/fabric/internal/gradient_norm.h"
 #include "lightning/fabric/plugins/collectives/collective.h"
 #include "lightning/fabric/strategies/fsdp_engine.h"
+#include "lightning/fabric/strategies/rank_zero_build.h"
 #include "lightning/fabric/utilities/meta_init.h"
 
 namespace lightning::fabric {
@@ -175,13 +176,7 @@ void FSDPStrategy::Engine::forget_materialized() {
 }
 
 void FSDPStrategy::Engine::materialize(torch::nn::Module& module, const MaterializeSlice& slice) {
-  MaterializeOptions options;
-  options.agree_on_generator_state = [this](at::Tensor& state) {  // one build for every rank: rank 0's
-    at::Tensor on_device = state.to(strategy_.root_device());
-    strategy_.collective().broadcast_(on_device, 0);
-    state = on_device.cpu();
-  };
-  options.require_shared_generator = true;
+  MaterializeOptions options = replay_rank_zero_build(strategy_);  // one build for every rank: rank 0's
   // Shapes are compared before the replay: afterwards the sharded parameters hold 0 elements.
   std::vector<at::Tensor> all = module.parameters();
   for (const auto& buffer : module.buffers()) all.push_back(buffer);
