@@ -7,12 +7,10 @@
 #include <torch/types.h>
 
 #include <algorithm>
-#include <cmath>
 #include <map>
 
 #include "lightning/fabric/checkpoint/sharded_checkpoint.h"
 #include "lightning/fabric/errors.h"
-#include "lightning/fabric/internal/gradient_norm.h"
 #include "lightning/fabric/plugins/collectives/collective.h"
 #include "lightning/fabric/strategies/ddp.h"
 #include "lightning/fabric/strategies/fsdp.h"
@@ -57,7 +55,7 @@ class ComposedStrategy::Layout : public CheckpointLayout {
     const TensorParallelPlan& plan = *strategy_.tensor_;
     const DeviceMesh& mesh = *strategy_.mesh_;
     if (fsdp_ != nullptr) {
-      if (auto shard = fsdp_->checkpoint_layout().placement(tensor)) {  // a flat range of this rank's slice
+      if (auto shard = fsdp_->placements()->placement(tensor)) {  // a flat range of this rank's slice
         if (auto box = plan.split_placement(fsdp_->parameter_of(tensor), shard->global_shape)) {
           box->flat = shard->flat;
           box->writes = shard->writes;
@@ -77,13 +75,13 @@ class ComposedStrategy::Layout : public CheckpointLayout {
     return whole;
   }
   at::Tensor saved_value(const at::Tensor& parameter) const override {
-    if (fsdp_ != nullptr && fsdp_->checkpoint_layout().placement(parameter)) {
-      return fsdp_->checkpoint_layout().saved_value(parameter);
+    if (fsdp_ != nullptr && fsdp_->placements()->placement(parameter)) {
+      return fsdp_->placements()->saved_value(parameter);
     }
     return parameter;
   }
   std::vector<std::string> optimizer_parameter_names(const State& state, torch::optim::Optimizer& optimizer) const override {
-    if (fsdp_ != nullptr) return fsdp_->checkpoint_layout().optimizer_parameter_names(state, optimizer);
+    if (fsdp_ != nullptr) return fsdp_->placements()->optimizer_parameter_names(state, optimizer);
     return CheckpointLayout::optimizer_parameter_names(state, optimizer);
   }
   int64_t parameter_position(const State& state, const std::string& name) const override {
@@ -91,7 +89,7 @@ class ComposedStrategy::Layout : public CheckpointLayout {
     return CheckpointLayout::parameter_position(state, name);
   }
   StateDict restore(State& state, const StateDict& local, bool strict) override {
-    if (fsdp_ != nullptr) return fsdp_->checkpoint_layout().restore(state, local, strict);
+    if (fsdp_ != nullptr) return fsdp_->placements()->restore(state, local, strict);
     return CheckpointLayout::restore(state, local, strict);
   }
   /// Under the pipeline each stage's tensors live on its ranks only.
@@ -110,7 +108,8 @@ ComposedStrategy::ComposedStrategy(StrategyContext context, ModelParallelOptions
                                                                          : options.data_parallel.process_group),
       options_(std::move(options)),
       data_(data_part(context, options_)),
-      tensor_(std::make_unique<TensorParallelPlan>(options_)) {}
+      tensor_(std::make_unique<TensorParallelPlan>(options_)),
+      layout_(std::make_unique<Layout>(*this)) {}
 
 ComposedStrategy::ComposedStrategy(StrategyContext context, PipelineOptions options)
     : ParallelStrategy(context, options.data_parallel_strategy == "fsdp" ? options.fully_sharded.process_group
@@ -119,7 +118,8 @@ ComposedStrategy::ComposedStrategy(StrategyContext context, PipelineOptions opti
       pipeline_options_(options),
       data_(data_part(context, options_)),
       tensor_(std::make_unique<TensorParallelPlan>(options_)),
-      pipe_(std::make_unique<PipelinePlan>(std::move(options))) {}
+      pipe_(std::make_unique<PipelinePlan>(std::move(options))),
+      layout_(std::make_unique<Layout>(*this)) {}
 
 ComposedStrategy::~ComposedStrategy() = default;
 
@@ -333,75 +333,9 @@ std::vector<std::pair<std::string, at::Tensor>> ComposedStrategy::trained_tensor
   return data_->trained_tensors(module);
 }
 
-std::vector<Strategy::TrainedPart> ComposedStrategy::trained_parts(const torch::nn::Module& module) {
-  LF_CHECK(pipe_ == nullptr, ValueError, "trained_parts (which lf::EMA averages by): strategy '", name(), "' keeps "
-           "each pipeline stage's parameters on that stage's ranks only, so no rank can give every parameter's full "
-           "value for the average and its checkpoint. Use lf::EMA with single_device, dp, ddp, fsdp or model_parallel.");
-  const DeviceMesh& mesh = *device_mesh();
-  std::map<std::string, int64_t> split_dims;  // the parameters the tensor part split, by name
-  for (const auto& item : module.named_parameters()) {
-    if (auto dim = tensor_->split_dim(item.value())) split_dims[item.key()] = *dim;
-  }
-  std::vector<TrainedPart> parts = data_->trained_parts(module);
-  const int tensor_size = mesh.size("tensor");
-  if (tensor_size == 1) return parts;
-  Collective* tensor_group = &mesh.group("tensor");
-  const int tensor_rank = mesh.coordinate("tensor");
-  for (auto& part : parts) {
-    auto found = split_dims.find(part.name);
-    if (found == split_dims.end()) continue;
-    const int64_t dim = found->second;
-    const int64_t slice = part.full_shape[static_cast<size_t>(dim)];  // this rank's, whole over the data part
-    part.full_shape[static_cast<size_t>(dim)] = slice * tensor_size;
-    part.gather = [data_gather = std::move(part.gather), tensor_group, dim](const at::Tensor& values) {
-      const at::Tensor every = tensor_group->all_gather(data_gather(values).contiguous());  // [tensor, slice...]
-      return at::cat(every.unbind(0), dim);
-    };
-    part.cut = [data_cut = std::move(part.cut), tensor_rank, dim, slice](const at::Tensor& full) {
-      return data_cut(full.narrow(dim, tensor_rank * slice, slice));
-    };
-  }
-  return parts;
-}
-
 void ComposedStrategy::trained_tensors_changed() { data_->trained_tensors_changed(); }
 
-double ComposedStrategy::clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm,
-                                               double norm_type, bool error_if_nonfinite) {
-  setup_environment();
-  torch::NoGradGuard no_grad;
-  FSDPStrategy* sharded = fsdp();
-  // The dimensions each tensor's part is summed over: every stage's parameters are its own (pipe),
-  // fsdp's shards are distinct across the shard group (under NO_SHARD each rank holds the whole
-  // part, counted once), a split parameter's slices across the tensor group. What a dimension
-  // replicates (ddp's replicas, a whole parameter on every tensor rank) is counted once. The same
-  // groups are reduced on every rank, whatever its parameters, so no rank waits alone.
-  std::vector<Collective*> whole_over, split_over;
-  if (sharded != nullptr && sharded->shard_group_size() > 1) whole_over.push_back(&sharded->shard_group());
-  if (pipe_ != nullptr) whole_over.push_back(&mesh_->group("pipe"));
-  split_over = whole_over;
-  split_over.push_back(&mesh_->group("tensor"));
-  std::vector<at::Tensor> split, whole;
-  for (const auto& tensor : parameters) {
-    const at::Tensor parameter = sharded != nullptr ? sharded->parameter_of(tensor) : tensor;
-    (parameter.defined() && tensor_->split_dim(parameter) ? split : whole).push_back(tensor);
-  }
-  const ReduceOp op = std::isinf(norm_type) ? ReduceOp::Max : ReduceOp::Sum;
-  const at::Device device = root_device();
-  const auto part_over = [&](const std::vector<at::Tensor>& tensors, const std::vector<Collective*>& groups) {
-    at::Tensor part = internal::local_norm_part(internal::gradients_of(tensors), norm_type, device);
-    for (Collective* group : groups) {
-      if (group->world_size() > 1) group->all_reduce_(part, op);
-    }
-    return part;
-  };
-  const at::Tensor split_part = part_over(split, split_over), whole_part = part_over(whole, whole_over);
-  const at::Tensor total = op == ReduceOp::Max ? at::maximum(split_part, whole_part) : split_part + whole_part;
-  std::vector<at::Tensor> gradients = internal::gradients_of(whole);
-  const std::vector<at::Tensor> split_gradients = internal::gradients_of(split);
-  gradients.insert(gradients.end(), split_gradients.begin(), split_gradients.end());
-  return internal::clip_to_max_norm(gradients, total, norm_type, max_norm, error_if_nonfinite);
-}
+CheckpointLayout* ComposedStrategy::placements() { return layout_.get(); }
 
 Strategy::SamplerShare ComposedStrategy::sampler_share() const {
   // The data dimensions are adjacent: rank = (outer x data + data rank) x inner + inner rank,
@@ -418,14 +352,13 @@ Strategy::SamplerShare ComposedStrategy::sampler_share() const {
 CheckpointWrite ComposedStrategy::prepare_checkpoint(const std::string& call, const fs::path& path, const State& state,
                                                      const StateFilter& filter, bool host_copy) {
   setup_environment();
-  return prepare_sharded_save(collective(), call, path, state, filter, host_copy, Layout(*this),
+  return prepare_sharded_save(collective(), call, path, state, filter, host_copy, *layout_,
                               pipe_ == nullptr && options_.state_dict_type == "full");
 }
 
 StateDict ComposedStrategy::load_checkpoint(const fs::path& path, State* state, bool strict) {
   setup_environment();
-  Layout layout(*this);
-  return load_sharded(collective(), path, state, strict, layout);
+  return load_sharded(collective(), path, state, strict, *layout_);
 }
 
 }  // namespace lightning::fabric

@@ -11,7 +11,6 @@
 
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/sync_batch_norm.h"
-#include "lightning/fabric/internal/gradient_norm.h"
 #include "lightning/fabric/plugins/collectives/collective.h"
 #include "lightning/fabric/strategies/fsdp_engine.h"
 #include "lightning/fabric/strategies/rank_zero_build.h"
@@ -731,25 +730,12 @@ std::vector<std::pair<std::string, at::Tensor>> FSDPStrategy::trained_tensors(co
   return tensors;
 }
 
-std::vector<Strategy::TrainedPart> FSDPStrategy::trained_parts(const torch::nn::Module& module) {
-  std::vector<TrainedPart> parts;
-  for (auto& shard : local_shards(module)) {
-    TrainedPart part{shard.name, shard.shape, shard.shard, nullptr, nullptr};
-    part.gather = [this, shard](const at::Tensor& values) { return gather_full(shard, values); };
-    part.cut = [shard](const at::Tensor& full) {
-      return full.reshape(-1).narrow(0, shard.offset, shard.shard.numel()).view_as(shard.shard);
-    };
-    parts.push_back(std::move(part));
-  }
-  return parts;
-}
-
 at::Tensor FSDPStrategy::parameter_of(const at::Tensor& tensor) const {
   const auto* p = engine_->find_parameter(tensor);
   return p != nullptr ? p->parameter : at::Tensor();
 }
 
-CheckpointLayout& FSDPStrategy::checkpoint_layout() { return *engine_; }
+CheckpointLayout* FSDPStrategy::placements() { return engine_.get(); }
 
 ScopeGuard FSDPStrategy::Engine::summon(const torch::nn::Module& module) {
   ShardedModule* sharded = find(module);
@@ -784,16 +770,6 @@ void FSDPStrategy::Engine::mark_stale() {
   for (auto& sharded : modules_) {
     for (auto& unit : sharded->units) unit.stale = true;
   }
-}
-
-double FSDPStrategy::clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm,
-                                            double norm_type, bool error_if_nonfinite) {
-  // The shards' norm parts, reduced over the ranks that share the parameters: the global norm.
-  torch::NoGradGuard no_grad;
-  std::vector<at::Tensor> grads = internal::gradients_of(parameters);
-  at::Tensor part = internal::local_norm_part(grads, norm_type, root_device());
-  if (shard_group_size() > 1) shard_group().all_reduce_(part, std::isinf(norm_type) ? ReduceOp::Max : ReduceOp::Sum);
-  return internal::clip_to_max_norm(grads, part, norm_type, max_norm, error_if_nonfinite);
 }
 
 int64_t FSDPStrategy::resident_bytes() const { return engine_->resident_bytes(); }

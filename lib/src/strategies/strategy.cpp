@@ -3,11 +3,14 @@
 
 #include <torch/types.h>
 
+#include <cmath>
 #include <optional>
 
 #include "lightning/fabric/checkpoint/background_write.h"
 #include "lightning/fabric/checkpoint/checkpoint_peers.h"
 #include "lightning/fabric/checkpoint/checkpoint_io.h"
+#include "lightning/fabric/checkpoint/placement.h"
+#include "lightning/fabric/checkpoint/sharded_checkpoint.h"
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/internal/gradient_norm.h"
 #include "lightning/fabric/utilities/meta_init.h"
@@ -170,11 +173,32 @@ std::vector<std::pair<std::string, at::Tensor>> Strategy::trained_tensors(const 
 }
 
 std::vector<Strategy::TrainedPart> Strategy::trained_parts(const torch::nn::Module& module) {
+  CheckpointLayout* layout = placements();
+  LF_CHECK(layout == nullptr || layout->every_rank_holds_every_tensor(), ValueError, "trained_parts (which lf::EMA "
+           "averages by): strategy '", name(), "' keeps each pipeline stage's parameters on that stage's ranks only, "
+           "so no rank can give every parameter's full value for the average and its checkpoint. Use lf::EMA with "
+           "single_device, dp, ddp, fsdp or model_parallel.");
   std::vector<TrainedPart> parts;
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    TrainedPart part{item.key(), item.value().sizes().vec(), item.value(), nullptr, nullptr};
-    part.gather = [](const at::Tensor& values) { return values.clone(); };
-    part.cut = [](const at::Tensor& full) { return full; };
+  for (const auto& [name, tensor] : trained_tensors(module)) {
+    const std::optional<Placement> placement = layout != nullptr ? layout->placement(tensor) : std::nullopt;
+    if (!placement) {
+      TrainedPart part{name, tensor.sizes().vec(), tensor, nullptr, nullptr};
+      part.gather = [](const at::Tensor& values) { return values.clone(); };
+      part.cut = [](const at::Tensor& full) { return full; };
+      parts.push_back(std::move(part));
+      continue;
+    }
+    TrainedPart part{name, placement->global_shape, tensor, nullptr, nullptr};
+    // Every part once: its writer places it in zeros, and the world's sum is the whole value
+    // (exact: each element is one value plus zeros).
+    part.gather = [this, placement = *placement](const at::Tensor& values) {
+      at::Tensor whole = at::zeros(placement.global_shape, values.options());
+      if (placement.writes) place_into_whole(whole, placement, values.reshape(placement.local_shape()));
+      return all_reduce(whole, ReduceOp::Sum);
+    };
+    part.cut = [placement = *placement, shape = tensor.sizes().vec(), name = name](const at::Tensor& full) {
+      return part_of_whole(full, placement, "trained_parts: parameter '" + name + "'").view(shape);
+    };
     parts.push_back(std::move(part));
   }
   return parts;
@@ -184,9 +208,32 @@ double Strategy::clip_gradients_by_norm(const std::vector<at::Tensor>& parameter
                                         bool error_if_nonfinite) {
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> grads = internal::gradients_of(parameters);
-  if (grads.empty()) return 0.0;
-  const at::Tensor part = internal::local_norm_part(grads, norm_type, grads.front().device());
-  return internal::clip_to_max_norm(grads, part, norm_type, max_norm, error_if_nonfinite);
+  CheckpointLayout* layout = placements();
+  if (layout == nullptr) {  // every rank holds every gradient whole
+    if (grads.empty()) return 0.0;
+    const at::Tensor part = internal::local_norm_part(grads, norm_type, grads.front().device());
+    return internal::clip_to_max_norm(grads, part, norm_type, max_norm, error_if_nonfinite);
+  }
+  // Every element once: the parts the ranks write are distinct and make up their tensors, so
+  // their norm parts are reduced over the world (sum over sharded dimensions, once over
+  // replicated ones); a tensor without a placement is equal on every rank and counted here. Every
+  // rank reduces, whatever it holds, so none waits alone.
+  std::vector<at::Tensor> written, replicated;
+  for (const at::Tensor& tensor : parameters) {
+    const std::optional<Placement> placement = layout->placement(tensor);
+    if (!placement) {
+      replicated.push_back(tensor);
+    } else if (placement->writes) {
+      written.push_back(tensor);
+    }
+  }
+  const at::Device device = root_device();
+  const bool max = std::isinf(norm_type);
+  at::Tensor part = internal::local_norm_part(internal::gradients_of(written), norm_type, device);
+  if (world_size() > 1) part = all_reduce(part, max ? ReduceOp::Max : ReduceOp::Sum);
+  const at::Tensor own = internal::local_norm_part(internal::gradients_of(replicated), norm_type, device);
+  return internal::clip_to_max_norm(grads, max ? at::maximum(part, own) : part + own, norm_type, max_norm,
+                                    error_if_nonfinite);
 }
 
 const std::vector<torch::Device>& Strategy::data_parallel_devices() const {

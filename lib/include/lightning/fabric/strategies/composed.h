@@ -10,8 +10,9 @@
 //   - tensor: the tensor-parallel plan (parallelize, and which parameters it split);
 //   - pipe: the pipeline plan (which stages this rank keeps, the schedule's executor).
 // Each part contributes its setup step, its refusals and its factor of each tensor's placement;
-// one function composes a tensor's placement (where its value lies in the whole tensor and which
-// rank writes it), which the checkpoint engine and gradient clipping both read.
+// one function (placements()) composes a tensor's placement (where its value lies in the whole
+// tensor and which rank writes it), which the checkpoint engine, gradient clipping and lf::EMA
+// read.
 // It is registered as "model_parallel" (model_parallel_strategy: (replicate or shard, [context,]
 // tensor), or (replicate, shard, [context,] tensor) under HYBRID_SHARD) and
 // "pipeline" (pipeline_strategy: (pipe, replicate or shard, tensor)); docs/model-parallel.md.
@@ -87,16 +88,15 @@ class LF_API ComposedStrategy : public ParallelStrategy, public PipelineParallel
   at::Tensor convert_input(const at::Tensor& input) const override;
   void annotate_forward_error(const torch::nn::Module& module, const std::exception& error) override;
   std::vector<std::pair<std::string, at::Tensor>> trained_tensors(const torch::nn::Module& module) override;
-  /// The data part's parts; a parameter the tensor part split is gathered along its split
-  /// dimension over the mesh's "tensor" group too (after the data part's gather), and cut to this
-  /// rank's slice first. ValueError under the pipeline: each stage's tensors live on its ranks only.
-  std::vector<TrainedPart> trained_parts(const torch::nn::Module& module) override;
   void trained_tensors_changed() override;
-  /// One norm over every element once: a tensor's part is summed over the dimensions that split
-  /// it (pipe: every stage's own; shard: fsdp's shards; tensor: a split parameter's slices) and
-  /// counted once over those that replicate it.
-  double clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type,
-                                bool error_if_nonfinite) override;
+  /// The composed placement: fsdp's flat range (shard part) of this rank's tensor-parallel slice
+  /// (tensor part), written by the first replica over the data (and context) dimensions and by
+  /// the first tensor rank of what the tensor part does not split; under the pipe part each
+  /// stage's tensors are placed whole on that stage's ranks. Read by the checkpoint engine,
+  /// gradient clipping (each element once: every rank's written parts summed over the world, what
+  /// has no placement counted on each rank) and trained_parts (lf::EMA; ValueError under the
+  /// pipeline, where each stage's tensors live on its ranks only).
+  CheckpointLayout* placements() override;
   /// The data dimensions' share: ranks of one model replica (its pipe and tensor peers) read the
   /// same samples; data ranks different ones.
   SamplerShare sampler_share() const override;
@@ -129,6 +129,7 @@ class LF_API ComposedStrategy : public ParallelStrategy, public PipelineParallel
   std::unique_ptr<PipelinePlan> pipe_;            // null without a pipe dimension
   std::shared_ptr<DeviceMesh> mesh_;
   std::set<const torch::nn::Module*> parallelized_;  // split while materialised from the meta device
+  std::unique_ptr<Layout> layout_;                // placements()
 };
 
 }  // namespace lightning::fabric

@@ -128,8 +128,6 @@ class LF_API FSDPStrategy : public ParallelStrategy {
   bool optimizer_step(torch::optim::Optimizer& optimizer,
                       const torch::optim::Optimizer::LossClosure& closure = nullptr,
                       StepKernel kernel = StepKernel::LibTorch) override;
-  double clip_gradients_by_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type,
-                                bool error_if_nonfinite) override;
 
   /// Saves (prepare_checkpoint) and loads "sharded" checkpoints, a folder written by every
   /// shard-holding rank, and "full" ones, one file written by rank 0
@@ -166,11 +164,9 @@ class LF_API FSDPStrategy : public ParallelStrategy {
   /// Shards written outside an optimizer step (e.g. averaged weights swapped in): the next
   /// forward or summon_full_parameters gathers them again. Not collective.
   void shards_changed();
-  /// This rank's shards are what it trains (Strategy::trained_tensors).
+  /// This rank's shards are what it trains (Strategy::trained_tensors; trained_parts reads their
+  /// placements); shards written outside a step reach the next forward (shards_changed).
   std::vector<std::pair<std::string, at::Tensor>> trained_tensors(const torch::nn::Module& module) override;
-  /// The shards, full values gathered over the shard group (gather_full), cut to this rank's flat
-  /// range; shards written outside a step reach the next forward (shards_changed).
-  std::vector<TrainedPart> trained_parts(const torch::nn::Module& module) override;
   void trained_tensors_changed() override { shards_changed(); }
 
   // For a composed strategy that runs fsdp on its mesh's data dimensions (composed.h).
@@ -185,8 +181,8 @@ class LF_API FSDPStrategy : public ParallelStrategy {
   at::Tensor parameter_of(const at::Tensor& tensor) const;
   /// Where this rank's shard of a parameter (or its optimizer state) lies in the parameter as
   /// this rank holds it: a flat range, written by the first replica of the shard; nullopt for a
-  /// tensor fsdp does not shard. The checkpoint engine's questions go to checkpoint_layout().
-  CheckpointLayout& checkpoint_layout();
+  /// tensor fsdp does not shard (Strategy::placements; the sharding engine answers).
+  CheckpointLayout* placements() override;
 
  protected:
   class Engine;  // the sharding state and its operations (lib/private/lightning/fabric/strategies/fsdp_engine.h)

@@ -43,6 +43,7 @@ struct LF_API StrategyContext {
 };
 
 class BackgroundWrite;  // checkpoint/background_write.h
+class CheckpointLayout;  // where each tensor lies (private to the library: checkpoint/sharded_checkpoint.h)
 class HostBufferPool;
 
 class LF_API Strategy {
@@ -183,17 +184,24 @@ class LF_API Strategy {
     /// This rank's part of a full value (full_shape), shaped like tensor. Not collective.
     std::function<at::Tensor(const at::Tensor& full)> cut;
   };
-  /// The parts of a set-up module's parameters this rank trains, in named_parameters() order.
-  /// Default: each parameter whole (gather clones, cut returns the full value). fsdp: its shards;
-  /// model_parallel: the data part's, a tensor-parallel slice gathered over the tensor group too.
-  /// ValueError where no rank can give every full value (the pipeline).
-  virtual std::vector<TrainedPart> trained_parts(const torch::nn::Module& module);
+  /// The parts of a set-up module's parameters this rank trains (trained_tensors), in
+  /// named_parameters() order, read from placements(): a tensor without a placement is whole
+  /// (gather clones, cut returns the full value); a placed one is gathered by its writer placing
+  /// its value in a zero tensor of the full shape, summed over the world, and cut by its
+  /// placement. ValueError where no rank can give every full value (the pipeline).
+  std::vector<TrainedPart> trained_parts(const torch::nn::Module& module);
   /// The tensors of trained_parts were written outside an optimizer step (averaged weights swapped
   /// in): fsdp gathers its shards again before the next forward. Not collective. Default: nothing.
   virtual void trained_tensors_changed() {}
   /// A composed strategy's data-parallel part (the ddp or fsdp strategy on its mesh's data
   /// dimensions, composed.h); null for every other strategy. strategy_cast looks there too.
   virtual Strategy* data_parallel_part() const { return nullptr; }
+  /// The one placement function: where this rank's value of each tensor it trains (and of its
+  /// optimizer state and buffers) lies in the whole tensor, and whether this rank writes it (one
+  /// replica of every part does). The checkpoint engine, clip_gradients_by_norm and trained_parts
+  /// (lf::EMA) read it. Null (the default): every tensor whole and equal on every rank. fsdp: its
+  /// shards' flat ranges; the composed strategy: each part's factor composed (composed.h).
+  virtual CheckpointLayout* placements() { return nullptr; }
 
   // The checkpoint protocol of every strategy (collective; each is also a barrier), which the
   // sharded-checkpoint engine and a user's own strategy use alike. A failure of any kind

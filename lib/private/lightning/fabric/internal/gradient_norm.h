@@ -1,7 +1,8 @@
 // The total gradient norm and its clipping with multi-tensor (foreach) operations: one
 // _foreach_norm and one _foreach_mul_ over all gradients instead of a few operations per
 // parameter (Python's clip_grad_norm_ does the same on CUDA). Used by every strategy's
-// clip_gradients_by_norm; fsdp reduces the local part over its shard group in between.
+// clip_gradients_by_norm (one implementation, strategy.cpp), which reduces the parts the ranks
+// write over the world in between.
 #pragma once
 
 #include <ATen/core/Tensor.h>
