@@ -121,13 +121,13 @@ int run(const Settings& settings) {
   std::unique_ptr<lf::StreamingDataLoader> stream;
   if (!settings.stream_dir.empty()) {
     stream_data = std::make_unique<lf::StreamingDataset>(settings.stream_dir);
-    const auto share = fabric.strategy()->sampler_share();  // the data ranks
     stream = std::make_unique<lf::StreamingDataLoader>(
         *stream_data, lf::StreamingLoaderOptions()
                           .batch_size(settings.batch_size).shuffle(true).seed(settings.seed)
-                          .threads(settings.loader_threads)
-                          .pin_memory(fabric.device().is_cuda())  // page-locked batches: fast copies to the GPU
-                          .world_size(share.replicas).rank(share.rank));
+                          .threads(settings.loader_threads));
+    // The data ranks' share, batches on the device (pinned and non-blocking on CUDA), and its
+    // position in fabric.resume_state().
+    fabric.setup_dataloaders(*stream);
   }
   auto test_loader = fabric.setup_dataloaders(test.map(torch::data::transforms::Stack<>()),
                                               torch::data::DataLoaderOptions(1000));
@@ -139,11 +139,11 @@ int run(const Settings& settings) {
   auto& optimizer = set_up_optimizer;
 
   // What a checkpoint holds; --resume restores it in place. "resume": every rank's generators and
-  // the loaders' positions, so that the next batch is the one after the last trained on.
+  // the loaders' positions (the streaming one's too), so that the next batch is the one after the
+  // last trained on.
   int64_t steps = 0, epoch = 1;
   lf::State state{{"model", model}, {"optimizer", optimizer}, {"epoch", epoch}, {"step", steps},
                   {"resume", fabric.resume_state()}};
-  if (stream) state.emplace("data", *stream);  // where the streamed epoch stands
   // "last": the newest checkpoint of --checkpoint-dir, if any, so that a job the launcher restarts
   // (after a failure, or with other nodes) goes on from where it was.
   const std::string resume = settings.resume == "last" ? newest_checkpoint(settings.checkpoint_dir) : settings.resume;
@@ -186,8 +186,8 @@ int run(const Settings& settings) {
     };
     if (stream) {
       for (auto& batch : *stream) {
-        auto [data, target] = model_inputs(batch);
-        if (train_step(fabric.to_device(data), fabric.to_device(target))) break;
+        auto [data, target] = model_inputs(batch);  // already on fabric.device()
+        if (train_step(data, target)) break;
       }
     } else {
       for (auto& batch : train_loader) {

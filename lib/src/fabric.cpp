@@ -21,6 +21,7 @@
 #include "lightning/fabric/checkpoint/checkpoint_io.h"
 #include "lightning/fabric/checkpoint/resume.h"
 #include "lightning/fabric/connector.h"
+#include "lightning/fabric/data/streaming_loader.h"
 #include "lightning/fabric/internal/nonfinite_watch.h"
 #include "lightning/fabric/internal/step_times.h"
 #include "lightning/fabric/plugins/collectives/collective.h"
@@ -305,12 +306,16 @@ void Fabric::for_each_trained_tensor(const std::function<void(const std::string&
 }
 
 namespace {
-// The live objects of state (recursively): what a rollback restores.
+// The live objects of state (recursively): what a rollback restores. A streaming loader is left
+// out: a rollback leaves loader positions where they are, so the data moves on past the bad batch
+// (and its pass goes on reading).
 State live_objects(const State& state, const std::vector<std::string>& resume_names) {
   State live;
   for (const auto& [name, entry] : state) {
     if (std::find(resume_names.begin(), resume_names.end(), name) != resume_names.end()) continue;
-    if (entry.kind() == StateEntry::Kind::Object) live.emplace(name, entry);
+    if (entry.kind() == StateEntry::Kind::Object && dynamic_cast<const StreamingDataLoader*>(&entry.object()) == nullptr) {
+      live.emplace(name, entry);
+    }
     if (entry.kind() == StateEntry::Kind::Nested) {
       State nested = live_objects(entry.nested(), {});
       if (!nested.empty()) live.emplace(name, StateEntry(std::move(nested)));
@@ -771,10 +776,27 @@ std::vector<std::shared_ptr<LoaderProgress>> Fabric::live_loaders() const {
   return live;
 }
 
+void Fabric::setup_streaming_loader(StreamingDataLoader& loader) {
+  const auto share = strategy()->sampler_share();
+  loader.place(share.replicas, share.rank, device(), "fabric.setup_dataloaders");
+  streaming_loaders_.erase(std::remove_if(streaming_loaders_.begin(), streaming_loaders_.end(),
+                                          [](const std::weak_ptr<StreamingDataLoader*>& each) { return each.expired(); }),
+                           streaming_loaders_.end());
+  streaming_loaders_.push_back(loader.handle_);
+}
+
+std::vector<StreamingDataLoader*> Fabric::live_streaming_loaders() const {
+  std::vector<StreamingDataLoader*> live;
+  for (const auto& each : streaming_loaders_) {
+    if (auto handle = each.lock()) live.push_back(*handle);
+  }
+  return live;
+}
+
 std::optional<State> Fabric::with_resume_values(const State& state, const char* call) {
   const std::vector<std::string> names = resume::entry_names(state, *this, call);
   if (names.empty()) return std::nullopt;
-  const c10::IValue saved = resume::gather(*this, live_loaders());
+  const c10::IValue saved = resume::gather(*this, live_loaders(), live_streaming_loaders());
   State resolved = state;
   for (const auto& name : names) resolved.insert_or_assign(name, StateEntry(saved));
   return resolved;
@@ -824,7 +846,7 @@ StateDict Fabric::load(const std::filesystem::path& path, State& state, bool str
       rank_zero_warn(message + " Resuming inexactly: the generators and loaders go on from where they are.");
       continue;
     }
-    resume::restore(*this, found->value(), live_loaders(), path, name);
+    resume::restore(*this, found->value(), live_loaders(), live_streaming_loaders(), path, name);
     remainder.erase(name);
   }
   if (strict) note_checkpoint(path, state);

@@ -12,6 +12,7 @@
 
 #include "lightning/fabric/checkpoint/resume.h"
 #include "lightning/fabric/checkpoint/state.h"
+#include "lightning/fabric/data/streaming_loader.h"
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/fabric.h"
 #include "lightning/fabric/utilities/rank_zero.h"
@@ -75,7 +76,8 @@ std::vector<std::string> entry_names(const State& state, const Fabric& fabric, c
   return names;
 }
 
-c10::IValue gather(Fabric& fabric, const std::vector<std::shared_ptr<LoaderProgress>>& loaders) {
+c10::IValue gather(Fabric& fabric, const std::vector<std::shared_ptr<LoaderProgress>>& loaders,
+                   const std::vector<StreamingDataLoader*>& streaming) {
   std::vector<at::Tensor> states;
   c10::List<int64_t> sizes;
   for (auto& generator : generators()) {
@@ -118,11 +120,17 @@ c10::IValue gather(Fabric& fabric, const std::vector<std::shared_ptr<LoaderProgr
   saved.insert("generators", all.narrow(1, 0, generator_bytes).contiguous());
   saved.insert("generator_bytes", sizes);
   saved.insert("loaders", gathered_positions);
+  if (!streaming.empty()) {  // absent without streaming loaders: files of earlier versions read alike
+    c10::impl::GenericList states(c10::AnyType::get());
+    for (const StreamingDataLoader* loader : streaming) states.push_back(loader->state_dict());
+    saved.insert("streaming_loaders", states);
+  }
   return saved;
 }
 
 void restore(Fabric& fabric, const c10::IValue& saved, const std::vector<std::shared_ptr<LoaderProgress>>& loaders,
-             const std::filesystem::path& path, const std::string& name) {
+             const std::vector<StreamingDataLoader*>& streaming, const std::filesystem::path& path,
+             const std::string& name) {
   const std::string where = entry_in(path, name);
   LF_CHECK(saved.isGenericDict(), RuntimeError, where, " holds a ", saved.tagKind(),
            ", not what fabric.resume_state() saves. Was another value saved under that name?");
@@ -154,6 +162,19 @@ void restore(Fabric& fabric, const c10::IValue& saved, const std::vector<std::sh
            positions.size(1), " loader(s), and this Fabric has set up ", loaders.size(),
            ": call fabric.setup_dataloaders for the same loaders, in the same order, before fabric.load.");
 
+  std::vector<c10::IValue> streaming_states;
+  if (auto found = dict.find("streaming_loaders"); found != dict.end()) {
+    LF_CHECK(found->value().isList(), RuntimeError, where, "'s 'streaming_loaders' is not a list: it is damaged.");
+    for (const c10::IValue& state : found->value().toListRef()) {
+      LF_CHECK(state.isGenericDict(), RuntimeError, where, "'s 'streaming_loaders' holds a ", state.tagKind(),
+               ": it is damaged.");
+      streaming_states.push_back(state);
+    }
+  }
+  LF_CHECK(streaming_states.size() == streaming.size(), RuntimeError, where, " holds the positions of ",
+           streaming_states.size(), " streaming loader(s), and this Fabric has set up ", streaming.size(),
+           ": call fabric.setup_dataloaders for the same streaming loaders, in the same order, before fabric.load.");
+
   const int64_t world = fabric.world_size(), rank = fabric.global_rank();
   const bool same_world = saved_world == world;
   auto rows = positions.accessor<int64_t, 3>();
@@ -163,6 +184,11 @@ void restore(Fabric& fabric, const c10::IValue& saved, const std::vector<std::sh
              mine[kStream] != 0 ? "stream" : "sized dataset", " when saved and is a ",
              loaders[i]->stream ? "stream" : "sized dataset", " now: set up the same loaders, in the same order.");
   }
+
+  // A streaming loader's state is the job's position; it checks itself (same dataset and order
+  // options) before it changes anything, and goes on with exactly the samples not yet taken, on
+  // any world size.
+  for (size_t i = 0; i < streaming.size(); ++i) streaming[i]->load_state_dict(streaming_states[i].toGenericDict());
 
   if (same_world) {
     std::vector<at::Generator> here = generators();

@@ -4,15 +4,21 @@
 //   streaming_checks write mixed|ids|ids-zstd DIR    a dataset written by lf::StreamingWriter
 //   streaming_checks order DIR CONFIG...    the batches the loader yields (litdata_peer.py order's lines)
 //   streaming_checks train DIR LOG [--batch B] [--shuffle] [--workers W] [--epochs E]
-//                          [--save-after K CKPT [--kill]] [--resume CKPT]
-//       a Fabric job: each rank logs "epoch E: ids" per batch to LOG/rank-R.log; --save-after saves
-//       the loader's position after K batches of the first epoch (then --kill: SIGKILL on rank 0).
+//                          [--save-after K CKPT [--kill]] [--resume CKPT] [--roll-back-at K]
+//       a Fabric job training a linear model (ddp) on the loader set up behind Fabric
+//       (fabric.setup_dataloaders): each rank logs "epoch E: ids" per batch to LOG/rank-R.log, and
+//       the loss (exact, hexadecimal) per batch and the final parameters to LOG/rank-R.loss;
+//       --save-after saves model, optimizer and fabric.resume_state() after K batches of the first
+//       epoch (then --kill: SIGKILL on rank 0); --roll-back-at K saves before the first batch with
+//       the loader in the rollback State and rolls back after batch K (the loader reads on).
 #include "lightning/fabric/data/streaming_dataset.h"
 #include "lightning/fabric/data/streaming_loader.h"
 #include "lightning/fabric/data/streaming_writer.h"
 #include "lightning/fabric/fabric.h"
 
 #include <ATen/ATen.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
 
 #include <csignal>
 #include <cstdio>
@@ -153,7 +159,7 @@ void order(const std::string& dir, const std::vector<std::string>& configs) {
 
 int train(int argc, char** argv) {
   const std::string dir = argv[2], log_dir = argv[3];
-  int64_t batch_size = 4, save_after = -1, epochs = 1;
+  int64_t batch_size = 4, save_after = -1, epochs = 1, roll_back_at = -1;
   int workers = 0;
   bool shuffle = false, kill = false;
   std::string save_path, resume_path;
@@ -166,18 +172,29 @@ int train(int argc, char** argv) {
     else if (flag == "--kill") kill = true;
     else if (flag == "--save-after") save_after = std::stoll(argv[++i]), save_path = argv[++i];
     else if (flag == "--resume") resume_path = argv[++i];
+    else if (flag == "--roll-back-at") roll_back_at = std::stoll(argv[++i]);
     else throw std::runtime_error("unknown flag " + flag);
   }
   lf::Fabric fabric(lf::FabricOptions().accelerator("cpu"));
   lf::StreamingDataset dataset(dir);
-  lf::StreamingDataLoader loader(dataset, lf::StreamingLoaderOptions()
-                                              .batch_size(batch_size).shuffle(shuffle).num_workers(workers)
-                                              .world_size(fabric.world_size()).rank(fabric.global_rank()));
-  if (!resume_path.empty()) {
-    lf::State state{{"loader", loader}};
-    fabric.load(resume_path, state);
+  lf::StreamingDataLoader loader(dataset,
+                                 lf::StreamingLoaderOptions().batch_size(batch_size).shuffle(shuffle).num_workers(workers));
+  fabric.setup_dataloaders(loader);  // the data ranks' share, batches on fabric.device(), resume_state()
+  fabric.seed_everything(7);
+  torch::nn::Linear net(4, 1);
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  auto [model, optimizer] = fabric.setup(net, sgd);
+  lf::State state{{"model", model}, {"optimizer", optimizer}, {"resume", fabric.resume_state()}};
+  if (!resume_path.empty()) fabric.load(resume_path, state);
+  if (roll_back_at > 0) {
+    lf::State rollback{{"model", model}, {"optimizer", optimizer}, {"loader", loader}};
+    fabric.roll_back_on_bad_steps(rollback);
+    fabric.save(log_dir + "/rollback.ckpt", rollback);  // before the first batch: what the rollback restores
   }
-  std::ofstream log(log_dir + "/rank-" + std::to_string(fabric.global_rank()) + ".log", std::ios::app);
+  const std::string rank = std::to_string(fabric.global_rank());
+  std::ofstream log(log_dir + "/rank-" + rank + ".log", std::ios::app), losses(log_dir + "/rank-" + rank + ".loss", std::ios::app);
+  char text[64];
+  int64_t step = 0;
   for (int64_t e = 0; e < epochs; ++e) {
     int64_t taken = 0;
     for (auto& batch : loader) {
@@ -185,15 +202,34 @@ int train(int argc, char** argv) {
       for (int64_t index : batch.indices) log << " " << index;
       log << "\n";
       log.flush();
-      ++taken;
+      const auto& fields = batch.data.toTupleRef().elements();
+      const at::Tensor ids = fields[0].toTensor(), features = fields[1].toTensor();
+      if (features.device() != fabric.device()) throw std::runtime_error("a batch is not on fabric.device()");
+      optimizer.zero_grad();
+      const at::Tensor target = (ids.to(at::kFloat) * 0.05).sin().unsqueeze(1);
+      at::Tensor loss = (model(features / 203.0) - target).pow(2).mean();
+      fabric.backward(loss);
+      optimizer.step();
+      std::snprintf(text, sizeof(text), "%a", loss.item<float>());
+      losses << text << "\n";
+      losses.flush();
+      ++taken, ++step;
+      if (step == roll_back_at) fabric.roll_back("planted at batch " + std::to_string(step));
       if (e == 0 && taken == save_after) {
-        fabric.save(save_path, {{"loader", loader}});
+        fabric.save(save_path, state);
         if (kill) {
           fabric.barrier();
           if (fabric.global_rank() == 0) std::raise(SIGKILL);
           fabric.barrier();  // the launcher stops the others
         }
       }
+    }
+  }
+  for (const auto& parameter : model->parameters()) {
+    const at::Tensor flat = parameter.detach().reshape(-1);
+    for (int64_t k = 0; k < flat.numel(); ++k) {
+      std::snprintf(text, sizeof(text), "%a", flat[k].item<float>());
+      losses << "parameter " << text << "\n";
     }
   }
   std::cout << "rank " << fabric.global_rank() << " of " << fabric.world_size() << ": done, waited "

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# lf::StreamingDataLoader in lightning-run jobs (streaming_checks train: each rank logs the sample
-# ids of every batch it takes):
+# lf::StreamingDataLoader behind Fabric (fabric.setup_dataloaders) in lightning-run jobs that train
+# a model on it (streaming_checks train: each rank logs the sample ids of every batch it takes,
+# and its losses and final parameters exactly):
 #   1. 1, 2 and 4 ranks, and 2 nodes x 2 ranks (two lightning-runs): each rank's batches, over two
 #      shuffled epochs, are the ones the loader plans for that rank (which litdata_interop.sh
 #      proves equal to Python litdata's), and every sample is seen once per epoch across ranks;
-#   2. exact resume: a 2-rank job saves the loader's position after 5 batches and is killed
-#      (SIGKILL on rank 0, so lightning-run exits 137); resumed on 2 ranks each rank continues
-#      with exactly the batches the uninterrupted job took next, through the next epoch; resumed
+#      the 1-rank job rolls back after batch 3 with the loader in the rollback State, and reads on;
+#   2. exact resume: a 2-rank job saves model, optimizer and fabric.resume_state() after 5
+#      batches and is killed (SIGKILL on rank 0, so lightning-run exits 137); resumed on 2 ranks
+#      each rank continues with exactly the batches the uninterrupted job took next, through the
+#      next epoch, with the same losses and final parameters bit for bit; resumed
 #      on 3 ranks and on 1 the job takes each sample it had not taken exactly once, dropping
 #      fewer than world_size x batch_size of them at the end (drop_last), and none it had taken.
 # Usage: streaming_resume.sh LIGHTNING_RUN STREAMING_CHECKS [--two-ranks-only]   (LF_PYTHON: a Python)
@@ -54,8 +57,13 @@ check_job() {  # check_job WORLD LOG
 worlds="1 2 4"
 [ "$only" = "--two-ranks-only" ] && worlds=2
 for world in $worlds; do
-  job $world "$dir/whole$world" --workers 2 --shuffle --epochs 2 || fail "the $world-rank job exited with $? ($(tail -3 "$dir/whole$world.out"))"
+  extra=(); (( world == 1 )) && extra=(--roll-back-at 3)
+  job $world "$dir/whole$world" --workers 2 --shuffle --epochs 2 "${extra[@]}" || fail "the $world-rank job exited with $? ($(tail -3 "$dir/whole$world.out"))"
   check_job $world "$dir/whole$world"
+  if (( world == 1 )); then
+    grep -q "Rolled back to" "$dir/whole1.out" || fail "the 1-rank job did not roll back ($(tail -3 "$dir/whole1.out"))"
+    echo "ok: rolled back after batch 3 with the loader in the rollback State; it read on through its plan"
+  fi
 done
 if [ "$only" = "--two-ranks-only" ]; then echo "streaming resume checks passed (2 ranks only)"; exit 0; fi
 port=$("$python" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])")
@@ -80,8 +88,10 @@ job 2 "$dir/same" --workers 2 --shuffle --epochs 2 --resume "$dir/ck" || fail "t
 for r in 0 1; do
   cat "$dir/first/rank-$r.log" "$dir/same/rank-$r.log" > "$dir/joined$r"
   cmp -s "$dir/joined$r" "$dir/whole2/rank-$r.log" || { diff "$dir/joined$r" "$dir/whole2/rank-$r.log" | head -3; fail "rank $r resumed on 2 ranks did not continue as the uninterrupted job"; }
+  cat "$dir/first/rank-$r.loss" "$dir/same/rank-$r.loss" > "$dir/joined$r.loss"
+  cmp -s "$dir/joined$r.loss" "$dir/whole2/rank-$r.loss" || { diff "$dir/joined$r.loss" "$dir/whole2/rank-$r.loss" | head -3; fail "rank $r resumed on 2 ranks did not reach the uninterrupted job's losses and parameters bit for bit"; }
 done
-echo "ok: resumed on the same 2 ranks, every rank continued with the uninterrupted job's batches"
+echo "ok: resumed on the same 2 ranks, every rank continued with the uninterrupted job's batches, losses and parameters, bit for bit"
 for world in 3 1; do
   job $world "$dir/other$world" --workers 2 --shuffle --resume "$dir/ck" || fail "the job resumed on $world ranks exited with $?"
   ids_of "$dir"/first/rank-*.log "$dir"/other$world/rank-*.log | sort -n > "$dir/all$world"

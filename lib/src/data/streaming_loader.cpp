@@ -111,24 +111,30 @@ int64_t tensor_bytes(const c10::IValue& value) {
   return total;
 }
 
-c10::IValue pinned(const c10::IValue& value) {
-  if (value.isTensor()) return value.toTensor().pin_memory();
+// value with each tensor leaf replaced by f(leaf), tuples, lists and dicts rebuilt around them.
+template <class F>
+c10::IValue map_tensors(const c10::IValue& value, const F& f) {
+  if (value.isTensor()) return f(value.toTensor());
   if (value.isTuple()) {
     std::vector<c10::IValue> elements;
-    for (const auto& element : value.toTupleRef().elements()) elements.push_back(pinned(element));
+    for (const auto& element : value.toTupleRef().elements()) elements.push_back(map_tensors(element, f));
     return c10::ivalue::Tuple::create(std::move(elements));
   }
   if (value.isList()) {
     c10::impl::GenericList list(c10::AnyType::get());
-    for (const auto& element : value.toListRef()) list.push_back(pinned(element));
+    for (const auto& element : value.toListRef()) list.push_back(map_tensors(element, f));
     return list;
   }
   if (value.isGenericDict()) {
     c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
-    for (const auto& entry : value.toGenericDict()) dict.insert(entry.key(), pinned(entry.value()));
+    for (const auto& entry : value.toGenericDict()) dict.insert(entry.key(), map_tensors(entry.value(), f));
     return dict;
   }
   return value;
+}
+
+c10::IValue pinned(const c10::IValue& value) {
+  return map_tensors(value, [](const at::Tensor& tensor) { return tensor.pin_memory(); });
 }
 
 int env_int(const char* name, int fallback) {
@@ -312,6 +318,24 @@ StreamingDataLoader::StreamingDataLoader(const StreamingDataset& dataset, Stream
   spec.num_workers = std::max(1, o.num_workers_);
   spec.batch_size = o.batch_size_;
   pass_->rank = rank;
+  handle_ = std::make_shared<StreamingDataLoader*>(this);
+}
+
+void StreamingDataLoader::place(int replicas, int rank, c10::Device device, const std::string& call) {
+  auto& p = *pass_;
+  const std::string who = call + " with StreamingDataLoader(" + dataset_.dir().string() + ")";
+  LF_CHECK(!p.started, ValueError, who, ": the loader has begun a pass; set it up before its first for loop.");
+  const auto& o = options_;
+  LF_CHECK((o.world_size_ < 0 || o.world_size_ == replicas) && (o.rank_ < 0 || o.rank_ == rank), ValueError, who,
+           ": the loader's options set world_size ", o.world_size_, " and rank ", o.rank_, ", and the strategy's data "
+           "ranks are ", replicas, " with this rank ", rank, " (tensor, context and pipe peers read the same batches). "
+           "Leave world_size and rank unset and Fabric sets them, or do not pass the loader to setup_dataloaders.");
+  drop_last_ = o.drop_last_.value_or(replicas > 1);
+  p.spec.drop_last = drop_last_;
+  p.spec.world_size = replicas;
+  p.rank = rank;
+  device_ = device;
+  if (device.is_cuda()) options_.pin_memory_ = true;  // the copy to the device then does not block
 }
 
 StreamingDataLoader::~StreamingDataLoader() { pass_->stop_reading(); }
@@ -446,6 +470,12 @@ std::shared_ptr<StreamingBatch> StreamingDataLoader::next_batch() {
     std::rethrow_exception(result.error);
   }
   p.current.taken = p.consumed;
+  if (device_) {
+    const bool non_blocking = options_.pin_memory_;
+    result.batch->data = map_tensors(result.batch->data, [&](const at::Tensor& tensor) {
+      return tensor.to(*device_, /*non_blocking=*/non_blocking);
+    });
+  }
   return result.batch;
 }
 

@@ -14,6 +14,8 @@
 #include "lightning/fabric/data/streaming_loader.h"
 #include "lightning/fabric/data/streaming_writer.h"
 #include "lightning/fabric/errors.h"
+#include "lightning/fabric/fabric.h"
+#include "lightning/fabric/utilities/env_vars.h"
 // Catch2 last: glog (inside LibTorch) defines its own CHECK macro, Catch2 must win.
 #include <catch2/catch.hpp>
 
@@ -383,6 +385,25 @@ TEST_CASE("A loaded position wins over set_epoch; a set_epoch after a finished p
   lf::StreamingDataLoader later(dataset, options);
   later.load_state_dict(resumed.state_dict());
   CHECK(later.epoch() == 5);
+}
+
+TEST_CASE("fabric.setup_dataloaders sets the data share and refuses other ranks or a begun pass", "[streaming]") {
+  TempDir dir;
+  write_ids(dir.path, 30, 4);
+  lf::StreamingDataset dataset(dir.path);
+  // The environment of rank 1 of 2 (as lightning-run sets it); the Fabric of this process is one rank.
+  setenv("WORLD_SIZE", "2", 1), setenv("RANK", "1", 1);
+  lf::StreamingDataLoader loader(dataset, lf::StreamingLoaderOptions().batch_size(3));
+  unsetenv("WORLD_SIZE"), unsetenv("RANK");
+  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu"), lf::env::map_env({}));
+  fabric.setup_dataloaders(loader);  // the strategy's share: one rank, every sample
+  CHECK(take(loader).size() == 30);
+  CHECK(loader.batches_per_pass() == 10);  // no drop_last on one rank
+  CHECK_THROWS_WITH(fabric.setup_dataloaders(loader), Contains("has begun a pass"));
+  lf::StreamingDataLoader pinned_ranks(dataset, lf::StreamingLoaderOptions().world_size(2).rank(1));
+  CHECK_THROWS_WITH(fabric.setup_dataloaders(pinned_ranks),
+                    Contains("fabric.setup_dataloaders") && Contains("world_size 2 and rank 1") &&
+                        Contains("data ranks are 1 with this rank 0") && Contains("Leave world_size and rank unset"));
 }
 
 TEST_CASE("A pass whose batch failed to read raises, then refuses to go on instead of hanging", "[streaming]") {

@@ -49,6 +49,7 @@ class NonFiniteWatch;
 }
 
 struct Connector;  // private to the library
+class StreamingDataLoader;  // data/streaming_loader.h
 
 /// Per-call options of Fabric::setup / setup_module.
 struct LF_API SetupOptions {
@@ -350,6 +351,21 @@ class LF_API Fabric {
                                              DataLoaderSettings settings = DataLoaderSettings()) {
     validate_prebuilt_loader<Loader>(settings);
     return FabricDataLoader<Loader>(std::move(loader), loader_device(settings), std::nullopt);
+  }
+  /// Streaming loaders (data/streaming_loader.h; Python's setup_dataloaders of litdata's
+  /// StreamingDataLoader), each set up in place: its data is split over the strategy's data ranks
+  /// (sampler_share(): tensor, context and pipe peers read the same batches), its batches arrive
+  /// on device() (read into pinned memory and copied without blocking on CUDA), and
+  /// fabric.resume_state() saves and restores its position, in set-up order; a rollback
+  /// (roll_back_on_bad_steps) leaves it reading on. Call before a loader's first pass; each
+  /// loader must outlive its use. ValueError when a loader's options set world_size or rank to
+  /// other values, or its pass has begun.
+  template <class... More>
+  void setup_dataloaders(StreamingDataLoader& loader, More&... more) {
+    static_assert((std::is_same_v<More, StreamingDataLoader> && ...),
+                  "fabric.setup_dataloaders(loader, more...): every argument must be an lf::StreamingDataLoader");
+    setup_streaming_loader(loader);
+    (setup_streaming_loader(more), ...);
   }
 
   // ---- the training step ----
@@ -693,6 +709,10 @@ class LF_API Fabric {
   void refuse_checkpointing_that_did_nothing();
   std::vector<OptimizerRecord> setup_optimizers_;
   std::vector<std::weak_ptr<LoaderProgress>> setup_loaders_;
+  std::vector<std::weak_ptr<StreamingDataLoader*>> streaming_loaders_;  // set up, in order (resume_state)
+  void setup_streaming_loader(StreamingDataLoader& loader);
+  /// The streaming loaders set up and still alive, in set-up order.
+  std::vector<StreamingDataLoader*> live_streaming_loaders() const;
   std::shared_ptr<internal::NonFiniteWatch> nonfinite_watch_;  // FabricOptions::detect_nonfinite
   std::shared_ptr<State> rollback_state_;                       // roll_back_on_bad_steps: its live objects
   /// Checkpoints saved or loaded, oldest first (the last 16), with the State's top-level names.

@@ -6,8 +6,9 @@
 //
 // fabric.save then stores, under that name, every rank's random generators (CPU, and each visible
 // CUDA device's) and the position of every loader this Fabric set up (its epoch and how many
-// batches this pass has handed out); fabric.load puts them back, so the next pass of each loader
-// starts at the batch after the last one taken, with the sampler's order of that epoch.
+// batches this pass has handed out; a streaming loader's own state); fabric.load puts them back,
+// so the next pass of each loader starts at the batch after the last one taken, with the
+// sampler's order of that epoch.
 //
 // Contract:
 //   - Set up the same loaders, in the same order, before fabric.load as before fabric.save.

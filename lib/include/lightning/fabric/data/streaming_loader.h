@@ -3,20 +3,20 @@
 // same topology (world size, num_workers, batch_size, seed, epoch), and resumable mid-epoch:
 //
 //   lf::StreamingDataset dataset("/data/train");
-//   const auto share = fabric.strategy()->sampler_share();  // the data ranks (model-parallel peers share one)
-//   lf::StreamingDataLoader loader(dataset, lf::StreamingLoaderOptions()
-//                                               .batch_size(64).shuffle(true)
-//                                               .world_size(share.replicas).rank(share.rank));
-//   for (auto& batch : loader) {                  // one pass = one epoch (the first is epoch 1)
+//   lf::StreamingDataLoader loader(dataset, lf::StreamingLoaderOptions().batch_size(64).shuffle(true));
+//   fabric.setup_dataloaders(loader);  // this rank's share of the data ranks; batches on fabric.device()
+//   for (auto& batch : loader) {       // one pass = one epoch (the first is epoch 1)
 //     auto images = batch.data.toTupleRef().elements()[0].toTensor();   // stacked: [64, ...]
 //     ...
 //   }
-//   fabric.save(path, {{"model", model}, {"loader", loader}});   // where this pass stands
+//   fabric.save(path, {{"model", model}, {"resume", fabric.resume_state()}});   // where this pass stands
 //
 // Every rank takes the same number of batches per pass when drop_last is on (LitData's default
-// with more than one rank). The loader is Stateful: fabric.load restores the position saved by
-// rank 0 on every rank, and the next pass continues with exactly the samples the job had not yet
-// taken, on the same or on another world size (docs/data.md, "Resuming").
+// with more than one rank). Behind Fabric, fabric.resume_state() saves the loader's position
+// (rank 0's) with the generators; fabric.load restores it on every rank, and the next pass
+// continues with exactly the samples the job had not yet taken, on the same or on another world
+// size (docs/data.md, "Resuming"). The loader is also Stateful, to save it as an entry of its own
+// without Fabric's set-up.
 #pragma once
 
 #include "lightning/fabric/checkpoint/stateful.h"
@@ -24,13 +24,17 @@
 #include "lightning/fabric/export.h"
 
 #include <ATen/core/ivalue.h>
+#include <c10/core/Device.h>
 
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace lightning::fabric {
+
+class Fabric;
 
 /// The loader's settings; each setter returns the options for chaining.
 struct LF_API StreamingLoaderOptions {
@@ -53,7 +57,8 @@ struct LF_API StreamingLoaderOptions {
   /// num_workers; 0 and 1 read alike). It shapes the order only: reading uses `threads`.
   LF_STREAMING_OPTION(int, num_workers, 0)
   /// Ranks that split the dataset, and this one (-1: WORLD_SIZE and RANK from the environment, as
-  /// lightning-run and torchrun set them; else 1 and 0).
+  /// lightning-run and torchrun set them; else 1 and 0). Leave them unset under
+  /// fabric.setup_dataloaders, which sets the strategy's data ranks.
   LF_STREAMING_OPTION(int, world_size, -1)
   LF_STREAMING_OPTION(int, rank, -1)
   /// Background threads that read, decode and collate batches.
@@ -135,13 +140,21 @@ class LF_API StreamingDataLoader : public Stateful {
   void load_state_dict(const StateDict& state) override;
 
  private:
+  friend class Fabric;
+  /// fabric.setup_dataloaders (`call` names it in errors): the data split over `replicas` ranks,
+  /// this one `rank` (the strategy's data dimension), and each batch moved to `device` (CUDA: read
+  /// into pinned memory, copied without blocking). ValueError once a pass has begun, or when the
+  /// options set world_size or rank to other values.
+  void place(int replicas, int rank, c10::Device device, const std::string& call);
   std::shared_ptr<StreamingBatch> next_batch();
   void start_pass();
 
   const StreamingDataset& dataset_;
   StreamingLoaderOptions options_;
   bool drop_last_ = false;
+  std::optional<c10::Device> device_;  // set: batches are moved there (fabric.setup_dataloaders)
   std::unique_ptr<data_detail::LoaderPass> pass_;
+  std::shared_ptr<StreamingDataLoader*> handle_;  // Fabric keeps a weak one: this loader, while it lives
 };
 
 }  // namespace lightning::fabric
