@@ -8,8 +8,9 @@
 // rank must hold: the elements it trains (its tensor-parallel slices, under fsdp its shards of
 // them: Strategy::trained_parts) x 4 bytes x 4 (parameter, gradient, two states). Prints one JSON
 // line from rank 0 with the largest ratio over the ranks, the median step time and the most any
-// rank holds between steps (rest_mb, above the same base) and what its trained tensors, their
-// gradients and AdamW's state occupy as allocated (held_mb).
+// rank holds between steps (rest_mb, above the same base), of it the shared memory it has touched
+// (rest_shm_mb: the shm backend's segments; shm_after_steps_mb after the measured steps), and what
+// its trained tensors, their gradients and AdamW's state occupy as allocated (held_mb).
 //   lightning-run model --accelerator cpu --devices 4 build/bin/bench_composed_memory --data fsdp --tensor 2
 #include <lightning/fabric.h>
 #include <malloc.h>
@@ -66,7 +67,7 @@ int main(int argc, char** argv) {
   lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").strategy(lf::model_parallel_strategy(options)));
   fabric.seed_everything(0);
   fsdp_bench::warm_up(fabric);  // the groups, code and buffers every step touches are part of base
-  const int64_t base = status_bytes("VmRSS");
+  const int64_t base = status_bytes("VmRSS"), base_shared = status_bytes("RssShmem");
   examples::TensorParallelGpt net(settings);
   torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(1e-4));
   auto setup = fabric.setup(net, adamw);
@@ -87,6 +88,9 @@ int main(int argc, char** argv) {
   step(0);
   step(1);
   const double rest = static_cast<double>(status_bytes("VmRSS") - base);  // held between steps
+  // Of it, pages of shared memory this process has touched: the shm backend's segments (its own
+  // and its peers' that it reads), which the collectives keep mapped for the job's life.
+  const double rest_shared = static_cast<double>(status_bytes("RssShmem") - base_shared);
   // What the trained tensors, their gradients and AdamW's state occupy (distinct storages): the
   // part of the rest the formula accounts for, as allocated.
   std::set<const void*> storages;
@@ -125,7 +129,8 @@ int main(int argc, char** argv) {
     return fabric.all_reduce(torch::tensor(value, torch::kFloat64), "max").item<double>();
   };
   const double worst_ratio = most(peak / formula), peak_most = most(peak), formula_most = most(formula);
-  const double rest_most = most(rest), held_most = most(held);
+  const double rest_most = most(rest), held_most = most(held), shared_most = most(rest_shared);
+  const double shared_after = most(static_cast<double>(status_bytes("RssShmem") - base_shared));
   if (fabric.is_global_zero()) {
     std::cout << "{\"benchmark\":\"composed memory\",\"data\":\"" << data << "\",\"mesh\":\"";
     const std::vector<std::string> names = mesh->names();
@@ -134,7 +139,8 @@ int main(int argc, char** argv) {
     std::cout << "\",\"ranks\":" << fabric.world_size() << ",\"layers\":" << settings.layers
               << ",\"d_model\":" << settings.d_model << ",\"seq\":" << settings.seq
               << ",\"step_ms_median\":" << times[times.size() / 2] << ",\"rest_mb\":" << rest_most / 1e6
-              << ",\"held_mb\":" << held_most / 1e6
+              << ",\"held_mb\":" << held_most / 1e6 << ",\"rest_shm_mb\":" << shared_most / 1e6
+              << ",\"shm_after_steps_mb\":" << shared_after / 1e6
               << ",\"peak_mb\":" << peak_most / 1e6
               << ",\"formula_mb\":" << formula_most / 1e6 << ",\"peak_over_formula\":" << worst_ratio << "}" << std::endl;
   }
