@@ -8,7 +8,8 @@
 #      as C++ does;
 #   3. the loader's batches equal litdata's StreamingDataLoader's, for 1, 2, 3 and 4 ranks, with
 #      and without shuffling, several DataLoader worker counts and batch sizes, drop_last both
-#      ways, over two epochs.
+#      ways, over two epochs; and shuffled with seeds 1234 and 7 over chunks of 600 items, larger
+#      than the 256-item shuffle window.
 # Usage: litdata_interop.sh STREAMING_CHECKS   (LF_PYTHON: a Python with litdata)
 set -euo pipefail
 checks="$1"
@@ -28,7 +29,7 @@ same() {  # same FILE_A FILE_B WHAT
   echo "ok: $3 equal ($(wc -l < "$1") lines)"
 }
 
-for kind in mixed dicts ids ids-batch mixed-sample ids-chunk; do
+for kind in mixed dicts ids ids-big ids-batch mixed-sample ids-chunk; do
   py write "$kind" "$dir/$kind" > "$dir/write-$kind.log" 2>&1 || { tail -20 "$dir/write-$kind.log"; echo "FAIL: litdata.optimize ($kind)"; exit 1; }
 done
 grep -q '"compression_level": "batch"' "$dir/ids-batch/index.json" || { echo "FAIL: litdata did not compress ids-batch in frames"; exit 1; }
@@ -53,4 +54,10 @@ for r in 0 1 2 3; do configs+=(4,$r,1,2,0,1 4,$r,0,5,1,2); done
 py order "$dir/ids" "${configs[@]}" > order.python.txt 2> order.python.err || { tail -20 order.python.err; echo "FAIL: litdata's loader"; exit 1; }
 "$checks" order "$dir/ids" "${configs[@]}" > order.cpp.txt
 same order.python.txt order.cpp.txt "batches of litdata's StreamingDataLoader and lf::StreamingDataLoader in ${#configs[@]} configurations"
+# Chunks of 600 items (larger than the 256-item shuffle window), shuffled with two other seeds.
+big=(1,0,0,8,1,2,-,1234 1,0,2,8,1,1,-,1234 3,2,1,5,1,1,-,7)
+for r in 0 1; do big+=(2,$r,2,8,1,2,-,1234 2,$r,0,8,1,1,-,7); done
+py order "$dir/ids-big" "${big[@]}" > big.python.txt 2> big.python.err || { tail -20 big.python.err; echo "FAIL: litdata's loader (ids-big)"; exit 1; }
+"$checks" order "$dir/ids-big" "${big[@]}" > big.cpp.txt
+same big.python.txt big.cpp.txt "shuffled batches over chunks larger than the shuffle window, seeds 1234 and 7, in ${#big[@]} configurations"
 echo "litdata interop checks passed"

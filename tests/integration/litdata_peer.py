@@ -1,10 +1,10 @@
 """Python's litdata (PyPI) as the peer of lf::StreamingDataset / StreamingWriter / StreamingDataLoader.
 
-  litdata_peer.py write KIND DIR          litdata.optimize writes a dataset (KIND: mixed, dicts, ids;
+  litdata_peer.py write KIND DIR          litdata.optimize writes a dataset (KIND: mixed, dicts, ids, ids-big;
                                           zstd compressed: ids-batch, mixed-sample, ids-chunk)
   litdata_peer.py dump DIR                every item, as StreamingDataset returns it, one canonical line each
   litdata_peer.py order DIR CONFIG...     the batches StreamingDataLoader yields, one line each:
-                                          CONFIG = world,rank,num_workers,batch_size,shuffle,epochs[,drop_last]
+                                          CONFIG = world,rank,num_workers,batch_size,shuffle,epochs[,drop_last or -[,seed]]
 
 The canonical line of an item is what streaming_checks.cpp prints for the C++ reader's item.
 """
@@ -120,6 +120,8 @@ def write(kind, out):
         fn, inputs, sizes = mixed_item, list(range(23)), {"chunk_bytes": 1500}
     elif kind == "ids":
         fn, inputs, sizes = ids_item, list(range(int(os.environ.get("LF_IDS_ITEMS", "203")))), {"chunk_size": 17}
+    elif kind == "ids-big":  # chunks of 600 items: larger than the 256-item shuffle window
+        fn, inputs, sizes = ids_item, list(range(1500)), {"chunk_size": 600}
     elif kind == "ids-batch":  # litdata's default granularity: frames of 8 items, so chunks hold several
         fn, inputs, sizes = ids_item, list(range(203)), {"chunk_size": 17, "compression": "zstd", "compression_batch_size": 8}
     elif kind == "mixed-sample":
@@ -147,8 +149,10 @@ def order(folder, configs):
         world, rank, workers, batch, shuffle, epochs = (int(p) for p in parts[:6])
         os.environ["WORLD_SIZE"], os.environ["GLOBAL_RANK"] = str(world), str(rank)
         kwargs = {}
-        if len(parts) > 6:
+        if len(parts) > 6 and parts[6] != "-":
             kwargs["drop_last"] = bool(int(parts[6]))
+        if len(parts) > 7:
+            kwargs["seed"] = int(parts[7])
         dataset = StreamingDataset(folder, shuffle=bool(shuffle), **kwargs)
         loader = StreamingDataLoader(dataset, batch_size=batch, num_workers=workers)
         for epoch in range(1, epochs + 1):

@@ -135,13 +135,14 @@ void write(const std::string& kind, const std::string& dir) {
 void order(const std::string& dir, const std::vector<std::string>& configs) {
   lf::StreamingDataset dataset(dir);
   for (const auto& config : configs) {
-    std::vector<int64_t> p;
+    std::vector<int64_t> p;  // world, rank, workers, batch, shuffle, epochs[, drop_last or -[, seed]]
     std::stringstream in(config);
-    for (std::string part; std::getline(in, part, ',');) p.push_back(std::stoll(part));
+    for (std::string part; std::getline(in, part, ',');) p.push_back(part == "-" ? -1 : std::stoll(part));
     auto options = lf::StreamingLoaderOptions()
                        .world_size(static_cast<int>(p[0])).rank(static_cast<int>(p[1]))
                        .num_workers(static_cast<int>(p[2])).batch_size(p[3]).shuffle(p[4] != 0);
-    if (p.size() > 6) options.drop_last(p[6] != 0);
+    if (p.size() > 6 && p[6] >= 0) options.drop_last(p[6] != 0);
+    if (p.size() > 7) options.seed(p[7]);
     lf::StreamingDataLoader loader(dataset, options);
     for (int64_t epoch = 1; epoch <= p[5]; ++epoch) {
       for (auto& batch : loader) {

@@ -6,7 +6,7 @@
 #      shuffled epochs, are the ones the loader plans for that rank (which litdata_interop.sh
 #      proves equal to Python litdata's), and every sample is seen once per epoch across ranks;
 #      the 1-rank job rolls back after batch 3 with the loader in the rollback State, and reads on;
-#   2. exact resume: a 2-rank job saves model, optimizer and fabric.resume_state() after 5
+#   2. exact resume: a 2-rank job (and a 1-rank one, without drop_last) saves model, optimizer and fabric.resume_state() after 5
 #      batches and is killed (SIGKILL on rank 0, so lightning-run exits 137); resumed on 2 ranks
 #      each rank continues with exactly the batches the uninterrupted job took next, through the
 #      next epoch, with the same losses and final parameters bit for bit; resumed
@@ -92,6 +92,14 @@ for r in 0 1; do
   cmp -s "$dir/joined$r.loss" "$dir/whole2/rank-$r.loss" || { diff "$dir/joined$r.loss" "$dir/whole2/rank-$r.loss" | head -3; fail "rank $r resumed on 2 ranks did not reach the uninterrupted job's losses and parameters bit for bit"; }
 done
 echo "ok: resumed on the same 2 ranks, every rank continued with the uninterrupted job's batches, losses and parameters, bit for bit"
+# Without drop_last (one rank's default): the resumed job ends the epoch with the short batch, as the
+# uninterrupted one did (its batches equal; its losses differ from whole1's, which rolled back).
+job 1 "$dir/first1" --workers 2 --shuffle --save-after 5 "$dir/ck1" --kill; code=$?
+(( code == 137 )) || fail "the killed 1-rank job exited with $code, expected 137 ($(tail -3 "$dir/first1.out"))"
+job 1 "$dir/same1" --workers 2 --shuffle --epochs 2 --resume "$dir/ck1" || fail "the resumed 1-rank job exited with $?"
+cat "$dir/first1/rank-0.log" "$dir/same1/rank-0.log" > "$dir/joined1"
+cmp -s "$dir/joined1" "$dir/whole1/rank-0.log" || { diff "$dir/joined1" "$dir/whole1/rank-0.log" | head -3; fail "the 1-rank job (no drop_last) resumed did not continue as the uninterrupted job"; }
+echo "ok: resumed without drop_last on 1 rank, the job continued with the uninterrupted job's batches, the short last one included"
 for world in 3 1; do
   job $world "$dir/other$world" --workers 2 --shuffle --resume "$dir/ck" || fail "the job resumed on $world ranks exited with $?"
   ids_of "$dir"/first/rank-*.log "$dir"/other$world/rank-*.log | sort -n > "$dir/all$world"
