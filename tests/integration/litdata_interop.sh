@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # lf::StreamingDataset, StreamingWriter and StreamingDataLoader against Python's litdata (PyPI):
 #   1. datasets written by litdata.optimize (tuples of every common leaf, dicts with JPEG and PNG
-#      images, lists and nested dicts): every item read in C++ equals what litdata's
+#      images, lists and nested dicts; litdata's typed leaves: a PNG as its bytes, a list of JPEGs,
+#      text, a file): every item read in C++ equals what litdata's
 #      StreamingDataset returns for the same index (canonical lines, byte for byte);
 #      and zstd-compressed ones (frames, the default; per item; whole files) read alike too;
 #   2. datasets written by lf::StreamingWriter, plain and zstd-compressed: Python reads every item
@@ -29,11 +30,11 @@ same() {  # same FILE_A FILE_B WHAT
   echo "ok: $3 equal ($(wc -l < "$1") lines)"
 }
 
-for kind in mixed dicts ids ids-big ids-batch mixed-sample ids-chunk; do
+for kind in mixed dicts media ids ids-big ids-batch mixed-sample ids-chunk; do
   py write "$kind" "$dir/$kind" > "$dir/write-$kind.log" 2>&1 || { tail -20 "$dir/write-$kind.log"; echo "FAIL: litdata.optimize ($kind)"; exit 1; }
 done
 grep -q '"compression_level": "batch"' "$dir/ids-batch/index.json" || { echo "FAIL: litdata did not compress ids-batch in frames"; exit 1; }
-for kind in mixed dicts ids-batch mixed-sample ids-chunk; do
+for kind in mixed dicts media ids-batch mixed-sample ids-chunk; do
   "$checks" dump "$dir/$kind" > "$kind.cpp.txt"
   cp -r "$dir/$kind" "$dir/$kind-copy"  # Python inflates whole-file chunks in place and deletes them
   py dump "$dir/$kind-copy" > "$kind.python.txt"

@@ -1,6 +1,6 @@
 """Python's litdata (PyPI) as the peer of lf::StreamingDataset / StreamingWriter / StreamingDataLoader.
 
-  litdata_peer.py write KIND DIR          litdata.optimize writes a dataset (KIND: mixed, dicts, ids, ids-big;
+  litdata_peer.py write KIND DIR          litdata.optimize writes a dataset (KIND: mixed, dicts, media, ids, ids-big;
                                           zstd compressed: ids-batch, mixed-sample, ids-chunk)
   litdata_peer.py dump DIR                every item, as StreamingDataset returns it, one canonical line each
   litdata_peer.py order DIR CONFIG...     the batches StreamingDataLoader yields, one line each:
@@ -103,6 +103,25 @@ def dict_item(i):
     }
 
 
+def media_item(i):
+    # litdata's typed leaves: a PNG stored as its bytes (Image: "image:png", decoded to RGB CHW), a
+    # list of JPEGs ("jpeg_array"), UTF-8 text ("text") and a file's bytes ("file:bin").
+    from litdata import File, Image, Text
+    from PIL import Image as PILImage
+
+    images = os.environ["LF_PEER_IMAGES"]
+    frames = [PILImage.open(os.path.join(images, "%d.jpg" % k)) for k in (i, (i + 3) % 16)]
+    payload = os.path.join(images, "payload-%d.bin" % i)
+    with open(payload, "wb") as out:
+        out.write(bytes((i * 7 + k) % 256 for k in range(40 + i)))
+    return {
+        "png": Image(path=os.path.join(images, "%d.png" % i)),
+        "frames": frames,
+        "text": Text(text="line %d: \u00e9\u4e2d" % i),
+        "file": File(path=payload),
+    }
+
+
 def ids_item(i):
     import torch
 
@@ -116,6 +135,10 @@ def write(kind, out):
         os.environ["LF_PEER_IMAGES"] = out + "-images"
         make_images(out + "-images", 16)
         fn, inputs, sizes = dict_item, list(range(16)), {"chunk_size": 5}
+    elif kind == "media":
+        os.environ["LF_PEER_IMAGES"] = out + "-images"
+        make_images(out + "-images", 16)
+        fn, inputs, sizes = media_item, list(range(9)), {"chunk_size": 4}
     elif kind == "mixed":
         fn, inputs, sizes = mixed_item, list(range(23)), {"chunk_bytes": 1500}
     elif kind == "ids":
