@@ -29,7 +29,8 @@ constexpr char kFramedMagic[8] = {'L', 'D', 'F', 'Z', '0', '1', '\0', '\0'};
 /// How the chunks of a dataset are compressed (index.json's compression and compression_level).
 enum class Compression { None, WholeFile, Framed, PerItem };
 
-/// One chunk file, mapped whole when first read (or, compressed whole, inflated into memory).
+/// One chunk file, mapped whole when first read (compressed whole: the compressed file is mapped,
+/// and its content inflated into memory while it is read, DatasetFiles::whole_chunk).
 struct Chunk {
   std::string filename;
   int64_t items = 0;
@@ -38,7 +39,6 @@ struct Chunk {
   const uint8_t* data = nullptr;
   size_t size = 0;
   bool owns_mapping = false;
-  std::string inflated;  // a whole-file-compressed chunk's content
   // A framed chunk (LDFZ01): items' offsets into their frames' concatenation, and the frames.
   bool framed = false;
   uint32_t frame_rows = 0;
@@ -78,6 +78,14 @@ struct DatasetFiles {
   mutable std::mutex cache_mutex;
   mutable std::deque<CachedFrame> cache;
   static constexpr size_t kCachedFrames = 16;
+  // The most recently read whole-file-compressed chunks, inflated (a reading thread works through
+  // one chunk at a time): at most kInflatedChunks of them stay in memory, not every chunk read.
+  struct InflatedChunk {
+    size_t chunk;
+    std::shared_ptr<const std::string> bytes;
+  };
+  mutable std::deque<InflatedChunk> inflated_chunks;
+  static constexpr size_t kInflatedChunks = 4;
 
   std::string where(const Chunk& chunk) const {
     return "StreamingDataset(" + dir.string() + "): chunk " + chunk.filename;
@@ -163,17 +171,14 @@ struct DatasetFiles {
       chunk.data = static_cast<const uint8_t*>(size ? mapping : nullptr);
       chunk.size = size;
       chunk.owns_mapping = true;
+      const uint8_t* compressed = chunk.data;
+      const size_t compressed_size = chunk.size;
       try {
         if (compression == Compression::WholeFile) {  // the file is zstd(chunk); index.json counts the chunk's bytes
-          try {
-            chunk.inflated = zstd_inflate(chunk.data, chunk.size, static_cast<size_t>(chunk.bytes));
-          } catch (const std::runtime_error& e) {
-            damaged(chunk, std::string("it does not inflate as index.json's compression says (") + e.what() + ")");
-          }
-          munmap(const_cast<uint8_t*>(chunk.data), chunk.size);
-          chunk.owns_mapping = false;
-          chunk.data = reinterpret_cast<const uint8_t*>(chunk.inflated.data());
-          chunk.size = chunk.inflated.size();
+          const auto inflated = inflate_whole(chunk);
+          remember_inflated(c, inflated);
+          chunk.data = reinterpret_cast<const uint8_t*>(inflated->data());  // checked below, then the mapping again
+          chunk.size = inflated->size();
         }
         if (static_cast<int64_t>(chunk.size) < chunk.bytes)
           damaged(chunk, "it has " + std::to_string(chunk.size) + " bytes, index.json says " + std::to_string(chunk.bytes));
@@ -185,14 +190,17 @@ struct DatasetFiles {
         if (compression == Compression::Framed && !magic)
           damaged(chunk, "index.json says its items are compressed in frames (compression_level \"batch\"), but it has "
                          "no framed header");
+        if (compression == Compression::WholeFile && magic)
+          damaged(chunk, "it is compressed whole and holds a framed chunk inside; litdata.optimize writes neither");
         if (magic) read_framed_header(chunk);
         else read_plain_header(chunk);
+        if (compression == Compression::WholeFile) chunk.data = compressed, chunk.size = compressed_size;
       } catch (const std::runtime_error& e) {
-        if (chunk.owns_mapping && chunk.data) munmap(const_cast<uint8_t*>(chunk.data), chunk.size);
+        if (compressed) munmap(const_cast<uint8_t*>(compressed), compressed_size);
         chunk.data = nullptr;  // call_once runs again on the next read
         chunk.size = 0;
         chunk.owns_mapping = chunk.framed = false;
-        chunk.inflated.clear();
+        forget_inflated(c);
         chunk.frames.clear();
         if (dynamic_cast<const Error*>(&e)) throw;
         throw RuntimeError(where(*chunks[c]) + ": " + e.what());
@@ -200,6 +208,47 @@ struct DatasetFiles {
     });
     LF_CHECK(chunk.data != nullptr || chunk.items == 0, RuntimeError, where(chunk), " could not be opened earlier");
     return chunk;
+  }
+
+  // A whole-file-compressed chunk's content, inflated from its mapped compressed file.
+  std::shared_ptr<const std::string> inflate_whole(const Chunk& chunk) const {
+    try {
+      return std::make_shared<const std::string>(zstd_inflate(chunk.data, chunk.size, static_cast<size_t>(chunk.bytes)));
+    } catch (const std::runtime_error& e) {
+      damaged(chunk, std::string("it does not inflate as index.json's compression says (") + e.what() + ")");
+    }
+  }
+  void remember_inflated(size_t c, std::shared_ptr<const std::string> bytes) const {
+    std::lock_guard<std::mutex> lock(cache_mutex);
+    inflated_chunks.push_back({c, std::move(bytes)});
+    if (inflated_chunks.size() > kInflatedChunks) inflated_chunks.pop_front();
+  }
+  void forget_inflated(size_t c) const {
+    std::lock_guard<std::mutex> lock(cache_mutex);
+    inflated_chunks.erase(std::remove_if(inflated_chunks.begin(), inflated_chunks.end(),
+                                         [c](const InflatedChunk& each) { return each.chunk == c; }),
+                          inflated_chunks.end());
+  }
+  /// A whole-file-compressed chunk's content: from the recent ones, else inflated again (two
+  /// threads may inflate the same chunk at once; both copies are equal).
+  std::shared_ptr<const std::string> whole_chunk(size_t c, const Chunk& chunk) const {
+    {
+      std::lock_guard<std::mutex> lock(cache_mutex);
+      for (auto it = inflated_chunks.begin(); it != inflated_chunks.end(); ++it) {
+        if (it->chunk != c) continue;
+        auto bytes = it->bytes;
+        if (std::next(it) != inflated_chunks.end()) {  // the most recent last
+          inflated_chunks.erase(it);
+          inflated_chunks.push_back({c, bytes});
+        }
+        return bytes;
+      }
+    }
+    auto bytes = inflate_whole(chunk);
+    if (static_cast<int64_t>(bytes->size()) < chunk.bytes)
+      damaged(chunk, "it inflates to " + std::to_string(bytes->size()) + " bytes, index.json says " + std::to_string(chunk.bytes));
+    remember_inflated(c, bytes);
+    return bytes;
   }
 
   std::pair<size_t, int64_t> locate(int64_t index) const {
@@ -246,11 +295,16 @@ struct DatasetFiles {
       auto bytes = frame_bytes(c, chunk, f);
       return {reinterpret_cast<const uint8_t*>(bytes->data()) + (begin - frame_begin), end - begin, bytes};
     }
+    std::shared_ptr<const std::string> whole;  // a whole-file-compressed chunk's content
+    if (compression == Compression::WholeFile) whole = whole_chunk(c, chunk);
+    const uint8_t* data = whole ? reinterpret_cast<const uint8_t*>(whole->data()) : chunk.data;
+    const size_t size = whole ? whole->size() : chunk.size;
     uint32_t begin, end;
-    std::memcpy(&begin, chunk.data + 4 + 4 * local, 4);
-    std::memcpy(&end, chunk.data + 8 + 4 * local, 4);
-    LF_CHECK(begin <= end && end <= chunk.size, RuntimeError, where(chunk), " is damaged: item ", local,
+    std::memcpy(&begin, data + 4 + 4 * local, 4);
+    std::memcpy(&end, data + 8 + 4 * local, 4);
+    LF_CHECK(begin <= end && end <= size, RuntimeError, where(chunk), " is damaged: item ", local,
              " lies outside the file. Copy the dataset folder again, or write the dataset again");
+    if (whole) return {data + begin, end - begin, whole};
     if (compression == Compression::PerItem) {  // each item its own zstd frame
       std::shared_ptr<const std::string> bytes;
       try {

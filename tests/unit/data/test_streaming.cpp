@@ -3,6 +3,8 @@
 // Python's litdata is the reference in tests/integration/litdata_interop.sh.
 #include <ATen/ATen.h>
 
+#include <malloc.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -437,6 +439,38 @@ TEST_CASE("A first item the writer refuses leaves no formats behind; a damaged p
   const uint32_t header[3] = {1, 1, 0xFFFFFFF8u};
   CHECK_THROWS_WITH(dd::decode_leaf("pil", reinterpret_cast<const uint8_t*>(header), sizeof(header)),
                     Contains("pil leaf is truncated"));
+}
+
+TEST_CASE("Whole-file zstd chunks are inflated while read, not kept for the dataset's life", "[streaming]") {
+  TempDir dir;
+  {  // 12 chunks of 16 items of 64 KiB: 1 MiB per chunk inflated
+    lf::StreamingWriter writer(dir.path, lf::StreamingWriterOptions().chunk_size(16));
+    for (int64_t i = 0; i < 192; ++i) writer.add(c10::ivalue::Tuple::create({i, at::full({16384}, static_cast<float>(i))}));
+    writer.finish();
+  }
+  for (const auto& entry : fs::directory_iterator(dir.path)) {  // compress each chunk whole (compression_level "chunk")
+    if (entry.path().extension() != ".bin") continue;
+    const std::string plain = read_text(entry.path());
+    const std::string packed = dd::zstd_deflate(reinterpret_cast<const uint8_t*>(plain.data()), plain.size(), 3);
+    std::ofstream(entry.path(), std::ios::binary | std::ios::trunc) << packed;
+  }
+  std::string index = read_text(dir.path / "index.json");
+  index.replace(index.find("\"compression\": null"), 19, "\"compression\": \"zstd\"");
+  write_text(dir.path / "index.json", index);
+  lf::StreamingDataset dataset(dir.path);
+  REQUIRE(dataset.chunk_sizes().size() == 12);
+  const auto in_use = [] { const struct mallinfo2 info = mallinfo2(); return static_cast<double>(info.uordblks + info.hblkhd); };
+  const double before = in_use();
+  double most = 0;
+  for (int64_t i = 0; i < dataset.size(); ++i) {  // every item read back, chunk after chunk
+    const auto fields = dataset.get(i).toTupleRef().elements();
+    CHECK(fields[0].toInt() == i);
+    CHECK(fields[1].toTensor().eq(static_cast<float>(i)).all().item<bool>());
+    most = std::max(most, in_use() - before);
+  }
+  // At most the 4 most recent chunks inflated (4 MiB) and an item in hand; keeping all 12 would be 12 MiB.
+  CHECK(most < 6.0 * (1 << 20));
+  CHECK(dataset.get(3).toTupleRef().elements()[0].toInt() == 3);  // an evicted chunk inflates again
 }
 
 TEST_CASE("zstd-compressed chunks (litdata's frames of 256 items) read back, and damaged frames are named", "[streaming]") {
