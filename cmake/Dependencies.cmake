@@ -76,6 +76,17 @@ if(LF_ZSTD_INCLUDE_DIR AND LF_ZSTD_LIBRARY)
 else()
   message(STATUS "lightning-fabric: libzstd not found (Debian: libzstd-dev): streaming datasets refuse zstd compression")
 endif()
+# libcurl (Debian: libcurl4-openssl-dev) reaches S3-compatible object storage for s3:// datasets,
+# signing requests with AWS Signature Version 4; without it s3:// is refused with that reason
+# (LF_HAVE_CURL).
+find_package(CURL QUIET)
+add_library(lf_curl INTERFACE)
+if(CURL_FOUND)
+  target_link_libraries(lf_curl INTERFACE CURL::libcurl)
+  target_compile_definitions(lf_curl INTERFACE LF_HAVE_CURL=1)
+else()
+  message(STATUS "lightning-fabric: libcurl not found (Debian: libcurl4-openssl-dev): s3:// datasets are refused")
+endif()
 # LibTorch's public headers include <nlohmann/json.hpp> but the wheel does not ship it.
 get_target_property(_lf_json_include nlohmann_json::nlohmann_json INTERFACE_INCLUDE_DIRECTORIES)
 if(_lf_json_include)

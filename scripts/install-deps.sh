@@ -26,6 +26,7 @@ packages=(
   cmake ninja-build clang g++ ccache
   libcli11-dev nlohmann-json3-dev zlib1g-dev
   libjpeg62-turbo-dev libpng-dev libzstd-dev  # JPEG and PNG leaves, zstd chunks of streaming datasets (docs/data.md)
+  libcurl4-openssl-dev  # s3:// datasets: HTTP(S) with AWS Signature Version 4 (docs/data.md)
   dataset-fashion-mnist  # the examples' data set
   procps
   python3 python3-venv   # the project's Python environment (when no other python3 is on PATH)
@@ -33,7 +34,8 @@ packages=(
 if [ "$profile" = all ]; then
   # litdata pulls torchvision; torch==2.11.0 in the same pip command keeps the LibTorch the build links.
   # zstd: litdata's compression (the tests write compressed datasets with it).
-  python_packages+=(lightning==2.6.6 tensorboard==2.21.0 litdata==0.2.76 zstd==1.5.7.2)
+  # moto[server]: the S3-compatible server the s3:// tests start on 127.0.0.1.
+  python_packages+=(lightning==2.6.6 tensorboard==2.21.0 litdata==0.2.76 zstd==1.5.7.2 "moto[server]==5.2.6")
   packages+=(
     catch2
     iproute2 ethtool util-linux  # tests/hosts: namespaces, veth, offloads off for the link emulator

@@ -13,6 +13,14 @@ import struct
 import sys
 
 
+
+if os.environ.get("AWS_ENDPOINT_URL", "").startswith("http://"):
+    # litdata's obstore client refuses plain HTTP unless told; the tests' S3 server listens on
+    # http://127.0.0.1 (the same requests, without TLS).
+    import litdata.streaming.downloader as _downloader
+
+    _downloader._OBSTORE_CLIENT_OPTIONS = {**_downloader._OBSTORE_CLIENT_OPTIONS, "allow_http": "true"}
+
 def canonical(value):
     import numpy as np
     import torch

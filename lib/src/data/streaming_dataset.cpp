@@ -2,6 +2,7 @@
 
 #include "lightning/fabric/data/litdata_format.h"
 #include "lightning/fabric/errors.h"
+#include "lightning/fabric/storage/s3_client.h"
 
 #include <nlohmann/json.hpp>
 
@@ -14,7 +15,9 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <map>
 #include <mutex>
+#include <optional>
 
 namespace lightning::fabric {
 
@@ -61,7 +64,12 @@ struct Payload {
 };
 
 struct DatasetFiles {
-  std::filesystem::path dir;
+  std::filesystem::path origin;  // as given: a folder, or an s3:// URL
+  std::filesystem::path dir;     // the local folder read: origin, or the local cache of an s3:// dataset
+  // An s3:// dataset: where its objects are, and the client that downloads a chunk into dir on its
+  // first read (by the loader's reading threads, so ahead of the loop).
+  std::optional<storage::S3Url> remote;
+  std::optional<storage::S3Client> client;
   std::vector<std::unique_ptr<Chunk>> chunks;
   std::vector<int64_t> chunk_sizes;
   std::vector<int64_t> starts;  // global index of each chunk's first item
@@ -88,7 +96,7 @@ struct DatasetFiles {
   static constexpr size_t kInflatedChunks = 4;
 
   std::string where(const Chunk& chunk) const {
-    return "StreamingDataset(" + dir.string() + "): chunk " + chunk.filename;
+    return "StreamingDataset(" + origin.string() + "): chunk " + chunk.filename;
   }
 
   [[noreturn]] void damaged(const Chunk& chunk, const std::string& why) const {
@@ -159,6 +167,7 @@ struct DatasetFiles {
     Chunk& chunk = *chunks[c];
     std::call_once(chunk.mapped, [&] {
       const auto path = dir / chunk.filename;
+      if (remote && !std::filesystem::exists(path)) client->get_to_file(remote->child(chunk.filename), path);
       const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
       LF_CHECK(fd >= 0, RuntimeError, where(chunk), " cannot be opened: ", std::strerror(errno),
                ". The folder lacks a chunk that index.json lists: copy the whole dataset folder again, or write it again");
@@ -252,7 +261,7 @@ struct DatasetFiles {
   }
 
   std::pair<size_t, int64_t> locate(int64_t index) const {
-    LF_CHECK(index >= 0 && index < items, ValueError, "StreamingDataset(", dir.string(), ").get(", index,
+    LF_CHECK(index >= 0 && index < items, ValueError, "StreamingDataset(", origin.string(), ").get(", index,
              "): the index is out of range; the dataset has ", items, " items (0 to ", items - 1, ")");
     const size_t c = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), index) - starts.begin()) - 1;
     return {c, index - starts[c]};
@@ -346,12 +355,54 @@ json read_index(const std::filesystem::path& dir, const std::string& who) {
 }  // namespace
 }  // namespace data_detail
 
+namespace {
+
+// The local folder an s3:// dataset's objects are downloaded to: LT_STREAMING_CACHE_DIR, else
+// $XDG_CACHE_HOME (or ~/.cache)/lightning-fabric/streaming, one folder per endpoint and URL.
+std::filesystem::path remote_cache_dir(const storage::S3Client& client, const storage::S3Url& url) {
+  std::filesystem::path root;
+  if (const char* set = std::getenv("LT_STREAMING_CACHE_DIR"); set && *set) {
+    root = set;
+  } else if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) {
+    root = std::filesystem::path(xdg) / "lightning-fabric" / "streaming";
+  } else if (const char* home = std::getenv("HOME"); home && *home) {
+    root = std::filesystem::path(home) / ".cache" / "lightning-fabric" / "streaming";
+  } else {
+    root = std::filesystem::temp_directory_path() / "lightning-fabric-streaming";
+  }
+  std::string name = url.bucket + "-" + url.key;
+  for (char& c : name) c = std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' ? c : '_';
+  char hash[17];
+  std::snprintf(hash, sizeof(hash), "%016zx", std::hash<std::string>()(client.endpoint() + "|" + url.str()));
+  return root / (name.substr(0, 80) + "-" + hash);
+}
+
+}  // namespace
+
 StreamingDataset::StreamingDataset(const std::filesystem::path& dir) : files_(std::make_unique<data_detail::DatasetFiles>()) {
   using nlohmann::json;
   auto& files = *files_;
-  files.dir = dir;
+  files.origin = files.dir = dir;
   const std::string who = "StreamingDataset(" + dir.string() + ")";
-  const json index = data_detail::read_index(dir, who);
+  std::map<std::string, int64_t> remote_sizes;  // an s3:// dataset's objects under its prefix
+  if (storage::S3Url::is_s3(dir.string())) {
+    files.remote = storage::S3Url::parse(dir.string(), who);
+    files.client = storage::S3Client::from_environment(who);
+    files.dir = remote_cache_dir(*files.client, *files.remote);
+    std::filesystem::create_directories(files.dir);
+    try {
+      for (const auto& object : files.client->list(files.remote->key.empty() ? *files.remote : files.remote->child(""))) {
+        remote_sizes[object.key.substr(files.remote->key.empty() ? 0 : files.remote->key.size() + 1)] = object.size;
+      }
+    } catch (const RuntimeError& e) {
+      throw RuntimeError(who + ": " + e.what());
+    }
+    LF_CHECK(remote_sizes.count("index.json") > 0, ValueError, who, ": there is no index.json under ", dir.string(),
+             " (", remote_sizes.size(), " objects there); it is not a dataset written by litdata.optimize or "
+             "lf::StreamingWriter, or its writer did not finish");
+    files.client->get_to_file(files.remote->child("index.json"), files.dir / "index.json");  // always the current one
+  }
+  const json index = data_detail::read_index(files.dir, who);
   try {
     const json& config = index.at("config");
     const std::string loader = config.value("item_loader", std::string("PyTreeLoader"));
@@ -393,10 +444,12 @@ StreamingDataset::StreamingDataset(const std::filesystem::path& dir) : files_(st
       chunk->bytes = entry.at("chunk_bytes").get<int64_t>();
       LF_CHECK(chunk->filename.find('/') == std::string::npos && chunk->items >= 0, ValueError, who,
                ": index.json lists a bad chunk entry ", entry.dump());
-      const auto path = dir / chunk->filename;
-      LF_CHECK(std::filesystem::exists(path), ValueError, who, ": chunk ", chunk->filename,
-               " listed in index.json is missing. Copy the whole dataset folder again, or write the dataset again");
-      const auto size = static_cast<int64_t>(std::filesystem::file_size(path));
+      const auto path = files.dir / chunk->filename;
+      const auto listed = remote_sizes.find(chunk->filename);
+      LF_CHECK(files.remote ? listed != remote_sizes.end() : std::filesystem::exists(path), ValueError, who, ": chunk ",
+               chunk->filename, " listed in index.json is missing. Copy the whole dataset folder again, or write the "
+               "dataset again");
+      const auto size = files.remote ? listed->second : static_cast<int64_t>(std::filesystem::file_size(path));
       LF_CHECK(size >= chunk->bytes || files.compression == data_detail::Compression::WholeFile, ValueError, who, ": chunk ", chunk->filename, " has ", size,
                " bytes, index.json says ", chunk->bytes,
                " (truncated, or the index does not match the chunks). Copy the dataset folder again, or write it again");
@@ -418,7 +471,7 @@ StreamingDataset::~StreamingDataset() = default;
 int64_t StreamingDataset::size() const { return files_->items; }
 const std::vector<int64_t>& StreamingDataset::chunk_sizes() const { return files_->chunk_sizes; }
 const std::vector<std::string>& StreamingDataset::data_format() const { return files_->data_format; }
-const std::filesystem::path& StreamingDataset::dir() const { return files_->dir; }
+const std::filesystem::path& StreamingDataset::dir() const { return files_->origin; }
 
 std::string StreamingDataset::raw(int64_t index) const {
   const auto item = files_->payload(index);

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# s3:// datasets against a real S3-compatible server (moto's server mode, from PyPI, started here on
+# 127.0.0.1 and stopped by pid) and Python's litdata:
+#   1. litdata.optimize(output_dir="s3://...") writes a dataset to the server; every item
+#      lf::StreamingDataset("s3://...") reads equals what litdata's StreamingDataset reads from the
+#      same URL, and the loader's batches equal litdata's StreamingDataLoader's (shuffled, 1 and 2
+#      ranks);
+#   2. a 2-rank lightning-run job trains on it behind Fabric, both ranks downloading into one
+#      shared cache folder: each rank takes its planned batches;
+#   3. refusals, each exit 1 with the URL named: a missing bucket, a prefix without a dataset, a
+#      URL without a bucket, no credentials; and with the server stopped, a read of a chunk not yet
+#      cached fails after its retries naming the object.
+# Usage: s3_streaming.sh LIGHTNING_RUN STREAMING_CHECKS   (LF_PYTHON: a Python with litdata and moto)
+set -uo pipefail
+run="$1"; checks="$2"
+python="${LF_PYTHON:-python3}"
+peer="$(dirname "${BASH_SOURCE[0]}")/litdata_peer.py"
+"$python" -c "import litdata, moto" 2>/dev/null || { echo "FAIL: $python lacks litdata or moto (scripts/install-deps.sh)"; exit 1; }
+dir="$(mktemp -d)"
+server=""
+cleanup() { [ -n "$server" ] && kill "$server" 2>/dev/null && wait "$server" 2>/dev/null; rm -rf "$dir"; }
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+export OMP_NUM_THREADS=1
+py() { HOME="$dir/home" "$python" "$peer" "$@"; }  # litdata caches what it reads under $HOME/.lightning
+
+port=$("$python" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])")
+"$(dirname "$python")/moto_server" -H 127.0.0.1 -p "$port" > "$dir/server.log" 2>&1 &
+server=$!
+export AWS_ACCESS_KEY_ID=lf-test AWS_SECRET_ACCESS_KEY=lf-test-secret AWS_DEFAULT_REGION=us-east-1
+export AWS_ENDPOINT_URL="http://127.0.0.1:$port" LT_STREAMING_CACHE_DIR="$dir/cache"
+for _ in $(seq 100); do curl -s -o /dev/null "$AWS_ENDPOINT_URL" && break; sleep 0.1; done
+s3() {  # s3 METHOD PATH: one signed request, prints the HTTP status
+  curl -s -o /dev/null -w "%{http_code}" -X "$1" --aws-sigv4 "aws:amz:us-east-1:s3" \
+    --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" "$AWS_ENDPOINT_URL/$2"
+}
+[ "$(s3 PUT data)" = 200 ] || fail "the S3 server at $AWS_ENDPOINT_URL did not create a bucket ($(tail -3 "$dir/server.log"))"
+same() {  # same FILE_A FILE_B WHAT
+  if [ ! -s "$1" ] || ! cmp -s "$1" "$2"; then
+    echo "FAIL: $3 differ ($(wc -l < "$1") lines from Python, $(wc -l < "$2") from C++); first difference:"
+    diff "$1" "$2" | head -4 | cut -c1-300
+    exit 1
+  fi
+  echo "ok: $3 equal ($(wc -l < "$1") lines)"
+}
+
+# 1. litdata writes to the server; C++ and Python read the same items and batches from it.
+py write ids s3://data/ids > "$dir/write.log" 2>&1 || { tail -20 "$dir/write.log"; fail "litdata.optimize to s3://data/ids"; }
+(cd "$dir" && py dump s3://data/ids > "$dir/items.python" 2> "$dir/dump.err") || { tail -5 "$dir/dump.err"; fail "litdata reading s3://data/ids"; }
+"$checks" dump s3://data/ids > "$dir/items.cpp" || fail "lf::StreamingDataset reading s3://data/ids exited with $?"
+same "$dir/items.python" "$dir/items.cpp" "items of s3://data/ids read by Python's litdata and C++"
+configs=(1,0,0,4,1,1 2,0,2,3,1,2 2,1,2,3,1,2)
+(cd "$dir" && py order s3://data/ids "${configs[@]}" > "$dir/order.python" 2> "$dir/order.err") || { tail -5 "$dir/order.err"; fail "litdata's loader on s3://data/ids"; }
+"$checks" order s3://data/ids "${configs[@]}" > "$dir/order.cpp" || fail "lf::StreamingDataLoader on s3://data/ids exited with $?"
+same "$dir/order.python" "$dir/order.cpp" "batches of s3://data/ids from litdata's StreamingDataLoader and lf::StreamingDataLoader"
+
+# 2. A 2-rank training job on the s3:// dataset, both ranks sharing one fresh cache folder.
+export LT_STREAMING_CACHE_DIR="$dir/shared-cache"
+mkdir -p "$dir/job"
+timeout 120 "$run" model --accelerator cpu --devices 2 "$checks" train s3://data/ids "$dir/job" --batch 4 --workers 2 \
+  --shuffle --epochs 2 > "$dir/job.out" 2>&1 || fail "the 2-rank job on s3://data/ids exited with $? ($(tail -3 "$dir/job.out"))"
+for r in 0 1; do
+  "$checks" order s3://data/ids "2,$r,2,4,1,2" | sed 's/^[^ ]* epoch/epoch/' > "$dir/plan$r"
+  cmp -s "$dir/plan$r" "$dir/job/rank-$r.log" || { diff "$dir/plan$r" "$dir/job/rank-$r.log" | head -3; fail "rank $r of the s3:// job did not take its planned batches"; }
+done
+leftovers=$(find "$dir/shared-cache" -name '*.part-*' | wc -l)
+(( leftovers == 0 )) || fail "$leftovers partial downloads left in the shared cache"
+echo "ok: a 2-rank job trained on s3://data/ids behind Fabric, each rank its planned batches, one shared cache"
+
+# 3. Refusals, each naming the URL.
+refused() {  # refused PATTERN WHAT COMMAND...: exit 1 and PATTERN in the output
+  local pattern=$1 what=$2; shift 2
+  local code=0
+  "$@" > "$dir/refused.out" 2>&1 || code=$?
+  (( code == 1 )) || fail "$what: exit $code, expected 1 ($(tail -2 "$dir/refused.out"))"
+  grep -q -- "$pattern" "$dir/refused.out" || fail "$what: the error does not say '$pattern': $(tail -2 "$dir/refused.out")"
+  echo "ok: $what refused: $(grep -o -- "$pattern.*" "$dir/refused.out" | head -1 | cut -c1-160)"
+}
+refused "NoSuchBucket" "a missing bucket" "$checks" dump s3://nobucket/ids
+refused "there is no index.json under s3://data/none" "a prefix without a dataset" "$checks" dump s3://data/none
+refused "names no bucket" "a URL without a bucket" "$checks" dump s3:///ids
+refused "set AWS_ACCESS_KEY_ID" "no credentials" env -u AWS_ACCESS_KEY_ID "$checks" dump s3://data/ids
+kill "$server"; wait "$server" 2>/dev/null; server=""
+export LT_STREAMING_CACHE_DIR="$dir/cold-cache"
+refused "failed after 6 tries" "the server stopped" "$checks" dump s3://data/ids
+echo "s3 streaming checks passed"
