@@ -21,14 +21,7 @@ dir="$(mktemp -d)"
 trap 'rm -rf "$dir"' EXIT
 cd "$dir"
 py() { "$python" "$peer" "$@"; }
-same() {  # same FILE_A FILE_B WHAT
-  if [ ! -s "$1" ] || ! cmp -s "$1" "$2"; then
-    echo "FAIL: $3 differ ($(wc -l < "$1") lines from Python, $(wc -l < "$2") from C++); first difference:"
-    diff "$1" "$2" | head -4 | cut -c1-300
-    exit 1
-  fi
-  echo "ok: $3 equal ($(wc -l < "$1") lines)"
-}
+source "$(dirname "${BASH_SOURCE[0]}")/compare_lines.sh"  # same FILE_A FILE_B WHAT
 
 for kind in mixed dicts media ids ids-big ids-batch mixed-sample ids-chunk; do
   py write "$kind" "$dir/$kind" > "$dir/write-$kind.log" 2>&1 || { tail -20 "$dir/write-$kind.log"; echo "FAIL: litdata.optimize ($kind)"; exit 1; }

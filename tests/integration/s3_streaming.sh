@@ -35,14 +35,7 @@ s3() {  # s3 METHOD PATH: one signed request, prints the HTTP status
     --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" "$AWS_ENDPOINT_URL/$2"
 }
 [ "$(s3 PUT data)" = 200 ] || fail "the S3 server at $AWS_ENDPOINT_URL did not create a bucket ($(tail -3 "$dir/server.log"))"
-same() {  # same FILE_A FILE_B WHAT
-  if [ ! -s "$1" ] || ! cmp -s "$1" "$2"; then
-    echo "FAIL: $3 differ ($(wc -l < "$1") lines from Python, $(wc -l < "$2") from C++); first difference:"
-    diff "$1" "$2" | head -4 | cut -c1-300
-    exit 1
-  fi
-  echo "ok: $3 equal ($(wc -l < "$1") lines)"
-}
+source "$(dirname "${BASH_SOURCE[0]}")/compare_lines.sh"  # same FILE_A FILE_B WHAT
 
 # 1. litdata writes to the server; C++ and Python read the same items and batches from it.
 py write ids s3://data/ids > "$dir/write.log" 2>&1 || { tail -20 "$dir/write.log"; fail "litdata.optimize to s3://data/ids"; }
