@@ -5,10 +5,11 @@
 #      lf::StreamingDataset("s3://...") reads equals what litdata's StreamingDataset reads from the
 #      same URL, and the loader's batches equal litdata's StreamingDataLoader's (shuffled, 1 and 2
 #      ranks);
+#      lf::StreamingWriter writes datasets to the server that litdata reads item for item;
 #   2. a 2-rank lightning-run job trains on it behind Fabric, both ranks downloading into one
 #      shared cache folder: each rank takes its planned batches;
 #   3. refusals, each exit 1 with the URL named: a missing bucket, a prefix without a dataset, a
-#      URL without a bucket, no credentials; and with the server stopped, a read of a chunk not yet
+#      URL without a bucket, a second dataset written to one prefix, no credentials; and with the server stopped, a read of a chunk not yet
 #      cached fails after its retries naming the object.
 # Usage: s3_streaming.sh LIGHTNING_RUN STREAMING_CHECKS   (LF_PYTHON: a Python with litdata and moto)
 set -uo pipefail
@@ -47,6 +48,14 @@ configs=(1,0,0,4,1,1 2,0,2,3,1,2 2,1,2,3,1,2)
 "$checks" order s3://data/ids "${configs[@]}" > "$dir/order.cpp" || fail "lf::StreamingDataLoader on s3://data/ids exited with $?"
 same "$dir/order.python" "$dir/order.cpp" "batches of s3://data/ids from litdata's StreamingDataLoader and lf::StreamingDataLoader"
 
+# lf::StreamingWriter writes to the server (chunks as they fill, index.json last); Python reads it.
+for kind in mixed ids-zstd; do
+  "$checks" write $kind s3://data/cpp-$kind || fail "lf::StreamingWriter to s3://data/cpp-$kind exited with $?"
+  py dump s3://data/cpp-$kind > "$dir/cpp-$kind.python" 2> "$dir/cpp-dump.err" || { tail -5 "$dir/cpp-dump.err"; fail "litdata reading s3://data/cpp-$kind"; }
+  "$checks" dump s3://data/cpp-$kind > "$dir/cpp-$kind.cpp"
+  same "$dir/cpp-$kind.python" "$dir/cpp-$kind.cpp" "items lf::StreamingWriter wrote to s3://data/cpp-$kind, read by Python's litdata and C++"
+done
+
 # 2. A 2-rank training job on the s3:// dataset, both ranks sharing one fresh cache folder.
 export LT_STREAMING_CACHE_DIR="$dir/shared-cache"
 mkdir -p "$dir/job"
@@ -72,6 +81,7 @@ refused() {  # refused PATTERN WHAT COMMAND...: exit 1 and PATTERN in the output
 refused "NoSuchBucket" "a missing bucket" "$checks" dump s3://nobucket/ids
 refused "there is no index.json under s3://data/none" "a prefix without a dataset" "$checks" dump s3://data/none
 refused "names no bucket" "a URL without a bucket" "$checks" dump s3:///ids
+refused "already holds a dataset" "a second write to one prefix" "$checks" write ids s3://data/ids
 refused "set AWS_ACCESS_KEY_ID" "no credentials" env -u AWS_ACCESS_KEY_ID "$checks" dump s3://data/ids
 kill "$server"; wait "$server" 2>/dev/null; server=""
 export LT_STREAMING_CACHE_DIR="$dir/cold-cache"

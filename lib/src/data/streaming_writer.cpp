@@ -3,13 +3,18 @@
 #include "lightning/fabric/checkpoint/atomic_file.h"
 #include "lightning/fabric/data/litdata_format.h"
 #include "lightning/fabric/errors.h"
+#include "lightning/fabric/storage/s3_client.h"
 
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <algorithm>
 #include <fstream>
+#include <optional>
 #include <regex>
 
 namespace lightning::fabric {
@@ -17,7 +22,12 @@ namespace lightning::fabric {
 namespace data_detail {
 
 struct WriterState {
-  std::filesystem::path dir;
+  std::filesystem::path origin;  // as given: a folder, or an s3:// URL
+  std::filesystem::path dir;     // where files are written: origin, or a local staging folder for s3://
+  // s3://: each finished file is uploaded from dir and removed there (index.json last).
+  std::optional<storage::S3Url> remote;
+  std::optional<storage::S3Client> client;
+  std::vector<storage::S3Url> uploaded;
   StreamingWriterOptions options;
   int rank = 0;
   bool finished = false;
@@ -31,7 +41,22 @@ struct WriterState {
   int zstd_level = 0;  // 0: no compression
   static constexpr uint32_t kFrameRows = 256;  // items per zstd frame, litdata's compression_batch_size
 
-  std::string who() const { return "StreamingWriter(" + dir.string() + ")"; }
+  std::string who() const { return "StreamingWriter(" + origin.string() + ")"; }
+
+  // s3://: uploads the finished file `name` of dir and removes the local copy.
+  void publish(const std::string& name) {
+    if (!remote) return;
+    const std::filesystem::path local = dir / name;
+    std::ifstream in(local, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), {});
+    try {
+      client->put(remote->child(name), bytes);
+    } catch (const RuntimeError& e) {
+      throw RuntimeError(who() + ": " + e.what());
+    }
+    uploaded.push_back(remote->child(name));
+    std::filesystem::remove(local);
+  }
 
   void flush() {
     if (pending.empty()) return;
@@ -60,6 +85,7 @@ struct WriterState {
       });
     }
     written.push_back(dir / name);
+    publish(name);
     chunks.push_back({{"chunk_bytes", file_bytes}, {"chunk_size", n}, {"dim", nullptr}, {"filename", name}});
     pending.clear();
     pending_bytes = 0;
@@ -191,7 +217,7 @@ std::pair<nlohmann::json, std::vector<std::filesystem::path>> merge_writer_index
 StreamingWriter::StreamingWriter(const std::filesystem::path& dir, StreamingWriterOptions options)
     : state_(std::make_unique<data_detail::WriterState>()) {
   auto& state = *state_;
-  state.dir = dir;
+  state.origin = state.dir = dir;
   state.options = std::move(options);
   state.rank = state.options.writer_rank_.value_or(0);
   const std::string who = state.who();
@@ -217,10 +243,30 @@ StreamingWriter::StreamingWriter(const std::filesystem::path& dir, StreamingWrit
              ": compression needs zstd, which this build of lightning_fabric lacks (Debian: libzstd-dev when building)");
     state.zstd_level = level;
   }
-  std::filesystem::create_directories(dir);
   const std::regex ours(state.options.writer_rank_ ? "chunk-" + std::to_string(state.rank) + "-[0-9]+\\.bin|" +
                                                         std::to_string(state.rank) + "\\.index\\.json|index\\.json"
                                                   : std::string("chunk-.*\\.bin|([0-9]+\\.)?index\\.json"));
+  if (storage::S3Url::is_s3(dir.string())) {
+    state.remote = storage::S3Url::parse(dir.string(), who);
+    state.client = storage::S3Client::from_environment(who);
+    std::vector<storage::S3Object> present;
+    try {
+      present = state.client->list(state.remote->key.empty() ? *state.remote : state.remote->child(""));
+    } catch (const RuntimeError& e) {
+      throw RuntimeError(who + ": " + e.what());
+    }
+    for (const auto& object : present) {
+      const std::string name = object.key.substr(state.remote->key.empty() ? 0 : state.remote->key.size() + 1);
+      LF_CHECK(name.find('/') != std::string::npos || !std::regex_match(name, ours), ValueError, who, ": ", dir.string(),
+               " already holds a dataset (", name, "); a dataset is written once: remove its objects, or write to another prefix");
+    }
+    static std::atomic<int> staging_count{0};
+    state.dir = std::filesystem::temp_directory_path() /
+                ("lf-writer-" + std::to_string(::getpid()) + "-" + std::to_string(staging_count++));
+    std::filesystem::remove_all(state.dir);
+  }
+  std::filesystem::create_directories(state.dir);
+  if (state.remote) return;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     LF_CHECK(!std::regex_match(entry.path().filename().string(), ours), ValueError, who, ": ", dir.string(),
              " already holds a dataset (", entry.path().filename().string(),
@@ -229,9 +275,18 @@ StreamingWriter::StreamingWriter(const std::filesystem::path& dir, StreamingWrit
 }
 
 StreamingWriter::~StreamingWriter() {
-  if (!state_ || state_->finished) return;
-  std::error_code ignored;  // an unfinished dataset leaves nothing that looks readable
+  if (!state_) return;
+  std::error_code ignored;
+  if (state_->remote) std::filesystem::remove_all(state_->dir, ignored);  // the staging folder
+  if (state_->finished) return;
+  // An unfinished dataset leaves nothing that looks readable.
   for (const auto& path : state_->written) std::filesystem::remove(path, ignored);
+  for (const auto& object : state_->uploaded) {
+    try {
+      state_->client->remove(object);
+    } catch (const std::exception&) {  // best effort: without index.json no reader takes the chunks for a dataset
+    }
+  }
 }
 
 int64_t StreamingWriter::size() const { return state_->items; }
@@ -304,11 +359,14 @@ void StreamingWriter::finish() {
   state.flush();
   const auto name = state.options.writer_rank_ ? std::to_string(state.rank) + ".index.json" : std::string("index.json");
   write_file_atomically(state.dir / name, data_detail::python_json(state.index()));
+  state.publish(name);  // s3://: the index last, so the dataset exists once it is whole
   state.finished = true;
 }
 
 void StreamingWriter::merge_index(const std::filesystem::path& dir) {
   const std::string who = "StreamingWriter::merge_index(" + dir.string() + ")";
+  LF_CHECK(!storage::S3Url::is_s3(dir.string()), ValueError, who, ": merging the writers' indexes reads a local folder; "
+           "for s3:// write with one writer, or write the folder locally, merge it and upload it");
   const auto [merged, parts] = data_detail::merge_writer_indexes(dir, who);
   LF_CHECK(!parts.empty(), ValueError, who, ": no RANK.index.json to merge (writers with writer_rank leave one each)");
   write_file_atomically(dir / "index.json", data_detail::python_json(merged));

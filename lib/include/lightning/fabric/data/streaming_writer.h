@@ -13,7 +13,9 @@
 // for a uint8 image tensor to encode, or a string of JPEG bytes).
 // compression("zstd") compresses chunks as litdata.optimize(compression="zstd") does.
 // Files appear whole or not at all: each chunk is written to a temporary name and renamed, and
-// index.json last; a writer destroyed before finish() removes its chunks.
+// index.json last; a writer destroyed before finish() removes its chunks. An s3://bucket/prefix
+// destination uploads each chunk as it is written and index.json last (docs/data.md, "Object
+// storage").
 #pragma once
 
 #include "lightning/fabric/export.h"
