@@ -9,8 +9,9 @@
 #   2. a 2-rank lightning-run job trains on it behind Fabric, both ranks downloading into one
 #      shared cache folder: each rank takes its planned batches;
 #   3. refusals, each exit 1 with the URL named: a missing bucket, a prefix without a dataset, a
-#      URL without a bucket, a second dataset written to one prefix, no credentials; and with the server stopped, a read of a chunk not yet
-#      cached fails after its retries naming the object.
+#      URL without a bucket, a second dataset written to one prefix, no credentials; and with the
+#      server stopped after the dataset opened, the read of a chunk not yet cached fails after its
+#      retries naming the chunk (no item read), and opening fails likewise.
 # Usage: s3_streaming.sh LIGHTNING_RUN STREAMING_CHECKS   (LF_PYTHON: a Python with litdata and moto)
 set -uo pipefail
 run="$1"; checks="$2"
@@ -83,7 +84,18 @@ refused "there is no index.json under s3://data/none" "a prefix without a datase
 refused "names no bucket" "a URL without a bucket" "$checks" dump s3:///ids
 refused "already holds a dataset" "a second write to one prefix" "$checks" write ids s3://data/ids
 refused "set AWS_ACCESS_KEY_ID" "no credentials" env -u AWS_ACCESS_KEY_ID "$checks" dump s3://data/ids
-kill "$server"; wait "$server" 2>/dev/null; server=""
+# The server stopped after the dataset opened: the first chunk's download retries, then names it.
 export LT_STREAMING_CACHE_DIR="$dir/cold-cache"
-refused "failed after 6 tries" "the server stopped" "$checks" dump s3://data/ids
+"$checks" dump-when s3://data/ids "$dir/go" > "$dir/midread.out" 2>&1 &
+reader=$!
+for _ in $(seq 200); do grep -q "^opened" "$dir/midread.out" && break; sleep 0.05; done
+grep -q "^opened" "$dir/midread.out" || fail "the reader did not open s3://data/ids ($(tail -2 "$dir/midread.out"))"
+kill "$server"; wait "$server" 2>/dev/null; server=""
+touch "$dir/go"
+code=0; wait "$reader" || code=$?
+(( code == 1 )) || fail "a read with the server stopped: exit $code, expected 1 ($(tail -2 "$dir/midread.out"))"
+grep -q "reading s3://data/ids/chunk-0-.*failed after 6 tries" "$dir/midread.out" || fail "the read with the server stopped does not name the chunk and the retries: $(tail -2 "$dir/midread.out")"
+(( $(grep -c "^(" "$dir/midread.out") == 0 )) || fail "items were read without their chunk"
+echo "ok: the server stopped mid-read: $(grep -o "reading s3://.*tries" "$dir/midread.out" | head -1)"
+refused "failed after 6 tries" "opening with the server stopped" "$checks" dump s3://data/ids
 echo "s3 streaming checks passed"

@@ -1,6 +1,7 @@
 // lf::StreamingDataset / StreamingWriter / StreamingDataLoader from outside, against Python's
 // litdata (litdata_peer.py) and inside lightning-run jobs (litdata_interop.sh, streaming_resume.sh):
 //   streaming_checks dump DIR               every item, one canonical line each (litdata_peer.py's form)
+//   streaming_checks dump-when DIR FLAG     opens DIR, prints "opened N items", then dumps once FLAG exists
 //   streaming_checks write mixed|ids|ids-zstd DIR    a dataset written by lf::StreamingWriter
 //   streaming_checks order DIR CONFIG...    the batches the loader yields (litdata_peer.py order's lines)
 //   streaming_checks train DIR LOG [--batch B] [--shuffle] [--workers W] [--epochs E]
@@ -20,13 +21,16 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace lf = lightning::fabric;
@@ -243,6 +247,13 @@ int train(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     const std::string command = argc > 1 ? argv[1] : "";
+    if (command == "dump-when" && argc == 4) {  // opens the dataset, says so, and reads once FLAG exists
+      lf::StreamingDataset dataset(argv[2]);
+      std::cout << "opened " << dataset.size() << " items" << std::endl;
+      while (!std::filesystem::exists(argv[3])) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      for (int64_t i = 0; i < dataset.size(); ++i) std::cout << canonical(dataset.get(i)) << "\n";
+      return 0;
+    }
     if (command == "dump" && argc == 3) {
       lf::StreamingDataset dataset(argv[2]);
       for (int64_t i = 0; i < dataset.size(); ++i) std::cout << canonical(dataset.get(i)) << "\n";
