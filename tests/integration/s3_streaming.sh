@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # s3:// datasets against a real S3-compatible server (moto's server mode, from PyPI, started here on
-# 127.0.0.1 and stopped by pid) and Python's litdata:
+# 127.0.0.1 with its signature checking on, and stopped by pid) and Python's litdata:
 #   1. litdata.optimize(output_dir="s3://...") writes a dataset to the server; every item
 #      lf::StreamingDataset("s3://...") reads equals what litdata's StreamingDataset reads from the
 #      same URL, and the loader's batches equal litdata's StreamingDataLoader's (shuffled, 1 and 2
@@ -9,7 +9,8 @@
 #   2. a 2-rank lightning-run job trains on it behind Fabric, both ranks downloading into one
 #      shared cache folder: each rank takes its planned batches;
 #   3. refusals, each exit 1 with the URL named: a missing bucket, a prefix without a dataset, a
-#      URL without a bucket, a second dataset written to one prefix, no credentials; and with the
+#      URL without a bucket, a second dataset written to one prefix, no credentials, a wrong secret
+#      (SignatureDoesNotMatch), an unknown access key; and with the
 #      server stopped after the dataset opened, the read of a chunk not yet cached fails after its
 #      retries naming the chunk (no item read), and opening fails likewise.
 # Usage: s3_streaming.sh LIGHTNING_RUN STREAMING_CHECKS   (LF_PYTHON: a Python with litdata and moto)
@@ -27,16 +28,27 @@ export OMP_NUM_THREADS=1
 py() { HOME="$dir/home" "$python" "$peer" "$@"; }  # litdata caches what it reads under $HOME/.lightning
 
 port=$("$python" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])")
-"$(dirname "$python")/moto_server" -H 127.0.0.1 -p "$port" > "$dir/server.log" 2>&1 &
+# Signature checking on: after the first 4 requests (the readiness probe, an IAM user, its policy,
+# its access key), every request must carry a valid AWS Signature Version 4 of a known key.
+INITIAL_NO_AUTH_ACTION_COUNT=4 "$(dirname "$python")/moto_server" -H 127.0.0.1 -p "$port" > "$dir/server.log" 2>&1 &
 server=$!
-export AWS_ACCESS_KEY_ID=lf-test AWS_SECRET_ACCESS_KEY=lf-test-secret AWS_DEFAULT_REGION=us-east-1
-export AWS_ENDPOINT_URL="http://127.0.0.1:$port" LT_STREAMING_CACHE_DIR="$dir/cache"
+export AWS_DEFAULT_REGION=us-east-1 AWS_ENDPOINT_URL="http://127.0.0.1:$port" LT_STREAMING_CACHE_DIR="$dir/cache"
 for _ in $(seq 100); do curl -s -o /dev/null "$AWS_ENDPOINT_URL" && break; sleep 0.1; done
-s3() {  # s3 METHOD PATH: one signed request, prints the HTTP status
-  curl -s -o /dev/null -w "%{http_code}" -X "$1" --aws-sigv4 "aws:amz:us-east-1:s3" \
-    --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" "$AWS_ENDPOINT_URL/$2"
-}
-[ "$(s3 PUT data)" = 200 ] || fail "the S3 server at $AWS_ENDPOINT_URL did not create a bucket ($(tail -3 "$dir/server.log"))"
+read -r AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY < <("$python" - <<'PY'
+import json, os
+import boto3
+iam = boto3.client("iam", endpoint_url=os.environ["AWS_ENDPOINT_URL"], aws_access_key_id="setup", aws_secret_access_key="setup")
+iam.create_user(UserName="lf-test")
+iam.put_user_policy(UserName="lf-test", PolicyName="s3", PolicyDocument=json.dumps(
+    {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+key = iam.create_access_key(UserName="lf-test")["AccessKey"]
+boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"], aws_access_key_id=key["AccessKeyId"],
+             aws_secret_access_key=key["SecretAccessKey"]).create_bucket(Bucket="data")
+print(key["AccessKeyId"], key["SecretAccessKey"])
+PY
+)
+[ -n "${AWS_SECRET_ACCESS_KEY:-}" ] || fail "the S3 server gave no access key or bucket ($(tail -3 "$dir/server.log"))"
+export AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY
 source "$(dirname "${BASH_SOURCE[0]}")/compare_lines.sh"  # same FILE_A FILE_B WHAT
 
 # 1. litdata writes to the server; C++ and Python read the same items and batches from it.
@@ -84,6 +96,8 @@ refused "there is no index.json under s3://data/none" "a prefix without a datase
 refused "names no bucket" "a URL without a bucket" "$checks" dump s3:///ids
 refused "already holds a dataset" "a second write to one prefix" "$checks" write ids s3://data/ids
 refused "set AWS_ACCESS_KEY_ID" "no credentials" env -u AWS_ACCESS_KEY_ID "$checks" dump s3://data/ids
+refused "SignatureDoesNotMatch" "a wrong secret" env AWS_SECRET_ACCESS_KEY=wrong "$checks" dump s3://data/ids
+refused "InvalidAccessKeyId" "an unknown access key" env AWS_ACCESS_KEY_ID=AKIAUNKNOWN "$checks" dump s3://data/ids
 # The server stopped after the dataset opened: the first chunk's download retries, then names it.
 export LT_STREAMING_CACHE_DIR="$dir/cold-cache"
 "$checks" dump-when s3://data/ids "$dir/go" > "$dir/midread.out" 2>&1 &

@@ -247,7 +247,9 @@ void check(const Response& response, const std::string& what, const std::string&
   if (code == "NoSuchBucket") hint = " The bucket does not exist: create it, or correct the URL.";
   if (code == "NoSuchKey" || response.status == 404) hint = hint.empty() ? " The object does not exist." : hint;
   throw RuntimeError("s3: " + what + " " + object + " got HTTP " + std::to_string(response.status) +
-                     (code.empty() ? "" : " " + code) + (message.empty() ? "" : ": " + message) + (response.retryable() ? " (after " + std::to_string(S3Client::kAttempts) + " tries)" : "") + "." + hint);
+                     (code.empty() ? "" : " " + code) + (message.empty() ? "" : ": " + message) +
+                     (response.retryable() ? " (after " + std::to_string(S3Client::kAttempts) + " tries)" : "") +
+                     (message.empty() || message.back() != '.' || response.retryable() ? "." : "") + hint);
 }
 
 }  // namespace
