@@ -82,7 +82,22 @@ leftovers=$(find "$dir/shared-cache" -name '*.part-*' | wc -l)
 (( leftovers == 0 )) || fail "$leftovers partial downloads left in the shared cache"
 echo "ok: a 2-rank job trained on s3://data/ids behind Fabric, each rank its planned batches, one shared cache"
 
-# 3. Refusals, each naming the URL.
+# 3. Checkpoints on s3://: a 2-rank ddp job saves one file there and loads it back; Python's
+# torch.load reads the same object.
+timeout 120 "$run" model --accelerator cpu --devices 2 "$checks" checkpoint s3://data/ck/model.ckpt > "$dir/ck.out" 2>&1 ||
+  fail "the 2-rank job saving to s3://data/ck/model.ckpt exited with $? ($(tail -3 "$dir/ck.out"))"
+"$python" - <<'PY' || fail "Python's torch.load of s3://data/ck/model.ckpt"
+import io, os
+import boto3, torch
+body = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"]).get_object(Bucket="data", Key="ck/model.ckpt")["Body"].read()
+state = torch.load(io.BytesIO(body))
+assert state["step"] == 17 and state["model"]["weight"].shape == (3, 4), state
+print("ok: Python's torch.load reads s3://data/ck/model.ckpt: step", state["step"], "weight", tuple(state["model"]["weight"].shape))
+PY
+"$checks" load s3://data/ck/model.ckpt | sort | tr '\n' ' ' | grep -q "^model step $" || fail "fabric.load(s3://data/ck/model.ckpt) does not list model and step"
+echo "ok: a 2-rank job saved s3://data/ck/model.ckpt and loaded it back equal"
+
+# 4. Refusals, each naming the URL.
 refused() {  # refused PATTERN WHAT COMMAND...: exit 1 and PATTERN in the output
   local pattern=$1 what=$2; shift 2
   local code=0
@@ -94,6 +109,7 @@ refused() {  # refused PATTERN WHAT COMMAND...: exit 1 and PATTERN in the output
 refused "NoSuchBucket" "a missing bucket" "$checks" dump s3://nobucket/ids
 refused "there is no index.json under s3://data/none" "a prefix without a dataset" "$checks" dump s3://data/none
 refused "names no bucket" "a URL without a bucket" "$checks" dump s3:///ids
+refused "NoSuchKey" "a missing checkpoint" "$checks" load s3://data/ck/none.ckpt
 refused "already holds a dataset" "a second write to one prefix" "$checks" write ids s3://data/ids
 refused "set AWS_ACCESS_KEY_ID" "no credentials" env -u AWS_ACCESS_KEY_ID "$checks" dump s3://data/ids
 refused "SignatureDoesNotMatch" "a wrong secret" env AWS_SECRET_ACCESS_KEY=wrong "$checks" dump s3://data/ids

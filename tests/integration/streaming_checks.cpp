@@ -2,6 +2,9 @@
 // litdata (litdata_peer.py) and inside lightning-run jobs (litdata_interop.sh, streaming_resume.sh):
 //   streaming_checks dump DIR               every item, one canonical line each (litdata_peer.py's form)
 //   streaming_checks dump-when DIR FLAG     opens DIR, prints "opened N items", then dumps once FLAG exists
+//   streaming_checks load PATH              fabric.load(PATH): the names of its entries
+//   streaming_checks checkpoint PATH        fabric.save of a Linear(4, 3) and a step to PATH (a file or
+//                                           s3:// URL), fabric.load into a zeroed one: equal
 //   streaming_checks write mixed|ids|ids-zstd DIR    a dataset written by lf::StreamingWriter
 //   streaming_checks order DIR CONFIG...    the batches the loader yields (litdata_peer.py order's lines)
 //   streaming_checks train DIR LOG [--batch B] [--shuffle] [--workers W] [--epochs E]
@@ -247,6 +250,28 @@ int train(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     const std::string command = argc > 1 ? argv[1] : "";
+    if (command == "checkpoint" && argc == 3) {  // a job's model and step saved to URL, loaded back by a fresh model
+      lf::Fabric fabric(lf::FabricOptions().accelerator("cpu"));
+      fabric.seed_everything(3);
+      torch::nn::Linear saved_net(4, 3), loaded_net(4, 3);
+      torch::NoGradGuard no_grad;
+      for (auto& p : loaded_net->parameters()) p.zero_();
+      int64_t step = 17;
+      fabric.save(argv[2], {{"model", saved_net}, {"step", step}});
+      lf::State state{{"model", loaded_net}, {"step", int64_t{0}}};
+      fabric.load(argv[2], state);
+      if (state.at("step").to<int64_t>() != 17) throw std::runtime_error("the step did not come back");
+      for (size_t i = 0; i < saved_net->parameters().size(); ++i) {
+        if (!saved_net->parameters()[i].equal(loaded_net->parameters()[i])) throw std::runtime_error("a parameter differs");
+      }
+      std::cout << "rank " << fabric.global_rank() << ": saved and loaded " << argv[2] << "\n";
+      return 0;
+    }
+    if (command == "load" && argc == 3) {  // fabric.load(PATH): its entries' names
+      lf::Fabric fabric(lf::FabricOptions().accelerator("cpu"));
+      for (const auto& item : fabric.load(argv[2])) std::cout << item.key().toStringRef() << "\n";
+      return 0;
+    }
     if (command == "dump-when" && argc == 4) {  // opens the dataset, says so, and reads once FLAG exists
       lf::StreamingDataset dataset(argv[2]);
       std::cout << "opened " << dataset.size() << " items" << std::endl;

@@ -17,6 +17,7 @@
 #include "lightning/fabric/checkpoint/pickle_tree.h"
 #include "lightning/fabric/checkpoint/zip_archive.h"
 #include "lightning/fabric/errors.h"
+#include "lightning/fabric/storage/s3_client.h"
 
 namespace lightning::fabric {
 
@@ -126,6 +127,12 @@ c10::IValue read_archive(std::string_view bytes, const std::string& what) {
 }  // namespace
 
 void save_state_dict_file(const fs::path& path, const StateDict& state) {
+  if (storage::S3Url::is_s3(path.string())) {  // one PUT: the object appears whole or not at all
+    const std::string who = "fabric.save(" + path.string() + ")";
+    const auto url = storage::S3Url::parse(path.string(), who);
+    storage::S3Client::from_environment(who).put(url, archive_bytes(c10::IValue(state)));
+    return;
+  }
   write_file_atomically(path, [&](const ByteSink& sink) { write_archive(c10::IValue(state), sink); });
 }
 
@@ -142,6 +149,15 @@ void stream_archive(const c10::IValue& value, const std::function<void(const voi
 c10::IValue value_of_archive(std::string_view bytes, const std::string& what) { return read_archive(bytes, what); }
 
 StateDict load_state_dict_file(const fs::path& path) {
+  if (storage::S3Url::is_s3(path.string())) {
+    const std::string who = "fabric.load(" + path.string() + ")";
+    const auto url = storage::S3Url::parse(path.string(), who);
+    const std::string bytes = storage::S3Client::from_environment(who).get(url);
+    const c10::IValue value = read_archive(bytes, "Checkpoint " + path.string());
+    LF_CHECK(value.isGenericDict(), RuntimeError, "Checkpoint ", path.string(), " holds a ", value.tagKind(),
+             ", not a dictionary of state.");
+    return value.toGenericDict();
+  }
   LF_CHECK(fs::exists(path), RuntimeError, "Checkpoint ", path.string(), " does not exist. Check the path (the ",
            "current folder is ", fs::current_path().string(), ").");
   LF_CHECK(!fs::is_directory(path), RuntimeError, "Checkpoint ", path.string(), " is a folder, not a checkpoint file",

@@ -19,6 +19,7 @@
 #include "lightning/fabric/checkpoint/optimizer_names.h"
 #include "lightning/fabric/checkpoint/sharded.h"
 #include "lightning/fabric/errors.h"
+#include "lightning/fabric/storage/s3_client.h"
 #include "lightning/fabric/plugins/collectives/collective.h"
 
 namespace lightning::fabric {
@@ -440,6 +441,9 @@ StateDict read_earlier_layout(const fs::path& path, State* state, bool strict, C
 CheckpointWrite prepare_sharded_save(Collective& group, const std::string& call, const fs::path& path,
                                      const State& state, const StateFilter& filter, bool host_copy,
                                      const CheckpointLayout& layout, bool one_file) {
+  LF_CHECK(one_file || !storage::S3Url::is_s3(path.string()), ValueError, call, ": a sharded checkpoint (a folder "
+           "of every rank's parts) is written to local or shared disk only for now; on s3:// save one file "
+           "(state_dict_type \"full\") or save the folder locally and upload it.");
   const CheckpointPeers peers(group);
   StateDict local = make_state_dict();
   Placements placements;

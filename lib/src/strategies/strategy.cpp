@@ -13,6 +13,7 @@
 #include "lightning/fabric/checkpoint/sharded_checkpoint.h"
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/internal/gradient_norm.h"
+#include "lightning/fabric/storage/s3_client.h"
 #include "lightning/fabric/utilities/meta_init.h"
 #include "lightning/fabric/utilities/rank_zero.h"
 
@@ -156,7 +157,8 @@ CheckpointWrite Strategy::prepare_checkpoint(const std::string& call, const std:
   if (!is_global_zero()) return {};
   return {[path, checkpoint] {
             save_state_dict_file(path, checkpoint);
-            LF_CHECK(std::filesystem::exists(path), RuntimeError, "the file is missing after writing it");
+            LF_CHECK(storage::S3Url::is_s3(path.string()) || std::filesystem::exists(path), RuntimeError,
+                     "the file is missing after writing it");
           },
           nullptr, nullptr};
 }
