@@ -391,9 +391,7 @@ StreamingDataset::StreamingDataset(const std::filesystem::path& dir) : files_(st
     files.dir = remote_cache_dir(*files.client, *files.remote);
     std::filesystem::create_directories(files.dir);
     try {
-      for (const auto& object : files.client->list(files.remote->key.empty() ? *files.remote : files.remote->child(""))) {
-        remote_sizes[object.key.substr(files.remote->key.empty() ? 0 : files.remote->key.size() + 1)] = object.size;
-      }
+      remote_sizes = files.client->list_folder(*files.remote);
     } catch (const RuntimeError& e) {
       throw RuntimeError(who + ": " + e.what());
     }

@@ -249,14 +249,14 @@ StreamingWriter::StreamingWriter(const std::filesystem::path& dir, StreamingWrit
   if (storage::S3Url::is_s3(dir.string())) {
     state.remote = storage::S3Url::parse(dir.string(), who);
     state.client = storage::S3Client::from_environment(who);
-    std::vector<storage::S3Object> present;
+    std::map<std::string, int64_t> present;
     try {
-      present = state.client->list(state.remote->key.empty() ? *state.remote : state.remote->child(""));
+      present = state.client->list_folder(*state.remote);
     } catch (const RuntimeError& e) {
       throw RuntimeError(who + ": " + e.what());
     }
-    for (const auto& object : present) {
-      const std::string name = object.key.substr(state.remote->key.empty() ? 0 : state.remote->key.size() + 1);
+    for (const auto& [name, size] : present) {
+      (void)size;
       LF_CHECK(name.find('/') != std::string::npos || !std::regex_match(name, ours), ValueError, who, ": ", dir.string(),
                " already holds a dataset (", name, "); a dataset is written once: remove its objects, or write to another prefix");
     }

@@ -331,6 +331,13 @@ std::vector<S3Object> S3Client::list(const S3Url& prefix) const {
   return objects;
 }
 
+std::map<std::string, int64_t> S3Client::list_folder(const S3Url& folder) const {
+  std::map<std::string, int64_t> names;
+  const size_t cut = folder.key.empty() ? 0 : folder.key.size() + 1;
+  for (const auto& object : list(folder.key.empty() ? folder : folder.child(""))) names[object.key.substr(cut)] = object.size;
+  return names;
+}
+
 void S3Client::remove(const S3Url& url) const {
   const Response response = request("DELETE", endpoint_ + "/" + url.bucket + "/" + encoded(url.key, true), region_,
                                     access_key_, secret_key_, session_token_, std::nullopt, nullptr, nullptr);

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -58,6 +59,9 @@ class S3Client {
   void put(const S3Url& url, std::string_view bytes) const;
   /// The objects whose keys start with url.key, in key order.
   std::vector<S3Object> list(const S3Url& prefix) const;
+  /// The objects under the folder `folder` (keys starting with folder.key + "/"; the whole bucket
+  /// for an empty key), by name relative to it, with their sizes.
+  std::map<std::string, int64_t> list_folder(const S3Url& folder) const;
   void remove(const S3Url& url) const;
   const std::string& endpoint() const { return endpoint_; }
 
