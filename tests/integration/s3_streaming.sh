@@ -7,8 +7,11 @@
 #      ranks);
 #      lf::StreamingWriter writes datasets to the server that litdata reads item for item;
 #   2. a 2-rank lightning-run job trains on it behind Fabric, both ranks downloading into one
-#      shared cache folder: each rank takes its planned batches;
-#   3. refusals, each exit 1 with the URL named: a missing bucket, a prefix without a dataset, a
+#      shared cache folder: each rank takes its planned batches, and each chunk is fetched once
+#      (the server's log counts the GETs); under a cache budget of 4 chunks the loader reads
+#      litdata's batches, the cache stays within its budget and evicts what was read, and a dead
+#      downloader's reservation is cleared;
+#   3. refusals, each exit 1 with the URL named: a missing bucket, a cache budget smaller than a chunk, a prefix without a dataset, a
 #      URL without a bucket, a second dataset written to one prefix, no credentials, a wrong secret
 #      (SignatureDoesNotMatch), an unknown access key; and with the
 #      server stopped after the dataset opened, the read of a chunk not yet cached fails after its
@@ -69,18 +72,49 @@ for kind in mixed ids-zstd; do
   same "$dir/cpp-$kind.python" "$dir/cpp-$kind.cpp" "items lf::StreamingWriter wrote to s3://data/cpp-$kind, read by Python's litdata and C++"
 done
 
-# 2. A 2-rank training job on the s3:// dataset, both ranks sharing one fresh cache folder.
+# 2. A 2-rank training job on the s3:// dataset, both ranks sharing one fresh cache folder: each
+# chunk is downloaded once on the node (the server's log counts the GETs), over 2 epochs.
 export LT_STREAMING_CACHE_DIR="$dir/shared-cache"
 mkdir -p "$dir/job"
+log_before=$(wc -l < "$dir/server.log")
 timeout 120 "$run" model --accelerator cpu --devices 2 "$checks" train s3://data/ids "$dir/job" --batch 4 --workers 2 \
   --shuffle --epochs 2 > "$dir/job.out" 2>&1 || fail "the 2-rank job on s3://data/ids exited with $? ($(tail -3 "$dir/job.out"))"
 for r in 0 1; do
   "$checks" order s3://data/ids "2,$r,2,4,1,2" | sed 's/^[^ ]* epoch/epoch/' > "$dir/plan$r"
   cmp -s "$dir/plan$r" "$dir/job/rank-$r.log" || { diff "$dir/plan$r" "$dir/job/rank-$r.log" | head -3; fail "rank $r of the s3:// job did not take its planned batches"; }
 done
-leftovers=$(find "$dir/shared-cache" -name '*.part-*' | wc -l)
-(( leftovers == 0 )) || fail "$leftovers partial downloads left in the shared cache"
-echo "ok: a 2-rank job trained on s3://data/ids behind Fabric, each rank its planned batches, one shared cache"
+leftovers=$(find "$dir/shared-cache" -name '*.part-*' -o -name '*.reserve' | wc -l)
+(( leftovers == 0 )) || fail "$leftovers partial downloads or reservations left in the shared cache"
+chunks=$(grep -o '"filename"' "$dir"/shared-cache/*/index.json | wc -l)
+gets=$(tail -n +$((log_before + 1)) "$dir/server.log" | grep -c '"GET /data/ids/chunk-')
+downloads=$(cat "$dir/job/rank-0.cache" "$dir/job/rank-1.cache" | awk '{n += $2} END {print n}')
+(( gets == chunks && downloads == chunks )) ||
+  fail "the 2-rank job fetched its $chunks chunks $gets times (the server's count; the ranks count $downloads), not once each"
+echo "ok: a 2-rank job trained on s3://data/ids behind Fabric, each rank its planned batches, one shared cache, each of its $chunks chunks fetched once"
+
+# A cache budget of 4 chunks: a shuffled 2-epoch pass on 2 workers' order reads litdata's batches,
+# the cache never holds more than its budget, and read chunks are evicted (fetched again in epoch 2).
+# A reservation and a partial download left by a killed downloader are cleared, not counted.
+largest=$(find "$dir/shared-cache" -name 'chunk-*.bin' -printf '%s\n' | sort -n | tail -1)
+budget=$((4 * largest))
+export LT_STREAMING_CACHE_DIR="$dir/small-cache"
+tight=2,1,2,3,1,2
+MAX_CACHE_BYTES=$budget "$checks" order s3://data/ids $tight > "$dir/tight.cpp" 2> "$dir/tight.err" ||
+  fail "the loader under a $budget-byte cache budget exited with $? ($(tail -2 "$dir/tight.err"))"
+grep "^$tight " "$dir/order.python" > "$dir/tight.python"
+same "$dir/tight.python" "$dir/tight.cpp" "batches of s3://data/ids under a 4-chunk cache budget and litdata's"
+read -r _ _ peak _ downloads < "$dir/tight.err"
+(( peak > 0 && peak <= budget )) || fail "the cache's peak $peak bytes is not within its budget $budget"
+(( downloads > $(ls "$dir/small-cache"/*/chunk-*.bin | wc -l) )) || fail "no chunk was evicted under a 4-chunk budget ($downloads downloads)"
+held=$(find "$dir/small-cache" -name 'chunk-*.bin' -printf '%s\n' | awk '{n += $1} END {print n}')
+(( held <= budget )) || fail "the cache holds $held bytes after the pass, over its budget $budget"
+cached=$(ls -d "$dir/small-cache"/*/)
+truncate -s 1G "${cached}chunk-0-0.bin.reserve"; echo torn > "${cached}chunk-0-0.bin.part-1-2"; rm -f "${cached}chunk-0-0.bin"
+MAX_CACHE_BYTES=$budget "$checks" order s3://data/ids $tight > "$dir/tight2.cpp" 2> "$dir/tight.err" ||
+  fail "the loader beside a dead downloader's reservation exited with $? ($(tail -2 "$dir/tight.err"))"
+same "$dir/tight.python" "$dir/tight2.cpp" "batches of s3://data/ids beside a dead downloader's reservation"
+[ ! -e "${cached}chunk-0-0.bin.reserve" ] && [ ! -e "${cached}chunk-0-0.bin.part-1-2" ] || fail "a dead downloader's reservation or partial file was left"
+echo "ok: under a 4-chunk budget ($budget bytes) litdata's batches, peak $peak bytes, $downloads downloads; a dead downloader's reservation cleared"
 
 # 3. Checkpoints on s3://: a 2-rank ddp job saves one file there and loads it back; Python's
 # torch.load reads the same object.
@@ -109,6 +143,7 @@ refused() {  # refused PATTERN WHAT COMMAND...: exit 1 and PATTERN in the output
 refused "NoSuchBucket" "a missing bucket" "$checks" dump s3://nobucket/ids
 refused "there is no index.json under s3://data/none" "a prefix without a dataset" "$checks" dump s3://data/none
 refused "names no bucket" "a URL without a bucket" "$checks" dump s3:///ids
+refused "cannot hold chunk chunk-0-" "a cache budget smaller than a chunk" env MAX_CACHE_BYTES=$((largest - 1)) "$checks" dump s3://data/ids
 refused "NoSuchKey" "a missing checkpoint" "$checks" load s3://data/ck/none.ckpt
 refused "already holds a dataset" "a second write to one prefix" "$checks" write ids s3://data/ids
 refused "set AWS_ACCESS_KEY_ID" "no credentials" env -u AWS_ACCESS_KEY_ID "$checks" dump s3://data/ids

@@ -139,8 +139,15 @@ void write(const std::string& kind, const std::string& dir) {
   writer.finish();
 }
 
+// An s3:// dataset's cache budget: MAX_CACHE_BYTES when set, else the default.
+lf::StreamingDatasetOptions dataset_options() {
+  lf::StreamingDatasetOptions options;
+  if (const char* bytes = std::getenv("MAX_CACHE_BYTES")) options.max_cache_bytes(std::stoll(bytes));
+  return options;
+}
+
 void order(const std::string& dir, const std::vector<std::string>& configs) {
-  lf::StreamingDataset dataset(dir);
+  lf::StreamingDataset dataset(dir, dataset_options());
   for (const auto& config : configs) {
     std::vector<int64_t> p;  // world, rank, workers, batch, shuffle, epochs[, drop_last or -[, seed]]
     std::stringstream in(config);
@@ -163,6 +170,7 @@ void order(const std::string& dir, const std::vector<std::string>& configs) {
       }
     }
   }
+  std::cerr << "cache peak " << dataset.cache_peak_bytes() << " downloads " << dataset.chunks_downloaded() << "\n";
 }
 
 int train(int argc, char** argv) {
@@ -184,7 +192,7 @@ int train(int argc, char** argv) {
     else throw std::runtime_error("unknown flag " + flag);
   }
   lf::Fabric fabric(lf::FabricOptions().accelerator("cpu"));
-  lf::StreamingDataset dataset(dir);
+  lf::StreamingDataset dataset(dir, dataset_options());
   lf::StreamingDataLoader loader(dataset,
                                  lf::StreamingLoaderOptions().batch_size(batch_size).shuffle(shuffle).num_workers(workers));
   fabric.setup_dataloaders(loader);  // the data ranks' share, batches on fabric.device(), resume_state()
@@ -240,6 +248,7 @@ int train(int argc, char** argv) {
       losses << "parameter " << text << "\n";
     }
   }
+  std::ofstream(log_dir + "/rank-" + rank + ".cache") << dataset.cache_peak_bytes() << " " << dataset.chunks_downloaded() << "\n";
   std::cout << "rank " << fabric.global_rank() << " of " << fabric.world_size() << ": done, waited "
             << loader.wait_seconds() << " s on data\n";
   return 0;
@@ -280,7 +289,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (command == "dump" && argc == 3) {
-      lf::StreamingDataset dataset(argv[2]);
+      lf::StreamingDataset dataset(argv[2], dataset_options());
       for (int64_t i = 0; i < dataset.size(); ++i) std::cout << canonical(dataset.get(i)) << "\n";
       return 0;
     }

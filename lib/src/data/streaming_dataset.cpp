@@ -1,5 +1,6 @@
 #include "lightning/fabric/data/streaming_dataset.h"
 
+#include "lightning/fabric/data/chunk_cache.h"
 #include "lightning/fabric/data/litdata_format.h"
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/storage/s3_client.h"
@@ -32,16 +33,24 @@ constexpr char kFramedMagic[8] = {'L', 'D', 'F', 'Z', '0', '1', '\0', '\0'};
 /// How the chunks of a dataset are compressed (index.json's compression and compression_level).
 enum class Compression { None, WholeFile, Framed, PerItem };
 
-/// One chunk file, mapped whole when first read (compressed whole: the compressed file is mapped,
-/// and its content inflated into memory while it is read, DatasetFiles::whole_chunk).
+/// One chunk file as index.json lists it, and its mapping while open (OpenChunk).
+struct OpenChunk;
 struct Chunk {
   std::string filename;
   int64_t items = 0;
-  int64_t bytes = 0;
-  std::once_flag mapped;
+  int64_t bytes = 0;         // index.json's chunk_bytes: the chunk's bytes, inflated
+  int64_t remote_bytes = 0;  // an s3:// dataset's object size (what the cache holds)
+  std::mutex opening;
+  std::weak_ptr<OpenChunk> open;      // while anything reads it
+  std::shared_ptr<OpenChunk> pinned;  // a local chunk stays mapped for the dataset's life
+};
+
+/// A chunk file mapped whole (compressed whole: the compressed file is mapped, and its content
+/// inflated into memory while it is read, DatasetFiles::whole_chunk). An s3:// chunk is held in the
+/// node's cache while open; closing unmaps it, so an evicted chunk frees its disk space.
+struct OpenChunk {
   const uint8_t* data = nullptr;
   size_t size = 0;
-  bool owns_mapping = false;
   // A framed chunk (LDFZ01): items' offsets into their frames' concatenation, and the frames.
   bool framed = false;
   uint32_t frame_rows = 0;
@@ -51,8 +60,9 @@ struct Chunk {
     uint64_t offset = 0;
   };
   std::vector<Frame> frames;
-  ~Chunk() {
-    if (owns_mapping && data) munmap(const_cast<uint8_t*>(data), size);
+  std::shared_ptr<ChunkCache::Hold> held;
+  ~OpenChunk() {
+    if (data) munmap(const_cast<uint8_t*>(data), size);
   }
 };
 
@@ -60,16 +70,14 @@ struct Chunk {
 struct Payload {
   const uint8_t* data = nullptr;
   size_t size = 0;
-  std::shared_ptr<const std::string> keep;
+  std::shared_ptr<const void> keep;
 };
 
 struct DatasetFiles {
   std::filesystem::path origin;  // as given: a folder, or an s3:// URL
   std::filesystem::path dir;     // the local folder read: origin, or the local cache of an s3:// dataset
-  // An s3:// dataset: where its objects are, and the client that downloads a chunk into dir on its
-  // first read (by the loader's reading threads, so ahead of the loop).
-  std::optional<storage::S3Url> remote;
-  std::optional<storage::S3Client> client;
+  // An s3:// dataset: the node's cache its chunks are downloaded into (docs/data.md, "The cache").
+  mutable std::optional<ChunkCache> cache;
   std::vector<std::unique_ptr<Chunk>> chunks;
   std::vector<int64_t> chunk_sizes;
   std::vector<int64_t> starts;  // global index of each chunk's first item
@@ -84,7 +92,7 @@ struct DatasetFiles {
     std::shared_ptr<const std::string> bytes;
   };
   mutable std::mutex cache_mutex;
-  mutable std::deque<CachedFrame> cache;
+  mutable std::deque<CachedFrame> cache_frames;
   static constexpr size_t kCachedFrames = 16;
   // The most recently read whole-file-compressed chunks, inflated (a reading thread works through
   // one chunk at a time): at most kInflatedChunks of them stay in memory, not every chunk read.
@@ -94,6 +102,10 @@ struct DatasetFiles {
   };
   mutable std::deque<InflatedChunk> inflated_chunks;
   static constexpr size_t kInflatedChunks = 4;
+  // An s3:// dataset's recently opened chunks, kept open between items (a loader's reading
+  // threads work through a chunk at a time); dropped when the cache needs their room.
+  mutable std::deque<std::shared_ptr<OpenChunk>> recent;
+  static constexpr size_t kRecentChunks = 4;
 
   std::string where(const Chunk& chunk) const {
     return "StreamingDataset(" + origin.string() + "): chunk " + chunk.filename;
@@ -103,9 +115,9 @@ struct DatasetFiles {
     throw RuntimeError(where(chunk) + " is damaged: " + why + ". Copy the dataset folder again, or write the dataset again");
   }
 
-  void read_framed_header(Chunk& chunk) const {
-    const uint8_t* data = chunk.data;
-    const size_t size = chunk.size;
+  void read_framed_header(const Chunk& chunk, OpenChunk& open) const {
+    const uint8_t* data = open.data;
+    const size_t size = open.size;
     if (size < 24) damaged(chunk, "it is shorter than its framed header");
     uint16_t version;
     uint32_t n, rows, frames;
@@ -121,12 +133,12 @@ struct DatasetFiles {
     const size_t offsets_end = 24 + 4 * (size_t{n} + 1);
     const size_t table_end = offsets_end + 24 * size_t{frames};
     if (size < table_end) damaged(chunk, "it is shorter than its offset and frame tables");
-    chunk.framed = true;
-    chunk.frame_rows = rows;
-    chunk.logical_offsets = data + 24;
+    open.framed = true;
+    open.frame_rows = rows;
+    open.logical_offsets = data + 24;
     for (uint32_t f = 0; f < frames; ++f) {
       const uint8_t* entry = data + offsets_end + 24 * size_t{f};
-      Chunk::Frame frame;
+      OpenChunk::Frame frame;
       std::memcpy(&frame.first, entry, 4);
       std::memcpy(&frame.items, entry + 4, 4);
       std::memcpy(&frame.offset, entry + 8, 8);
@@ -136,16 +148,14 @@ struct DatasetFiles {
           frame.offset < table_end || frame.offset + frame.compressed_size > size)
         damaged(chunk, "its frame table is invalid or points outside the file");
       uint32_t begin, end;
-      std::memcpy(&begin, chunk.logical_offsets + 4 * size_t{frame.first}, 4);
-      std::memcpy(&end, chunk.logical_offsets + 4 * (size_t{frame.first} + frame.items), 4);
+      std::memcpy(&begin, open.logical_offsets + 4 * size_t{frame.first}, 4);
+      std::memcpy(&end, open.logical_offsets + 4 * (size_t{frame.first} + frame.items), 4);
       if (end < begin || end - begin != frame.size) damaged(chunk, "its offsets do not match frame " + std::to_string(f));
-      chunk.frames.push_back(frame);
+      open.frames.push_back(frame);
     }
   }
 
-  void read_plain_header(const Chunk& chunk) const {
-    const uint8_t* data = chunk.data;
-    const size_t size = chunk.size;
+  void read_plain_header(const Chunk& chunk, const uint8_t* data, size_t size) const {
     if (size < 4) damaged(chunk, "it is shorter than its header");
     uint32_t n;
     std::memcpy(&n, data, 4);
@@ -162,67 +172,81 @@ struct DatasetFiles {
                          std::to_string(last) + ", size " + std::to_string(size) + ")");
   }
 
-  // Maps the chunk and checks its header against the index (once).
-  const Chunk& open(size_t c) const {
+  /// Drops this process's idle open s3:// chunks, so the cache may evict them.
+  void release_recent() const {
+    std::lock_guard<std::mutex> lock(cache_mutex);
+    recent.clear();
+  }
+
+  /// Holds chunk c of an s3:// dataset in the node's cache (downloaded if absent). `ahead`: a fetch
+  /// ahead of the reader, which gives up (null) rather than wait for room.
+  std::shared_ptr<ChunkCache::Hold> hold(size_t c, bool ahead) const {
+    const Chunk& chunk = *chunks[c];
+    return cache->hold(chunk.filename, chunk.remote_bytes, !ahead, [this] { release_recent(); });
+  }
+
+  // The chunk mapped, its header checked against the index: the open one, else opened now.
+  std::shared_ptr<const OpenChunk> open(size_t c) const {
     Chunk& chunk = *chunks[c];
-    std::call_once(chunk.mapped, [&] {
-      const auto path = dir / chunk.filename;
-      if (remote && !std::filesystem::exists(path)) client->get_to_file(remote->child(chunk.filename), path);
-      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      LF_CHECK(fd >= 0, RuntimeError, where(chunk), " cannot be opened: ", std::strerror(errno),
-               ". The folder lacks a chunk that index.json lists: copy the whole dataset folder again, or write it again");
-      struct stat info {};
-      fstat(fd, &info);
-      const size_t size = static_cast<size_t>(info.st_size);
-      void* mapping = size ? mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0) : nullptr;
-      ::close(fd);
-      LF_CHECK(size == 0 || mapping != MAP_FAILED, RuntimeError, where(chunk), " cannot be mapped: ", std::strerror(errno));
-      chunk.data = static_cast<const uint8_t*>(size ? mapping : nullptr);
-      chunk.size = size;
-      chunk.owns_mapping = true;
-      const uint8_t* compressed = chunk.data;
-      const size_t compressed_size = chunk.size;
-      try {
-        if (compression == Compression::WholeFile) {  // the file is zstd(chunk); index.json counts the chunk's bytes
-          const auto inflated = inflate_whole(chunk);
-          remember_inflated(c, inflated);
-          chunk.data = reinterpret_cast<const uint8_t*>(inflated->data());  // checked below, then the mapping again
-          chunk.size = inflated->size();
-        }
-        if (static_cast<int64_t>(chunk.size) < chunk.bytes)
-          damaged(chunk, "it has " + std::to_string(chunk.size) + " bytes, index.json says " + std::to_string(chunk.bytes));
-        if (chunk.size >= 8 && std::memcmp(chunk.data + chunk.size - 8, kArrowFooterMagic, 8) == 0)
-          throw RuntimeError(where(chunk) + " keeps its items in an Arrow table (litdata.optimize writes one for dict "
-                             "items of plain JSON values when pyarrow is installed), which this reader does not read; "
-                             "write the dataset where pyarrow is not installed, or with a tensor or bytes field");
-        const bool magic = chunk.size >= 8 && std::memcmp(chunk.data, kFramedMagic, 8) == 0;
-        if (compression == Compression::Framed && !magic)
-          damaged(chunk, "index.json says its items are compressed in frames (compression_level \"batch\"), but it has "
-                         "no framed header");
-        if (compression == Compression::WholeFile && magic)
-          damaged(chunk, "it is compressed whole and holds a framed chunk inside; litdata.optimize writes neither");
-        if (magic) read_framed_header(chunk);
-        else read_plain_header(chunk);
-        if (compression == Compression::WholeFile) chunk.data = compressed, chunk.size = compressed_size;
-      } catch (const std::runtime_error& e) {
-        if (compressed) munmap(const_cast<uint8_t*>(compressed), compressed_size);
-        chunk.data = nullptr;  // call_once runs again on the next read
-        chunk.size = 0;
-        chunk.owns_mapping = chunk.framed = false;
-        forget_inflated(c);
-        chunk.frames.clear();
-        if (dynamic_cast<const Error*>(&e)) throw;
-        throw RuntimeError(where(*chunks[c]) + ": " + e.what());
+    std::lock_guard<std::mutex> opening(chunk.opening);
+    if (auto live = chunk.open.lock()) return live;
+    auto open = std::make_shared<OpenChunk>();
+    if (cache) open->held = hold(c, false);
+    const auto path = dir / chunk.filename;
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    LF_CHECK(fd >= 0, RuntimeError, where(chunk), " cannot be opened: ", std::strerror(errno),
+             ". The folder lacks a chunk that index.json lists: copy the whole dataset folder again, or write it again");
+    struct stat info {};
+    fstat(fd, &info);
+    const size_t size = static_cast<size_t>(info.st_size);
+    void* mapping = size ? mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0) : nullptr;
+    ::close(fd);
+    LF_CHECK(size == 0 || mapping != MAP_FAILED, RuntimeError, where(chunk), " cannot be mapped: ", std::strerror(errno));
+    open->data = static_cast<const uint8_t*>(size ? mapping : nullptr);
+    open->size = size;
+    try {
+      const uint8_t* data = open->data;
+      size_t length = open->size;
+      std::shared_ptr<const std::string> inflated;
+      if (compression == Compression::WholeFile) {  // the file is zstd(chunk); index.json counts the chunk's bytes
+        inflated = inflate_whole(chunk, *open);
+        data = reinterpret_cast<const uint8_t*>(inflated->data());
+        length = inflated->size();
       }
-    });
-    LF_CHECK(chunk.data != nullptr || chunk.items == 0, RuntimeError, where(chunk), " could not be opened earlier");
-    return chunk;
+      if (static_cast<int64_t>(length) < chunk.bytes)
+        damaged(chunk, "it has " + std::to_string(length) + " bytes, index.json says " + std::to_string(chunk.bytes));
+      if (length >= 8 && std::memcmp(data + length - 8, kArrowFooterMagic, 8) == 0)
+        throw RuntimeError(where(chunk) + " keeps its items in an Arrow table (litdata.optimize writes one for dict "
+                           "items of plain JSON values when pyarrow is installed), which this reader does not read; "
+                           "write the dataset where pyarrow is not installed, or with a tensor or bytes field");
+      const bool magic = length >= 8 && std::memcmp(data, kFramedMagic, 8) == 0;
+      if (compression == Compression::Framed && !magic)
+        damaged(chunk, "index.json says its items are compressed in frames (compression_level \"batch\"), but it has "
+                       "no framed header");
+      if (compression == Compression::WholeFile && magic)
+        damaged(chunk, "it is compressed whole and holds a framed chunk inside; litdata.optimize writes neither");
+      if (magic) read_framed_header(chunk, *open);
+      else read_plain_header(chunk, data, length);
+      if (inflated) remember_inflated(c, inflated);
+    } catch (const std::runtime_error& e) {
+      if (dynamic_cast<const Error*>(&e)) throw;
+      throw RuntimeError(where(chunk) + ": " + e.what());
+    }
+    chunk.open = open;
+    if (cache) {
+      std::lock_guard<std::mutex> lock(cache_mutex);
+      recent.push_back(open);
+      if (recent.size() > kRecentChunks) recent.pop_front();
+    } else {
+      chunk.pinned = open;
+    }
+    return open;
   }
 
   // A whole-file-compressed chunk's content, inflated from its mapped compressed file.
-  std::shared_ptr<const std::string> inflate_whole(const Chunk& chunk) const {
+  std::shared_ptr<const std::string> inflate_whole(const Chunk& chunk, const OpenChunk& open) const {
     try {
-      return std::make_shared<const std::string>(zstd_inflate(chunk.data, chunk.size, static_cast<size_t>(chunk.bytes)));
+      return std::make_shared<const std::string>(zstd_inflate(open.data, open.size, static_cast<size_t>(chunk.bytes)));
     } catch (const std::runtime_error& e) {
       damaged(chunk, std::string("it does not inflate as index.json's compression says (") + e.what() + ")");
     }
@@ -232,15 +256,9 @@ struct DatasetFiles {
     inflated_chunks.push_back({c, std::move(bytes)});
     if (inflated_chunks.size() > kInflatedChunks) inflated_chunks.pop_front();
   }
-  void forget_inflated(size_t c) const {
-    std::lock_guard<std::mutex> lock(cache_mutex);
-    inflated_chunks.erase(std::remove_if(inflated_chunks.begin(), inflated_chunks.end(),
-                                         [c](const InflatedChunk& each) { return each.chunk == c; }),
-                          inflated_chunks.end());
-  }
   /// A whole-file-compressed chunk's content: from the recent ones, else inflated again (two
   /// threads may inflate the same chunk at once; both copies are equal).
-  std::shared_ptr<const std::string> whole_chunk(size_t c, const Chunk& chunk) const {
+  std::shared_ptr<const std::string> whole_chunk(size_t c, const OpenChunk& open) const {
     {
       std::lock_guard<std::mutex> lock(cache_mutex);
       for (auto it = inflated_chunks.begin(); it != inflated_chunks.end(); ++it) {
@@ -253,7 +271,8 @@ struct DatasetFiles {
         return bytes;
       }
     }
-    auto bytes = inflate_whole(chunk);
+    const Chunk& chunk = *chunks[c];
+    auto bytes = inflate_whole(chunk, open);
     if (static_cast<int64_t>(bytes->size()) < chunk.bytes)
       damaged(chunk, "it inflates to " + std::to_string(bytes->size()) + " bytes, index.json says " + std::to_string(chunk.bytes));
     remember_inflated(c, bytes);
@@ -267,16 +286,17 @@ struct DatasetFiles {
     return {c, index - starts[c]};
   }
 
-  std::shared_ptr<const std::string> frame_bytes(size_t c, const Chunk& chunk, size_t f) const {
+  std::shared_ptr<const std::string> frame_bytes(size_t c, const OpenChunk& open, size_t f) const {
     {
       std::lock_guard<std::mutex> lock(cache_mutex);
-      for (const auto& cached : cache)
+      for (const auto& cached : cache_frames)
         if (cached.chunk == c && cached.frame == f) return cached.bytes;
     }
-    const Chunk::Frame& frame = chunk.frames[f];
+    const Chunk& chunk = *chunks[c];
+    const OpenChunk::Frame& frame = open.frames[f];
     std::shared_ptr<const std::string> bytes;
     try {
-      bytes = std::make_shared<const std::string>(zstd_inflate(chunk.data + frame.offset, frame.compressed_size, frame.size));
+      bytes = std::make_shared<const std::string>(zstd_inflate(open.data + frame.offset, frame.compressed_size, frame.size));
     } catch (const std::runtime_error& e) {
       damaged(chunk, "frame " + std::to_string(f) + ": " + e.what());
     }
@@ -284,30 +304,31 @@ struct DatasetFiles {
       damaged(chunk, "frame " + std::to_string(f) + " inflates to " + std::to_string(bytes->size()) + " bytes, its table says " +
                          std::to_string(frame.size));
     std::lock_guard<std::mutex> lock(cache_mutex);
-    cache.push_back({c, f, bytes});
-    if (cache.size() > kCachedFrames) cache.pop_front();
+    cache_frames.push_back({c, f, bytes});
+    if (cache_frames.size() > kCachedFrames) cache_frames.pop_front();
     return bytes;
   }
 
   Payload payload(int64_t index) const {
     const auto [c, local] = locate(index);
-    const Chunk& chunk = open(c);
-    if (chunk.framed) {
-      const size_t f = static_cast<size_t>(local) / chunk.frame_rows;
-      const Chunk::Frame& frame = chunk.frames[f];
+    const Chunk& chunk = *chunks[c];
+    const auto open = this->open(c);
+    if (open->framed) {
+      const size_t f = static_cast<size_t>(local) / open->frame_rows;
+      const OpenChunk::Frame& frame = open->frames[f];
       uint32_t frame_begin, begin, end;
-      std::memcpy(&frame_begin, chunk.logical_offsets + 4 * size_t{frame.first}, 4);
-      std::memcpy(&begin, chunk.logical_offsets + 4 * static_cast<size_t>(local), 4);
-      std::memcpy(&end, chunk.logical_offsets + 4 * static_cast<size_t>(local + 1), 4);
+      std::memcpy(&frame_begin, open->logical_offsets + 4 * size_t{frame.first}, 4);
+      std::memcpy(&begin, open->logical_offsets + 4 * static_cast<size_t>(local), 4);
+      std::memcpy(&end, open->logical_offsets + 4 * static_cast<size_t>(local + 1), 4);
       if (begin < frame_begin || end < begin || end - frame_begin > frame.size)
         damaged(chunk, "item " + std::to_string(local) + " lies outside its frame");
-      auto bytes = frame_bytes(c, chunk, f);
+      auto bytes = frame_bytes(c, *open, f);
       return {reinterpret_cast<const uint8_t*>(bytes->data()) + (begin - frame_begin), end - begin, bytes};
     }
     std::shared_ptr<const std::string> whole;  // a whole-file-compressed chunk's content
-    if (compression == Compression::WholeFile) whole = whole_chunk(c, chunk);
-    const uint8_t* data = whole ? reinterpret_cast<const uint8_t*>(whole->data()) : chunk.data;
-    const size_t size = whole ? whole->size() : chunk.size;
+    if (compression == Compression::WholeFile) whole = whole_chunk(c, *open);
+    const uint8_t* data = whole ? reinterpret_cast<const uint8_t*>(whole->data()) : open->data;
+    const size_t size = whole ? whole->size() : open->size;
     uint32_t begin, end;
     std::memcpy(&begin, data + 4 + 4 * local, 4);
     std::memcpy(&end, data + 8 + 4 * local, 4);
@@ -317,16 +338,19 @@ struct DatasetFiles {
     if (compression == Compression::PerItem) {  // each item its own zstd frame
       std::shared_ptr<const std::string> bytes;
       try {
-        bytes = std::make_shared<const std::string>(zstd_inflate(chunk.data + begin, end - begin, 0));
+        bytes = std::make_shared<const std::string>(zstd_inflate(open->data + begin, end - begin, 0));
       } catch (const std::runtime_error& e) {
         damaged(chunk, "item " + std::to_string(local) + ": " + e.what());
       }
       return {reinterpret_cast<const uint8_t*>(bytes->data()), bytes->size(), bytes};
     }
-    return {chunk.data + begin, end - begin, nullptr};
+    return {open->data + begin, end - begin, open};
   }
 };
 
+}  // namespace data_detail
+
+namespace data_detail {
 namespace {
 
 json read_json(const std::filesystem::path& path, const std::string& who) {
@@ -359,9 +383,12 @@ namespace {
 
 // The local folder an s3:// dataset's objects are downloaded to: LT_STREAMING_CACHE_DIR, else
 // $XDG_CACHE_HOME (or ~/.cache)/lightning-fabric/streaming, one folder per endpoint and URL.
-std::filesystem::path remote_cache_dir(const storage::S3Client& client, const storage::S3Url& url) {
+std::filesystem::path remote_cache_dir(const storage::S3Client& client, const storage::S3Url& url,
+                                       const std::string& cache_dir) {
   std::filesystem::path root;
-  if (const char* set = std::getenv("LT_STREAMING_CACHE_DIR"); set && *set) {
+  if (!cache_dir.empty()) {
+    root = cache_dir;
+  } else if (const char* set = std::getenv("LT_STREAMING_CACHE_DIR"); set && *set) {
     root = set;
   } else if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) {
     root = std::filesystem::path(xdg) / "lightning-fabric" / "streaming";
@@ -379,26 +406,33 @@ std::filesystem::path remote_cache_dir(const storage::S3Client& client, const st
 
 }  // namespace
 
-StreamingDataset::StreamingDataset(const std::filesystem::path& dir) : files_(std::make_unique<data_detail::DatasetFiles>()) {
+StreamingDataset::StreamingDataset(const std::filesystem::path& dir, StreamingDatasetOptions options)
+    : files_(std::make_unique<data_detail::DatasetFiles>()) {
   using nlohmann::json;
   auto& files = *files_;
   files.origin = files.dir = dir;
   const std::string who = "StreamingDataset(" + dir.string() + ")";
   std::map<std::string, int64_t> remote_sizes;  // an s3:// dataset's objects under its prefix
   if (storage::S3Url::is_s3(dir.string())) {
-    files.remote = storage::S3Url::parse(dir.string(), who);
-    files.client = storage::S3Client::from_environment(who);
-    files.dir = remote_cache_dir(*files.client, *files.remote);
-    std::filesystem::create_directories(files.dir);
+    LF_CHECK(options.max_cache_bytes_ >= 1, ValueError, who, ": max_cache_bytes must be positive, got ",
+             options.max_cache_bytes_, " (LitData's max_cache_size; the default is 100 GB)");
+    const auto remote = storage::S3Url::parse(dir.string(), who);
+    auto client = storage::S3Client::from_environment(who);
+    files.dir = remote_cache_dir(client, remote, options.cache_dir_);
+    std::error_code made;
+    std::filesystem::create_directories(files.dir, made);
+    LF_CHECK(!made, ValueError, who, ": cannot make the cache folder ", files.dir.string(), " (", made.message(),
+             "); set cache_dir (or LT_STREAMING_CACHE_DIR) to a writable folder");
     try {
-      remote_sizes = files.client->list_folder(*files.remote);
+      remote_sizes = client.list_folder(remote);
     } catch (const RuntimeError& e) {
       throw RuntimeError(who + ": " + e.what());
     }
     LF_CHECK(remote_sizes.count("index.json") > 0, ValueError, who, ": there is no index.json under ", dir.string(),
              " (", remote_sizes.size(), " objects there); it is not a dataset written by litdata.optimize or "
              "lf::StreamingWriter, or its writer did not finish");
-    files.client->get_to_file(files.remote->child("index.json"), files.dir / "index.json");  // always the current one
+    client.get_to_file(remote.child("index.json"), files.dir / "index.json");  // always the current one
+    files.cache.emplace(files.dir, std::move(client), remote, options.max_cache_bytes_, who);
   }
   const json index = data_detail::read_index(files.dir, who);
   try {
@@ -444,13 +478,17 @@ StreamingDataset::StreamingDataset(const std::filesystem::path& dir) : files_(st
                ": index.json lists a bad chunk entry ", entry.dump());
       const auto path = files.dir / chunk->filename;
       const auto listed = remote_sizes.find(chunk->filename);
-      LF_CHECK(files.remote ? listed != remote_sizes.end() : std::filesystem::exists(path), ValueError, who, ": chunk ",
+      LF_CHECK(files.cache ? listed != remote_sizes.end() : std::filesystem::exists(path), ValueError, who, ": chunk ",
                chunk->filename, " listed in index.json is missing. Copy the whole dataset folder again, or write the "
                "dataset again");
-      const auto size = files.remote ? listed->second : static_cast<int64_t>(std::filesystem::file_size(path));
+      const auto size = files.cache ? listed->second : static_cast<int64_t>(std::filesystem::file_size(path));
       LF_CHECK(size >= chunk->bytes || files.compression == data_detail::Compression::WholeFile, ValueError, who, ": chunk ", chunk->filename, " has ", size,
                " bytes, index.json says ", chunk->bytes,
                " (truncated, or the index does not match the chunks). Copy the dataset folder again, or write it again");
+      chunk->remote_bytes = size;
+      LF_CHECK(!files.cache || size <= options.max_cache_bytes_, ValueError, who, ": max_cache_bytes ",
+               options.max_cache_bytes_, " cannot hold chunk ", chunk->filename, " (", size, " bytes); the cache holds "
+               "the chunks being read and those fetched ahead: raise max_cache_bytes to a few chunks at least");
       files.starts.push_back(files.items);
       files.chunk_sizes.push_back(chunk->items);
       files.items += chunk->items;
@@ -470,6 +508,18 @@ int64_t StreamingDataset::size() const { return files_->items; }
 const std::vector<int64_t>& StreamingDataset::chunk_sizes() const { return files_->chunk_sizes; }
 const std::vector<std::string>& StreamingDataset::data_format() const { return files_->data_format; }
 const std::filesystem::path& StreamingDataset::dir() const { return files_->origin; }
+int64_t StreamingDataset::cache_peak_bytes() const { return files_->cache ? files_->cache->peak_bytes() : 0; }
+int64_t StreamingDataset::chunks_downloaded() const { return files_->cache ? files_->cache->downloads() : 0; }
+std::shared_ptr<const void> StreamingDataset::hold_ahead(size_t chunk) const {
+  if (!files_->cache) return nullptr;
+  return files_->hold(chunk, true);
+}
+int64_t StreamingDataset::chunks_the_cache_holds() const {
+  if (!files_->cache) return 0;
+  int64_t largest = 1;
+  for (const auto& chunk : files_->chunks) largest = std::max(largest, chunk->remote_bytes);
+  return files_->cache->budget() / largest;
+}
 
 std::string StreamingDataset::raw(int64_t index) const {
   const auto item = files_->payload(index);

@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -295,6 +296,8 @@ StreamingDataLoader::StreamingDataLoader(const StreamingDataset& dataset, Stream
   LF_CHECK(o.num_workers_ >= 0, ValueError, who, ": num_workers must be 0 or more, got ", o.num_workers_);
   LF_CHECK(o.threads_ >= 1, ValueError, who, ": threads must be 1 or more, got ", o.threads_);
   LF_CHECK(o.prefetch_batches_ >= 1, ValueError, who, ": prefetch_batches must be 1 or more, got ", o.prefetch_batches_);
+  LF_CHECK(o.prefetch_chunks_ >= 0, ValueError, who, ": prefetch_chunks must be 0 (no fetch ahead) or more, got ",
+           o.prefetch_chunks_);
   LF_CHECK(o.max_prefetch_bytes_ >= 1, ValueError, who, ": max_prefetch_bytes must be positive, got ", o.max_prefetch_bytes_);
   const int world = o.world_size_ >= 0 ? o.world_size_ : env_int("WORLD_SIZE", 1);
   const int rank = o.rank_ >= 0 ? o.rank_ : env_int("RANK", 0);
@@ -397,6 +400,7 @@ void StreamingDataLoader::start_pass() {
   p.wait = 0;
   p.claim = p.consumed = p.current.taken;
   const int64_t total = static_cast<int64_t>(p.batches.size());
+  fetch_ahead();
   for (int t = 0; t < options_.threads_; ++t) {
     p.threads.emplace_back([this, total] {
       auto& p = *pass_;
@@ -440,6 +444,77 @@ void StreamingDataLoader::start_pass() {
       }
     });
   }
+}
+
+void StreamingDataLoader::fetch_ahead() {
+  // How many chunks ahead: prefetch_chunks, within this process's share of the node's cache beside
+  // the chunks its reading threads read at once (about one each, and one a batch crosses into).
+  const int64_t holds = dataset_.chunks_the_cache_holds() / std::max(1, env_int("LOCAL_WORLD_SIZE", 1));
+  const int64_t ahead = std::min<int64_t>(options_.prefetch_chunks_, holds - (options_.threads_ + 1));
+  auto& p = *pass_;
+  if (ahead <= 0 || p.current.taken >= static_cast<int64_t>(p.batches.size())) return;
+  // The chunks the rest of the pass reads, in the order it first reads them, with the batches
+  // where each is first and last read.
+  const auto& sizes = dataset_.chunk_sizes();
+  std::vector<int64_t> starts;
+  int64_t start = 0;
+  for (int64_t size : sizes) starts.push_back(start), start += size;
+  struct Span {
+    size_t chunk;
+    int64_t first, last;
+  };
+  std::vector<Span> order;
+  std::map<size_t, size_t> where;  // chunk -> its place in order
+  for (int64_t b = p.current.taken; b < static_cast<int64_t>(p.batches.size()); ++b) {
+    for (int64_t index : p.batches[b]) {
+      const size_t c = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), index) - starts.begin()) - 1;
+      const auto [it, added] = where.emplace(c, order.size());
+      if (added) order.push_back({c, b, b});
+      else order[it->second].last = b;
+    }
+  }
+  p.threads.emplace_back([this, order = std::move(order), ahead] {
+    auto& p = *pass_;
+    std::vector<std::pair<const Span*, std::shared_ptr<const void>>> held;
+    auto release_read = [&] {  // the chunks whose last batch the loop has taken
+      held.erase(std::remove_if(held.begin(), held.end(), [&](const auto& each) { return each.first->last < p.consumed; }),
+                 held.end());
+    };
+    for (const Span& span : order) {
+      for (;;) {
+        {
+          std::unique_lock<std::mutex> lock(p.mutex);
+          p.changed.wait(lock, [&] {
+            release_read();
+            const auto waiting = std::count_if(held.begin(), held.end(),
+                                               [&](const auto& each) { return each.first->first > p.consumed; });
+            return p.stop || waiting < ahead;
+          });
+          if (p.stop) return;
+          if (span.first <= p.consumed) break;  // the readers are at it already: they fetch it
+        }
+        std::shared_ptr<const void> hold;
+        try {
+          hold = dataset_.hold_ahead(span.chunk);
+        } catch (const std::exception&) {
+          return;  // the reader that needs the chunk fetches it and reports the failure
+        }
+        if (hold) {
+          std::lock_guard<std::mutex> lock(p.mutex);
+          held.emplace_back(&span, std::move(hold));
+          break;
+        }
+        std::unique_lock<std::mutex> lock(p.mutex);  // no room yet: try again when the loop takes a batch
+        p.changed.wait_for(lock, std::chrono::milliseconds(100));
+        if (p.stop) return;
+      }
+    }
+    std::unique_lock<std::mutex> lock(p.mutex);
+    p.changed.wait(lock, [&] {
+      release_read();
+      return p.stop || held.empty();
+    });
+  });
 }
 
 std::shared_ptr<StreamingBatch> StreamingDataLoader::next_batch() {

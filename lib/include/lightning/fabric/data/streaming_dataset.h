@@ -13,6 +13,14 @@
 // None -> None. Tuples, lists and dicts (keys in written order) nest as written. Chunks may be
 // zstd-compressed at any of LitData's granularities (frames of items, each item, the whole file).
 // get() is thread-safe; chunk files are memory-mapped when first read and stay mapped.
+//
+// On object storage (docs/data.md, "Object storage"), `dir` is an s3:// URL: index.json is read
+// from the bucket, and chunks are downloaded into a local cache the node's processes share,
+// bounded by max_cache_bytes (LitData's max_cache_size): a chunk is fetched once while the budget
+// keeps it, held while read, and evicted once read when room is needed. A StreamingDataLoader
+// fetches its next chunks ahead of its reading threads.
+//
+//   lf::StreamingDataset remote("s3://bucket/train", lf::StreamingDatasetOptions().max_cache_bytes(int64_t{20} << 30));
 #pragma once
 
 #include "lightning/fabric/export.h"
@@ -23,6 +31,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace lightning::fabric {
@@ -31,11 +40,33 @@ namespace data_detail {
 struct DatasetFiles;
 }
 
+/// Where an s3:// dataset's chunks are cached; each setter returns the options for chaining.
+struct LF_API StreamingDatasetOptions {
+  /// The cache's root folder (a folder per dataset is made inside); empty: LT_STREAMING_CACHE_DIR,
+  /// else $XDG_CACHE_HOME (or ~/.cache)/lightning-fabric/streaming. Processes of a node that
+  /// read the same dataset share its folder.
+  StreamingDatasetOptions& cache_dir(std::string value) {
+    cache_dir_ = std::move(value);
+    return *this;
+  }
+  /// Bytes of chunks on the node's disk at most, downloads in progress included (LitData's
+  /// max_cache_size, 100 GB by default).
+  StreamingDatasetOptions& max_cache_bytes(int64_t value) {
+    max_cache_bytes_ = value;
+    return *this;
+  }
+  std::string cache_dir_;
+  int64_t max_cache_bytes_ = int64_t{100} * 1000 * 1000 * 1000;
+};
+
+class StreamingDataLoader;
+
 class LF_API StreamingDataset {
  public:
   /// Opens `dir` (its index.json, or the {rank}.index.json files a multi-writer job left, merged
-  /// in rank order). ValueError naming the file and the fix for a missing or damaged index.
-  explicit StreamingDataset(const std::filesystem::path& dir);
+  /// in rank order), a folder or an s3:// URL (`options` apply to s3:// only). ValueError naming
+  /// the file and the fix for a missing or damaged index, and for a budget smaller than a chunk.
+  explicit StreamingDataset(const std::filesystem::path& dir, StreamingDatasetOptions options = {});
   ~StreamingDataset();
   StreamingDataset(const StreamingDataset&) = delete;
   StreamingDataset& operator=(const StreamingDataset&) = delete;
@@ -53,8 +84,19 @@ class LF_API StreamingDataset {
   /// The LitData format name of every leaf, in flattening order (index.json's data_format).
   const std::vector<std::string>& data_format() const;
   const std::filesystem::path& dir() const;
+  /// An s3:// dataset's cache: the most bytes on the node's disk this process saw (at most
+  /// max_cache_bytes), and the chunks this process downloaded. 0 for a local folder.
+  int64_t cache_peak_bytes() const;
+  int64_t chunks_downloaded() const;
 
  private:
+  friend class StreamingDataLoader;
+  /// Holds chunk `chunk` of an s3:// dataset in the cache, downloading it when absent; null when
+  /// the cache has no room now, or for a local folder. The loader's fetch ahead.
+  std::shared_ptr<const void> hold_ahead(size_t chunk) const;
+  /// How many of the largest chunk the budget holds (0 for a local folder).
+  int64_t chunks_the_cache_holds() const;
+
   std::unique_ptr<data_detail::DatasetFiles> files_;
 };
 

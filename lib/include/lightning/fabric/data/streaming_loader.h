@@ -67,6 +67,10 @@ struct LF_API StreamingLoaderOptions {
   LF_STREAMING_OPTION(int, prefetch_batches, 4)
   /// Bytes of read-ahead batches at most (a batch is always allowed when none is waiting).
   LF_STREAMING_OPTION(int64_t, max_prefetch_bytes, int64_t{1} << 30)
+  /// An s3:// dataset's chunks downloaded ahead of the chunks being read, by a background thread
+  /// (LitData's max_pre_download); fewer when the dataset's cache budget, shared by the node's
+  /// LOCAL_WORLD_SIZE processes, cannot hold them beside the chunks being read. 0: no fetch ahead.
+  LF_STREAMING_OPTION(int, prefetch_chunks, 2)
   /// Put batches in pinned (page-locked) memory, for fast non-blocking copies to a GPU.
   LF_STREAMING_OPTION(bool, pin_memory, false)
   /// Stack items into batches (tensors along a new first dimension, numbers into tensors, strings
@@ -148,6 +152,9 @@ class LF_API StreamingDataLoader : public Stateful {
   void place(int replicas, int rank, c10::Device device, const std::string& call);
   std::shared_ptr<StreamingBatch> next_batch();
   void start_pass();
+  /// An s3:// dataset: starts the thread that downloads the pass's next chunks ahead of the
+  /// reading threads (prefetch_chunks) and lets each go once the loop has taken its last batch.
+  void fetch_ahead();
 
   const StreamingDataset& dataset_;
   StreamingLoaderOptions options_;

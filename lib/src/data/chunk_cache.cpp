@@ -1,0 +1,177 @@
+#include "lightning/fabric/data/chunk_cache.h"
+
+#include "lightning/fabric/errors.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+namespace lightning::fabric::data_detail {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// An open lock file, closed (and so unlocked) with the object.
+class LockFile {
+ public:
+  LockFile(const fs::path& path, const std::string& who) : fd_(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {
+    LF_CHECK(fd_ >= 0, RuntimeError, who, ": cannot open the cache's lock file ", path.string(), ": ", std::strerror(errno),
+             "; the cache folder must be writable (set LT_STREAMING_CACHE_DIR or the dataset's cache_dir)");
+  }
+  ~LockFile() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  LockFile(const LockFile&) = delete;
+  LockFile& operator=(const LockFile&) = delete;
+  /// Blocks until locked (`operation`: LOCK_SH or LOCK_EX); with LOCK_NB, whether it got the lock.
+  bool lock(int operation) {
+    while (::flock(fd_, operation) != 0) {
+      if (errno == EWOULDBLOCK) return false;
+      LF_CHECK(errno == EINTR, RuntimeError, "flock failed: ", std::strerror(errno));
+    }
+    return true;
+  }
+  int release() {
+    const int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+
+ private:
+  int fd_;
+};
+
+bool ends_with(const std::string& text, const std::string& tail) {
+  return text.size() >= tail.size() && text.compare(text.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// Files of the folder that are not chunks or reservations: locks, partial downloads, the index.
+bool bookkeeping(const std::string& name) {
+  return ends_with(name, ".use") || ends_with(name, ".fetch") || name.find(".part-") != std::string::npos ||
+         name == "index.json" || name == ".budget";
+}
+
+void remove_partials(const fs::path& dir, const std::string& name) {
+  std::error_code ignored;
+  for (const auto& entry : fs::directory_iterator(dir, ignored)) {
+    const std::string file = entry.path().filename().string();
+    if (file.rfind(name + ".part-", 0) == 0) fs::remove(entry.path(), ignored);
+  }
+}
+
+}  // namespace
+
+ChunkCache::Hold::~Hold() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+ChunkCache::ChunkCache(fs::path dir, storage::S3Client client, storage::S3Url remote, int64_t budget, std::string who)
+    : dir_(std::move(dir)), client_(std::move(client)), remote_(std::move(remote)), budget_(budget), who_(std::move(who)) {}
+
+bool ChunkCache::reserve(const std::string& name, int64_t bytes, int64_t* used_out) {
+  LockFile budget_lock(dir_ / ".budget", who_);
+  budget_lock.lock(LOCK_EX);
+  int64_t used = 0;
+  std::vector<std::tuple<fs::file_time_type, std::string, int64_t>> chunks;  // evictable: (last held, name, size)
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(dir_, error)) {
+    const std::string file = entry.path().filename().string();
+    std::error_code ignored;
+    if (bookkeeping(file) || !entry.is_regular_file(ignored)) continue;
+    const auto size = static_cast<int64_t>(entry.file_size(ignored));
+    if (ends_with(file, ".reserve")) {
+      const std::string chunk = file.substr(0, file.size() - 8);
+      LockFile fetch(dir_ / (chunk + ".fetch"), who_);
+      if (chunk != name && fetch.lock(LOCK_EX | LOCK_NB)) {  // its downloader died: not a reservation
+        fs::remove(entry.path(), ignored);
+        remove_partials(dir_, chunk);
+        continue;
+      }
+      used += size;
+      continue;
+    }
+    used += size;
+    chunks.emplace_back(entry.last_write_time(ignored), file, size);
+  }
+  LF_CHECK(!error, RuntimeError, who_, ": cannot list the cache folder ", dir_.string(), ": ", error.message());
+  std::sort(chunks.begin(), chunks.end());
+  for (const auto& [when, chunk, size] : chunks) {
+    if (used + bytes <= budget_) break;
+    LockFile use(dir_ / (chunk + ".use"), who_);
+    if (!use.lock(LOCK_EX | LOCK_NB)) continue;  // a reader of this node holds it
+    std::error_code ignored;
+    if (fs::remove(dir_ / chunk, ignored)) used -= size;
+  }
+  *used_out = used;
+  if (used + bytes > budget_) return false;
+  const fs::path reservation = dir_ / (name + ".reserve");
+  const int fd = ::open(reservation.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  LF_CHECK(fd >= 0 && ::ftruncate(fd, bytes) == 0, RuntimeError, who_, ": cannot write ", reservation.string(), ": ",
+           std::strerror(errno));
+  ::close(fd);
+  int64_t peak = peak_.load();
+  while (used + bytes > peak && !peak_.compare_exchange_weak(peak, used + bytes)) {
+  }
+  return true;
+}
+
+std::shared_ptr<ChunkCache::Hold> ChunkCache::hold(const std::string& name, int64_t bytes, bool wait_for_room,
+                                                   const std::function<void()>& release_idle) {
+  const fs::path path = dir_ / name;
+  LockFile use(dir_ / (name + ".use"), who_);
+  use.lock(LOCK_SH);  // before looking: an evictor holds the exclusive lock while it removes the file
+  auto held = std::make_shared<Hold>(use.release());
+  auto touch = [&] { ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0); };  // the most recently held is evicted last
+  if (fs::exists(path)) {
+    touch();
+    return held;
+  }
+  LockFile fetch(dir_ / (name + ".fetch"), who_);
+  fetch.lock(LOCK_EX);  // one downloader per chunk on the node; the others wait here, then find the file
+  if (fs::exists(path)) {
+    touch();
+    return held;
+  }
+  std::error_code ignored;
+  fs::remove(dir_ / (name + ".reserve"), ignored);  // left by a downloader that died (we hold its fetch lock now)
+  remove_partials(dir_, name);
+  const auto start = std::chrono::steady_clock::now();
+  bool released = false;
+  for (int64_t used = 0; !reserve(name, bytes, &used);) {
+    if (!wait_for_room) return nullptr;
+    if (!released && release_idle) {
+      release_idle();
+      released = true;
+      continue;
+    }
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    LF_CHECK(waited < kRoomWait, RuntimeError, who_, ": the cache budget has no room for chunk ", name, " (", bytes,
+             " bytes) after ", static_cast<int>(kRoomWait), " s: ", used, " of its ", budget_, " bytes (max_cache_bytes, in ",
+             dir_.string(), ") hold chunks the node's readers are reading or fetched ahead. Raise max_cache_bytes to hold, "
+             "per process of the node, the chunks its reading threads read at once plus its prefetch_chunks, or lower "
+             "threads and prefetch_chunks");
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  try {
+    client_.get_to_file(remote_.child(name), path);
+  } catch (const std::exception& e) {
+    fs::remove(dir_ / (name + ".reserve"), ignored);
+    if (dynamic_cast<const Error*>(&e)) throw;
+    throw RuntimeError(who_ + ": " + e.what());
+  }
+  fs::remove(dir_ / (name + ".reserve"), ignored);
+  ++downloads_;
+  return held;
+}
+
+}  // namespace lightning::fabric::data_detail
