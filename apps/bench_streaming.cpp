@@ -1,6 +1,7 @@
 // Streaming-read throughput: one epoch of lf::StreamingDataLoader over a dataset folder, batches
 // collated as a training loop gets them; or (--write) a synthetic dataset to read. One JSON line:
-//   bench_streaming read DIR [--batch B] [--threads T]   {"reader": "cpp", "samples", "seconds", "samples_per_s", "wait_s"}
+//   bench_streaming read DIR|s3://... [--batch B] [--threads T] [--max-cache-bytes N] [--prefetch-chunks K]
+//     {"reader": "cpp", "samples", "seconds", "samples_per_s", "wait_s", "cache_peak_bytes", "chunks_downloaded"}
 //   bench_streaming write DIR tensor|jpeg ITEMS          (3 x 64 x 64 images, float32 or JPEG, and an int label)
 #include "lightning/fabric/data/streaming_dataset.h"
 #include "lightning/fabric/data/streaming_loader.h"
@@ -35,14 +36,18 @@ int main(int argc, char** argv) {
   }
   if (command == "read") {
     int64_t batch = 256;
-    int threads = 2;
+    int threads = 2, prefetch_chunks = 2;
+    lf::StreamingDatasetOptions cache;
     for (int i = 3; i + 1 < argc; i += 2) {
       const std::string flag = argv[i];
       if (flag == "--batch") batch = std::stoll(argv[i + 1]);
       else if (flag == "--threads") threads = std::stoi(argv[i + 1]);
+      else if (flag == "--max-cache-bytes") cache.max_cache_bytes(std::stoll(argv[i + 1]));
+      else if (flag == "--prefetch-chunks") prefetch_chunks = std::stoi(argv[i + 1]);
     }
-    lf::StreamingDataset dataset(argv[2]);
-    lf::StreamingDataLoader loader(dataset, lf::StreamingLoaderOptions().batch_size(batch).threads(threads).shuffle(true));
+    lf::StreamingDataset dataset(argv[2], cache);
+    lf::StreamingDataLoader loader(
+        dataset, lf::StreamingLoaderOptions().batch_size(batch).threads(threads).shuffle(true).prefetch_chunks(prefetch_chunks));
     const auto start = std::chrono::steady_clock::now();
     int64_t samples = 0;
     double checksum = 0;
@@ -54,10 +59,13 @@ int main(int argc, char** argv) {
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::cout << nlohmann::json{{"reader", "cpp"}, {"threads", threads}, {"batch", batch}, {"samples", samples},
                                 {"seconds", seconds}, {"samples_per_s", samples / seconds},
-                                {"wait_s", loader.wait_seconds()}, {"label_sum", checksum}}.dump()
+                                {"wait_s", loader.wait_seconds()}, {"label_sum", checksum},
+                                {"cache_peak_bytes", dataset.cache_peak_bytes()},
+                                {"chunks_downloaded", dataset.chunks_downloaded()}}.dump()
               << std::endl;
     return 0;
   }
-  std::cerr << "usage: bench_streaming read DIR [--batch B] [--threads T] | write DIR tensor|jpeg ITEMS\n";
+  std::cerr << "usage: bench_streaming read DIR|s3://... [--batch B] [--threads T] [--max-cache-bytes N] "
+               "[--prefetch-chunks K] | write DIR tensor|jpeg ITEMS\n";
   return 2;
 }

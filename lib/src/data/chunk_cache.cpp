@@ -125,53 +125,67 @@ bool ChunkCache::reserve(const std::string& name, int64_t bytes, int64_t* used_o
   return true;
 }
 
-std::shared_ptr<ChunkCache::Hold> ChunkCache::hold(const std::string& name, int64_t bytes, bool wait_for_room,
+void ChunkCache::download(const std::string& name) {
+  std::error_code ignored;
+  try {
+    client_.get_to_file(remote_.child(name), dir_ / name);
+  } catch (...) {
+    fs::remove(dir_ / (name + ".reserve"), ignored);
+    throw;
+  }
+  fs::remove(dir_ / (name + ".reserve"), ignored);
+  ++downloads_;
+}
+
+namespace {
+// Makes chunk `path` the most recently used (evicted last).
+void touch(const fs::path& path) { ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0); }
+// Removes what a downloader of `name` that died left (the caller holds name's fetch lock).
+void clear_dead_download(const fs::path& dir, const std::string& name) {
+  std::error_code ignored;
+  fs::remove(dir / (name + ".reserve"), ignored);
+  remove_partials(dir, name);
+}
+}  // namespace
+
+std::shared_ptr<ChunkCache::Hold> ChunkCache::hold(const std::string& name, int64_t bytes,
                                                    const std::function<void()>& release_idle) {
   const fs::path path = dir_ / name;
   LockFile use(dir_ / (name + ".use"), who_);
   use.lock(LOCK_SH);  // before looking: an evictor holds the exclusive lock while it removes the file
   auto held = std::make_shared<Hold>(use.release());
-  auto touch = [&] { ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0); };  // the most recently held is evicted last
-  if (fs::exists(path)) {
-    touch();
-    return held;
-  }
+  if (fs::exists(path)) return touch(path), held;
   LockFile fetch(dir_ / (name + ".fetch"), who_);
   fetch.lock(LOCK_EX);  // one downloader per chunk on the node; the others wait here, then find the file
-  if (fs::exists(path)) {
-    touch();
-    return held;
-  }
-  std::error_code ignored;
-  fs::remove(dir_ / (name + ".reserve"), ignored);  // left by a downloader that died (we hold its fetch lock now)
-  remove_partials(dir_, name);
+  if (fs::exists(path)) return touch(path), held;
+  clear_dead_download(dir_, name);
   const auto start = std::chrono::steady_clock::now();
-  bool released = false;
   for (int64_t used = 0; !reserve(name, bytes, &used);) {
-    if (!wait_for_room) return nullptr;
-    if (!released && release_idle) {
-      release_idle();
-      released = true;
-      continue;
-    }
+    if (release_idle) release_idle();  // every time: the caller's other threads may have opened more
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     LF_CHECK(waited < kRoomWait, RuntimeError, who_, ": the cache budget has no room for chunk ", name, " (", bytes,
              " bytes) after ", static_cast<int>(kRoomWait), " s: ", used, " of its ", budget_, " bytes (max_cache_bytes, in ",
-             dir_.string(), ") hold chunks the node's readers are reading or fetched ahead. Raise max_cache_bytes to hold, "
-             "per process of the node, the chunks its reading threads read at once plus its prefetch_chunks, or lower "
-             "threads and prefetch_chunks");
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+             dir_.string(), ") hold chunks the node's readers are reading. Raise max_cache_bytes to hold, per process "
+             "of the node, the chunks its reading threads read at once, or lower threads");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  try {
-    client_.get_to_file(remote_.child(name), path);
-  } catch (const std::exception& e) {
-    fs::remove(dir_ / (name + ".reserve"), ignored);
-    if (dynamic_cast<const Error*>(&e)) throw;
-    throw RuntimeError(who_ + ": " + e.what());
-  }
-  fs::remove(dir_ / (name + ".reserve"), ignored);
-  ++downloads_;
+  download(name);
   return held;
+}
+
+bool ChunkCache::fetch_ahead(const std::string& name, int64_t bytes) {
+  const fs::path path = dir_ / name;
+  LockFile use(dir_ / (name + ".use"), who_);
+  use.lock(LOCK_SH);  // kept from eviction while this looks
+  if (fs::exists(path)) return touch(path), true;
+  LockFile fetch(dir_ / (name + ".fetch"), who_);
+  if (!fetch.lock(LOCK_EX | LOCK_NB)) return true;  // another process or thread downloads it
+  if (fs::exists(path)) return touch(path), true;
+  clear_dead_download(dir_, name);
+  int64_t used = 0;
+  if (!reserve(name, bytes, &used)) return false;
+  download(name);
+  return true;
 }
 
 }  // namespace lightning::fabric::data_detail

@@ -178,11 +178,10 @@ struct DatasetFiles {
     recent.clear();
   }
 
-  /// Holds chunk c of an s3:// dataset in the node's cache (downloaded if absent). `ahead`: a fetch
-  /// ahead of the reader, which gives up (null) rather than wait for room.
-  std::shared_ptr<ChunkCache::Hold> hold(size_t c, bool ahead) const {
+  /// Holds chunk c of an s3:// dataset in the node's cache for reading (downloaded if absent).
+  std::shared_ptr<ChunkCache::Hold> hold(size_t c) const {
     const Chunk& chunk = *chunks[c];
-    return cache->hold(chunk.filename, chunk.remote_bytes, !ahead, [this] { release_recent(); });
+    return cache->hold(chunk.filename, chunk.remote_bytes, [this] { release_recent(); });
   }
 
   // The chunk mapped, its header checked against the index: the open one, else opened now.
@@ -191,7 +190,7 @@ struct DatasetFiles {
     std::lock_guard<std::mutex> opening(chunk.opening);
     if (auto live = chunk.open.lock()) return live;
     auto open = std::make_shared<OpenChunk>();
-    if (cache) open->held = hold(c, false);
+    if (cache) open->held = hold(c);
     const auto path = dir / chunk.filename;
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     LF_CHECK(fd >= 0, RuntimeError, where(chunk), " cannot be opened: ", std::strerror(errno),
@@ -510,9 +509,10 @@ const std::vector<std::string>& StreamingDataset::data_format() const { return f
 const std::filesystem::path& StreamingDataset::dir() const { return files_->origin; }
 int64_t StreamingDataset::cache_peak_bytes() const { return files_->cache ? files_->cache->peak_bytes() : 0; }
 int64_t StreamingDataset::chunks_downloaded() const { return files_->cache ? files_->cache->downloads() : 0; }
-std::shared_ptr<const void> StreamingDataset::hold_ahead(size_t chunk) const {
-  if (!files_->cache) return nullptr;
-  return files_->hold(chunk, true);
+bool StreamingDataset::fetch_ahead(size_t chunk) const {
+  if (!files_->cache) return true;
+  const auto& each = *files_->chunks[chunk];
+  return files_->cache->fetch_ahead(each.filename, each.remote_bytes);
 }
 int64_t StreamingDataset::chunks_the_cache_holds() const {
   if (!files_->cache) return 0;

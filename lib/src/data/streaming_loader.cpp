@@ -453,67 +453,55 @@ void StreamingDataLoader::fetch_ahead() {
   const int64_t ahead = std::min<int64_t>(options_.prefetch_chunks_, holds - (options_.threads_ + 1));
   auto& p = *pass_;
   if (ahead <= 0 || p.current.taken >= static_cast<int64_t>(p.batches.size())) return;
-  // The chunks the rest of the pass reads, in the order it first reads them, with the batches
-  // where each is first and last read.
+  // The chunks the rest of the pass reads, in the order it first reads them, with the batch where
+  // each is first read.
   const auto& sizes = dataset_.chunk_sizes();
   std::vector<int64_t> starts;
   int64_t start = 0;
   for (int64_t size : sizes) starts.push_back(start), start += size;
   struct Span {
     size_t chunk;
-    int64_t first, last;
+    int64_t first;
   };
   std::vector<Span> order;
-  std::map<size_t, size_t> where;  // chunk -> its place in order
+  std::map<size_t, size_t> where;  // the chunks listed
   for (int64_t b = p.current.taken; b < static_cast<int64_t>(p.batches.size()); ++b) {
     for (int64_t index : p.batches[b]) {
       const size_t c = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), index) - starts.begin()) - 1;
-      const auto [it, added] = where.emplace(c, order.size());
-      if (added) order.push_back({c, b, b});
-      else order[it->second].last = b;
+      if (where.emplace(c, order.size()).second) order.push_back({c, b});
     }
   }
   p.threads.emplace_back([this, order = std::move(order), ahead] {
     auto& p = *pass_;
-    std::vector<std::pair<const Span*, std::shared_ptr<const void>>> held;
-    auto release_read = [&] {  // the chunks whose last batch the loop has taken
-      held.erase(std::remove_if(held.begin(), held.end(), [&](const auto& each) { return each.first->last < p.consumed; }),
-                 held.end());
-    };
+    std::vector<const Span*> fetched;  // fetched ahead, not yet reached by the loop
     for (const Span& span : order) {
       for (;;) {
         {
           std::unique_lock<std::mutex> lock(p.mutex);
           p.changed.wait(lock, [&] {
-            release_read();
-            const auto waiting = std::count_if(held.begin(), held.end(),
-                                               [&](const auto& each) { return each.first->first > p.consumed; });
-            return p.stop || waiting < ahead;
+            fetched.erase(std::remove_if(fetched.begin(), fetched.end(),
+                                         [&](const Span* each) { return each->first <= p.consumed; }),
+                          fetched.end());
+            return p.stop || static_cast<int64_t>(fetched.size()) < ahead;
           });
           if (p.stop) return;
           if (span.first <= p.consumed) break;  // the readers are at it already: they fetch it
         }
-        std::shared_ptr<const void> hold;
+        bool done = false;
         try {
-          hold = dataset_.hold_ahead(span.chunk);
+          done = dataset_.fetch_ahead(span.chunk);
         } catch (const std::exception&) {
           return;  // the reader that needs the chunk fetches it and reports the failure
         }
-        if (hold) {
-          std::lock_guard<std::mutex> lock(p.mutex);
-          held.emplace_back(&span, std::move(hold));
+        std::unique_lock<std::mutex> lock(p.mutex);
+        if (done) {
+          fetched.push_back(&span);
           break;
         }
-        std::unique_lock<std::mutex> lock(p.mutex);  // no room yet: try again when the loop takes a batch
-        p.changed.wait_for(lock, std::chrono::milliseconds(100));
+        p.changed.wait_for(lock, std::chrono::milliseconds(100));  // no room yet: again when the loop moves
         if (p.stop) return;
       }
     }
-    std::unique_lock<std::mutex> lock(p.mutex);
-    p.changed.wait(lock, [&] {
-      release_read();
-      return p.stop || held.empty();
-    });
   });
 }
 

@@ -91,9 +91,9 @@ class LF_API StreamingDataset {
 
  private:
   friend class StreamingDataLoader;
-  /// Holds chunk `chunk` of an s3:// dataset in the cache, downloading it when absent; null when
-  /// the cache has no room now, or for a local folder. The loader's fetch ahead.
-  std::shared_ptr<const void> hold_ahead(size_t chunk) const;
+  /// Downloads chunk `chunk` of an s3:// dataset into the cache ahead of its reader (the loader's
+  /// fetch ahead); false when the cache has no room now. True at once for a local folder.
+  bool fetch_ahead(size_t chunk) const;
   /// How many of the largest chunk the budget holds (0 for a local folder).
   int64_t chunks_the_cache_holds() const;
 

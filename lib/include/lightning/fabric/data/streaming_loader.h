@@ -152,8 +152,8 @@ class LF_API StreamingDataLoader : public Stateful {
   void place(int replicas, int rank, c10::Device device, const std::string& call);
   std::shared_ptr<StreamingBatch> next_batch();
   void start_pass();
-  /// An s3:// dataset: starts the thread that downloads the pass's next chunks ahead of the
-  /// reading threads (prefetch_chunks) and lets each go once the loop has taken its last batch.
+  /// An s3:// dataset: starts the thread that downloads the pass's next chunks (prefetch_chunks)
+  /// before the loop reaches them.
   void fetch_ahead();
 
   const StreamingDataset& dataset_;

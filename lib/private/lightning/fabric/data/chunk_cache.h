@@ -4,8 +4,8 @@
 // Contract:
 // - A chunk is downloaded once while the budget keeps it: one process downloads it (an exclusive
 //   flock on NAME.fetch), the others wait for that lock and then find the file.
-// - A process that reads a chunk, or fetched it ahead of its reader, holds it (a shared flock on
-//   NAME.use). A held chunk is never evicted.
+// - A process that reads a chunk holds it (a shared flock on NAME.use). A held chunk is never
+//   evicted. A chunk fetched ahead of its reader is not held: it is the most recently used.
 // - Chunks on disk plus those being downloaded (each reserved as NAME.reserve, whose length is the
 //   chunk's size) never exceed the budget. To make room, unheld chunks are evicted (unlinked),
 //   least recently held first: a chunk is evicted once read, when room is needed.
@@ -42,13 +42,15 @@ class ChunkCache {
   /// `who` prefixes errors (the dataset's name). `budget` in bytes.
   ChunkCache(std::filesystem::path dir, storage::S3Client client, storage::S3Url remote, int64_t budget, std::string who);
 
-  /// Holds chunk `name` (`bytes` long on the server), downloading it first when absent. When the
-  /// budget has no room, evicts unheld chunks; if none can go, `wait_for_room` decides:
-  /// true (a reader that needs the chunk now): calls `release_idle` (the caller's own idle holds),
-  /// then waits for other holders up to kRoomWait seconds, then a RuntimeError naming the budget,
-  /// the chunk and what holds the room; false (a fetch ahead): returns null at once.
-  std::shared_ptr<Hold> hold(const std::string& name, int64_t bytes, bool wait_for_room,
-                             const std::function<void()>& release_idle = {});
+  /// Holds chunk `name` (`bytes` long on the server) for a reader, downloading it first when
+  /// absent. When the budget has no room, evicts unheld chunks; if none can go, calls
+  /// `release_idle` (the caller's own idle holds) and waits for other holders, up to kRoomWait
+  /// seconds, then a RuntimeError naming the budget, the chunk and what holds the room.
+  std::shared_ptr<Hold> hold(const std::string& name, int64_t bytes, const std::function<void()>& release_idle = {});
+  /// Downloads chunk `name` ahead of its reader, without holding it (a fetched-ahead chunk is the
+  /// most recently used, so evicted last). Never waits: true when the chunk is on disk or another
+  /// process is downloading it, false when the budget has no room now.
+  bool fetch_ahead(const std::string& name, int64_t bytes);
 
   const std::filesystem::path& dir() const { return dir_; }
   int64_t budget() const { return budget_; }
@@ -63,6 +65,8 @@ class ChunkCache {
  private:
   // Reserves `bytes` for `name` under the folder's budget lock; false when there is no room.
   bool reserve(const std::string& name, int64_t bytes, int64_t* used_out);
+  // Downloads `name` into place, its reservation made (the fetch lock held).
+  void download(const std::string& name);
 
   std::filesystem::path dir_;
   storage::S3Client client_;
