@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <string>
 
+#include "lightning/fabric/checkpoint/checkpoint_storage.h"
 #include "lightning/fabric/checkpoint/consolidate.h"
 #include "lightning/fabric/checkpoint/dcp_format.h"
 #include "lightning/fabric/checkpoint/sharded_format.h"
@@ -24,7 +25,26 @@ struct ArgumentProblem : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+const std::string kWho = "lightning-run model consolidate";
+void check_local_folder(const fs::path& folder);
+
 void check_arguments(const fs::path& folder, const fs::path& output) {
+  namespace storage = fabric::checkpoint_storage;
+  if (storage::is_remote(folder)) {
+    if (!storage::is_remote_folder(folder, kWho)) {
+      throw ArgumentProblem(folder.string() + " is not a sharded checkpoint: no .metadata is under it (a sharded save "
+                            "writes it last; a single-file checkpoint needs no consolidation).");
+    }
+  } else {
+    check_local_folder(folder);
+  }
+  if (storage::is_remote(output) ? storage::remote_exists(output, kWho) : fs::exists(output)) {
+    throw ArgumentProblem("the output " + output.string() + " already exists; consolidate never overwrites. Remove it "
+                          "or choose another with --output-file PATH.");
+  }
+}
+
+void check_local_folder(const fs::path& folder) {
   if (!fs::exists(folder)) throw ArgumentProblem(folder.string() + " does not exist.");
   if (!fs::is_directory(folder)) {
     throw ArgumentProblem(folder.string() + " is a file, not a sharded checkpoint folder. A single-file checkpoint "
@@ -33,10 +53,6 @@ void check_arguments(const fs::path& folder, const fs::path& output) {
   if (!fabric::dcp::is_dcp_checkpoint(folder) && !fabric::is_sharded_checkpoint(folder)) {
     throw ArgumentProblem(folder.string() + " is not a sharded checkpoint: it has no .metadata (strategy=\"fsdp\" and "
                           "Python's torch.distributed.checkpoint write one with every sharded save).");
-  }
-  if (fs::exists(output)) {
-    throw ArgumentProblem("the output " + output.string() + " already exists; consolidate never overwrites. Remove it "
-                          "or choose another with --output-file PATH.");
   }
 }
 }  // namespace
@@ -53,14 +69,25 @@ int run_consolidate(int argc, const char* const* argv, std::ostream& out, std::o
     const int code = app.exit(error, out, err);
     return error.get_exit_code() == 0 ? code : 2;
   }
+  std::string remote = fabric::checkpoint_storage::is_remote(folder_text) ? folder_text : std::string();
+  while (remote.size() > 5 && remote.back() == '/') remote.pop_back();  // s3:// keeps its double slash
   const fs::path folder = fs::path(folder_text).lexically_normal();
-  const fs::path stripped = folder.has_filename() ? folder : folder.parent_path();
+  const fs::path stripped = !remote.empty() ? fs::path(remote) : folder.has_filename() ? folder : folder.parent_path();
   const fs::path output = output_text.empty() ? fs::path(stripped.string() + ".consolidated") : fs::path(output_text);
   const auto start = std::chrono::steady_clock::now();
   fabric::ConsolidateSummary summary;
   try {
     check_arguments(stripped, output);
-    summary = fabric::consolidate_sharded_folder(stripped, output);
+    // s3://: the folder is downloaded, consolidated locally, and the file uploaded in one PUT.
+    const auto input = fabric::checkpoint_storage::fetch(stripped, kWho);
+    if (fabric::checkpoint_storage::is_remote(output)) {
+      const fabric::checkpoint_storage::TemporaryFolder staging("consolidate");
+      const fs::path local = staging.path() / "consolidated.pt";
+      summary = fabric::consolidate_sharded_folder(input.path(), local);
+      fabric::checkpoint_storage::upload_file(local, output, kWho);
+    } else {
+      summary = fabric::consolidate_sharded_folder(input.path(), output);
+    }
   } catch (const ArgumentProblem& problem) {
     err << "lightning-run model consolidate: " << problem.what() << "\n";
     return 2;

@@ -111,6 +111,18 @@ class Job {
   std::optional<lf::FabricOptimizer> optimizer_;
 };
 
+// Where the checkpoints of `same`, `hang` and `check` go: LF_CHECKPOINT_ROOT (e.g. an s3:// prefix)
+// when set, else DIR (the loss files stay in DIR).
+fs::path checkpoints(const fs::path& dir) {
+  const char* root = std::getenv("LF_CHECKPOINT_ROOT");
+  return root && *root ? fs::path(root) : dir;
+}
+// The width of the model `hang` and `check` train (HANG_WIDTH, default 2048: 8 layers, 128 MB).
+int64_t hang_width() {
+  const char* width = std::getenv("HANG_WIDTH");
+  return width && *width ? std::stoll(width) : 2048;
+}
+
 std::string exact(double value) {
   std::ostringstream out;
   out.precision(17);
@@ -123,10 +135,11 @@ int same(const std::string& strategy, const fs::path& dir) {
   Job job(fabric, 256, 3, 1);
   job.step();
   job.step();
-  fabric.save(dir / "sync", job.state(2));
-  fabric.save_in_background(dir / "background", job.state(2));
+  const fs::path root = checkpoints(dir);
+  fabric.save(root / "sync", job.state(2));
+  fabric.save_in_background(root / "background", job.state(2));
   fabric.wait_for_background_save();
-  expect(fs::exists(dir / "background"), "the background save is complete after wait_for_background_save");
+  expect(root != dir || fs::exists(dir / "background"), "the background save is complete after wait_for_background_save");
   return 0;
 }
 
@@ -173,17 +186,17 @@ int continues(const std::string& strategy, const fs::path& dir) {
 
 int hang(const std::string& strategy, const fs::path& dir) {
   auto fabric = make_fabric(strategy);
-  Job job(fabric, 2048, 8, 1);
+  Job job(fabric, hang_width(), 8, 1);
   auto record_loss = [&](int step) {  // a forward, so collective under fsdp
     const double loss = job.loss();
     if (fabric.is_global_zero()) std::ofstream(dir / ("loss-" + std::to_string(step) + ".txt")) << exact(loss) << "\n";
   };
   job.step();
   record_loss(1);
-  fabric.save(dir / "ck", job.state(1));
+  fabric.save(checkpoints(dir) / "ck", job.state(1));
   job.step();
   record_loss(2);
-  fabric.save_in_background(dir / "ck", job.state(2));
+  fabric.save_in_background(checkpoints(dir) / "ck", job.state(2));
   std::cout << "background save started" << std::endl;
   for (;;) {
     job.step();
@@ -193,9 +206,9 @@ int hang(const std::string& strategy, const fs::path& dir) {
 
 int check(const std::string& strategy, const fs::path& dir) {
   auto fabric = make_fabric(strategy);
-  Job job(fabric, 2048, 8, 99);
+  Job job(fabric, hang_width(), 8, 99);
   lf::State state = job.state(0);
-  fabric.load(dir / "ck", state);
+  fabric.load(checkpoints(dir) / "ck", state);
   const int64_t step = state.at("step").to<int64_t>();
   std::ifstream in(dir / ("loss-" + std::to_string(step) + ".txt"));
   double expected = 0;

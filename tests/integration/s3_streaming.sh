@@ -16,9 +16,17 @@
 #      (SignatureDoesNotMatch), an unknown access key; and with the
 #      server stopped after the dataset opened, the read of a chunk not yet cached fails after its
 #      retries naming the chunk (no item read), and opening fails likewise.
-# Usage: s3_streaming.sh LIGHTNING_RUN STREAMING_CHECKS   (LF_PYTHON: a Python with litdata and moto)
+#   4. sharded checkpoints (fsdp, torch.distributed.checkpoint's layout) on s3:// from a 2-rank job:
+#      fabric.save and save_in_background write the same objects, byte for byte as a local save's
+#      files; Python's torch.distributed.checkpoint reads them after a download; `lightning-run
+#      model consolidate` reads the folder from s3:// and writes the file there, which Python's
+#      torch.load reads with the tensors DCP read; a job SIGKILLed during a background save over
+#      its earlier checkpoint leaves one of the two whole (fabric.load checks the loss); a prefix
+#      with parts and no .metadata is refused by name (load and consolidate).
+# Usage: s3_streaming.sh LIGHTNING_RUN STREAMING_CHECKS BACKGROUND_SAVE_CHECKS   (LF_PYTHON: a Python
+# with litdata and moto)
 set -uo pipefail
-run="$1"; checks="$2"
+run="$1"; checks="$2"; saves="$3"
 python="${LF_PYTHON:-python3}"
 peer="$(dirname "${BASH_SOURCE[0]}")/litdata_peer.py"
 "$python" -c "import litdata, moto" 2>/dev/null || { echo "FAIL: $python lacks litdata or moto (scripts/install-deps.sh)"; exit 1; }
@@ -131,7 +139,67 @@ PY
 "$checks" load s3://data/ck/model.ckpt | sort | tr '\n' ' ' | grep -q "^model step $" || fail "fabric.load(s3://data/ck/model.ckpt) does not list model and step"
 echo "ok: a 2-rank job saved s3://data/ck/model.ckpt and loaded it back equal"
 
-# 4. Refusals, each naming the URL.
+# Sharded checkpoints on s3://: the same state saved by fabric.save and in the background, equal
+# object for object to a local save's files.
+export TMPDIR="$dir/tmp"; mkdir -p "$TMPDIR" "$dir/bg-local" "$dir/bg-s3"
+timeout 120 "$run" model --accelerator cpu --devices 2 "$saves" same fsdp "$dir/bg-local" > "$dir/bg.out" 2>&1 ||
+  fail "the local sharded save exited with $? ($(tail -3 "$dir/bg.out"))"
+LF_CHECKPOINT_ROOT=s3://data/bg timeout 120 "$run" model --accelerator cpu --devices 2 "$saves" same fsdp "$dir/bg-s3" > "$dir/bg.out" 2>&1 ||
+  fail "the sharded save to s3://data/bg exited with $? ($(tail -3 "$dir/bg.out"))"
+"$python" - "$dir" <<'PY' || fail "the sharded checkpoints on s3:// against the local save and Python's DCP"
+import io, os, sys
+import boto3, torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+root = sys.argv[1]
+s3 = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"])
+for kind in ("sync", "background"):
+    local = os.path.join(root, "bg-local", "sync")
+    names = sorted(o["Key"].split("/")[-1] for o in s3.list_objects_v2(Bucket="data", Prefix="bg/%s/" % kind)["Contents"])
+    assert names == sorted(os.listdir(local)), (kind, names, sorted(os.listdir(local)))
+    got = os.path.join(root, "bg-s3", kind)
+    os.makedirs(got)
+    for name in names:
+        body = s3.get_object(Bucket="data", Key="bg/%s/%s" % (kind, name))["Body"].read()
+        assert body == open(os.path.join(local, name), "rb").read(), "s3://data/bg/%s/%s differs from the local save" % (kind, name)
+        open(os.path.join(got, name), "wb").write(body)
+dcp_to_torch_save(os.path.join(root, "bg-s3", "sync"), os.path.join(root, "bg-s3", "dcp.pt"))
+whole = torch.load(os.path.join(root, "bg-s3", "dcp.pt"))
+assert "model" in whole and "optimizer" in whole, sorted(whole)
+assert torch.load(os.path.join(root, "bg-s3", "sync", "meta.pt"))["step"] == 2  # Python Fabric's rest of the state
+print("ok: fabric.save and save_in_background to s3://data/bg wrote %d objects each, equal to a local save's files; "
+      "Python's DCP reads them: %d model tensors" % (len(names), len(whole["model"])))
+PY
+"$run" model consolidate s3://data/bg/sync --output-file s3://data/bg/full.pt > "$dir/consolidate.out" 2>&1 ||
+  fail "lightning-run model consolidate s3://data/bg/sync exited with $? ($(tail -2 "$dir/consolidate.out"))"
+"$python" - "$dir" <<'PY' || fail "Python's torch.load of s3://data/bg/full.pt against DCP's reading"
+import io, os, sys
+import boto3, torch
+s3 = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"])
+full = torch.load(io.BytesIO(s3.get_object(Bucket="data", Key="bg/full.pt")["Body"].read()))
+dcp = torch.load(os.path.join(sys.argv[1], "bg-s3", "dcp.pt"))
+assert sorted(full["model"]) == sorted(dcp["model"]), (sorted(full["model"]), sorted(dcp["model"]))
+for name, tensor in dcp["model"].items():
+    assert torch.equal(full["model"][name], tensor), name
+print("ok: lightning-run model consolidate s3://data/bg/sync -> s3://data/bg/full.pt: torch.load reads it, %d tensors equal to DCP's" % len(dcp["model"]))
+PY
+# Killed during a background save over its earlier checkpoint (step 1): one of the two is whole.
+mkdir -p "$dir/kill"
+export HANG_WIDTH=1024 LF_CHECKPOINT_ROOT=s3://data/kill
+"$run" model --accelerator cpu --devices 2 "$saves" hang fsdp "$dir/kill" > "$dir/kill.log" 2>&1 &
+launcher=$!
+for _ in $(seq 2400); do grep -q "background save started" "$dir/kill.log" && break; sleep 0.05; done
+grep -q "background save started" "$dir/kill.log" || fail "the background save to s3://data/kill/ck did not start ($(tail -3 "$dir/kill.log"))"
+for _ in $(seq 1000); do compgen -G "$TMPDIR/lightning-fabric-checkpoint-save-*/__*" > /dev/null && break; sleep 0.002; done
+pkill -9 -f "$saves hang fsdp $dir/kill"
+wait "$launcher" 2>/dev/null
+objects=$(grep -c . <("$python" -c "import boto3,os; [print(o['Key']) for o in boto3.client('s3',endpoint_url=os.environ['AWS_ENDPOINT_URL']).list_objects_v2(Bucket='data',Prefix='kill/ck/')['Contents']]"))
+timeout 120 "$run" model --accelerator cpu --devices 2 "$saves" check fsdp "$dir/kill" > "$dir/check.out" 2>&1 ||
+  fail "after a kill during the background save to s3://data/kill/ck, loading it exited with $? ($(tail -3 "$dir/check.out"))"
+echo "ok: killed during a background save over s3://data/kill/ck ($objects objects there): $(grep -o "step [12]" "$dir/check.out" | head -1) loads whole"
+unset HANG_WIDTH LF_CHECKPOINT_ROOT
+"$python" -c "import boto3,os; boto3.client('s3',endpoint_url=os.environ['AWS_ENDPOINT_URL']).put_object(Bucket='data',Key='half/__0_0.distcp',Body=b'x')"
+
+# 5. Refusals, each naming the URL.
 refused() {  # refused PATTERN WHAT COMMAND...: exit 1 and PATTERN in the output
   local pattern=$1 what=$2; shift 2
   local code=0
@@ -145,6 +213,10 @@ refused "there is no index.json under s3://data/none" "a prefix without a datase
 refused "names no bucket" "a URL without a bucket" "$checks" dump s3:///ids
 refused "cannot hold chunk chunk-0-" "a cache budget smaller than a chunk" env MAX_CACHE_BYTES=$((largest - 1)) "$checks" dump s3://data/ids
 refused "NoSuchKey" "a missing checkpoint" "$checks" load s3://data/ck/none.ckpt
+refused "but no .metadata: a sharded save there did not finish" "a folder whose save did not finish" "$checks" load s3://data/half
+code=0; "$run" model consolidate s3://data/half > "$dir/refused.out" 2>&1 || code=$?
+(( code == 2 )) && grep -q "s3://data/half is not a sharded checkpoint: no .metadata" "$dir/refused.out" ||
+  fail "consolidate of s3://data/half: exit $code ($(tail -1 "$dir/refused.out"))"
 refused "already holds a dataset" "a second write to one prefix" "$checks" write ids s3://data/ids
 refused "set AWS_ACCESS_KEY_ID" "no credentials" env -u AWS_ACCESS_KEY_ID "$checks" dump s3://data/ids
 refused "SignatureDoesNotMatch" "a wrong secret" env AWS_SECRET_ACCESS_KEY=wrong "$checks" dump s3://data/ids

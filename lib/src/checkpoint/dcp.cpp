@@ -128,10 +128,9 @@ StateDict unflatten_state(const std::vector<Leaf>& leaves) {
   return root.toGenericDict();
 }
 
-Metadata write_rank_items(const fs::path& folder, int rank, const std::vector<SaveItem>& items) {
+Metadata write_rank_items(const fs::path& folder, const std::string& file, const std::vector<SaveItem>& items) {
   Metadata metadata;
   if (items.empty()) return metadata;
-  const std::string file = data_file_name(rank);
   write_file_atomically(folder / file, [&](const ByteSink& sink) {
     uint64_t written = 0;
     auto put = [&](const c10::IValue& value) {  // streamed: no archive is held in memory whole

@@ -14,12 +14,12 @@
 #include "lightning/fabric/checkpoint/atomic_file.h"
 #include "lightning/fabric/checkpoint/background_write.h"
 #include "lightning/fabric/checkpoint/checkpoint_io.h"
+#include "lightning/fabric/checkpoint/checkpoint_storage.h"
 #include "lightning/fabric/checkpoint/checkpoint_peers.h"
 #include "lightning/fabric/checkpoint/dcp.h"
 #include "lightning/fabric/checkpoint/optimizer_names.h"
 #include "lightning/fabric/checkpoint/sharded.h"
 #include "lightning/fabric/errors.h"
-#include "lightning/fabric/storage/s3_client.h"
 #include "lightning/fabric/plugins/collectives/collective.h"
 
 namespace lightning::fabric {
@@ -200,21 +200,39 @@ std::map<std::string, GroupNames> merge_groups(const std::vector<std::string>& e
   return merged;
 }
 
-// A folder: rank 0 stages it, every rank writes its items (write), rank 0 merges the metadata and
-// renames the folder into place (commit).
+// A folder. On disk: rank 0 stages it, every rank writes its items (write), rank 0 merges the
+// metadata and renames the folder into place (commit). On s3://: every rank stages its part in a
+// local temporary folder and uploads it (write); rank 0 uploads meta.pt and .metadata last
+// (commit, checkpoint_storage.h).
 CheckpointWrite prepare_folder(const CheckpointPeers& peers, const std::string& call, const fs::path& path, bool host_copy,
                                const std::function<std::vector<dcp::SaveItem>(StateDict& rest)>& collect) {
-  const fs::path staging = peers.broadcast_bytes(
-      peers.is_global_zero() ? path.string() + ".tmp-" + std::to_string(::getpid()) : std::string(), 0);
   const bool zero = peers.is_global_zero();
-  auto discard = [zero, staging] {
+  std::shared_ptr<const checkpoint_storage::RemoteFolder> remote;
+  std::shared_ptr<checkpoint_storage::TemporaryFolder> local_part;  // s3://: this rank's staging
+  fs::path staging;
+  std::string part = dcp::data_file_name(peers.global_rank());
+  if (checkpoint_storage::is_remote(path)) {
+    std::string renamed;  // over an earlier save: parts under new names, so the earlier stays whole until the commit
+    peers.run_on_every_rank(call, [&] {
+      remote = std::make_shared<const checkpoint_storage::RemoteFolder>(path, call);
+      local_part = std::make_shared<checkpoint_storage::TemporaryFolder>("checkpoint-save");
+    });
+    peers.run_on_rank_zero(call, [&] { renamed = remote->part_suffix(); });
+    renamed = peers.broadcast_bytes(renamed, 0);
+    staging = local_part->path();
+    if (!renamed.empty()) part = part.substr(0, part.size() - 7) + renamed + ".distcp";
+  } else {
+    staging = peers.broadcast_bytes(zero ? path.string() + ".tmp-" + std::to_string(::getpid()) : std::string(), 0);
+    peers.run_on_rank_zero(call, [&] {
+      fs::remove_all(staging);
+      fs::create_directories(staging);
+    });
+  }
+  auto discard = [zero, staging, remote, local_part, part] {
     std::error_code ignored;
-    if (zero) fs::remove_all(staging, ignored);  // nothing half-written stays behind
+    if (remote) remote->discard({part});  // an earlier save there stays whole; a new folder has no .metadata
+    else if (zero) fs::remove_all(staging, ignored);  // nothing half-written stays behind
   };
-  peers.run_on_rank_zero(call, [&] {
-    fs::remove_all(staging);
-    fs::create_directories(staging);
-  });
   auto items = std::make_shared<std::vector<dcp::SaveItem>>();
   auto rest = std::make_shared<StateDict>(make_state_dict());  // what Python Fabric keeps in meta.pt
   try {
@@ -230,10 +248,14 @@ CheckpointWrite prepare_folder(const CheckpointPeers& peers, const std::string& 
   }
   auto written = std::make_shared<std::string>();  // this rank's metadata, pickled
   CheckpointWrite steps;
-  steps.write = [staging, rank = peers.global_rank(), items, written] {
-    *written = dcp::write_metadata(dcp::write_rank_items(staging, rank, *items));
+  steps.write = [staging, items, written, remote, part] {
+    *written = dcp::write_metadata(dcp::write_rank_items(staging, part, *items));
+    if (remote && fs::exists(staging / part)) {
+      remote->upload(staging / part);
+      fs::remove(staging / part);
+    }
   };
-  steps.commit = [peers, call, staging, path, rest, written] {
+  steps.commit = [peers, call, staging, path, rest, written, remote, local_part] {
     std::vector<std::string> every_rank;
     for (int rank = 0; rank < peers.world_size(); ++rank) {
       std::string bytes = peers.broadcast_bytes(rank == peers.global_rank() ? *written : std::string(), rank);
@@ -244,9 +266,14 @@ CheckpointWrite prepare_folder(const CheckpointPeers& peers, const std::string& 
       for (size_t rank = 0; rank < every_rank.size(); ++rank) {
         parts.push_back(dcp::parse_metadata(every_rank[rank], "rank " + std::to_string(rank) + "'s items"));
       }
+      const dcp::Metadata merged = dcp::merge_metadata(parts);
       save_state_dict_file(staging / dcp::kLightningMetaFile, *rest);
-      write_file_atomically(staging / dcp::kMetadataFile, dcp::write_metadata(dcp::merge_metadata(parts)));
-      replace_folder(staging, path, dcp::kMetadataFile);
+      write_file_atomically(staging / dcp::kMetadataFile, dcp::write_metadata(merged));
+      if (!remote) return replace_folder(staging, path, dcp::kMetadataFile);
+      std::set<std::string> files;
+      for (const auto& [key, item] : merged.items)
+        for (const auto& location : item.locations) files.insert(location.file);
+      remote->commit(staging / dcp::kLightningMetaFile, staging / dcp::kMetadataFile, files);
     });
   };
   steps.discard = discard;
@@ -441,9 +468,6 @@ StateDict read_earlier_layout(const fs::path& path, State* state, bool strict, C
 CheckpointWrite prepare_sharded_save(Collective& group, const std::string& call, const fs::path& path,
                                      const State& state, const StateFilter& filter, bool host_copy,
                                      const CheckpointLayout& layout, bool one_file) {
-  LF_CHECK(one_file || !storage::S3Url::is_s3(path.string()), ValueError, call, ": a sharded checkpoint (a folder "
-           "of every rank's parts) is written to local or shared disk only for now; on s3:// save one file "
-           "(state_dict_type \"full\") or save the folder locally and upload it.");
   const CheckpointPeers peers(group);
   StateDict local = make_state_dict();
   Placements placements;
@@ -494,11 +518,14 @@ CheckpointWrite prepare_sharded_save(Collective& group, const std::string& call,
   return {[path, local] { save_state_dict_file(path, local); }, nullptr, nullptr};
 }
 
-StateDict load_sharded(Collective& group, const fs::path& path, State* state, bool strict,
+StateDict load_sharded(Collective& group, const fs::path& remote_or_local, State* state, bool strict,
                        CheckpointLayout& layout) {
   const CheckpointPeers peers(group);
   StateDict result = make_state_dict();
-  peers.run_on_every_rank("fabric.load(" + path.string() + ")", [&] {
+  const std::string call = "fabric.load(" + remote_or_local.string() + ")";
+  peers.run_on_every_rank(call, [&] {
+    const auto copy = checkpoint_storage::fetch(remote_or_local, call);  // s3://: downloaded, then read as a local one
+    const fs::path& path = copy.path();
     if (!fs::is_directory(path)) {
       result = read_whole_file(path, state, strict, layout);
     } else if (is_sharded_checkpoint(path)) {

@@ -13,6 +13,7 @@
 #include "lightning/fabric/checkpoint/sharded_checkpoint.h"
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/internal/gradient_norm.h"
+#include "lightning/fabric/checkpoint/checkpoint_storage.h"
 #include "lightning/fabric/storage/s3_client.h"
 #include "lightning/fabric/utilities/meta_init.h"
 #include "lightning/fabric/utilities/rank_zero.h"
@@ -164,7 +165,8 @@ CheckpointWrite Strategy::prepare_checkpoint(const std::string& call, const std:
 }
 
 StateDict Strategy::load_checkpoint(const std::filesystem::path& path, State* state, bool strict) {
-  StateDict checkpoint = load_state_dict_file(path);
+  const auto copy = checkpoint_storage::fetch(path, "fabric.load(" + path.string() + ")");  // s3://: downloaded first
+  StateDict checkpoint = load_state_dict_file(copy.path());
   return state ? restore_from_checkpoint(*state, checkpoint, strict) : checkpoint;
 }
 

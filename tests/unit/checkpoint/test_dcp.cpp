@@ -182,7 +182,7 @@ TEST_CASE("flat ranges of boxes (fsdp over tensor-parallel slices) are written a
       at::Tensor rebuilt = torch::zeros({4, 6});
       lf::place_into_whole(rebuilt, placement, value);
       CHECK(torch::equal(lf::part_of_whole(rebuilt, placement, "model/w"), value));
-      parts.push_back(dcp::write_rank_items(folder, 2 * t + d, {dcp::SaveItem{{{"model", -1}, {"w", -1}}, value, placement}}));
+      parts.push_back(dcp::write_rank_items(folder, dcp::data_file_name(2 * t + d), {dcp::SaveItem{{{"model", -1}, {"w", -1}}, value, placement}}));
     }
   }
   const dcp::Metadata merged = dcp::merge_metadata(parts);

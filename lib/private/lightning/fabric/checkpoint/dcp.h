@@ -44,9 +44,10 @@ struct SaveItem {
   c10::IValue value;
   std::optional<Placement> placement;
 };
-/// Writes rank's items, each box one torch.save archive, to folder/__<rank>_0.distcp (fsynced)
-/// and returns the metadata of what it wrote. Writes no file when items is empty.
-Metadata write_rank_items(const std::filesystem::path& folder, int rank, const std::vector<SaveItem>& items);
+/// Writes a rank's items, each box one torch.save archive, to folder/file (fsynced; file is
+/// data_file_name(rank), or another name an s3:// save gives it) and returns the metadata of what
+/// it wrote. Writes no file when items is empty.
+Metadata write_rank_items(const std::filesystem::path& folder, const std::string& file, const std::vector<SaveItem>& items);
 /// The metadata of the whole folder from every rank's: a tensor's chunks in rank order; any
 /// other item from the first rank that has it.
 Metadata merge_metadata(const std::vector<Metadata>& parts);

@@ -1,0 +1,93 @@
+// Where a checkpoint lives: a local (or shared) path, or object storage (s3://bucket/key). The
+// checkpoint code writes and reads local files; this layer carries them to and from the store
+// (docs/checkpoints.md, "Object storage"):
+// - one file: written with one PUT (the object appears whole or not at all), read with one GET;
+// - a sharded folder (torch.distributed.checkpoint's layout): every rank uploads its own part
+//   file; rank 0 uploads meta.pt, then .metadata last (the commit: a folder without .metadata is
+//   not a checkpoint), then removes the objects of an earlier save there. A save over an earlier
+//   one names its parts apart (__R_0-TOKEN.distcp), so the earlier stays whole while they upload;
+//   the commit removes the earlier .metadata before it uploads meta.pt, so a save killed during
+//   its commit leaves no checkpoint there, never a mix of the two.
+// Nothing here uses LibTorch: `lightning-run model consolidate` links it.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "lightning/fabric/storage/s3_client.h"
+
+namespace lightning::fabric::checkpoint_storage {
+
+/// Whether `path` names object storage (s3://).
+bool is_remote(const std::filesystem::path& path);
+
+/// A local copy of a checkpoint to read: for a local path, the path itself; for s3://, the object
+/// (one file) or every object under the prefix (a folder holding .metadata) downloaded into a
+/// fresh temporary folder, removed with the LocalCopy.
+class LocalCopy {
+ public:
+  LocalCopy(const LocalCopy&) = delete;
+  LocalCopy& operator=(const LocalCopy&) = delete;
+  LocalCopy(LocalCopy&& other) noexcept;
+  ~LocalCopy();
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  friend LocalCopy fetch(const std::filesystem::path& path, const std::string& who);
+  LocalCopy(std::filesystem::path path, std::filesystem::path temporary) : path_(std::move(path)), temporary_(std::move(temporary)) {}
+  std::filesystem::path path_;
+  std::filesystem::path temporary_;  // empty: nothing to remove
+};
+
+/// A local copy of the checkpoint at `path` (see LocalCopy). RuntimeError naming the URL when
+/// neither an object nor a checkpoint folder is there (`who` prefixes errors).
+LocalCopy fetch(const std::filesystem::path& path, const std::string& who);
+
+/// A fresh temporary local folder (for staging what goes to the store), removed with the object.
+class TemporaryFolder {
+ public:
+  explicit TemporaryFolder(const std::string& purpose);
+  ~TemporaryFolder();
+  TemporaryFolder(const TemporaryFolder&) = delete;
+  TemporaryFolder& operator=(const TemporaryFolder&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+/// A sharded folder written to s3:// (see above). Every rank uploads its parts with upload();
+/// rank 0 calls begin() before any rank uploads and commit() after every rank's parts are up.
+class RemoteFolder {
+ public:
+  RemoteFolder(const std::filesystem::path& url, const std::string& who);
+  /// Rank 0, before the parts: "" for a new folder; over an earlier save, a fresh suffix
+  /// ("-" and 12 hex digits) for this save's part names.
+  std::string part_suffix() const;
+  /// Uploads local file `file` as the folder's object of the same name.
+  void upload(const std::filesystem::path& file) const;
+  /// Rank 0, last: removes an earlier save's .metadata, uploads meta_file (if any), then
+  /// metadata_file, then removes every object under the prefix whose name is not in `written`
+  /// (the earlier save's parts).
+  void commit(const std::filesystem::path& meta_file, const std::filesystem::path& metadata_file,
+              const std::set<std::string>& written) const;
+  /// After a failed save: removes what this rank uploaded (`written`).
+  void discard(const std::set<std::string>& written) const;
+
+ private:
+  storage::S3Url url_;
+  storage::S3Client client_;
+  std::string who_;
+};
+
+/// Uploads local file `file` to the object `url` (an s3:// path), in one PUT.
+void upload_file(const std::filesystem::path& file, const std::filesystem::path& url, const std::string& who);
+/// Whether an object or a checkpoint folder exists at the s3:// `url`.
+bool remote_exists(const std::filesystem::path& url, const std::string& who);
+/// Whether a sharded checkpoint folder (a prefix holding .metadata) is at the s3:// `url`.
+bool is_remote_folder(const std::filesystem::path& url, const std::string& who);
+
+}  // namespace lightning::fabric::checkpoint_storage
