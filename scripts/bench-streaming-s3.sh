@@ -8,8 +8,10 @@
 #     cache each read, the fetch ahead on (prefetch_chunks 2) and off,
 #   - by Python litdata's StreamingDataLoader from the same server, with 2 workers (and 0), a
 #     fresh cache each read,
-# both with the same cache budget (BUDGET bytes, default 1/3 of the tensor dataset). One JSON line
-# per read; the C++ lines carry the cache's peak bytes.
+# both with the same cache budget (BUDGET bytes, default a third of the dataset, at least two of
+# its chunks), and Python's 2 workers once more without a budget (litdata's default, 100 GB);
+#   - and the server's own ceiling: every chunk fetched with curl, one at a time and two at once.
+# One JSON line per read; the C++ lines carry the cache's peak bytes.
 # Usage: [ITEMS=N] [REPEATS=R] [BUDGET=bytes] scripts/bench-streaming-s3.sh
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -42,7 +44,9 @@ for name in sorted(os.listdir(folder)):
     s3.upload_file(os.path.join(folder, name), "bench", kind + "/" + name)
 PY
   size=$(du -sb "$dir/$kind" | cut -f1)
-  budget="${BUDGET:-$((size / 3))}"
+  largest=$(find "$dir/$kind" -name 'chunk-*' -printf '%s\n' | sort -n | tail -1)
+  budget="${BUDGET:-$(( size / 3 > 2 * largest ? size / 3 : 2 * largest ))}"
+  chunks=$(cd "$dir/$kind" && ls chunk-*)
   echo "# $kind: $size bytes, $items items, cache budget $budget bytes"
   for _ in $(seq "${REPEATS:-2}"); do
     cache=$(cold); echo "{\"dataset\": \"$kind\", \"source\": \"disk\", \"cache\": \"$cache\"} $("$bin/bench_streaming" read "$dir/$kind" --threads 2)"
@@ -50,10 +54,18 @@ PY
       rm -rf "$dir/cache"
       echo "{\"dataset\": \"$kind\", \"source\": \"s3\", \"prefetch_chunks\": $ahead} $(LT_STREAMING_CACHE_DIR="$dir/cache" "$bin/bench_streaming" read "s3://bench/$kind" --threads 2 --max-cache-bytes "$budget" --prefetch-chunks $ahead)"
     done
-    for workers in 2 0; do
+    for workers in 2 0 2-unbounded; do
       rm -rf "$dir/home"; mkdir -p "$dir/home"
-      echo "{\"dataset\": \"$kind\", \"source\": \"s3\"} $(HOME="$dir/home" "$python" "$root/scripts/bench_streaming_python.py" "s3://bench/$kind" --workers $workers --max-cache-bytes "$budget" 2>/dev/null | tail -1)"
+      limit=(--max-cache-bytes "$budget"); [ "$workers" != 2-unbounded ] || limit=()
+      echo "{\"dataset\": \"$kind\", \"source\": \"s3\", \"budget\": \"${limit[*]:-none}\"} $(HOME="$dir/home" "$python" "$root/scripts/bench_streaming_python.py" "s3://bench/$kind" --workers ${workers%-*} "${limit[@]}" 2>/dev/null | tail -1)"
     done
+    start=$(date +%s.%N)
+    for chunk in $chunks; do curl -s -o /dev/null "$AWS_ENDPOINT_URL/bench/$kind/$chunk"; done
+    one=$(echo "$size $start $(date +%s.%N)" | awk '{printf "%.0f", $1 / ($3 - $2) / 1e6}')
+    start=$(date +%s.%N)
+    printf '%s\n' $chunks | xargs -P 2 -I{} curl -s -o /dev/null "$AWS_ENDPOINT_URL/bench/$kind/{}"
+    two=$(echo "$size $start $(date +%s.%N)" | awk '{printf "%.0f", $1 / ($3 - $2) / 1e6}')
+    echo "{\"dataset\": \"$kind\", \"source\": \"s3\", \"reader\": \"curl\", \"MB_per_s_one_at_a_time\": $one, \"MB_per_s_two_at_once\": $two}"
   done
   rm -rf "$dir/$kind"
 done

@@ -196,6 +196,46 @@ objects=$(grep -c . <("$python" -c "import boto3,os; [print(o['Key']) for o in b
 timeout 120 "$run" model --accelerator cpu --devices 2 "$saves" check fsdp "$dir/kill" > "$dir/check.out" 2>&1 ||
   fail "after a kill during the background save to s3://data/kill/ck, loading it exited with $? ($(tail -3 "$dir/check.out"))"
 echo "ok: killed during a background save over s3://data/kill/ck ($objects objects there): $(grep -o "step [12]" "$dir/check.out" | head -1) loads whole"
+# The server unreachable during a background save over an earlier checkpoint: the job reaches the
+# server through a TCP relay, stopped once the save is writing; the uploads fail after their
+# retries, the job exits non-zero naming the object, and the earlier checkpoint loads whole.
+relay_port=$("$python" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])")
+"$python" - "$relay_port" "$port" <<'PY' > /dev/null 2>&1 &
+import socket, sys, threading
+listener = socket.create_server(("127.0.0.1", int(sys.argv[1])))
+def pipe(a, b):
+    try:
+        while (data := a.recv(1 << 16)):
+            b.sendall(data)
+    except OSError:
+        pass
+    for s in (a, b):
+        try: s.shutdown(socket.SHUT_RDWR)
+        except OSError: pass
+while True:
+    client, _ = listener.accept()
+    server = socket.create_connection(("127.0.0.1", int(sys.argv[2])))
+    for a, b in ((client, server), (server, client)):
+        threading.Thread(target=pipe, args=(a, b), daemon=True).start()
+PY
+relay=$!
+for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$relay_port" && break; sleep 0.1; done
+export LF_CHECKPOINT_ROOT=s3://data/cut
+rm -rf "$TMPDIR"/lightning-fabric-checkpoint-save-*; mkdir -p "$dir/cut"
+AWS_ENDPOINT_URL="http://127.0.0.1:$relay_port" "$run" model --accelerator cpu --devices 2 "$saves" hang fsdp "$dir/cut" > "$dir/cut.log" 2>&1 &
+launcher=$!
+for _ in $(seq 2400); do grep -q "background save started" "$dir/cut.log" && break; sleep 0.05; done
+grep -q "background save started" "$dir/cut.log" || fail "the background save to s3://data/cut/ck did not start ($(tail -3 "$dir/cut.log"))"
+for _ in $(seq 1000); do compgen -G "$TMPDIR/lightning-fabric-checkpoint-save-*/__*" > /dev/null && break; sleep 0.002; done
+kill -9 "$relay"; wait "$relay" 2>/dev/null
+code=0; timeout 120 tail --pid="$launcher" -f /dev/null; wait "$launcher" || code=$?
+(( code != 0 )) || fail "the job whose server went away during its save exited 0"
+grep -q "s3://data/cut/ck/__[01]_0-[0-9a-f]*.distcp.*failed after 6 tries" "$dir/cut.log" ||
+  fail "the failed upload is not named with its retries: $(grep -m1 -i "error\|failed" "$dir/cut.log")"
+timeout 120 "$run" model --accelerator cpu --devices 2 "$saves" check fsdp "$dir/cut" > "$dir/check.out" 2>&1 ||
+  fail "after the server went away during a save to s3://data/cut/ck, loading it exited with $? ($(tail -3 "$dir/check.out"))"
+grep -q "step 1" "$dir/check.out" || fail "s3://data/cut/ck is not the earlier checkpoint: $(tail -1 "$dir/check.out")"
+echo "ok: the server unreachable during a save over s3://data/cut/ck: exit $code, $(grep -o "writing s3://[^ ]*" "$dir/cut.log" | head -1) named; step 1 loads whole"
 unset HANG_WIDTH LF_CHECKPOINT_ROOT
 "$python" -c "import boto3,os; boto3.client('s3',endpoint_url=os.environ['AWS_ENDPOINT_URL']).put_object(Bucket='data',Key='half/__0_0.distcp',Body=b'x')"
 
