@@ -30,6 +30,13 @@ void check_local_folder(const fs::path& folder);
 
 void check_arguments(const fs::path& folder, const fs::path& output) {
   namespace storage = fabric::checkpoint_storage;
+  for (const auto& path : {folder, output}) {
+    try {
+      fabric::storage::S3Url::refuse_other_schemes(path.string(), kWho);
+    } catch (const std::exception& e) {
+      throw ArgumentProblem(std::string(e.what()).substr(kWho.size() + 2));
+    }
+  }
   if (storage::is_remote(folder)) {
     if (!storage::is_remote_folder(folder, kWho)) {
       throw ArgumentProblem(folder.string() + " is not a sharded checkpoint: no .metadata is under it (a sharded save "

@@ -100,6 +100,25 @@ downloads=$(cat "$dir/job/rank-0.cache" "$dir/job/rank-1.cache" | awk '{n += $2}
   fail "the 2-rank job fetched its $chunks chunks $gets times (the server's count; the ranks count $downloads), not once each"
 echo "ok: a 2-rank job trained on s3://data/ids behind Fabric, each rank its planned batches, one shared cache, each of its $chunks chunks fetched once"
 
+# The same job killed after 3 batches with its checkpoint on s3://, resumed from it with a fresh
+# 8-chunk cache the two ranks share: every rank continues with the uninterrupted job's batches,
+# losses and parameters.
+mkdir -p "$dir/first" "$dir/resumed"
+LT_STREAMING_CACHE_DIR="$dir/first-cache" timeout 120 "$run" model --accelerator cpu --devices 2 "$checks" train s3://data/ids "$dir/first" \
+  --batch 4 --workers 2 --shuffle --save-after 3 s3://data/resume.ckpt --kill > "$dir/first.out" 2>&1; code=$?
+(( code == 137 )) || fail "the killed job exited with $code, expected 137 ($(tail -3 "$dir/first.out"))"
+largest=$(find "$dir/shared-cache" -name 'chunk-*.bin' -printf '%s\n' | sort -n | tail -1)
+MAX_CACHE_BYTES=$((8 * largest)) LT_STREAMING_CACHE_DIR="$dir/resume-cache" timeout 120 "$run" model --accelerator cpu --devices 2 \
+  "$checks" train s3://data/ids "$dir/resumed" --batch 4 --workers 2 --shuffle --epochs 2 --resume s3://data/resume.ckpt > "$dir/resumed.out" 2>&1 ||
+  fail "the job resumed from s3://data/resume.ckpt exited with $? ($(tail -3 "$dir/resumed.out"))"
+for r in 0 1; do
+  for kind in log loss; do
+    cat "$dir/first/rank-$r.$kind" "$dir/resumed/rank-$r.$kind" | cmp -s - "$dir/job/rank-$r.$kind" ||
+      fail "rank $r resumed from s3://data/resume.ckpt did not continue as the uninterrupted job ($kind)"
+  done
+done
+echo "ok: killed after 3 batches, resumed from s3://data/resume.ckpt under an 8-chunk cache: batches, losses and parameters as the uninterrupted job's, bit for bit"
+
 # A cache budget of 4 chunks: a shuffled 2-epoch pass on 2 workers' order reads litdata's batches,
 # the cache never holds more than its budget, and read chunks are evicted (fetched again in epoch 2).
 # A reservation and a partial download left by a killed downloader are cleared, not counted.
@@ -251,7 +270,11 @@ refused() {  # refused PATTERN WHAT COMMAND...: exit 1 and PATTERN in the output
 refused "NoSuchBucket" "a missing bucket" "$checks" dump s3://nobucket/ids
 refused "there is no index.json under s3://data/none" "a prefix without a dataset" "$checks" dump s3://data/none
 refused "names no bucket" "a URL without a bucket" "$checks" dump s3:///ids
+refused "uses the gs:// scheme, which is not supported" "an unknown scheme for a dataset" "$checks" dump gs://data/ids
+refused "uses the http:// scheme, which is not supported" "an unknown scheme for a checkpoint" "$checks" load http://data/ck.ckpt
 refused "cannot hold chunk chunk-0-" "a cache budget smaller than a chunk" env MAX_CACHE_BYTES=$((largest - 1)) "$checks" dump s3://data/ids
+refused "more than this process's share of the cache budget" "a cache budget smaller than the chunks 3 workers' order reads at once" \
+  env MAX_CACHE_BYTES=$largest "$checks" order s3://data/ids 1,0,3,4,1,2
 refused "NoSuchKey" "a missing checkpoint" "$checks" load s3://data/ck/none.ckpt
 refused "but no .metadata: a sharded save there did not finish" "a folder whose save did not finish" "$checks" load s3://data/half
 code=0; "$run" model consolidate s3://data/half > "$dir/refused.out" 2>&1 || code=$?

@@ -127,6 +127,7 @@ c10::IValue read_archive(std::string_view bytes, const std::string& what) {
 }  // namespace
 
 void save_state_dict_file(const fs::path& path, const StateDict& state) {
+  storage::S3Url::refuse_other_schemes(path.string(), "fabric.save(" + path.string() + ")");
   if (storage::S3Url::is_s3(path.string())) {  // one PUT: the object appears whole or not at all
     const std::string who = "fabric.save(" + path.string() + ")";
     const auto url = storage::S3Url::parse(path.string(), who);
@@ -149,6 +150,7 @@ void stream_archive(const c10::IValue& value, const std::function<void(const voi
 c10::IValue value_of_archive(std::string_view bytes, const std::string& what) { return read_archive(bytes, what); }
 
 StateDict load_state_dict_file(const fs::path& path) {
+  storage::S3Url::refuse_other_schemes(path.string(), "fabric.load(" + path.string() + ")");
   if (storage::S3Url::is_s3(path.string())) {
     const std::string who = "fabric.load(" + path.string() + ")";
     const auto url = storage::S3Url::parse(path.string(), who);

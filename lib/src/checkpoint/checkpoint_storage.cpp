@@ -64,6 +64,7 @@ LocalCopy::~LocalCopy() {
 }
 
 LocalCopy fetch(const fs::path& path, const std::string& who) {
+  storage::S3Url::refuse_other_schemes(path.string(), who);
   if (!is_remote(path)) return LocalCopy(path, {});
   const auto url = storage::S3Url::parse(path.string(), who);
   const auto client = storage::S3Client::from_environment(who);

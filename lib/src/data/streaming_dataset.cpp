@@ -411,6 +411,7 @@ StreamingDataset::StreamingDataset(const std::filesystem::path& dir, StreamingDa
   auto& files = *files_;
   files.origin = files.dir = dir;
   const std::string who = "StreamingDataset(" + dir.string() + ")";
+  storage::S3Url::refuse_other_schemes(dir.string(), who);
   std::map<std::string, int64_t> remote_sizes;  // an s3:// dataset's objects under its prefix
   if (storage::S3Url::is_s3(dir.string())) {
     LF_CHECK(options.max_cache_bytes_ >= 1, ValueError, who, ": max_cache_bytes must be positive, got ",
@@ -514,11 +515,15 @@ bool StreamingDataset::fetch_ahead(size_t chunk) const {
   const auto& each = *files_->chunks[chunk];
   return files_->cache->fetch_ahead(each.filename, each.remote_bytes);
 }
-int64_t StreamingDataset::chunks_the_cache_holds() const {
-  if (!files_->cache) return 0;
-  int64_t largest = 1;
-  for (const auto& chunk : files_->chunks) largest = std::max(largest, chunk->remote_bytes);
-  return files_->cache->budget() / largest;
+int64_t StreamingDataset::cache_budget() const { return files_->cache ? files_->cache->budget() : 0; }
+int64_t StreamingDataset::chunk_object_bytes(size_t chunk) const { return files_->chunks[chunk]->remote_bytes; }
+void StreamingDataset::release_chunk(size_t chunk) const {
+  if (!files_->cache) return;
+  std::lock_guard<std::mutex> lock(files_->cache_mutex);
+  auto& recent = files_->recent;
+  const data_detail::OpenChunk* open = files_->chunks[chunk]->open.lock().get();
+  recent.erase(std::remove_if(recent.begin(), recent.end(), [&](const auto& each) { return each.get() == open; }),
+               recent.end());
 }
 
 std::string StreamingDataset::raw(int64_t index) const {

@@ -261,6 +261,8 @@ struct LoaderPass {
   int64_t claim = 0, consumed = 0, ready_bytes = 0;
   std::map<int64_t, Ready> ready;
   bool stop = false;
+  // An s3:// dataset: the chunks whose last batch of the pass is the key (let go once it is read).
+  std::map<int64_t, std::vector<size_t>> release_after;
 
   Stage own_stage() const {
     return {spec.world_size, std::max(1, spec.num_workers), spec.batch_size, 0};
@@ -400,7 +402,7 @@ void StreamingDataLoader::start_pass() {
   p.wait = 0;
   p.claim = p.consumed = p.current.taken;
   const int64_t total = static_cast<int64_t>(p.batches.size());
-  fetch_ahead();
+  plan_chunks();
   for (int t = 0; t < options_.threads_; ++t) {
     p.threads.emplace_back([this, total] {
       auto& p = *pass_;
@@ -435,6 +437,9 @@ void StreamingDataLoader::start_pass() {
         } catch (...) {
           result.error = std::current_exception();
         }
+        const auto read = p.release_after.find(b);  // chunks this pass reads no more
+        if (read != p.release_after.end())
+          for (size_t chunk : read->second) dataset_.release_chunk(chunk);
         {
           std::lock_guard<std::mutex> lock(p.mutex);
           p.ready_bytes += result.bytes;
@@ -446,31 +451,53 @@ void StreamingDataLoader::start_pass() {
   }
 }
 
-void StreamingDataLoader::fetch_ahead() {
-  // How many chunks ahead: prefetch_chunks, within this process's share of the node's cache beside
-  // the chunks its reading threads read at once (about one each, and one a batch crosses into).
-  const int64_t holds = dataset_.chunks_the_cache_holds() / std::max(1, env_int("LOCAL_WORLD_SIZE", 1));
-  const int64_t ahead = std::min<int64_t>(options_.prefetch_chunks_, holds - (options_.threads_ + 1));
+void StreamingDataLoader::plan_chunks() {
   auto& p = *pass_;
-  if (ahead <= 0 || p.current.taken >= static_cast<int64_t>(p.batches.size())) return;
-  // The chunks the rest of the pass reads, in the order it first reads them, with the batch where
-  // each is first read.
+  p.release_after.clear();
+  const int64_t budget = dataset_.cache_budget();
+  if (budget == 0 || p.current.taken >= static_cast<int64_t>(p.batches.size())) return;  // a local folder
+  // The chunks the rest of the pass reads, in the order it first reads them, with the batches
+  // where each is first and last read.
   const auto& sizes = dataset_.chunk_sizes();
   std::vector<int64_t> starts;
   int64_t start = 0;
   for (int64_t size : sizes) starts.push_back(start), start += size;
   struct Span {
     size_t chunk;
-    int64_t first;
+    int64_t first, last;
   };
   std::vector<Span> order;
-  std::map<size_t, size_t> where;  // the chunks listed
+  std::map<size_t, size_t> where;  // chunk -> its place in order
   for (int64_t b = p.current.taken; b < static_cast<int64_t>(p.batches.size()); ++b) {
     for (int64_t index : p.batches[b]) {
       const size_t c = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), index) - starts.begin()) - 1;
-      if (where.emplace(c, order.size()).second) order.push_back({c, b});
+      const auto [it, added] = where.emplace(c, order.size());
+      if (added) order.push_back({c, b, b});
+      else order[it->second].last = b;
     }
   }
+  // The bytes of the chunks read at once (begun and not finished at some batch; with num_workers
+  // > 1 the order interleaves that many workers' chunks) must fit this process's share of the
+  // node's budget, or ranks that wait for each other in a collective could wait for each other's
+  // chunks too.
+  std::map<int64_t, int64_t> change;  // batch -> bytes begun there, minus bytes finished before it
+  for (const Span& span : order) {
+    p.release_after[span.last].push_back(span.chunk);
+    change[span.first] += dataset_.chunk_object_bytes(span.chunk);
+    change[span.last + 1] -= dataset_.chunk_object_bytes(span.chunk);
+  }
+  int64_t at_once = 0, most = 0, largest = 0;
+  for (const auto& [batch, bytes] : change) most = std::max(most, at_once += bytes);
+  for (const Span& span : order) largest = std::max(largest, dataset_.chunk_object_bytes(span.chunk));
+  const int local = std::max(1, env_int("LOCAL_WORLD_SIZE", 1));
+  const int64_t share = budget / local;
+  LF_CHECK(most <= share, ValueError, "StreamingDataLoader(", dataset_.dir().string(), "): this pass reads up to ", most,
+           " bytes of chunks at once (num_workers ", options_.num_workers_, " interleaves that many workers' chunks), "
+           "more than this process's share of the cache budget: max_cache_bytes ", budget, " / ", local,
+           " processes on the node (LOCAL_WORLD_SIZE). Raise max_cache_bytes to at least ", most * local, ".");
+  // How many chunks ahead: prefetch_chunks, within the share beside the chunks read at once.
+  const int64_t ahead = std::min<int64_t>(options_.prefetch_chunks_, (share - most) / std::max<int64_t>(1, largest));
+  if (ahead <= 0) return;
   p.threads.emplace_back([this, order = std::move(order), ahead] {
     auto& p = *pass_;
     std::vector<const Span*> fetched;  // fetched ahead, not yet reached by the loop

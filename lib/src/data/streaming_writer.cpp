@@ -246,6 +246,7 @@ StreamingWriter::StreamingWriter(const std::filesystem::path& dir, StreamingWrit
   const std::regex ours(state.options.writer_rank_ ? "chunk-" + std::to_string(state.rank) + "-[0-9]+\\.bin|" +
                                                         std::to_string(state.rank) + "\\.index\\.json|index\\.json"
                                                   : std::string("chunk-.*\\.bin|([0-9]+\\.)?index\\.json"));
+  storage::S3Url::refuse_other_schemes(dir.string(), who);
   if (storage::S3Url::is_s3(dir.string())) {
     state.remote = storage::S3Url::parse(dir.string(), who);
     state.client = storage::S3Client::from_environment(who);

@@ -23,6 +23,18 @@ namespace fs = std::filesystem;
 
 bool S3Url::is_s3(std::string_view text) { return text.rfind("s3://", 0) == 0; }
 
+void S3Url::refuse_other_schemes(std::string_view text, const std::string& who) {
+  const size_t colon = text.find("://");
+  if (colon == std::string_view::npos || colon == 0 || is_s3(text)) return;
+  for (size_t i = 0; i < colon; ++i) {
+    const char c = text[i];
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '+' || c == '-' || c == '.')) return;  // not a scheme
+  }
+  throw ValueError(who + ": '" + std::string(text) + "' uses the " + std::string(text.substr(0, colon)) +
+                   ":// scheme, which is not supported; use a local (or shared) path, or s3://bucket/prefix for S3 "
+                   "and S3-compatible stores (MinIO, Ceph: set AWS_ENDPOINT_URL)");
+}
+
 S3Url S3Url::parse(std::string_view text, const std::string& who) {
   LF_CHECK(is_s3(text), ValueError, who, ": '", std::string(text), "' is not an s3:// URL; write s3://bucket/prefix");
   const std::string_view rest = text.substr(5);

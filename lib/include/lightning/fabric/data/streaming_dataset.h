@@ -94,8 +94,12 @@ class LF_API StreamingDataset {
   /// Downloads chunk `chunk` of an s3:// dataset into the cache ahead of its reader (the loader's
   /// fetch ahead); false when the cache has no room now. True at once for a local folder.
   bool fetch_ahead(size_t chunk) const;
-  /// How many of the largest chunk the budget holds (0 for a local folder).
-  int64_t chunks_the_cache_holds() const;
+  /// An s3:// dataset's cache budget (0 for a local folder) and chunk `chunk`'s object size.
+  int64_t cache_budget() const;
+  int64_t chunk_object_bytes(size_t chunk) const;
+  /// Lets go of chunk `chunk` once the loader's pass has read it (an s3:// chunk kept open
+  /// between items is then evictable); nothing for a local folder.
+  void release_chunk(size_t chunk) const;
 
   std::unique_ptr<data_detail::DatasetFiles> files_;
 };

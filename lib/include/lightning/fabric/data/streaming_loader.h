@@ -152,9 +152,11 @@ class LF_API StreamingDataLoader : public Stateful {
   void place(int replicas, int rank, c10::Device device, const std::string& call);
   std::shared_ptr<StreamingBatch> next_batch();
   void start_pass();
-  /// An s3:// dataset: starts the thread that downloads the pass's next chunks (prefetch_chunks)
-  /// before the loop reaches them.
-  void fetch_ahead();
+  /// An s3:// dataset: checks that the chunks the pass reads at once fit this process's share of
+  /// the cache budget (ValueError naming the bytes), marks where each chunk is read for the last
+  /// time, and starts the thread that downloads the next chunks (prefetch_chunks) before the loop
+  /// reaches them.
+  void plan_chunks();
 
   const StreamingDataset& dataset_;
   StreamingLoaderOptions options_;

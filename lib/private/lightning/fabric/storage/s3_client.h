@@ -28,6 +28,9 @@ struct S3Url {
   std::string key;
   /// Whether text names object storage (starts with s3://).
   static bool is_s3(std::string_view text);
+  /// ValueError naming `who`, the text and the choices when text starts with a URL scheme other
+  /// than s3:// (gs://, http://, ...), which would otherwise be taken for a local path.
+  static void refuse_other_schemes(std::string_view text, const std::string& who);
   /// Splits s3://bucket/key. ValueError naming `who` and the text for one without a bucket.
   static S3Url parse(std::string_view text, const std::string& who);
   /// s3://bucket/key
