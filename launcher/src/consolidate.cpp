@@ -37,15 +37,18 @@ void check_arguments(const fs::path& folder, const fs::path& output) {
       throw ArgumentProblem(std::string(e.what()).substr(kWho.size() + 2));
     }
   }
-  if (storage::is_remote(folder)) {
-    if (!storage::is_remote_folder(folder, kWho)) {
+  bool output_exists = false;
+  try {
+    if (storage::is_remote(folder) && !storage::is_remote_folder(folder, kWho)) {
       throw ArgumentProblem(folder.string() + " is not a sharded checkpoint: no .metadata is under it (a sharded save "
                             "writes it last; a single-file checkpoint needs no consolidation).");
     }
-  } else {
-    check_local_folder(folder);
+    output_exists = storage::is_remote(output) ? storage::remote_exists(output, kWho) : fs::exists(output);
+  } catch (const fabric::ValueError& e) {  // a URL without a bucket, no credentials: the arguments' fault
+    throw ArgumentProblem(std::string(e.what()).substr(kWho.size() + 2));
   }
-  if (storage::is_remote(output) ? storage::remote_exists(output, kWho) : fs::exists(output)) {
+  if (!storage::is_remote(folder)) check_local_folder(folder);
+  if (output_exists) {
     throw ArgumentProblem("the output " + output.string() + " already exists; consolidate never overwrites. Remove it "
                           "or choose another with --output-file PATH.");
   }

@@ -8,7 +8,7 @@
 #      lf::StreamingWriter writes datasets to the server that litdata reads item for item;
 #   2. a 2-rank lightning-run job trains on it behind Fabric, both ranks downloading into one
 #      shared cache folder: each rank takes its planned batches, and each chunk is fetched once
-#      (the server's log counts the GETs); under a cache budget of 4 chunks the loader reads
+#      (the server's log counts the GETs); under a cache budget of 5 chunks the loader reads
 #      litdata's batches, the cache stays within its budget and evicts what was read, and a dead
 #      downloader's reservation is cleared;
 #   3. refusals, each exit 1 with the URL named: a missing bucket, a cache budget smaller than a chunk, a prefix without a dataset, a
@@ -101,14 +101,14 @@ downloads=$(cat "$dir/job/rank-0.cache" "$dir/job/rank-1.cache" | awk '{n += $2}
 echo "ok: a 2-rank job trained on s3://data/ids behind Fabric, each rank its planned batches, one shared cache, each of its $chunks chunks fetched once"
 
 # The same job killed after 3 batches with its checkpoint on s3://, resumed from it with a fresh
-# 8-chunk cache the two ranks share: every rank continues with the uninterrupted job's batches,
+# 10-chunk cache the two ranks share: every rank continues with the uninterrupted job's batches,
 # losses and parameters.
 mkdir -p "$dir/first" "$dir/resumed"
 LT_STREAMING_CACHE_DIR="$dir/first-cache" timeout 120 "$run" model --accelerator cpu --devices 2 "$checks" train s3://data/ids "$dir/first" \
   --batch 4 --workers 2 --shuffle --save-after 3 s3://data/resume.ckpt --kill > "$dir/first.out" 2>&1; code=$?
 (( code == 137 )) || fail "the killed job exited with $code, expected 137 ($(tail -3 "$dir/first.out"))"
 largest=$(find "$dir/shared-cache" -name 'chunk-*.bin' -printf '%s\n' | sort -n | tail -1)
-MAX_CACHE_BYTES=$((8 * largest)) LT_STREAMING_CACHE_DIR="$dir/resume-cache" timeout 120 "$run" model --accelerator cpu --devices 2 \
+MAX_CACHE_BYTES=$((10 * largest)) LT_STREAMING_CACHE_DIR="$dir/resume-cache" timeout 120 "$run" model --accelerator cpu --devices 2 \
   "$checks" train s3://data/ids "$dir/resumed" --batch 4 --workers 2 --shuffle --epochs 2 --resume s3://data/resume.ckpt > "$dir/resumed.out" 2>&1 ||
   fail "the job resumed from s3://data/resume.ckpt exited with $? ($(tail -3 "$dir/resumed.out"))"
 for r in 0 1; do
@@ -117,31 +117,36 @@ for r in 0 1; do
       fail "rank $r resumed from s3://data/resume.ckpt did not continue as the uninterrupted job ($kind)"
   done
 done
-echo "ok: killed after 3 batches, resumed from s3://data/resume.ckpt under an 8-chunk cache: batches, losses and parameters as the uninterrupted job's, bit for bit"
+echo "ok: killed after 3 batches, resumed from s3://data/resume.ckpt under a 10-chunk cache: batches, losses and parameters as the uninterrupted job's, bit for bit"
 
-# A cache budget of 4 chunks: a shuffled 2-epoch pass on 2 workers' order reads litdata's batches,
+# A cache budget of 5 chunks (what the pass reads at once): a shuffled 2-epoch pass on 2 workers' order reads litdata's batches,
 # the cache never holds more than its budget, and read chunks are evicted (fetched again in epoch 2).
 # A reservation and a partial download left by a killed downloader are cleared, not counted.
 largest=$(find "$dir/shared-cache" -name 'chunk-*.bin' -printf '%s\n' | sort -n | tail -1)
-budget=$((4 * largest))
+budget=$((5 * largest))
 export LT_STREAMING_CACHE_DIR="$dir/small-cache"
 tight=2,1,2,3,1,2
 MAX_CACHE_BYTES=$budget "$checks" order s3://data/ids $tight > "$dir/tight.cpp" 2> "$dir/tight.err" ||
   fail "the loader under a $budget-byte cache budget exited with $? ($(tail -2 "$dir/tight.err"))"
 grep "^$tight " "$dir/order.python" > "$dir/tight.python"
-same "$dir/tight.python" "$dir/tight.cpp" "batches of s3://data/ids under a 4-chunk cache budget and litdata's"
+same "$dir/tight.python" "$dir/tight.cpp" "batches of s3://data/ids under a 5-chunk cache budget and litdata's"
 read -r _ _ peak _ downloads < "$dir/tight.err"
 (( peak > 0 && peak <= budget )) || fail "the cache's peak $peak bytes is not within its budget $budget"
-(( downloads > $(ls "$dir/small-cache"/*/chunk-*.bin | wc -l) )) || fail "no chunk was evicted under a 4-chunk budget ($downloads downloads)"
+(( downloads > $(ls "$dir/small-cache"/*/chunk-*.bin | wc -l) )) || fail "no chunk was evicted under a 5-chunk budget ($downloads downloads)"
 held=$(find "$dir/small-cache" -name 'chunk-*.bin' -printf '%s\n' | awk '{n += $1} END {print n}')
 (( held <= budget )) || fail "the cache holds $held bytes after the pass, over its budget $budget"
+# Items read one by one without a loader, under a 2-chunk budget: the dataset lets its idle open
+# chunks go when it needs room.
+LT_STREAMING_CACHE_DIR="$dir/tiny-cache" MAX_CACHE_BYTES=$((2 * largest)) timeout 60 "$checks" dump s3://data/ids > "$dir/tiny.cpp" ||
+  fail "reading s3://data/ids item by item under a 2-chunk budget exited with $?"
+same "$dir/items.python" "$dir/tiny.cpp" "items of s3://data/ids read one by one under a 2-chunk budget and litdata's"
 cached=$(ls -d "$dir/small-cache"/*/)
 truncate -s 1G "${cached}chunk-0-0.bin.reserve"; echo torn > "${cached}chunk-0-0.bin.part-1-2"; rm -f "${cached}chunk-0-0.bin"
 MAX_CACHE_BYTES=$budget "$checks" order s3://data/ids $tight > "$dir/tight2.cpp" 2> "$dir/tight.err" ||
   fail "the loader beside a dead downloader's reservation exited with $? ($(tail -2 "$dir/tight.err"))"
 same "$dir/tight.python" "$dir/tight2.cpp" "batches of s3://data/ids beside a dead downloader's reservation"
 [ ! -e "${cached}chunk-0-0.bin.reserve" ] && [ ! -e "${cached}chunk-0-0.bin.part-1-2" ] || fail "a dead downloader's reservation or partial file was left"
-echo "ok: under a 4-chunk budget ($budget bytes) litdata's batches, peak $peak bytes, $downloads downloads; a dead downloader's reservation cleared"
+echo "ok: under a 5-chunk budget ($budget bytes) litdata's batches, peak $peak bytes, $downloads downloads; a dead downloader's reservation cleared"
 
 # 3. Checkpoints on s3://: a 2-rank ddp job saves one file there and loads it back; Python's
 # torch.load reads the same object.

@@ -54,8 +54,18 @@ void put_file(const storage::S3Client& client, const storage::S3Url& url, const 
 
 bool is_remote(const fs::path& path) { return storage::S3Url::is_s3(path.string()); }
 
-LocalCopy::LocalCopy(LocalCopy&& other) noexcept : path_(std::move(other.path_)), temporary_(std::move(other.temporary_)) {
+LocalCopy::LocalCopy(LocalCopy&& other) noexcept
+    : path_(std::move(other.path_)), temporary_(std::move(other.temporary_)), origin_(std::move(other.origin_)) {
   other.temporary_.clear();
+}
+
+std::string LocalCopy::named(const std::string& message) const {
+  if (temporary_.empty()) return message;
+  std::string out = message;
+  const std::string local = path_.string();
+  for (size_t at = out.find(local); at != std::string::npos; at = out.find(local, at + origin_.size()))
+    out.replace(at, local.size(), origin_);
+  return out;
 }
 
 LocalCopy::~LocalCopy() {
@@ -65,7 +75,7 @@ LocalCopy::~LocalCopy() {
 
 LocalCopy fetch(const fs::path& path, const std::string& who) {
   storage::S3Url::refuse_other_schemes(path.string(), who);
-  if (!is_remote(path)) return LocalCopy(path, {});
+  if (!is_remote(path)) return LocalCopy(path, {}, path.string());
   const auto url = storage::S3Url::parse(path.string(), who);
   const auto client = storage::S3Client::from_environment(who);
   const fs::path temporary = fresh_temporary("checkpoint");
@@ -78,7 +88,7 @@ LocalCopy fetch(const fs::path& path, const std::string& who) {
         if (name.find('/') != std::string::npos) continue;  // not part of this folder
         client.get_to_file(url.child(name), folder / name);
       }
-      return LocalCopy(folder, temporary);
+      return LocalCopy(folder, temporary, path.string());
     }
     LF_CHECK(!url.key.empty(), RuntimeError, who, ": ", path.string(), " names a bucket, and no checkpoint folder is there");
     LF_CHECK(objects.empty(), RuntimeError, who, ": ", path.string(), " holds ", objects.size(), " objects (",
@@ -86,7 +96,7 @@ LocalCopy fetch(const fs::path& path, const std::string& who) {
              "checkpoint. Load an earlier checkpoint");
     const fs::path file = temporary / fs::path(url.key).filename();
     client.get_to_file(url, file);  // RuntimeError naming the object when it is missing
-    return LocalCopy(file, temporary);
+    return LocalCopy(file, temporary, path.string());
   } catch (...) {
     std::error_code ignored;
     fs::remove_all(temporary, ignored);
@@ -122,17 +132,12 @@ void RemoteFolder::commit(const fs::path& meta_file, const fs::path& metadata_fi
   if (!meta_file.empty()) upload(meta_file);
   upload(metadata_file);  // the commit: from now on the folder is a checkpoint
   for (const auto& [name, size] : earlier) {
-    if (name.find('/') == std::string::npos && !written.count(name) && name != kMetadata &&
-        name != meta_file.filename().string())
-      client_.remove(url_.child(name));
-  }
-}
-
-void RemoteFolder::discard(const std::set<std::string>& written) const {
-  for (const auto& name : written) {
+    if (name.find('/') != std::string::npos || written.count(name) || name == kMetadata ||
+        name == meta_file.filename().string())
+      continue;
     try {
       client_.remove(url_.child(name));
-    } catch (const std::exception&) {  // best effort: the folder has no .metadata, so it never loads
+    } catch (const std::exception&) {  // past the commit, nothing may fail the save: the next save here removes it
     }
   }
 }

@@ -229,10 +229,11 @@ CheckpointWrite prepare_folder(const CheckpointPeers& peers, const std::string& 
       fs::create_directories(staging);
     });
   }
-  auto discard = [zero, staging, remote, local_part, part] {
+  // s3://: the uploaded parts stay (without this save's .metadata they never load; the next save
+  // there removes them), since a failure after the commit point must not remove what it names.
+  auto discard = [zero, staging, remote, local_part] {
     std::error_code ignored;
-    if (remote) remote->discard({part});  // an earlier save there stays whole; a new folder has no .metadata
-    else if (zero) fs::remove_all(staging, ignored);  // nothing half-written stays behind
+    if (!remote && zero) fs::remove_all(staging, ignored);  // nothing half-written stays behind
   };
   auto items = std::make_shared<std::vector<dcp::SaveItem>>();
   auto rest = std::make_shared<StateDict>(make_state_dict());  // what Python Fabric keeps in meta.pt
@@ -525,15 +526,11 @@ StateDict load_sharded(Collective& group, const fs::path& remote_or_local, State
   StateDict result = make_state_dict();
   const std::string call = "fabric.load(" + remote_or_local.string() + ")";
   peers.run_on_every_rank(call, [&] {
-    const auto copy = checkpoint_storage::fetch(remote_or_local, call);  // s3://: downloaded, then read as a local one
-    const fs::path& path = copy.path();
-    if (!fs::is_directory(path)) {
-      result = read_whole_file(path, state, strict, layout);
-    } else if (is_sharded_checkpoint(path)) {
-      result = read_earlier_layout(path, state, strict, layout);
-    } else {
-      result = read_dcp_folder(path, state, strict, layout);
-    }
+    result = checkpoint_storage::read_checkpoint(remote_or_local, call, [&](const fs::path& path) {  // s3://: downloaded first
+      if (!fs::is_directory(path)) return read_whole_file(path, state, strict, layout);
+      if (is_sharded_checkpoint(path)) return read_earlier_layout(path, state, strict, layout);
+      return read_dcp_folder(path, state, strict, layout);
+    });
   });
   return result;
 }

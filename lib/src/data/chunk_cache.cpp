@@ -11,7 +11,9 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <thread>
+#include <utility>
 #include <tuple>
 #include <vector>
 
@@ -105,20 +107,31 @@ bool ChunkCache::reserve(const std::string& name, int64_t bytes, int64_t* used_o
   }
   LF_CHECK(!error, RuntimeError, who_, ": cannot list the cache folder ", dir_.string(), ": ", error.message());
   std::sort(chunks.begin(), chunks.end());
+  // The unheld chunks, least recently used first, locked (so no reader takes them meanwhile) until
+  // enough room is found; evicted only when the reservation then fits, else none is.
+  std::vector<std::pair<std::unique_ptr<LockFile>, std::pair<std::string, int64_t>>> evictable;
+  int64_t freed = 0;
   for (const auto& [when, chunk, size] : chunks) {
-    if (used + bytes <= budget_) break;
-    LockFile use(dir_ / (chunk + ".use"), who_);
-    if (!use.lock(LOCK_EX | LOCK_NB)) continue;  // a reader of this node holds it
-    std::error_code ignored;
-    if (fs::remove(dir_ / chunk, ignored)) used -= size;
+    if (used - freed + bytes <= budget_) break;
+    auto use = std::make_unique<LockFile>(dir_ / (chunk + ".use"), who_);
+    if (!use->lock(LOCK_EX | LOCK_NB)) continue;  // a reader of this node holds it
+    freed += size;
+    evictable.emplace_back(std::move(use), std::make_pair(chunk, size));
   }
   *used_out = used;
-  if (used + bytes > budget_) return false;
+  if (used - freed + bytes > budget_) return false;
+  for (const auto& [lock, chunk] : evictable) {
+    std::error_code ignored;
+    fs::remove(dir_ / chunk.first, ignored);
+    used -= chunk.second;
+  }
+  *used_out = used;
   const fs::path reservation = dir_ / (name + ".reserve");
   const int fd = ::open(reservation.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  LF_CHECK(fd >= 0 && ::ftruncate(fd, bytes) == 0, RuntimeError, who_, ": cannot write ", reservation.string(), ": ",
-           std::strerror(errno));
-  ::close(fd);
+  const bool sized = fd >= 0 && ::ftruncate(fd, bytes) == 0;
+  const int saved_errno = errno;
+  if (fd >= 0) ::close(fd);
+  LF_CHECK(sized, RuntimeError, who_, ": cannot write ", reservation.string(), ": ", std::strerror(saved_errno));
   int64_t peak = peak_.load();
   while (used + bytes > peak && !peak_.compare_exchange_weak(peak, used + bytes)) {
   }

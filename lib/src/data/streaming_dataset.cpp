@@ -519,6 +519,7 @@ int64_t StreamingDataset::cache_budget() const { return files_->cache ? files_->
 int64_t StreamingDataset::chunk_object_bytes(size_t chunk) const { return files_->chunks[chunk]->remote_bytes; }
 void StreamingDataset::release_chunk(size_t chunk) const {
   if (!files_->cache) return;
+  std::lock_guard<std::mutex> opening(files_->chunks[chunk]->opening);  // as open(): opening, then cache_mutex
   std::lock_guard<std::mutex> lock(files_->cache_mutex);
   auto& recent = files_->recent;
   const data_detail::OpenChunk* open = files_->chunks[chunk]->open.lock().get();

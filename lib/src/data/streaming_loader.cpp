@@ -437,9 +437,6 @@ void StreamingDataLoader::start_pass() {
         } catch (...) {
           result.error = std::current_exception();
         }
-        const auto read = p.release_after.find(b);  // chunks this pass reads no more
-        if (read != p.release_after.end())
-          for (size_t chunk : read->second) dataset_.release_chunk(chunk);
         {
           std::lock_guard<std::mutex> lock(p.mutex);
           p.ready_bytes += result.bytes;
@@ -476,14 +473,15 @@ void StreamingDataLoader::plan_chunks() {
       else order[it->second].last = b;
     }
   }
-  // The bytes of the chunks read at once (begun and not finished at some batch; with num_workers
-  // > 1 the order interleaves that many workers' chunks) must fit this process's share of the
-  // node's budget, or ranks that wait for each other in a collective could wait for each other's
-  // chunks too.
-  std::map<int64_t, int64_t> change;  // batch -> bytes begun there, minus bytes finished before it
+  // The bytes of the chunks held at once must fit this process's share of the node's budget, or
+  // ranks that wait for each other in a collective could wait for each other's chunks too. A chunk
+  // is held from when the reading threads, up to prefetch_batches ahead of the loop, first read it
+  // until the loop has taken its last batch; with num_workers > 1 the order interleaves that many
+  // workers' chunks.
+  std::map<int64_t, int64_t> change;  // loop position -> bytes held from there, minus bytes let go before it
   for (const Span& span : order) {
     p.release_after[span.last].push_back(span.chunk);
-    change[span.first] += dataset_.chunk_object_bytes(span.chunk);
+    change[span.first - options_.prefetch_batches_] += dataset_.chunk_object_bytes(span.chunk);
     change[span.last + 1] -= dataset_.chunk_object_bytes(span.chunk);
   }
   int64_t at_once = 0, most = 0, largest = 0;
@@ -492,7 +490,8 @@ void StreamingDataLoader::plan_chunks() {
   const int local = std::max(1, env_int("LOCAL_WORLD_SIZE", 1));
   const int64_t share = budget / local;
   LF_CHECK(most <= share, ValueError, "StreamingDataLoader(", dataset_.dir().string(), "): this pass reads up to ", most,
-           " bytes of chunks at once (num_workers ", options_.num_workers_, " interleaves that many workers' chunks), "
+           " bytes of chunks at once (num_workers ", options_.num_workers_, " interleaves that many workers' chunks, "
+           "and the reading threads read up to prefetch_batches ", options_.prefetch_batches_, " ahead), "
            "more than this process's share of the cache budget: max_cache_bytes ", budget, " / ", local,
            " processes on the node (LOCAL_WORLD_SIZE). Raise max_cache_bytes to at least ", most * local, ".");
   // How many chunks ahead: prefetch_chunks, within the share beside the chunks read at once.
@@ -560,6 +559,9 @@ std::shared_ptr<StreamingBatch> StreamingDataLoader::next_batch() {
     std::rethrow_exception(result.error);
   }
   p.current.taken = p.consumed;
+  const auto read = p.release_after.find(p.consumed - 1);  // every batch using these chunks is read
+  if (read != p.release_after.end())
+    for (size_t chunk : read->second) dataset_.release_chunk(chunk);
   if (device_) {
     const bool non_blocking = options_.pin_memory_;
     result.batch->data = map_tensors(result.batch->data, [&](const at::Tensor& tensor) {

@@ -165,8 +165,8 @@ CheckpointWrite Strategy::prepare_checkpoint(const std::string& call, const std:
 }
 
 StateDict Strategy::load_checkpoint(const std::filesystem::path& path, State* state, bool strict) {
-  const auto copy = checkpoint_storage::fetch(path, "fabric.load(" + path.string() + ")");  // s3://: downloaded first
-  StateDict checkpoint = load_state_dict_file(copy.path());
+  StateDict checkpoint = checkpoint_storage::read_checkpoint(  // s3://: downloaded first
+      path, "fabric.load(" + path.string() + ")", [](const std::filesystem::path& local) { return load_state_dict_file(local); });
   return state ? restore_from_checkpoint(*state, checkpoint, strict) : checkpoint;
 }
 

@@ -6,8 +6,9 @@
 //   file; rank 0 uploads meta.pt, then .metadata last (the commit: a folder without .metadata is
 //   not a checkpoint), then removes the objects of an earlier save there. A save over an earlier
 //   one names its parts apart (__R_0-TOKEN.distcp), so the earlier stays whole while they upload;
-//   the commit removes the earlier .metadata before it uploads meta.pt, so a save killed during
-//   its commit leaves no checkpoint there, never a mix of the two.
+//   the commit removes the earlier .metadata before it uploads meta.pt, so a save killed or failed
+//   during its commit leaves no checkpoint there, never a mix of the two. A failed save's parts
+//   stay (a folder without .metadata never loads); the next save there removes them.
 // Nothing here uses LibTorch: `lightning-run model consolidate` links it.
 #pragma once
 
@@ -17,6 +18,7 @@
 #include <set>
 #include <string>
 
+#include "lightning/fabric/errors.h"
 #include "lightning/fabric/storage/s3_client.h"
 
 namespace lightning::fabric::checkpoint_storage {
@@ -34,13 +36,22 @@ class LocalCopy {
   LocalCopy(LocalCopy&& other) noexcept;
   ~LocalCopy();
   const std::filesystem::path& path() const { return path_; }
+  /// `message` (an error of reading the copy) naming the checkpoint's URL instead of the copy.
+  std::string named(const std::string& message) const;
 
  private:
   friend LocalCopy fetch(const std::filesystem::path& path, const std::string& who);
-  LocalCopy(std::filesystem::path path, std::filesystem::path temporary) : path_(std::move(path)), temporary_(std::move(temporary)) {}
+  LocalCopy(std::filesystem::path path, std::filesystem::path temporary, std::string origin)
+      : path_(std::move(path)), temporary_(std::move(temporary)), origin_(std::move(origin)) {}
   std::filesystem::path path_;
   std::filesystem::path temporary_;  // empty: nothing to remove
+  std::string origin_;               // the URL the copy came from
 };
+
+/// Reads the checkpoint at `path` through `read(local path)` on a local copy (see fetch); an error
+/// it raises names `path`, not the copy.
+template <class Read>
+auto read_checkpoint(const std::filesystem::path& path, const std::string& who, const Read& read);
 
 /// A local copy of the checkpoint at `path` (see LocalCopy). RuntimeError naming the URL when
 /// neither an object nor a checkpoint folder is there (`who` prefixes errors).
@@ -70,18 +81,29 @@ class RemoteFolder {
   /// Uploads local file `file` as the folder's object of the same name.
   void upload(const std::filesystem::path& file) const;
   /// Rank 0, last: removes an earlier save's .metadata, uploads meta_file (if any), then
-  /// metadata_file, then removes every object under the prefix whose name is not in `written`
-  /// (the earlier save's parts).
+  /// metadata_file, then removes every other object under the prefix that is not in `written`
+  /// (the earlier save's parts; one that cannot be removed stays, and the next save there
+  /// removes it). Throws only before metadata_file is up.
   void commit(const std::filesystem::path& meta_file, const std::filesystem::path& metadata_file,
               const std::set<std::string>& written) const;
-  /// After a failed save: removes what this rank uploaded (`written`).
-  void discard(const std::set<std::string>& written) const;
 
  private:
   storage::S3Url url_;
   storage::S3Client client_;
   std::string who_;
 };
+
+template <class Read>
+auto read_checkpoint(const std::filesystem::path& path, const std::string& who, const Read& read) {
+  const LocalCopy copy = fetch(path, who);
+  try {
+    return read(copy.path());
+  } catch (const ValueError& e) {
+    throw ValueError(copy.named(e.what()));
+  } catch (const RuntimeError& e) {
+    throw RuntimeError(copy.named(e.what()));
+  }
+}
 
 /// Uploads local file `file` to the object `url` (an s3:// path), in one PUT.
 void upload_file(const std::filesystem::path& file, const std::filesystem::path& url, const std::string& who);
