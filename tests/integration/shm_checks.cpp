@@ -3,8 +3,11 @@
 // order-free: max, min, copies, and sums of 2 ranks; within the reduction-order tolerance
 // otherwise). Run under lightning-run with 2, 3 or 4 ranks; each rank prints one PASS line.
 //   lightning-run model --accelerator cpu --devices 3 lf_shm_checks [--large]
+// Point-to-point (send/recv and their tagged asynchronous forms) is checked against what each
+// sender sent, from a byte to 64 MB (--large), every dtype, out-of-order tags.
 // --peer-dies (2 ranks, started without a launcher by shm_failures.sh): rank 1 kills itself with
 // SIGKILL while rank 0 waits in an shm all_reduce; rank 0 must fail at once, naming rank 1.
+// --peer-dies-mid-transfer: the same in the middle of a 64 MB send to rank 0.
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -15,10 +18,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <functional>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "expect.h"
+#include "lightning/fabric/errors.h"
 #include "lightning/fabric/plugins/collectives/collective.h"
 #include "lightning/fabric/strategies/strategy.h"
 
@@ -76,6 +82,121 @@ int peer_dies(lf::Collective& shm) {
   std::_Exit(0);  // the gloo group's peer is gone: skip its teardown
 }
 
+// Rank 1 sends rank 0 a 64 MB message and dies (SIGKILL) at once, mid-transfer: rank 0's recv
+// must fail within seconds, naming rank 1 and how many bytes had come.
+int peer_dies_mid_transfer(lf::Collective& shm) {
+  const int64_t count = 16 << 20;  // 64 MB of float32
+  if (shm.rank() == 1) {
+    at::Tensor big = at::ones({count});
+    auto finish = shm.send_start(big, 0, 7);
+    ::raise(SIGKILL);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  at::Tensor into = at::zeros({count});
+  try {
+    shm.recv_start_(into, 1, 7)();
+    std::cout << "FAIL: the recv returned although rank 1 died" << std::endl;
+  } catch (const std::exception& error) {
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const std::string what = error.what();
+    std::cout << "rank 0 failed after " << waited << " s: " << what << std::endl;
+    const bool named = what.find("rank 1 (pid ") != std::string::npos && what.find("died") != std::string::npos &&
+                       what.find(" of 67108864 bytes") != std::string::npos;
+    std::cout << (named && waited < 5 ? "PASS: the dead peer was named" : "FAIL: not named, or too late") << std::endl;
+  }
+  std::cout.flush();
+  std::_Exit(0);
+}
+
+// Point-to-point on shm: the receiver knows what each sender sent (input_for of the sender's
+// rank), so every message is checked bitwise. Sizes from 1 byte to 64 MB (past the 4 MB ring),
+// every dtype, tags received out of order, both directions at once, a refused mismatch.
+void check_point_to_point(lf::Collective& shm, bool large) {
+  const int rank = shm.rank(), world = shm.world_size();
+  const int next = (rank + 1) % world, previous = (rank + world - 1) % world;
+  int salt = 5000;
+  const std::vector<int64_t> sizes = large ? std::vector<int64_t>{16LL << 20}
+                                           : std::vector<int64_t>{0, 1, 7, 1000, (1 << 20) + 3, 3 << 20};
+  const std::vector<at::ScalarType> dtypes{at::kByte, at::kFloat, at::kDouble, at::kBFloat16, at::kHalf, at::kLong,
+                                           at::kInt, at::kBool};
+  for (int64_t count : sizes) {
+    for (at::ScalarType dtype : dtypes) {
+      if (large && dtype != at::kFloat) continue;
+      ++salt;
+      auto make = [&](int who) {
+        return dtype == at::kBool ? input_for(who, count, at::kLong, salt).gt(0) : input_for(who, count, dtype, salt);
+      };
+      const at::Tensor mine = make(rank);
+      at::Tensor got = at::empty({count}, mine.options());
+      // Everyone sends before receiving: sends larger than the ring finish as the peers' threads
+      // take their bytes.
+      auto sent = shm.send_start(mine, next, 3);
+      auto received = shm.recv_start_(got, previous, 3);
+      sent();
+      received();
+      checks::expect(at::equal(got, make(previous)), std::string("send/recv ring of ") + c10::toString(dtype) + "[" +
+                                                         std::to_string(count) + "]");
+    }
+  }
+  if (large) return;
+  // Tags out of order: three messages to next (tags 0, 1, 2), received 2, 1, 0; then two of one
+  // tag, which arrive in the order sent.
+  std::vector<at::Tensor> outgoing, incoming;
+  std::vector<std::function<void()>> sends, recvs;
+  for (int tag = 0; tag < 3; ++tag) {
+    outgoing.push_back(input_for(rank, tag == 0 ? (5 << 20) / 4 + 1 : 10 + tag, at::kFloat, ++salt));
+    sends.push_back(shm.send_start(outgoing.back(), next, tag));
+  }
+  for (int tag = 2; tag >= 0; --tag) {
+    incoming.push_back(at::empty({tag == 0 ? (5 << 20) / 4 + 1 : 10 + tag}));
+    recvs.push_back(shm.recv_start_(incoming.back(), previous, tag));
+  }
+  for (auto& wait : recvs) wait();
+  for (auto& wait : sends) wait();
+  for (int tag = 2, i = 0; tag >= 0; --tag, ++i) {
+    checks::expect(at::equal(incoming[i], input_for(previous, incoming[i].numel(), at::kFloat, salt - 2 + tag)),
+                   "tag " + std::to_string(tag) + " received out of order");
+  }
+  const at::Tensor first = at::full({3}, 1.0 + rank), second = at::full({3}, 2.0 + rank);
+  auto a = shm.send_start(first, next, 9);
+  auto b = shm.send_start(second, next, 9);
+  at::Tensor one = at::empty({3}), two = at::empty({3});
+  shm.recv_start_(one, previous, 9)();
+  shm.recv_start_(two, previous, 9)();
+  a();
+  b();
+  checks::expect(one[0].item<double>() == 1.0 + previous && two[0].item<double>() == 2.0 + previous,
+                 "two messages of one tag arrive in the order sent");
+  // Blocking send/recv of a strided tensor (staged) between ranks 0 and 1.
+  if (rank < 2) {
+    at::Tensor grid = input_for(0, 48 * 64, at::kFloat, ++salt).view({48, 64});
+    if (rank == 0) {
+      shm.send(grid.t(), 1);
+    } else {
+      at::Tensor into = at::empty({48, 64}).t();
+      shm.recv_(into, 0);
+      checks::expect(at::equal(into, grid.t()), "blocking send/recv of a transposed view");
+    }
+  }
+  // A recv of the wrong size fails naming both; the stream goes on.
+  auto wrong = shm.send_start(at::ones({10}), next, 4);
+  auto right = shm.send_start(at::full({2}, 5.0), next, 4);
+  at::Tensor too_long = at::empty({11}), after = at::empty({2});
+  try {
+    shm.recv_start_(too_long, previous, 4)();
+    checks::expect(false, "a recv of the wrong size was accepted");
+  } catch (const lf::ValueError& error) {
+    const std::string what = error.what();
+    checks::expect(what.find("Float[10]") != std::string::npos && what.find("Float[11]") != std::string::npos,
+                   "the size mismatch names both sizes: " + what);
+  }
+  shm.recv_start_(after, previous, 4)();
+  checks::expect(at::equal(after, at::full({2}, 5.0)), "the message after a refused one");
+  wrong();
+  right();
+  shm.barrier();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -94,6 +215,7 @@ int main(int argc, char** argv) {
   for (int r = 0; r < gloo.world_size(); ++r) everyone.push_back(r);
   lf::Collective shm(gloo, "shm-checks", everyone, lf::ProcessGroupBackend::Shm);
   if (argc > 1 && std::strcmp(argv[1], "--peer-dies") == 0) return peer_dies(shm);
+  if (argc > 1 && std::strcmp(argv[1], "--peer-dies-mid-transfer") == 0) return peer_dies_mid_transfer(shm);
   const int rank = gloo.rank(), world = gloo.world_size();
   checks::expect(shm.backend() == lf::ProcessGroupBackend::Shm && shm.world_size() == world, "the subgroup is not an shm group of every rank");
 
@@ -151,6 +273,7 @@ int main(int argc, char** argv) {
     checks::expect(text.size() == 300003 && text.substr(300000) == "end", "broadcast_bytes through shm");
     for (int i = 0; i < 100; ++i) shm.barrier();
   }
+  check_point_to_point(shm, large);
   if (checks::failures() > 0) return 1;
   std::cout << "PASS: shm matches gloo on rank " << rank << " of " << world << (large ? " (256 MB)" : "") << std::endl;
   return 0;

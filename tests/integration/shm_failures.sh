@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The shm backend when things go wrong, with real processes:
-#   peer_dies        rank 1 is SIGKILLed inside a job while rank 0 waits in an shm collective:
-#                    rank 0 fails within seconds, naming rank 1 (no launcher: nothing else stops it)
+#   peer_dies        rank 1 is SIGKILLed inside a job while rank 0 waits in an shm collective, then
+#                    in the middle of a 64 MB point-to-point send: rank 0 fails within seconds,
+#                    naming rank 1 (no launcher: nothing else stops it); /dev/shm holds nothing new
 #   launcher_killed  the launcher of a running shm job gets SIGKILL: no worker survives and
 #                    /dev/shm holds nothing new (the segment is a memfd and never has a name there)
 #   two_jobs         two shm jobs at once on this machine both pass (each has its own segment)
@@ -17,18 +18,26 @@ free_port() { "${LF_PYTHON:-python3}" -c "import socket; s=socket.socket(); s.bi
 
 case "$case" in
   peer_dies)
-    port=$(free_port)
-    for rank in 0 1; do
-      RANK=$rank LOCAL_RANK=$rank WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-        timeout 60 "$checks" --peer-dies >"$dir/rank$rank.out" 2>&1 &
-      pids[$rank]=$!
+    # Twice: rank 1 dies while rank 0 waits in an all_reduce, then in the middle of a 64 MB send
+    # to rank 0. Neither leaves anything in /dev/shm.
+    ls -A /dev/shm | sort >"$dir/before"
+    for mode in --peer-dies --peer-dies-mid-transfer; do
+      port=$(free_port)
+      for rank in 0 1; do
+        RANK=$rank LOCAL_RANK=$rank WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+          timeout 60 "$checks" $mode >"$dir/rank$rank$mode.out" 2>&1 &
+        pids[$rank]=$!
+      done
+      wait "${pids[0]}"; code0=$?
+      wait "${pids[1]}"; code1=$?
+      [[ $code0 == 0 ]] || fail "$mode: rank 0 ended with $code0"
+      [[ $code1 == 137 ]] || fail "$mode: rank 1 ended with $code1, expected 137 (SIGKILL)"
+      grep -q "PASS: the dead peer was named" "$dir/rank0$mode.out" || fail "$mode: rank 0 did not name the dead peer in time"
+      grep "rank 0 failed after" "$dir/rank0$mode.out"
     done
-    wait "${pids[0]}"; code0=$?
-    wait "${pids[1]}"; code1=$?
-    [[ $code0 == 0 ]] || fail "rank 0 ended with $code0"
-    [[ $code1 == 137 ]] || fail "rank 1 ended with $code1, expected 137 (SIGKILL)"
-    grep -q "PASS: the dead peer was named" "$dir/rank0.out" || fail "rank 0 did not name the dead peer in time"
-    grep "rank 0 failed after" "$dir/rank0.out"
+    ls -A /dev/shm | sort >"$dir/after"
+    new=$(comm -13 "$dir/before" "$dir/after")
+    [[ -z $new ]] || fail "new entries in /dev/shm: $new"
     ;;
   launcher_killed)
     ls -A /dev/shm | sort >"$dir/before"

@@ -367,8 +367,8 @@ at::Tensor ring_attention(const at::Tensor& query, const at::Tensor& key, const 
   Collective& group = *call->group;
   if (group.world_size() > 1) {
     check_same_blocks(group, key, value);
-    // On shm, point-to-point runs over pair groups formed on first use: form them now, in one
-    // global order (a no-op on gloo and nccl).
+    // On shm, the pair rings with the neighbours are made now rather than by the first transfer
+    // (a no-op on gloo and nccl).
     const int next = (group.rank() + 1) % group.world_size();
     const int previous = (group.rank() + group.world_size() - 1) % group.world_size();
     std::vector<int> peers{std::min(next, previous), std::max(next, previous)};

@@ -1,5 +1,5 @@
-// Collective's point-to-point ops: send, recv_, send_start, recv_start_, and the pair groups that
-// carry them on shm.
+// Collective's point-to-point ops: send, recv_, send_start, recv_start_ (on shm through its pair
+// rings, shm_point_to_point.h).
 #include "lightning/fabric/plugins/collectives/collective_impl.h"
 
 #include <algorithm>
@@ -8,25 +8,13 @@
 #include <vector>
 
 #include "lightning/fabric/errors.h"
+#include "lightning/fabric/plugins/collectives/shm_backend.h"
 
 namespace lightning::fabric {
 
-Collective& Collective::pair_with(int peer) {
-  auto& pair = impl_->pairs[peer];
-  if (!pair) {
-    const int low = std::min(impl_->rank, peer);
-    const int high = std::max(impl_->rank, peer);
-    pair = std::make_unique<Collective>(*this, "p2p-" + std::to_string(low) + "-" + std::to_string(high),
-                                        std::vector<int>{low, high}, ProcessGroupBackend::Gloo);
-  }
-  return *pair;
-}
-
 c10::intrusive_ptr<c10d::Work> Collective::point_to_point(
     int peer, const std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend&, int)>& issue) {
-  if (impl_->backend != ProcessGroupBackend::Shm) return issue(*impl_->group, peer);
-  Collective& pair = pair_with(peer);
-  return issue(*pair.impl_->group, peer > impl_->rank ? 1 : 0);
+  return issue(*impl_->group, peer);
 }
 
 void Collective::send(const at::Tensor& tensor, int dst) {
@@ -75,8 +63,8 @@ std::function<void()> Collective::start_point_to_point(int op, const at::Tensor&
 }
 
 void Collective::connect_point_to_point(const std::vector<int>& peers) {
-  if (impl_->backend != ProcessGroupBackend::Shm) return;  // gloo and nccl connect within the group itself
-  for (int peer : peers) pair_with(peer);
+  // gloo and nccl connect within the group itself; shm makes the pairs' rings now.
+  if (auto* shm = dynamic_cast<internal::ShmBackend*>(impl_->group.get())) shm->connect(peers);
 }
 
 }  // namespace lightning::fabric

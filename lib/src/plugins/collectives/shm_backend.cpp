@@ -23,6 +23,7 @@
 
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/internal/store_text.h"
+#include "lightning/fabric/plugins/collectives/shm_point_to_point.h"
 #include "lightning/fabric/utilities/process.h"
 
 namespace lightning::fabric::internal {
@@ -131,7 +132,7 @@ ShmBackend::ShmBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, i
   Segment& segment = *segment_;
   segment.rank = rank;
   segment.size = size;
-  segment.bytes = control_bytes() + static_cast<size_t>(size + 1) * kChunkBytes;
+  segment.bytes = control_bytes() + ShmPointToPoint::region_bytes(size) + static_cast<size_t>(size + 1) * kChunkBytes;
   int fd = -1;
   if (rank == 0) {
     fd = ::memfd_create("lightning-fabric-shm", MFD_CLOEXEC);
@@ -166,6 +167,7 @@ ShmBackend::ShmBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, i
   if (rank == 0) {
     // Initialised before it is published: a peer may map it and arrive at the barrier at once.
     new (segment.control) Control();
+    ShmPointToPoint::initialise_region(segment.base + control_bytes(), size);
     store->set("shm/segment", std::to_string(::getpid()) + " " + std::to_string(fd) + " " + host_name());
   }
   segment.control->pids[rank] = static_cast<int32_t>(::getpid());
@@ -178,6 +180,8 @@ ShmBackend::ShmBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, i
   for (int peer = 0; peer < size; ++peer) {
     if (peer != rank) segment.peer_pidfds[peer] = static_cast<int>(::syscall(SYS_pidfd_open, segment.control->pids[peer], 0));
   }
+  point_to_point_ = std::make_unique<ShmPointToPoint>(ShmPeers{rank, size, timeout, segment.base + control_bytes(),
+                                                               segment.control->pids, segment.peer_pidfds});
 }
 
 // The background thread: a queue of ops run in order; started at the first in_background call.
@@ -280,7 +284,8 @@ void ShmBackend::drain() {
 }
 
 char* ShmBackend::area(int rank) const {
-  return segment_->base + control_bytes() + static_cast<size_t>(rank) * kChunkBytes;
+  return segment_->base + control_bytes() + ShmPointToPoint::region_bytes(segment_->size) +
+         static_cast<size_t>(rank) * kChunkBytes;
 }
 
 char* ShmBackend::result_area() const { return area(segment_->size); }
@@ -555,6 +560,18 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::alltoall_base(at::Tensor& output, at:
   }
   return finished(c10d::OpType::ALLTOALL_BASE);
 }
+
+c10::intrusive_ptr<c10d::Work> ShmBackend::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
+  LF_CHECK(tensors.size() == 1, ValueError, "shm backend send: one tensor per call, got ", tensors.size(), ".");
+  return point_to_point_->send(tensors[0], dst, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> ShmBackend::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
+  LF_CHECK(tensors.size() == 1, ValueError, "shm backend recv: one tensor per call, got ", tensors.size(), ".");
+  return point_to_point_->recv(tensors[0], src, tag);
+}
+
+void ShmBackend::connect(const std::vector<int>& peers) { point_to_point_->connect(peers); }
 
 c10::intrusive_ptr<c10d::Work> ShmBackend::barrier(const c10d::BarrierOptions&) {
   drain();

@@ -111,7 +111,7 @@ class Collective {
   at::Tensor all_to_all(const at::Tensor& tensor);
   /// Point-to-point (blocking, as torch.distributed.send/recv): tensor's elements to group rank
   /// dst; recv_ fills tensor (any device, staged like broadcast_) from group rank src. On shm the
-  /// pair talks over a gloo group of the two ranks, made by their first send/recv between them.
+  /// bytes go through a shared-memory ring of the pair, made by their first send/recv.
   void send(const at::Tensor& tensor, int dst);
   void recv_(at::Tensor& tensor, int src);
   /// Point-to-point started now and finished by the returned function, which waits for it (call it
@@ -121,9 +121,8 @@ class Collective {
   /// the flight recorder like every op, so the hang watchdog sees a rank stuck in one.
   std::function<void()> send_start(const at::Tensor& tensor, int dst, int tag);
   std::function<void()> recv_start_(at::Tensor& tensor, int src, int tag);
-  /// Makes the point-to-point connection to each peer now (on shm: the pair groups that the
-  /// first send or recv would make). Collective over each pair: callers make their pairs in one
-  /// global order (ascending by lower, then higher rank), so no two ranks wait on each other.
+  /// Makes the point-to-point connection to each peer now (on shm: the pair rings that the first
+  /// send or recv would make, without waiting on the peer; gloo and nccl connect in the group).
   void connect_point_to_point(const std::vector<int>& peers);
   /// The op's result on group rank dst (a new tensor, tensor's device); tensor unchanged
   /// elsewhere, which get tensor back. Mean: the sum divided by the group's size.
@@ -157,12 +156,9 @@ class Collective {
   /// check_call's comparison, run whatever check_collectives says; `call` names the caller's API
   /// in the error (empty: the generic LT_CHECK_COLLECTIVES message).
   void compare_calls(int op, const at::Tensor* tensor, const std::string& call);
-  /// The gloo group of this rank and peer (ranks of this group) for point-to-point on shm.
-  Collective& pair_with(int peer);
   /// send_start and recv_start_ (op kSend or kRecv): checked, recorded, issued.
   std::function<void()> start_point_to_point(int op, const at::Tensor& tensor, int peer, int tag);
-  /// Issues a point-to-point op with peer (a rank of this group) on the group that carries it:
-  /// this one, or on shm pair_with(peer)'s, with peer's rank there.
+  /// Issues a point-to-point op with peer (a rank of this group) on this group's backend.
   c10::intrusive_ptr<c10d::Work> point_to_point(int peer,
                                                 const std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend&, int)>& issue);
   /// Counts, records and checks (check_collectives; not point-to-point, which only the peer takes

@@ -7,7 +7,6 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -39,7 +38,6 @@ struct Collective::Impl {
   bool ops_run_in_call = false;               // the backend (shm) completes each op inside its call
   internal::HostLayout layout;                // from the host vote; one host when there was none
   int group_names = 0;                        // next_group_name calls so far
-  std::map<int, std::unique_ptr<Collective>> pairs;  // pair_with's groups, by peer
   std::vector<int> global_ranks;              // each member's rank in the job, by group rank
 };
 

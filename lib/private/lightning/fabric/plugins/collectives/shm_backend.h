@@ -3,8 +3,8 @@
 //
 // The segment is a memfd of local rank 0 of the group: it has no name in /dev/shm, the other ranks
 // open it through /proc/<pid>/fd/<fd>, and it is gone when the last rank exits, however the job
-// ends. It holds a control block (a barrier, an abort flag, the ranks' pids) and W + 1 staging
-// areas of kChunkBytes each: one per rank, and one for results. Every op moves its tensors in
+// ends. It holds a control block (a barrier, an abort flag, the ranks' pids), point-to-point's
+// doorbells and pair table (shm_point_to_point.h), and W + 1 staging areas of kChunkBytes each: one per rank, and one for results. Every op moves its tensors in
 // chunks: each rank copies its chunk into its own area, a barrier, each rank reduces (or copies)
 // its 1/W share of the chunk, a barrier, each rank copies the result out. Reductions always add
 // rank 0's value first, then rank 1's, ..., so every rank gets bitwise the same result.
@@ -18,7 +18,7 @@
 // reduce op) and compares after the first barrier: a mismatch is a ValueError on every rank, never
 // a wrong answer or a hang. Ops run to completion in the call: the returned Work is already
 // finished, except for those started through in_background (a prefetch), which run on the
-// group's one background thread. CPU tensors only, contiguous (Collective stages others), every
+// group's one background thread, and send/recv, which run beside the collectives. CPU tensors only, contiguous (Collective stages others), every
 // dtype ATen can add and compare. Not thread-safe: ops are issued from one thread per group, as
 // with every collective.
 #pragma once
@@ -30,6 +30,8 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 namespace lightning::fabric::internal {
+
+class ShmPointToPoint;
 
 class ShmBackend : public c10d::Backend {
  public:
@@ -52,6 +54,12 @@ class ShmBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
                                                std::vector<int64_t>& input_splits, const c10d::AllToAllOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  /// Point-to-point through pair rings of their own (shm_point_to_point.h): asynchronous, not
+  /// ordered with the collectives, one contiguous CPU tensor per call; tags match in any order.
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
+  /// Makes the pairs with these peers now rather than at their first send or recv.
+  void connect(const std::vector<int>& peers);
   /// Runs op (one of the calls above) on the group's background thread, after every op issued
   /// before it; the returned Work completes when it has run (wait() rethrows its error). An op
   /// called directly first waits for the background ones, so ops run one at a time, in the order
@@ -71,6 +79,7 @@ class ShmBackend : public c10d::Backend {
   void stage_pieces(const char* in, int64_t n, int64_t offset, int64_t count, int64_t element);
   void reduce_share(const at::Tensor& like, int64_t count, c10d::ReduceOp op);
   std::unique_ptr<Segment> segment_;
+  std::unique_ptr<ShmPointToPoint> point_to_point_;  // after the segment: stopped before it goes
   std::chrono::milliseconds timeout_;
   uint64_t calls_ = 0;          // ops begun in this group
   bool check_pending_ = false;  // begin() ran; the next wait_all compares
