@@ -144,6 +144,12 @@ BUGS = [
     ("checkpoint-recompute-outside-the-context-region", "lib/src/utilities/activation_checkpoint.cpp",
      "if (call->in_context_region) region.emplace(call->context_mesh, call->context_load_balance);", ";",
      "model_parallel.context_parallel_trains_like_one_process_on_mesh_context2_tensor2_checkpointed_blocks"),
+    ("shm-recv-ignores-the-tag", "lib/src/plugins/collectives/shm_point_to_point.cpp",
+     "[&](const auto& op) { return op->tag == header.tag; });", "[&](const auto&) { return true; });",
+     "shm.matches_gloo_on_2_ranks"),
+    ("shm-point-to-point-thread-idle", "lib/src/plugins/collectives/shm_point_to_point.cpp",
+     "      progress();\n      waiting = pending();", "      waiting = pending();",
+     "shm.matches_gloo_on_2_ranks"),
 ]
 
 

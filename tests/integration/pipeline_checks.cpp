@@ -57,9 +57,12 @@
 //   --accumulate K           K micro-steps per optimizer step (the global batch split in K), the first
 //                            K-1 under fabric.no_backward_sync, each backward of loss / K
 //   --bench                  no reference; prints each rank's step time (the slowest rank's), idle
-//                            fraction against it, forward and backward time, peak micro-batches in
-//                            flight, as medians over the steps after the first, and how far training
-//                            raised the peak resident memory above what setup left (activations)
+//                            fraction against it, the busiest rank's idle fraction (the bubble) beside
+//                            the schedule's formula and the simulator's value for these stage times, the
+//                            boundary transfers' time per step (measured by a ping-pong after
+//                            training), forward and backward time, peak micro-batches in flight, as
+//                            medians over the steps after the first, and how far training raised the
+//                            peak resident memory above what setup left (activations)
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -76,6 +79,8 @@
 
 #include "expect.h"
 #include "lightning/fabric.h"
+#include "lightning/fabric/plugins/collectives/collective.h"
+#include "lightning/fabric/strategies/pipeline_schedule.h"
 #include "pipeline_gpt.h"
 
 namespace lf = lightning::fabric;
@@ -385,7 +390,7 @@ int run(const Flags& flags_given) {
     fabric.load(flags.resume, state);
     first_step = state.at("step").value().toInt();
   }
-  std::vector<double> step_times, idle, peaks, forwards, backwards;
+  std::vector<double> step_times, idle, busiest_idle, peaks, forwards, backwards;
   const double rss_before_training = rss_mb("VmRSS:");
   for (int64_t step = 0; step < first_step + flags.steps; ++step) {
     const int64_t batch = flags.halve_batch_after >= 0 && step > flags.halve_batch_after ? flags.batch / 2 : flags.batch;
@@ -451,6 +456,9 @@ int run(const Flags& flags_given) {
       const double makespan = fabric.all_reduce(stats.step_seconds, lf::ReduceOp::Max);
       step_times.push_back(makespan);
       idle.push_back(1.0 - stats.compute_seconds / makespan);
+      // The schedule's bubble is the busiest rank's idle fraction: the others idle longer by
+      // what their stages compute less (stage imbalance), which no schedule takes away.
+      if (flags.bench) busiest_idle.push_back(1.0 - fabric.all_reduce(stats.compute_seconds, lf::ReduceOp::Max) / makespan);
       peaks.push_back(stats.peak_micro_batches);
       forwards.push_back(stats.forward_seconds);
       backwards.push_back(stats.backward_seconds);
@@ -537,11 +545,40 @@ int run(const Flags& flags_given) {
   if (strategy == nullptr) local << "all";
   for (int s : strategy != nullptr ? strategy->local_stages() : std::vector<int>{}) local << (local.tellp() > 0 ? "," : "") << s;
   if (flags.bench) {
+    // The transfer time per step: a boundary tensor (one micro-batch's activations) sent back and
+    // forth between pipe ranks 2k and 2k+1 on the pipe group, times the boundary messages each
+    // rank takes part in per step (an activation and a gradient per micro-batch per boundary).
+    double one_way_ms = 0.0;
+    const int transfers = pipe > 1 ? static_cast<int>(4 * m * (stages - 1) / pipe) : 0;
+    if (pipe > 1 && (pipe_rank ^ 1) < pipe) {
+      lf::Collective& group = mesh->group("pipe");
+      at::Tensor boundary = at::zeros({flags.batch / data / m, kSettings.seq, kSettings.d_model});
+      const int partner = pipe_rank ^ 1, rounds = 20;
+      auto exchange = [&] {
+        if (pipe_rank % 2 == 0) {
+          group.send_start(boundary, partner, 1000)();
+          group.recv_start_(boundary, partner, 1001)();
+        } else {
+          group.recv_start_(boundary, partner, 1000)();
+          group.send_start(boundary, partner, 1001)();
+        }
+      };
+      for (int r = 0; r < 3; ++r) exchange();
+      const auto start = std::chrono::steady_clock::now();
+      for (int r = 0; r < rounds; ++r) exchange();
+      one_way_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / (2 * rounds);
+    }
+    const double formula = flags.options.schedule == "Interleaved1F1B" ? (pipe - 1.0) / (v * m + pipe - 1.0)
+                                                                       : (pipe - 1.0) / (m + pipe - 1.0);
+    const double simulated = pipe > 1 ? lf::simulated_bubble(flags.options.schedule, pipe, v, static_cast<int>(m),
+                                                             median(forwards), median(backwards)) : 0.0;
     std::cout << "pipeline bench rank " << fabric.global_rank() << " stages " << local.str() << " schedule "
               << flags.options.schedule << " micro-batches " << m << " step_ms " << median(step_times) * 1e3
-              << " idle " << median(idle) << " forward_ms " << median(forwards) * 1e3 << " backward_ms "
-              << median(backwards) * 1e3 << " peak_micro_batches " << median(peaks) << " training_rss_growth_mb "
-              << rss_mb() - rss_before_training << std::endl;
+              << " idle " << median(idle) << " busiest_idle " << median(busiest_idle) << " formula " << formula
+              << " simulated " << simulated << " transfer_ms " << transfers * one_way_ms << " one_way_ms " << one_way_ms
+              << " forward_ms " << median(forwards) * 1e3 << " backward_ms " << median(backwards) * 1e3
+              << " peak_micro_batches " << median(peaks) << " training_rss_growth_mb " << rss_mb() - rss_before_training
+              << std::endl;
   }
   if (checks::failures() > 0) return 1;
   std::cout << "pipeline checks passed on rank " << fabric.global_rank() << " (stages " << local.str() << ", data "

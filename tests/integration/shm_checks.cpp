@@ -178,6 +178,21 @@ void check_point_to_point(lf::Collective& shm, bool large) {
       checks::expect(at::equal(into, grid.t()), "blocking send/recv of a transposed view");
     }
   }
+  // A blocking send larger than the ring while the receiver waits in a barrier first: the
+  // receiver's thread takes the bytes (as gloo's would), so neither rank waits on the other.
+  if (rank < 2) {
+    const at::Tensor large = input_for(0, (8 << 20) / 4 + 1, at::kFloat, ++salt);
+    at::Tensor into = at::empty_like(large);
+    lf::Collective pair(shm, "shm-checks-pair", {0, 1}, lf::ProcessGroupBackend::Shm);
+    if (rank == 0) {
+      pair.send(large, 1);
+      pair.barrier();
+    } else {
+      pair.barrier();
+      pair.recv_(into, 0);
+      checks::expect(at::equal(into, large), "a send past the ring finished while its receiver was in a barrier");
+    }
+  }
   // A recv of the wrong size fails naming both; the stream goes on.
   auto wrong = shm.send_start(at::ones({10}), next, 4);
   auto right = shm.send_start(at::full({2}, 5.0), next, 4);

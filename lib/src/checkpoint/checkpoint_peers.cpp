@@ -46,6 +46,16 @@ void CheckpointPeers::all_reduce_sum_(at::Tensor& tensor) const {
   group_->all_reduce_(tensor, ReduceOp::Sum);
 }
 
+std::vector<std::string> CheckpointPeers::gather_bytes(const std::string& bytes, bool everywhere) const {
+  if (group_ != nullptr) return group_->gather_bytes(bytes, everywhere ? -1 : 0);
+  std::vector<std::string> every_rank;
+  for (int rank = 0; rank < world_size_; ++rank) {
+    std::string theirs = broadcast_bytes(rank == rank_ ? bytes : std::string(), rank);
+    if (everywhere || is_global_zero()) every_rank.push_back(std::move(theirs));
+  }
+  return every_rank;
+}
+
 void CheckpointPeers::run_on_rank_zero(const std::string& call, const std::function<void()>& action) const {
   std::string failure = is_global_zero() ? failure_of(action) : std::string();
   failure = broadcast_bytes(failure, 0);

@@ -258,11 +258,7 @@ CheckpointWrite prepare_folder(const CheckpointPeers& peers, const std::string& 
     }
   };
   steps.commit = [peers, call, staging, path, rest, written, remote, local_part] {
-    std::vector<std::string> every_rank;
-    for (int rank = 0; rank < peers.world_size(); ++rank) {
-      std::string bytes = peers.broadcast_bytes(rank == peers.global_rank() ? *written : std::string(), rank);
-      if (peers.is_global_zero()) every_rank.push_back(std::move(bytes));
-    }
+    const std::vector<std::string> every_rank = peers.gather_bytes(*written);
     peers.run_on_rank_zero(call, [&] {
       std::vector<dcp::Metadata> parts;
       for (size_t rank = 0; rank < every_rank.size(); ++rank) {
@@ -484,10 +480,7 @@ CheckpointWrite prepare_sharded_save(Collective& group, const std::string& call,
   });
   std::map<std::string, GroupNames> every_rank_groups;
   if (gather_groups) {
-    std::vector<std::string> every_rank;
-    for (int rank = 0; rank < peers.world_size(); ++rank) {
-      every_rank.push_back(peers.broadcast_bytes(rank == peers.global_rank() ? my_groups : std::string(), rank));
-    }
+    const std::vector<std::string> every_rank = peers.gather_bytes(my_groups, /*everywhere=*/true);
     peers.run_on_every_rank(call, [&] { every_rank_groups = merge_groups(every_rank); });
   }
   if (!one_file) {

@@ -1,6 +1,8 @@
 // Collective's ops from one source rank: broadcast_, broadcast_many_, broadcast_bytes and scatter_.
 #include "lightning/fabric/plugins/collectives/collective_impl.h"
 
+#include <cstring>
+
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -65,6 +67,28 @@ std::string Collective::broadcast_bytes(const std::string& bytes, int src) {
   if (impl_->rank == src) std::copy(bytes.begin(), bytes.end(), data.data_ptr<uint8_t>());
   if (count > 0) broadcast_(data, src);
   return std::string(reinterpret_cast<const char*>(data.data_ptr<uint8_t>()), static_cast<size_t>(count));
+}
+
+std::vector<std::string> Collective::gather_bytes(const std::string& bytes, int dst) {
+  LF_CHECK(dst >= -1 && dst < impl_->world_size, ValueError, "gather_bytes: destination ", dst,
+           " is not a rank of the group (0..", impl_->world_size - 1, ") nor -1 (every rank).");
+  at::Tensor longest = at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong);
+  all_reduce_(longest, ReduceOp::Max);
+  const int64_t width = static_cast<int64_t>(sizeof(int64_t)) + longest.item<int64_t>();
+  at::Tensor row = at::zeros({width}, at::kByte);  // this rank's length, then its bytes
+  const int64_t length = static_cast<int64_t>(bytes.size());
+  std::memcpy(row.data_ptr<uint8_t>(), &length, sizeof(length));
+  std::copy(bytes.begin(), bytes.end(), row.data_ptr<uint8_t>() + sizeof(length));
+  const at::Tensor rows = dst < 0 ? all_gather(row) : gather(row, dst);
+  std::vector<std::string> every_rank;
+  if (dst >= 0 && impl_->rank != dst) return every_rank;
+  for (int rank = 0; rank < impl_->world_size; ++rank) {
+    const auto* start = rows[rank].data_ptr<uint8_t>();
+    int64_t size = 0;
+    std::memcpy(&size, start, sizeof(size));
+    every_rank.emplace_back(reinterpret_cast<const char*>(start) + sizeof(size), static_cast<size_t>(size));
+  }
+  return every_rank;
 }
 
 at::Tensor& Collective::scatter_(at::Tensor& output, const at::Tensor& rows, int src) {

@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace lightning::fabric {
 
@@ -28,6 +29,9 @@ class CheckpointPeers {
   int world_size() const { return world_size_; }
   bool is_global_zero() const { return rank_ == 0; }
   std::string broadcast_bytes(const std::string& bytes, int src) const { return broadcast_bytes_(bytes, src); }
+  /// Every rank's bytes in rank order on rank 0 (empty elsewhere), or on every rank when
+  /// everywhere: two collectives over a group, one broadcast per rank otherwise.
+  std::vector<std::string> gather_bytes(const std::string& bytes, bool everywhere = false) const;
   /// Sums tensor over the ranks in place (a group's peers only; RuntimeError otherwise).
   void all_reduce_sum_(at::Tensor& tensor) const;
 

@@ -142,6 +142,10 @@ class Collective {
   void check_same_shapes(const std::string& call, const at::Tensor& tensor);
   /// src's bytes on every rank (the size first, then the bytes, both through device()).
   std::string broadcast_bytes(const std::string& bytes, int src);
+  /// Every rank's bytes, in rank order, on group rank dst (empty elsewhere), or on every rank for
+  /// dst -1: two collectives whatever the group's size (the longest length, then one gather of
+  /// length-prefixed rows).
+  std::vector<std::string> gather_bytes(const std::string& bytes, int dst);
   /// Checks that every rank passes tensors of the same count, dtypes and shapes (one small
   /// all_gather); a ValueError naming `what` and each rank's count and elements otherwise, on
   /// every rank. Strategies call it before broadcasting a model at setup.
