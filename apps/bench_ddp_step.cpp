@@ -3,6 +3,8 @@
 // scripts/bench_ddp_python.py, its Python torch DDP twin.
 //   lightning-run model --accelerator cpu --devices 2 bench_ddp_step 784-1024-1024-10 64 200 30
 #include <lightning/fabric.h>
+#include <lightning/fabric/plugins/collectives/collective.h>
+#include <lightning/fabric/strategies/parallel.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -58,10 +60,30 @@ int main(int argc, char** argv) {
     if (i >= warmup) times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
   }
   std::sort(times.begin(), times.end());
+  // "bn": also the buffer broadcast's own time, as before_forward runs it (the module's buffers packed
+  // into one broadcast from rank 0 over the data group), timed back to back after the steps:
+  // measured in the same process, so it is not lost in the noise between runs.
+  double broadcast_ms = 0.0;
+  auto* parallel = dynamic_cast<lf::ParallelStrategy*>(fabric.strategy().get());
+  if (mode == "bn" && parallel != nullptr && fabric.world_size() > 1) {
+    std::vector<at::Tensor> buffers;
+    for (const auto& buffer : net->buffers()) buffers.push_back(buffer.data());
+    lf::Collective& group = *parallel->shared_data_group();
+    std::vector<double> calls;
+    for (int i = 0; i < warmup + steps; ++i) {
+      const auto start = std::chrono::steady_clock::now();
+      group.broadcast_many_(buffers, 0, size_t{250} << 20);
+      if (i >= warmup) calls.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    }
+    std::sort(calls.begin(), calls.end());
+    broadcast_ms = calls[calls.size() / 2];
+  }
   if (fabric.is_global_zero()) {
     std::cout << "{\"impl\":\"lightning-fabric-cpp\",\"layout\":\"" << layout << "\",\"batch_per_rank\":" << batch
               << ",\"world_size\":" << fabric.world_size() << ",\"mode\":\"" << mode << "\",\"steps\":" << steps
-              << ",\"median_step_ms\":" << times[times.size() / 2] << "}" << std::endl;
+              << ",\"median_step_ms\":" << times[times.size() / 2];
+    if (mode == "bn") std::cout << ",\"median_buffer_broadcast_ms\":" << broadcast_ms;
+    std::cout << "}" << std::endl;
   }
   return 0;
 }

@@ -267,11 +267,14 @@ int main(int argc, char** argv) {
     compare(a, b, true, "all_reduce of a transposed view");
 
     // broadcast from every rank, all_gather, reduce_scatter, all_to_all, bytes, barrier.
-    for (int src = 0; src < world; ++src) {
-      at::Tensor x = input_for(rank, chunk_floats + 5, at::kFloat, ++salt), y = x.clone();
-      shm.broadcast_(x, src);
-      gloo.broadcast_(y, src);
-      compare(x, y, true, "broadcast from " + std::to_string(src));
+    // Small ones (up to 64 KB: one barrier, a slot per op parity) back to back, then chunked ones.
+    for (int64_t count : {int64_t{0}, int64_t{5}, int64_t{16384}, int64_t{16385}, chunk_floats + 5}) {
+      for (int src = 0; src < world; ++src) {
+        at::Tensor x = input_for(rank, count, at::kFloat, ++salt), y = x.clone();
+        shm.broadcast_(x, src);
+        gloo.broadcast_(y, src);
+        compare(x, y, true, "broadcast of " + std::to_string(count) + " floats from " + std::to_string(src));
+      }
     }
     for (int64_t count : {int64_t{0}, int64_t{5}, chunk_floats + 9}) {
       const at::Tensor x = input_for(rank, count, at::kBFloat16, ++salt);

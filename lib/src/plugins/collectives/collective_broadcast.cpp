@@ -40,10 +40,17 @@ void Collective::broadcast_many_(const std::vector<at::Tensor>& tensors, int src
     at::Tensor bucket = at::empty({bytes}, at::TensorOptions(at::kByte).device(device));
     std::vector<int64_t> offsets;
     int64_t offset = 0;
+    // CPU tensors in one piece are packed and unpacked with memcpy: a tiny model's buffers are a
+    // few hundred bytes, where ATen's per-op dispatch would cost more than the broadcast.
+    const auto plain = [&device](const at::Tensor& tensor) { return device.is_cpu() && tensor.is_contiguous(); };
     for (size_t i = begin; i < end; ++i) {
       const at::Tensor& tensor = tensors[i];
       const int64_t size = static_cast<int64_t>(tensor.nbytes());
-      if (size > 0) bucket.narrow(0, offset, size).copy_(tensor.contiguous().view(-1).view(at::kByte));
+      if (size > 0 && plain(tensor)) {
+        std::memcpy(bucket.data_ptr<uint8_t>() + offset, tensor.data_ptr(), static_cast<size_t>(size));
+      } else if (size > 0) {
+        bucket.narrow(0, offset, size).copy_(tensor.contiguous().view(-1).view(at::kByte));
+      }
       offsets.push_back(offset);
       offset += aligned(size);
     }
@@ -52,7 +59,11 @@ void Collective::broadcast_many_(const std::vector<at::Tensor>& tensors, int src
       at::Tensor target = tensors[i];
       const int64_t size = static_cast<int64_t>(target.nbytes());
       if (size == 0) continue;
-      target.copy_(bucket.narrow(0, offsets[i - begin], size).view(target.scalar_type()).view(target.sizes()));
+      if (plain(target)) {
+        std::memcpy(target.data_ptr(), bucket.data_ptr<uint8_t>() + offsets[i - begin], static_cast<size_t>(size));
+      } else {
+        target.copy_(bucket.narrow(0, offsets[i - begin], size).view(target.scalar_type()).view(target.sizes()));
+      }
     }
     begin = end;
   }

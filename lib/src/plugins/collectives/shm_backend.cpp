@@ -132,7 +132,8 @@ ShmBackend::ShmBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, i
   Segment& segment = *segment_;
   segment.rank = rank;
   segment.size = size;
-  segment.bytes = control_bytes() + ShmPointToPoint::region_bytes(size) + static_cast<size_t>(size + 1) * kChunkBytes;
+  segment.bytes = control_bytes() + ShmPointToPoint::region_bytes(size) + static_cast<size_t>(size + 1) * kChunkBytes +
+                  static_cast<size_t>(2 * size) * kSmallBytes;
   int fd = -1;
   if (rank == 0) {
     fd = ::memfd_create("lightning-fabric-shm", MFD_CLOEXEC);
@@ -289,6 +290,11 @@ char* ShmBackend::area(int rank) const {
 }
 
 char* ShmBackend::result_area() const { return area(segment_->size); }
+
+char* ShmBackend::small_area(int rank) const {
+  const size_t slot = static_cast<size_t>(2 * rank) + static_cast<size_t>(calls_ & 1);
+  return area(segment_->size + 1) + slot * kSmallBytes;
+}
 
 at::Tensor ShmBackend::area_tensor(char* base, int64_t count, const at::Tensor& like) const {
   return at::from_blob(base, {count}, like.options());
@@ -455,6 +461,14 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::broadcast(std::vector<at::Tensor>& te
   begin(c10d::OpType::BROADCAST, &tensor, opts.rootRank);
   const int64_t bytes = tensor.numel() * tensor.element_size();
   char* data = bytes_of(tensor);
+  if (bytes <= static_cast<int64_t>(kSmallBytes)) {
+    // One barrier: the root's slot alternates by op parity, and no rank can start the op after
+    // next (the slot's next use) before every rank has arrived at the next op, copies done.
+    if (segment_->rank == opts.rootRank) copy_bytes(small_area(opts.rootRank), data, static_cast<size_t>(bytes));
+    wait_all();
+    if (segment_->rank != opts.rootRank) copy_bytes(data, small_area(opts.rootRank), static_cast<size_t>(bytes));
+    return finished(c10d::OpType::BROADCAST);
+  }
   const auto chunk = static_cast<int64_t>(kChunkBytes);
   for (int64_t offset = 0; offset == 0 || offset < bytes; offset += chunk) {
     const int64_t count = std::min(chunk, bytes - offset);

@@ -4,9 +4,12 @@
 // The segment is a memfd of local rank 0 of the group: it has no name in /dev/shm, the other ranks
 // open it through /proc/<pid>/fd/<fd>, and it is gone when the last rank exits, however the job
 // ends. It holds a control block (a barrier, an abort flag, the ranks' pids), point-to-point's
-// doorbells and pair table (shm_point_to_point.h), and W + 1 staging areas of kChunkBytes each: one per rank, and one for results. Every op moves its tensors in
-// chunks: each rank copies its chunk into its own area, a barrier, each rank reduces (or copies)
-// its 1/W share of the chunk, a barrier, each rank copies the result out. Reductions always add
+// doorbells and pair table (shm_point_to_point.h), W + 1 staging areas of kChunkBytes each (one
+// per rank, one for results) and two small slots per rank (kSmallBytes, by op parity). Every op
+// moves its tensors in chunks: each rank copies its chunk into its own area, a barrier, each rank
+// reduces (or copies) its 1/W share of the chunk, a barrier, each rank copies the result out. A
+// broadcast that fits a small slot takes one barrier: the root's slot of this op's parity is not
+// written again before every rank has reached the next op. Reductions always add
 // rank 0's value first, then rank 1's, ..., so every rank gets bitwise the same result.
 //
 // Waiting: a brief spin, then a futex sleep on the barrier's generation word, waking every 100 ms
@@ -36,6 +39,8 @@ class ShmPointToPoint;
 class ShmBackend : public c10d::Backend {
  public:
   static constexpr size_t kChunkBytes = size_t{4} << 20;
+  /// A broadcast of at most this many bytes takes one barrier, through a slot per rank and op parity.
+  static constexpr size_t kSmallBytes = size_t{64} << 10;
 
   /// Collective over the group's ranks: local rank 0 creates the segment and publishes it in
   /// store; the others map it. Throws RuntimeError when a rank cannot map it (another node: shm
@@ -75,6 +80,7 @@ class ShmBackend : public c10d::Backend {
   void wait_for_peers();  // the barrier alone
   char* area(int rank) const;
   char* result_area() const;
+  char* small_area(int rank) const;  // rank's slot for the current op's parity
   at::Tensor area_tensor(char* base, int64_t count, const at::Tensor& like) const;
   void stage_pieces(const char* in, int64_t n, int64_t offset, int64_t count, int64_t element);
   void reduce_share(const at::Tensor& like, int64_t count, c10d::ReduceOp op);
