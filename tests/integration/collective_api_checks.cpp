@@ -13,6 +13,8 @@
 
 #include "expect.h"
 #include "lightning/fabric.h"
+#include "lightning/fabric/plugins/collectives/collective.h"
+#include "lightning/fabric/strategies/parallel.h"
 
 namespace lf = lightning::fabric;
 
@@ -179,6 +181,13 @@ int main(int argc, char** argv) {
   for (int r = world > 1 ? 1 : 0; r < world; r += 2) odd.push_back(r);
   const auto odd_ranks = fabric.new_group(odd);
   if (odd_ranks->is_member()) check_collectives(fabric, odd, odd_ranks.get(), " in the group of the odd ranks");
+  // Under shm+gloo a group holds its own host vote: all on this machine, it is shm.
+  auto* ddp = dynamic_cast<lf::ParallelStrategy*>(fabric.strategy().get());
+  if (odd_ranks->is_member() && ddp != nullptr && ddp->collective().backend() == lf::ProcessGroupBackend::ShmGloo) {
+    const lf::Collective* odd_group = odd_ranks->communicator("collective_api_checks", fabric.global_rank());
+    expect(odd_group != nullptr && odd_group->backend() == lf::ProcessGroupBackend::Shm,
+           "a group of ranks on one machine under shm+gloo is shm");
+  }
   check_refusals(fabric);
   fabric.barrier();
   if (checks::failures() > 0) return 1;

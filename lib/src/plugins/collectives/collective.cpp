@@ -85,18 +85,23 @@ Collective::Collective(const Collective& parent, const std::string& name, const 
   LF_CHECK(position != ranks.end(), ValueError, "Collective subgroup '", name, "': rank ", parent.rank(),
            " is not one of its ranks.");
   impl_->options = parent.impl_->options;
-  // A subgroup of an shm+gloo job may span hosts with any number of ranks each: gloo, unless named.
-  const ProcessGroupBackend inherited =
-      parent.impl_->backend == ProcessGroupBackend::ShmGloo ? ProcessGroupBackend::Gloo : parent.impl_->backend;
-  impl_->backend = backend.value_or(inherited);
   LF_CHECK(!backend || *backend == ProcessGroupBackend::Gloo || *backend == ProcessGroupBackend::Shm, ValueError,
            "Collective subgroup '", name, "': backend \"", to_string(*backend), "\" is not valid for a subgroup. "
-           "Choose gloo or shm, or leave it unset (the parent's; gloo under shm+gloo).");
-  impl_->device = impl_->backend == ProcessGroupBackend::Nccl ? parent.impl_->device : at::Device(at::kCPU);
+           "Choose gloo or shm, or leave it unset (the parent's; under shm+gloo, as its ranks' hosts decide).");
+  impl_->store = c10::make_intrusive<c10d::PrefixStore>("/subgroup/" + name, parent.impl_->store);
   impl_->rank = static_cast<int>(position - ranks.begin());
   impl_->world_size = static_cast<int>(ranks.size());
+  impl_->backend = backend.value_or(parent.impl_->backend);
+  if (!backend && parent.impl_->backend == ProcessGroupBackend::ShmGloo) {
+    // The subgroup's own host vote: shm on one host (a pipeline's or a node's ranks), shm+gloo over
+    // hosts with the same count of at least 2, gloo otherwise.
+    impl_->layout = internal::vote_host_layout(*impl_->store, impl_->rank, impl_->world_size);
+    CollectiveOptions gloo = impl_->options;
+    gloo.backend = ProcessGroupBackend::Gloo;
+    impl_->backend = chosen_backend(gloo, impl_->layout, /*voted=*/true);
+  }
+  impl_->device = impl_->backend == ProcessGroupBackend::Nccl ? parent.impl_->device : at::Device(at::kCPU);
   for (int member : ranks) impl_->global_ranks.push_back(parent.impl_->global_ranks.at(static_cast<size_t>(member)));
-  impl_->store = c10::make_intrusive<c10d::PrefixStore>("/subgroup/" + name, parent.impl_->store);
   impl_->name = name;
   impl_->recorder = parent.impl_->recorder;
   create_group();

@@ -67,7 +67,9 @@ class Collective {
   explicit Collective(const CollectiveOptions& options, c10::intrusive_ptr<c10d::Store> store = {});
   /// A group of some of parent's ranks (collective over those ranks: each calls it with the same
   /// name and rank list, in the same order). This process's rank in it is its position in ranks.
-  /// backend: the parent's when unset, else Gloo or Shm (CPU groups).
+  /// backend: Gloo or Shm (CPU groups); unset, the parent's, except under shm+gloo, where the
+  /// subgroup's own host vote decides (shm on one host, shm+gloo on several with the same count of
+  /// at least 2, else gloo).
   Collective(const Collective& parent, const std::string& name, const std::vector<int>& ranks,
              std::optional<ProcessGroupBackend> backend = std::nullopt);
   ~Collective();
