@@ -7,7 +7,8 @@
 // sender sent, from a byte to 64 MB (--large), every dtype, out-of-order tags.
 // --peer-dies (2 ranks, started without a launcher by shm_failures.sh): rank 1 kills itself with
 // SIGKILL while rank 0 waits in an shm all_reduce; rank 0 must fail at once, naming rank 1.
-// --peer-dies-mid-transfer: the same in the middle of a 64 MB send to rank 0.
+// --peer-dies-mid-transfer: the same in the middle of a 64 MB send to rank 0; a small message it
+// sent whole before is still received.
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -82,11 +83,13 @@ int peer_dies(lf::Collective& shm) {
   std::_Exit(0);  // the gloo group's peer is gone: skip its teardown
 }
 
-// Rank 1 sends rank 0 a 64 MB message and dies (SIGKILL) at once, mid-transfer: rank 0's recv
-// must fail within seconds, naming rank 1 and how many bytes had come.
+// Rank 1 sends rank 0 a small message, then a 64 MB one, and dies (SIGKILL) at once, mid-transfer:
+// rank 0's recv of the large one must fail within seconds, naming rank 1 and how many bytes had
+// come; the small one, whole in the ring, is still received.
 int peer_dies_mid_transfer(lf::Collective& shm) {
   const int64_t count = 16 << 20;  // 64 MB of float32
   if (shm.rank() == 1) {
+    auto small = shm.send_start(at::full({3}, 42.0), 0, 6);  // whole in the ring before the kill
     at::Tensor big = at::ones({count});
     auto finish = shm.send_start(big, 0, 7);
     ::raise(SIGKILL);
@@ -102,7 +105,17 @@ int peer_dies_mid_transfer(lf::Collective& shm) {
     std::cout << "rank 0 failed after " << waited << " s: " << what << std::endl;
     const bool named = what.find("rank 1 (pid ") != std::string::npos && what.find("died") != std::string::npos &&
                        what.find(" of 67108864 bytes") != std::string::npos;
-    std::cout << (named && waited < 5 ? "PASS: the dead peer was named" : "FAIL: not named, or too late") << std::endl;
+    // The message it sent whole before dying is still received.
+    at::Tensor small = at::zeros({3});
+    bool received = false;
+    try {
+      shm.recv_start_(small, 1, 6)();
+      received = at::equal(small, at::full({3}, 42.0));
+    } catch (const std::exception& late) {
+      std::cout << "the whole message was refused: " << late.what() << std::endl;
+    }
+    std::cout << (named && waited < 5 && received ? "PASS: the dead peer was named" : "FAIL: not named, too late, or "
+                  "its whole message lost") << std::endl;
   }
   std::cout.flush();
   std::_Exit(0);
@@ -116,11 +129,13 @@ void check_point_to_point(lf::Collective& shm, bool large) {
   const int next = (rank + 1) % world, previous = (rank + world - 1) % world;
   int salt = 5000;
   const std::vector<int64_t> sizes = large ? std::vector<int64_t>{16LL << 20}
-                                           : std::vector<int64_t>{0, 1, 7, 1000, (1 << 20) + 3, 3 << 20};
+                                           : std::vector<int64_t>{0, 1, 7, 1000, 65537, (3 << 20) + 3};
   const std::vector<at::ScalarType> dtypes{at::kByte, at::kFloat, at::kDouble, at::kBFloat16, at::kHalf, at::kLong,
                                            at::kInt, at::kBool};
   for (int64_t count : sizes) {
     for (at::ScalarType dtype : dtypes) {
+      // Past the ring (4 MB) with one byte-sized and one 4-byte dtype; every dtype below it.
+      if ((large || count > (1 << 20)) && dtype != at::kFloat && dtype != at::kByte) continue;
       if (large && dtype != at::kFloat) continue;
       ++salt;
       auto make = [&](int who) {

@@ -4,11 +4,13 @@
 #include <linux/futex.h>
 #include <poll.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <climits>
+#include <random>
 #include <cstring>
 #include <string>
 
@@ -20,8 +22,11 @@ namespace {
 constexpr size_t kPageBytes = 4096;
 constexpr size_t kPairHeaderBytes = kPageBytes;  // the PairBlock, then the rings
 constexpr uint64_t kAlign = 64;
-constexpr uint64_t kClaimed = 1;              // a pair-table entry being created; else 0 or (pid << 32 | fd)
-constexpr uint64_t kMagic = 0x4c462d7032702d31;  // "LF-p2p-1"
+constexpr uint64_t kClaimed = 1;  // a pair-table entry being created; else 0, kGone or (pid << 32 | fd)
+constexpr uint64_t kGone = 2;     // its creator left the group before the peer opened it
+constexpr uint64_t kMagic = 0x4c462d7032702d31;  // "LF-p2p-1", each message header's first word
+constexpr uint64_t kPairMagic = 0x4c462d7061697231;  // "LF-pair1", a pair block's
+constexpr size_t kRegionHeaderBytes = 64;  // the group's id, then the doorbells
 
 // One direction of a pair: bytes ever written (the sender's) and ever read (the receiver's).
 struct RingCounters {
@@ -33,6 +38,11 @@ struct RingCounters {
 struct PairBlock {
   RingCounters way[2];                  // [0]: lower rank to higher, [1]: back
   alignas(64) std::atomic<uint32_t> opened{0};  // the second rank has mapped it
+  // What the opener checks before it writes anything: a file found through a table entry that
+  // outlived its pair (the creator left, its fd number reused) is never taken for the pair.
+  uint64_t magic = 0;
+  uint64_t group = 0;  // the group's id (the region's first word)
+  int32_t low = -1, high = -1;
 };
 static_assert(sizeof(PairBlock) <= kPairHeaderBytes);
 
@@ -134,12 +144,17 @@ class PointToPointWork : public c10d::Work {
 }  // namespace
 
 size_t ShmPointToPoint::region_bytes(int size) {
-  const size_t bytes = static_cast<size_t>(size) * sizeof(ShmDoorbell) +
+  const size_t bytes = kRegionHeaderBytes + static_cast<size_t>(size) * sizeof(ShmDoorbell) +
                        static_cast<size_t>(size) * static_cast<size_t>(size) * sizeof(std::atomic<uint64_t>);
   return (bytes + kPageBytes - 1) / kPageBytes * kPageBytes;
 }
 
 void ShmPointToPoint::initialise_region(char* region, int size) {
+  std::random_device entropy;
+  const uint64_t id = (uint64_t{entropy()} << 32 | entropy()) ^ static_cast<uint64_t>(::getpid()) ^
+                      static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  std::memcpy(region, &id, sizeof(id));
+  region += kRegionHeaderBytes;
   auto* bells = reinterpret_cast<ShmDoorbell*>(region);
   for (int r = 0; r < size; ++r) new (&bells[r]) ShmDoorbell();
   auto* table = reinterpret_cast<std::atomic<uint64_t>*>(region + static_cast<size_t>(size) * sizeof(ShmDoorbell));
@@ -148,9 +163,10 @@ void ShmPointToPoint::initialise_region(char* region, int size) {
 
 ShmPointToPoint::ShmPointToPoint(ShmPeers peers)
     : peers_(std::move(peers)),
-      bells_(reinterpret_cast<ShmDoorbell*>(peers_.region)),
-      pair_table_(reinterpret_cast<std::atomic<uint64_t>*>(peers_.region +
+      bells_(reinterpret_cast<ShmDoorbell*>(peers_.region + kRegionHeaderBytes)),
+      pair_table_(reinterpret_cast<std::atomic<uint64_t>*>(peers_.region + kRegionHeaderBytes +
                                                            static_cast<size_t>(peers_.size) * sizeof(ShmDoorbell))) {
+  std::memcpy(&group_id_, peers_.region, sizeof(group_id_));
   for (int r = 0; r < peers_.size; ++r) links_.push_back(std::make_unique<Peer>());
   thread_ = std::thread([this] { run_thread(); });
 }
@@ -176,9 +192,15 @@ ShmPointToPoint::~ShmPointToPoint() {
       ring_futex(&block->opened, FUTEX_WAIT, 0, &slice);
     }
   }
-  for (auto& link : links_) {
-    if (link->base != nullptr) ::munmap(link->base, pair_bytes());
-    if (link->created_fd >= 0) ::close(link->created_fd);
+  for (int peer = 0; peer < peers_.size; ++peer) {
+    Peer& link = *links_[peer];
+    if (link.created_fd >= 0 && reinterpret_cast<PairBlock*>(link.base)->opened.load(std::memory_order_acquire) == 0) {
+      // The fd number is about to be free for reuse: the entry must not send the peer to it.
+      const int low = std::min(peers_.rank, peer), high = std::max(peers_.rank, peer);
+      pair_table_[static_cast<size_t>(low) * peers_.size + high].store(kGone, std::memory_order_release);
+    }
+    if (link.base != nullptr) ::munmap(link.base, pair_bytes());
+    if (link.created_fd >= 0) ::close(link.created_fd);
   }
 }
 
@@ -203,44 +225,62 @@ bool ShmPointToPoint::try_connect(int peer) {
   if (link.connected()) return true;
   const int low = std::min(peers_.rank, peer), high = std::max(peers_.rank, peer);
   std::atomic<uint64_t>& entry = pair_table_[static_cast<size_t>(low) * peers_.size + high];
+  const std::string pair = "the pair of ranks " + std::to_string(low) + " and " + std::to_string(high);
   uint64_t published = entry.load(std::memory_order_acquire);
-  int fd = -1;
-  bool created = false;
+  LF_CHECK(published != kGone, RuntimeError, "shm send/recv: rank ", peer, " left the group before ", pair,
+           " was opened");
   if (published == 0 && entry.compare_exchange_strong(published, kClaimed, std::memory_order_acq_rel)) {
-    fd = ::memfd_create("lightning-fabric-p2p", MFD_CLOEXEC);
-    LF_CHECK(fd >= 0, RuntimeError, "shm send/recv: memfd_create for the pair of ranks ", low, " and ", high,
-             " failed: ", std::strerror(errno));
+    const auto unclaim = [&](const std::string& why) {  // the peer must not wait on a claim that failed
+      entry.store(0, std::memory_order_release);
+      throw RuntimeError("shm send/recv: " + why);
+    };
+    const int fd = ::memfd_create("lightning-fabric-p2p", MFD_CLOEXEC);
+    if (fd < 0) unclaim("memfd_create for " + pair + " failed: " + std::strerror(errno));
     if (::ftruncate(fd, static_cast<off_t>(pair_bytes())) != 0) {
       const int error = errno;
       ::close(fd);
-      throw RuntimeError("shm send/recv: cannot size the pair of ranks " + std::to_string(low) + " and " +
-                         std::to_string(high) + " (" + std::to_string(pair_bytes()) + " bytes): " + std::strerror(error));
+      unclaim("cannot size " + pair + " (" + std::to_string(pair_bytes()) + " bytes): " + std::strerror(error));
     }
-    created = true;
+    void* memory = ::mmap(nullptr, pair_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (memory == MAP_FAILED) {
+      const int error = errno;
+      ::close(fd);
+      unclaim("cannot map " + pair + ": " + std::strerror(error));
+    }
+    auto* block = new (memory) PairBlock();
+    block->magic = kPairMagic;
+    block->group = group_id_;
+    block->low = low;
+    block->high = high;
+    link.base = static_cast<char*>(memory);
+    link.created_fd = fd;
+    entry.store((static_cast<uint64_t>(::getpid()) << 32) | static_cast<uint32_t>(fd), std::memory_order_release);
   } else if (published == 0 || published == kClaimed) {
     return false;  // the peer is making it: microseconds
   } else {
     const int owner = static_cast<int>(published >> 32), owner_fd = static_cast<int>(published & 0xffffffffu);
     const std::string path = "/proc/" + std::to_string(owner) + "/fd/" + std::to_string(owner_fd);
-    fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
     LF_CHECK(fd >= 0, RuntimeError, "shm send/recv: rank ", peers_.rank, " cannot open rank ", peer, "'s pair ",
              path, ": ", std::strerror(errno), " (has rank ", peer, " exited?)");
+    struct stat about {};
+    const bool sized = ::fstat(fd, &about) == 0 && static_cast<size_t>(about.st_size) == pair_bytes();
+    void* memory = sized ? ::mmap(nullptr, pair_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+    ::close(fd);
+    const auto* block = static_cast<const PairBlock*>(memory);
+    const bool ours = memory != MAP_FAILED && block->magic == kPairMagic && block->group == group_id_ &&
+                      block->low == low && block->high == high;
+    if (!ours) {
+      if (memory != MAP_FAILED) ::munmap(memory, pair_bytes());
+      throw RuntimeError("shm send/recv: " + path + " is no longer " + pair + " (rank " + std::to_string(peer) +
+                         " left the group)");
+    }
+    link.base = static_cast<char*>(memory);
+    auto* opened = reinterpret_cast<PairBlock*>(link.base);
+    opened->opened.store(1, std::memory_order_release);
+    ring_futex(&opened->opened, FUTEX_WAKE, INT_MAX, nullptr);
   }
-  void* memory = ::mmap(nullptr, pair_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int map_error = errno;
-  if (!created || memory == MAP_FAILED) ::close(fd);
-  LF_CHECK(memory != MAP_FAILED, RuntimeError, "shm send/recv: cannot map the pair of ranks ", low, " and ", high,
-           ": ", std::strerror(map_error));
-  link.base = static_cast<char*>(memory);
   auto* block = reinterpret_cast<PairBlock*>(link.base);
-  if (created) {
-    new (block) PairBlock();
-    link.created_fd = fd;
-    entry.store((static_cast<uint64_t>(::getpid()) << 32) | static_cast<uint32_t>(fd), std::memory_order_release);
-  } else {
-    block->opened.store(1, std::memory_order_release);
-    ring_futex(&block->opened, FUTEX_WAKE, INT_MAX, nullptr);
-  }
   const int out_way = peers_.rank == low ? 0 : 1;
   link.out = &block->way[out_way];
   link.in = &block->way[1 - out_way];
@@ -435,30 +475,31 @@ c10::intrusive_ptr<c10d::Work> ShmPointToPoint::post(bool is_send, const at::Ten
   op->tensor = tensor;
   op->bytes = static_cast<uint64_t>(tensor.numel()) * tensor.element_size();
   op->deadline = std::chrono::steady_clock::now() + peers_.timeout;
+  bool handed_on = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     Peer& link = *links_[peer];
-    if (!link.broken.empty()) {
+    // A message that arrived whole is received even after the pair broke (a peer that sent and died).
+    auto arrived = std::find_if(link.unclaimed.begin(), link.unclaimed.end(),
+                                [&](const auto& message) { return message->tag == tag; });
+    if (!is_send && arrived != link.unclaimed.end() && ((*arrived)->whole || link.broken.empty())) {
+      std::shared_ptr<Incoming> message = *arrived;
+      link.unclaimed.erase(arrived);
+      message->recv = op;
+      if (message->whole) deliver(*message);
+    } else if (!link.broken.empty()) {
       op->error = std::make_exception_ptr(RuntimeError(std::string("shm ") + call + (is_send ? " to" : " from") +
                                                        " rank " + std::to_string(peer) + ": " + link.broken + "."));
       op->finished = true;
     } else if (is_send) {
       link.sends.push_back(op);
     } else {
-      auto arrived = std::find_if(link.unclaimed.begin(), link.unclaimed.end(),
-                                  [&](const auto& message) { return message->tag == tag; });
-      if (arrived != link.unclaimed.end()) {
-        std::shared_ptr<Incoming> message = *arrived;
-        link.unclaimed.erase(arrived);
-        message->recv = op;
-        if (message->whole) deliver(*message);
-      } else {
-        link.recvs.push_back(op);
-      }
+      link.recvs.push_back(op);
     }
     if (!op->finished) progress();
+    handed_on = !op->finished;
   }
-  if (!op->finished) ring(peers_.rank);  // the thread takes over what is left
+  if (handed_on) ring(peers_.rank);  // the thread takes over what is left
   return c10::make_intrusive<PointToPointWork>(*this, op, is_send ? c10d::OpType::SEND : c10d::OpType::RECV);
 }
 

@@ -3,7 +3,9 @@
 //
 // Channels. Each pair of ranks that exchanges a message gets a memfd of its own: whichever of the
 // two touches the pair first claims it with a compare-and-swap in the group's pair table, creates
-// it and publishes "pid, fd" there; the other opens it through /proc/<pid>/fd. Like the group's
+// it and publishes "pid, fd" there; the other opens it through /proc/<pid>/fd, and checks that
+// the file is that pair of this group before writing to it (a creator that leaves the group
+// marks its unopened pairs gone, since its fd number may be reused). Like the group's
 // segment it never has a name in /dev/shm and goes with the last process that maps it. It holds
 // one ring of kRingBytes per direction, each with a written and a read byte counter (only the
 // sender moves written, only the receiver moves read).
@@ -50,7 +52,8 @@ struct ShmDoorbell {
   std::atomic<uint32_t> sleepers{0};
 };
 
-/// What the group's segment gives the engine: its shared region (doorbells, then the pair table)
+/// What the group's segment gives the engine: its shared region (the group's id, doorbells, then
+/// the pair table)
 /// and the peers' pids and pidfds (-1 for this rank).
 struct ShmPeers {
   int rank = 0;
@@ -67,7 +70,8 @@ class ShmPointToPoint {
 
   /// Bytes of the shared region for a group of `size` ranks (a page multiple).
   static size_t region_bytes(int size);
-  /// Rank 0, before publishing the segment: doorbells at zero, every pair unclaimed.
+  /// Rank 0, before publishing the segment: a random id for the group, doorbells at zero, every
+  /// pair unclaimed.
   static void initialise_region(char* region, int size);
 
   /// Starts the thread, which opens every pair a peer makes with this rank as soon as it is made.
@@ -105,6 +109,7 @@ class ShmPointToPoint {
   c10::intrusive_ptr<c10d::Work> post(bool is_send, const at::Tensor& tensor, int peer, int tag);
 
   ShmPeers peers_;
+  uint64_t group_id_ = 0;  // random, from the region: pairs of other groups are never taken for ours
   ShmDoorbell* bells_;
   std::atomic<uint64_t>* pair_table_;
   std::vector<std::unique_ptr<Peer>> links_;  // by rank
