@@ -57,8 +57,9 @@
 //   --accumulate K           K micro-steps per optimizer step (the global batch split in K), the first
 //                            K-1 under fabric.no_backward_sync, each backward of loss / K
 //   --bench                  no reference; prints each rank's step time (the slowest rank's), idle
-//                            fraction against it, the busiest rank's idle fraction (the bubble) beside
-//                            the schedule's formula and the simulator's value for these stage times, the
+//                            fraction against it, the schedule's formula and the simulator's value for
+//                            these stage times (scripts/bench-pipeline.sh sets the busiest rank's idle
+//                            fraction, the bubble, beside them), the
 //                            boundary transfers' time per step (measured by a ping-pong after
 //                            training), forward and backward time, peak micro-batches in flight, as
 //                            medians over the steps after the first, and how far training raised the
@@ -390,7 +391,7 @@ int run(const Flags& flags_given) {
     fabric.load(flags.resume, state);
     first_step = state.at("step").value().toInt();
   }
-  std::vector<double> step_times, idle, busiest_idle, peaks, forwards, backwards;
+  std::vector<double> step_times, idle, peaks, forwards, backwards;
   const double rss_before_training = rss_mb("VmRSS:");
   for (int64_t step = 0; step < first_step + flags.steps; ++step) {
     const int64_t batch = flags.halve_batch_after >= 0 && step > flags.halve_batch_after ? flags.batch / 2 : flags.batch;
@@ -456,9 +457,6 @@ int run(const Flags& flags_given) {
       const double makespan = fabric.all_reduce(stats.step_seconds, lf::ReduceOp::Max);
       step_times.push_back(makespan);
       idle.push_back(1.0 - stats.compute_seconds / makespan);
-      // The schedule's bubble is the busiest rank's idle fraction: the others idle longer by
-      // what their stages compute less (stage imbalance), which no schedule takes away.
-      if (flags.bench) busiest_idle.push_back(1.0 - fabric.all_reduce(stats.compute_seconds, lf::ReduceOp::Max) / makespan);
       peaks.push_back(stats.peak_micro_batches);
       forwards.push_back(stats.forward_seconds);
       backwards.push_back(stats.backward_seconds);
@@ -574,7 +572,7 @@ int run(const Flags& flags_given) {
                                                              median(forwards), median(backwards)) : 0.0;
     std::cout << "pipeline bench rank " << fabric.global_rank() << " stages " << local.str() << " schedule "
               << flags.options.schedule << " micro-batches " << m << " step_ms " << median(step_times) * 1e3
-              << " idle " << median(idle) << " busiest_idle " << median(busiest_idle) << " formula " << formula
+              << " idle " << median(idle) << " formula " << formula
               << " simulated " << simulated << " transfer_ms " << transfers * one_way_ms << " one_way_ms " << one_way_ms
               << " forward_ms " << median(forwards) * 1e3 << " backward_ms " << median(backwards) * 1e3
               << " peak_micro_batches " << median(peaks) << " training_rss_growth_mb " << rss_mb() - rss_before_training

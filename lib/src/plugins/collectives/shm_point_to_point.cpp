@@ -399,28 +399,28 @@ bool ShmPointToPoint::pull(int peer) {
   return true;
 }
 
-bool ShmPointToPoint::progress() {
-  bool moved = false;
+void ShmPointToPoint::progress() {
   for (int peer = 0; peer < peers_.size; ++peer) {
-    if (peer == peers_.rank) continue;
-    Peer& link = *links_[peer];
-    if (!link.broken.empty()) continue;
-    try {
-      if (!link.connected()) {
-        // Made by the peer (its data may be waiting), or needed by an op of ours.
-        const int low = std::min(peers_.rank, peer), high = std::max(peers_.rank, peer);
-        const uint64_t entry = pair_table_[static_cast<size_t>(low) * peers_.size + high].load(std::memory_order_acquire);
-        if ((entry == 0 || entry == kClaimed) && !link.pending()) continue;
-        if (!try_connect(peer)) continue;
-      }
-      moved = push(peer) || moved;
-      moved = pull(peer) || moved;
-    } catch (const std::exception& error) {  // the pair cannot be opened, a buffer not allocated
-      break_pair(peer, error.what());
-      moved = true;
-    }
+    if (peer != peers_.rank) progress_with(peer);
   }
-  return moved;
+}
+
+void ShmPointToPoint::progress_with(int peer) {
+  Peer& link = *links_[peer];
+  if (!link.broken.empty()) return;
+  try {
+    if (!link.connected()) {
+      // Made by the peer (its data may be waiting), or needed by an op of ours.
+      const int low = std::min(peers_.rank, peer), high = std::max(peers_.rank, peer);
+      const uint64_t entry = pair_table_[static_cast<size_t>(low) * peers_.size + high].load(std::memory_order_acquire);
+      if ((entry == 0 || entry == kClaimed) && !link.pending()) return;
+      if (!try_connect(peer)) return;
+    }
+    push(peer);
+    pull(peer);
+  } catch (const std::exception& error) {  // the pair cannot be opened, a buffer not allocated
+    break_pair(peer, error.what());
+  }
 }
 
 bool ShmPointToPoint::pending() const {
@@ -456,7 +456,7 @@ void ShmPointToPoint::break_pair(int peer, const std::string& why) {
 void ShmPointToPoint::check_peer(int peer) {
   pollfd exited{peers_.pidfds[peer], POLLIN, 0};
   if (exited.fd < 0 || ::poll(&exited, 1, 0) <= 0) return;
-  progress();  // what it wrote before it died still counts
+  progress_with(peer);  // what it wrote before it died still counts
   if (!links_[peer]->pending()) return;
   break_pair(peer, "rank " + std::to_string(peer) + " (pid " + std::to_string(peers_.pids[peer]) + ") died");
 }
@@ -496,7 +496,7 @@ c10::intrusive_ptr<c10d::Work> ShmPointToPoint::post(bool is_send, const at::Ten
     } else {
       link.recvs.push_back(op);
     }
-    if (!op->finished) progress();
+    if (!op->finished) progress_with(peer);
     handed_on = !op->finished;
   }
   if (handed_on) ring(peers_.rank);  // the thread takes over what is left
@@ -522,7 +522,7 @@ void ShmPointToPoint::connect(const std::vector<int>& peers) {
 
 bool ShmPointToPoint::done(const Op& op) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!op.finished) progress();
+  if (!op.finished) progress_with(op.peer);
   return op.finished;
 }
 
@@ -532,7 +532,7 @@ void ShmPointToPoint::wait(Op& op) {
     const uint32_t seen = bells_[peers_.rank].rings.load(std::memory_order_acquire);
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (!op.finished) progress();
+      if (!op.finished) progress_with(op.peer);
       if (!op.finished) {
         const auto now = std::chrono::steady_clock::now();
         if (now - last_check >= std::chrono::milliseconds(100)) {

@@ -97,7 +97,8 @@ class ShmPointToPoint {
  private:
   void run_thread();
   bool pending() const;              // under mutex_: an op of this rank is not done
-  bool progress();                   // under mutex_: moves every peer's bytes; true if any moved
+  void progress();                   // under mutex_: moves every pair's bytes (the thread)
+  void progress_with(int peer);      // under mutex_: that pair's (a post, a wait: the thread does the rest)
   bool try_connect(int peer);        // under mutex_
   bool push(int peer);               // under mutex_
   bool pull(int peer);               // under mutex_
