@@ -148,7 +148,13 @@ int run(const Settings& settings) {
   // (after a failure, or with other nodes) goes on from where it was.
   const std::string resume = settings.resume == "last" ? newest_checkpoint(settings.checkpoint_dir) : settings.resume;
   if (fabric.restart_count() > 0) fabric.print("restart", fabric.restart_count(), "of the job, world size", fabric.world_size());
-  if (!resume.empty()) {
+  // Under `lightning-run --in-memory-replicas K`, a restarted job goes on from the newest snapshot in
+  // the launcher's memory (at most K steps back) rather than from the disk.
+  if (fabric.restore_snapshot(state)) {
+    epoch = state.at("epoch").to<int64_t>();
+    steps = state.at("step").to<int64_t>();
+    fabric.print("restored the in-memory snapshot at epoch", epoch, "step", steps);
+  } else if (!resume.empty()) {
     fabric.load(resume, state);
     epoch = state.at("epoch").to<int64_t>();
     steps = state.at("step").to<int64_t>();
@@ -180,7 +186,11 @@ int run(const Settings& settings) {
       loss_sum += value;
       bar.update(1, value);
       ++batches;
-      if (++steps == settings.max_steps) return true;
+      ++steps;
+      state.at("epoch").set_value(epoch);
+      state.at("step").set_value(steps);
+      fabric.snapshot(state);  // every K-th call under --in-memory-replicas K; nothing otherwise
+      if (steps == settings.max_steps) return true;
       if (settings.checkpoint_every > 0 && steps % settings.checkpoint_every == 0) save(/*epoch_finished=*/false);
       return false;
     };

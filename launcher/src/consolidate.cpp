@@ -32,7 +32,7 @@ void check_arguments(const fs::path& folder, const fs::path& output) {
   namespace storage = fabric::checkpoint_storage;
   for (const auto& path : {folder, output}) {
     try {
-      fabric::storage::S3Url::refuse_other_schemes(path.string(), kWho);
+      fabric::storage::refuse_unknown_schemes(path.string(), kWho);
     } catch (const std::exception& e) {
       throw ArgumentProblem(std::string(e.what()).substr(kWho.size() + 2));
     }

@@ -22,6 +22,7 @@
 #include "lightning/fabric/hang/hang_watch.h"
 #include "lightning/fabric/internal/step_times.h"
 #include "lightning/fabric/internal/store_relay.h"
+#include "lightning/fabric/storage/node_memory.h"
 #include "lightning/launcher/numa_binding.h"
 #include "lightning/launcher/output.h"
 #include "lightning/launcher/rendezvous.h"
@@ -188,6 +189,8 @@ class Job {
   /// Multi-node: this node's one connection to the job's store, which its workers reach through it
   /// (LT_STORE_RELAY; lightning/fabric/internal/store_relay.h). One per attempt.
   std::unique_ptr<fabric::internal::StoreRelay> store_relay_;
+  /// --in-memory-replicas: the workers' snapshots, held across restarts (LT_NODE_MEMORY).
+  std::optional<fabric::storage::NodeMemoryServer> node_memory_;
   std::vector<CpuBinding> numa_;  // --numa-binding: each local rank's CPUs and memory node (empty: none)
   Clock::time_point next_hang_check_;
   struct PendingStatus {
@@ -235,6 +238,7 @@ std::vector<pollfd> Job::poll_set() const {
 void Job::spawn_all(int attempt) {
   children_.clear();
   error_files_.clear();
+  if (node_memory_) node_memory_->clear_staging();  // what workers killed mid-snapshot left
   const auto attempt_dir = std::filesystem::path(run_dir_) / ("attempt_" + std::to_string(attempt));
   std::filesystem::create_directories(attempt_dir);
   NodeLayout layout = layout_;
@@ -271,6 +275,11 @@ void Job::spawn_all(int attempt) {
     spec.env = worker_environment(args_, layout, local, parent, error_file);
     add_attempt_environment(spec.env, attempt_dir.string(), layout.num_nodes);
     if (store_relay_) spec.env[fabric::env::kStoreRelay] = store_relay_->address();
+    if (node_memory_) {
+      spec.env[fabric::env::kNodeMemory] = node_memory_->address();
+      spec.env[fabric::env::kInMemoryReplicas] = std::to_string(args_.in_memory_replicas);
+      spec.env[fabric::env::kNodeMemoryStaging] = node_memory_->staging_folder();
+    }
     // The console is a terminal: progress bars may redraw in place (the router forwards them).
     if (::isatty(STDERR_FILENO) == 1) spec.env[fabric::env::kTerminal] = "1";
     spec.stdout_fd = out;
@@ -597,6 +606,7 @@ int Job::run() {
     say("--numa-binding " + *args_.numa_binding + ": " + describe_numa_binding(numa_));
   }
 
+  if (args_.in_memory_replicas > 0) node_memory_.emplace();
   rendezvous_.emplace(Rendezvous::establish(args_, local_count));
   if (rendezvous_->elastic()) rendezvous_->form_group(std::nullopt, say, [this] { stop_on_signal(); });
   layout_ = rendezvous_->layout();

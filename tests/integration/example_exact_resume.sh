@@ -3,7 +3,9 @@
 # steps straight; another, saving every 10 steps, has a worker killed (SIGKILL) once its step-20
 # checkpoint exists, is restarted by lightning-run (--max-restarts 1) and resumes from its newest
 # checkpoint (--resume last, whose state holds fabric.resume_state()). Both must end with the
-# same weights and optimizer state, bit for bit. Then, under ddp, the step-20 checkpoint resumed on
+# same weights and optimizer state, bit for bit. A third job is killed the same way under
+# --in-memory-replicas 1 and must go on from the snapshot in lightning-run's memory, not the disk,
+# with the same result and nothing left in /dev/shm. Then, under ddp, the step-20 checkpoint resumed on
 # 1 rank must warn that the resume is not exact and still finish.
 # Usage: example_exact_resume.sh STRATEGY LAUNCHER EXAMPLE CHECKPOINT_TOOL
 set -euo pipefail
@@ -47,6 +49,41 @@ if [ -d "$straight" ]; then  # fsdp: sharded folders, merged into one file each
 fi
 "$tool" same "$straight" "$killed" model || { echo "FAIL: weights differ from the uninterrupted run"; exit 1; }
 "$tool" same "$straight" "$killed" optimizer || { echo "FAIL: optimizer state differs from the uninterrupted run"; exit 1; }
+
+# The same kill under --in-memory-replicas 1, without --resume: the restarted workers go on from the
+# snapshot in lightning-run's memory (taken every step, so at most one step back), not from the disk.
+shm_before="$(ls /dev/shm | grep -c lightning || true)"
+setsid "$launcher" model --accelerator cpu --devices 2 --strategy "$strategy" --max-restarts 1 --in-memory-replicas 1 \
+  "$example" "${flags[@]}" --checkpoint-dir "$dir/memory" >"$dir/memory.log" 2>&1 &
+job=$!
+for _ in $(seq 1 600); do
+  [ -e "$dir/memory/epoch=1-step=20.ckpt" ] && break
+  sleep 0.05
+done
+[ -e "$dir/memory/epoch=1-step=20.ckpt" ] || { cat "$dir/memory.log"; echo "FAIL: no step-20 checkpoint after 30 s (memory)"; exit 1; }
+worker="$(pgrep -P "$job" | tail -1)"
+[ -n "$worker" ] || { cat "$dir/memory.log"; echo "FAIL: no worker left to kill (memory)"; exit 1; }
+kill -9 "$worker"
+status=0
+wait "$job" || status=$?
+job=""
+cat "$dir/memory.log"
+[ "$status" = 0 ] || { echo "FAIL: the job restarted from memory exited with $status"; exit 1; }
+grep -q "restart 1 of the job" "$dir/memory.log" || { echo "FAIL: the memory job was not restarted"; exit 1; }
+restored="$(sed -n 's/.*restored the in-memory snapshot at epoch [0-9]* step \([0-9]*\).*/\1/p' "$dir/memory.log" | head -1)"
+[ -n "$restored" ] || { echo "FAIL: the restarted job did not restore the in-memory snapshot"; exit 1; }
+[ "$restored" -ge 20 ] || { echo "FAIL: restored step $restored, but the step-20 snapshot existed before the kill"; exit 1; }
+grep -q "resumed from" "$dir/memory.log" && { echo "FAIL: the memory job read a checkpoint from disk"; exit 1; }
+memory="$dir/memory/epoch=1-step=60.ckpt"
+if [ -d "$memory" ]; then
+  "$launcher" model consolidate "$memory" --output-file "$dir/memory.pt"
+  memory="$dir/memory.pt"
+fi
+"$tool" same "$straight" "$memory" model || { echo "FAIL: weights differ after the in-memory restore"; exit 1; }
+"$tool" same "$straight" "$memory" optimizer || { echo "FAIL: optimizer state differs after the in-memory restore"; exit 1; }
+shm_after="$(ls /dev/shm | grep -c lightning || true)"
+[ "$shm_after" -le "$shm_before" ] || { ls -la /dev/shm; echo "FAIL: the memory job left files in /dev/shm"; exit 1; }
+echo "restored bit for bit from memory at step $restored after a killed worker ($strategy)"
 
 if [ "$strategy" = ddp ]; then
   mkdir "$dir/one"

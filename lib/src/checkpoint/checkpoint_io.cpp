@@ -17,7 +17,7 @@
 #include "lightning/fabric/checkpoint/pickle_tree.h"
 #include "lightning/fabric/checkpoint/zip_archive.h"
 #include "lightning/fabric/errors.h"
-#include "lightning/fabric/storage/s3_client.h"
+#include "lightning/fabric/storage/object_store.h"
 
 namespace lightning::fabric {
 
@@ -127,11 +127,10 @@ c10::IValue read_archive(std::string_view bytes, const std::string& what) {
 }  // namespace
 
 void save_state_dict_file(const fs::path& path, const StateDict& state) {
-  storage::S3Url::refuse_other_schemes(path.string(), "fabric.save(" + path.string() + ")");
-  if (storage::S3Url::is_s3(path.string())) {  // one PUT: the object appears whole or not at all
-    const std::string who = "fabric.save(" + path.string() + ")";
-    const auto url = storage::S3Url::parse(path.string(), who);
-    storage::S3Client::from_environment(who).put(url, archive_bytes(c10::IValue(state)));
+  storage::refuse_unknown_schemes(path.string(), "fabric.save(" + path.string() + ")");
+  if (storage::is_object_url(path.string())) {  // one put: the object appears whole or not at all
+    const storage::ObjectAddress object = storage::object_address(path.string(), "fabric.save(" + path.string() + ")");
+    object.store->put(object.key, archive_bytes(c10::IValue(state)));
     return;
   }
   write_file_atomically(path, [&](const ByteSink& sink) { write_archive(c10::IValue(state), sink); });
@@ -150,11 +149,10 @@ void stream_archive(const c10::IValue& value, const std::function<void(const voi
 c10::IValue value_of_archive(std::string_view bytes, const std::string& what) { return read_archive(bytes, what); }
 
 StateDict load_state_dict_file(const fs::path& path) {
-  storage::S3Url::refuse_other_schemes(path.string(), "fabric.load(" + path.string() + ")");
-  if (storage::S3Url::is_s3(path.string())) {
-    const std::string who = "fabric.load(" + path.string() + ")";
-    const auto url = storage::S3Url::parse(path.string(), who);
-    const std::string bytes = storage::S3Client::from_environment(who).get(url);
+  storage::refuse_unknown_schemes(path.string(), "fabric.load(" + path.string() + ")");
+  if (storage::is_object_url(path.string())) {
+    const storage::ObjectAddress object = storage::object_address(path.string(), "fabric.load(" + path.string() + ")");
+    const std::string bytes = object.store->get(object.key);
     const c10::IValue value = read_archive(bytes, "Checkpoint " + path.string());
     LF_CHECK(value.isGenericDict(), RuntimeError, "Checkpoint ", path.string(), " holds a ", value.tagKind(),
              ", not a dictionary of state.");

@@ -1,6 +1,7 @@
 #include "lightning/fabric/checkpoint/checkpoint_storage.h"
 
 #include "lightning/fabric/errors.h"
+#include "lightning/fabric/storage/node_memory.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -20,39 +21,22 @@ namespace fs = std::filesystem;
 namespace {
 constexpr const char* kMetadata = ".metadata";
 
-fs::path fresh_temporary(const std::string& purpose) {
+fs::path fresh_temporary(const std::string& purpose, bool in_memory) {
   std::random_device entropy;
+  std::error_code error;
+  const std::string memory = storage::NodeMemoryClient::staging_base();  // a killed rank's leftovers are removed there
+  const fs::path base = in_memory && ::access(memory.c_str(), W_OK) == 0 ? fs::path(memory) : fs::temp_directory_path();
   for (int attempt = 0; attempt < 100; ++attempt) {
-    const fs::path candidate = fs::temp_directory_path() / ("lightning-fabric-" + purpose + "-" + std::to_string(::getpid()) +
-                                                            "-" + std::to_string(entropy()));
-    std::error_code error;
+    const fs::path candidate = base / ("lightning-fabric-" + purpose + "-" + std::to_string(::getpid()) + "-" +
+                                       std::to_string(entropy()));
     if (fs::create_directory(candidate, error)) return candidate;
   }
-  throw RuntimeError("cannot make a temporary folder for " + purpose + " in " + fs::temp_directory_path().string() +
+  throw RuntimeError("cannot make a temporary folder for " + purpose + " in " + base.string() +
                      "; set TMPDIR to a writable folder");
-}
-
-// The object `url`'s bytes, read from a local file mapped whole, in one PUT.
-void put_file(const storage::S3Client& client, const storage::S3Url& url, const fs::path& file, const std::string& who) {
-  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-  LF_CHECK(fd >= 0, RuntimeError, who, ": cannot read ", file.string(), " to upload it to ", url.str(), ": ", std::strerror(errno));
-  struct stat info {};
-  ::fstat(fd, &info);
-  const size_t size = static_cast<size_t>(info.st_size);
-  void* mapping = size ? ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0) : nullptr;
-  ::close(fd);
-  LF_CHECK(size == 0 || mapping != MAP_FAILED, RuntimeError, who, ": cannot map ", file.string(), ": ", std::strerror(errno));
-  try {
-    client.put(url, std::string_view(static_cast<const char*>(mapping), size));
-  } catch (...) {
-    if (size) ::munmap(mapping, size);
-    throw;
-  }
-  if (size) ::munmap(mapping, size);
 }
 }  // namespace
 
-bool is_remote(const fs::path& path) { return storage::S3Url::is_s3(path.string()); }
+bool is_remote(const fs::path& path) { return storage::is_object_url(path.string()); }
 
 LocalCopy::LocalCopy(LocalCopy&& other) noexcept
     : path_(std::move(other.path_)), temporary_(std::move(other.temporary_)), origin_(std::move(other.origin_)) {
@@ -74,28 +58,27 @@ LocalCopy::~LocalCopy() {
 }
 
 LocalCopy fetch(const fs::path& path, const std::string& who) {
-  storage::S3Url::refuse_other_schemes(path.string(), who);
+  storage::refuse_unknown_schemes(path.string(), who);
   if (!is_remote(path)) return LocalCopy(path, {}, path.string());
-  const auto url = storage::S3Url::parse(path.string(), who);
-  const auto client = storage::S3Client::from_environment(who);
-  const fs::path temporary = fresh_temporary("checkpoint");
+  const storage::ObjectAddress url = storage::object_address(path.string(), who);
+  const fs::path temporary = fresh_temporary("checkpoint", url.store->stages_in_memory());
   try {
-    const auto objects = client.list_folder(url);
+    const auto objects = url.store->list_folder(url.key);
     if (objects.count(kMetadata)) {  // a sharded folder: every object under the prefix
       const fs::path folder = temporary / "checkpoint";
       fs::create_directories(folder);
       for (const auto& [name, size] : objects) {
         if (name.find('/') != std::string::npos) continue;  // not part of this folder
-        client.get_to_file(url.child(name), folder / name);
+        url.store->get_to_file(url.child(name).key, folder / name);
       }
       return LocalCopy(folder, temporary, path.string());
     }
-    LF_CHECK(!url.key.empty(), RuntimeError, who, ": ", path.string(), " names a bucket, and no checkpoint folder is there");
+    LF_CHECK(!url.key.empty(), RuntimeError, who, ": ", path.string(), " names a bucket or store, and no checkpoint folder is there");
     LF_CHECK(objects.empty(), RuntimeError, who, ": ", path.string(), " holds ", objects.size(), " objects (",
              objects.begin()->first, ", ...) but no .metadata: a sharded save there did not finish, or it is not a "
              "checkpoint. Load an earlier checkpoint");
     const fs::path file = temporary / fs::path(url.key).filename();
-    client.get_to_file(url, file);  // RuntimeError naming the object when it is missing
+    url.store->get_to_file(url.key, file);  // RuntimeError naming the object when it is missing
     return LocalCopy(file, temporary, path.string());
   } catch (...) {
     std::error_code ignored;
@@ -104,31 +87,31 @@ LocalCopy fetch(const fs::path& path, const std::string& who) {
   }
 }
 
-TemporaryFolder::TemporaryFolder(const std::string& purpose) : path_(fresh_temporary(purpose)) {}
+TemporaryFolder::TemporaryFolder(const std::string& purpose, bool in_memory) : path_(fresh_temporary(purpose, in_memory)) {}
 TemporaryFolder::~TemporaryFolder() {
   std::error_code ignored;
   fs::remove_all(path_, ignored);
 }
 
 RemoteFolder::RemoteFolder(const fs::path& url, const std::string& who)
-    : url_(storage::S3Url::parse(url.string(), who)), client_(storage::S3Client::from_environment(who)), who_(who) {
-  LF_CHECK(!url_.key.empty(), ValueError, who, ": ", url.string(), " names a bucket; a sharded checkpoint needs a prefix "
-           "of its own, e.g. s3://", url_.bucket, "/checkpoints/step-100");
+    : folder_(storage::object_address(url.string(), who)), who_(who) {
+  LF_CHECK(!folder_.key.empty(), ValueError, who, ": ", url.string(), " names a bucket or store; a sharded checkpoint ",
+           "needs a prefix of its own, e.g. ", folder_.child("checkpoints/step-100").url());
 }
 
 std::string RemoteFolder::part_suffix() const {
-  if (!client_.list_folder(url_).count(kMetadata)) return "";
+  if (!folder_.store->list_folder(folder_.key).count(kMetadata)) return "";
   std::random_device entropy;
   char suffix[16];
   std::snprintf(suffix, sizeof(suffix), "-%06x%06x", entropy() & 0xffffff, entropy() & 0xffffff);
   return suffix;
 }
 
-void RemoteFolder::upload(const fs::path& file) const { put_file(client_, url_.child(file.filename().string()), file, who_); }
+void RemoteFolder::upload(const fs::path& file) const { folder_.store->put_file(folder_.child(file.filename().string()).key, file); }
 
 void RemoteFolder::commit(const fs::path& meta_file, const fs::path& metadata_file, const std::set<std::string>& written) const {
-  const auto earlier = client_.list_folder(url_);
-  if (earlier.count(kMetadata)) client_.remove(url_.child(kMetadata));  // no mix of two saves ever loads
+  const auto earlier = folder_.store->list_folder(folder_.key);
+  if (earlier.count(kMetadata)) folder_.store->remove(folder_.child(kMetadata).key);  // no mix of two saves ever loads
   if (!meta_file.empty()) upload(meta_file);
   upload(metadata_file);  // the commit: from now on the folder is a checkpoint
   for (const auto& [name, size] : earlier) {
@@ -136,26 +119,25 @@ void RemoteFolder::commit(const fs::path& meta_file, const fs::path& metadata_fi
         name == meta_file.filename().string())
       continue;
     try {
-      client_.remove(url_.child(name));
+      folder_.store->remove(folder_.child(name).key);
     } catch (const std::exception&) {  // past the commit, nothing may fail the save: the next save here removes it
     }
   }
 }
 
 void upload_file(const fs::path& file, const fs::path& url, const std::string& who) {
-  put_file(storage::S3Client::from_environment(who), storage::S3Url::parse(url.string(), who), file, who);
+  const storage::ObjectAddress object = storage::object_address(url.string(), who);
+  object.store->put_file(object.key, file);
 }
 
 bool is_remote_folder(const fs::path& url, const std::string& who) {
-  const auto parsed = storage::S3Url::parse(url.string(), who);
-  return storage::S3Client::from_environment(who).list_folder(parsed).count(kMetadata) > 0;
+  const storage::ObjectAddress folder = storage::object_address(url.string(), who);
+  return folder.store->list_folder(folder.key).count(kMetadata) > 0;
 }
 
 bool remote_exists(const fs::path& url, const std::string& who) {
-  const auto parsed = storage::S3Url::parse(url.string(), who);
-  for (const auto& object : storage::S3Client::from_environment(who).list(parsed))
-    if (object.key == parsed.key) return true;
-  return is_remote_folder(url, who);
+  const storage::ObjectAddress object = storage::object_address(url.string(), who);
+  return object.store->exists(object.key) || object.store->list_folder(object.key).count(kMetadata) > 0;
 }
 
 }  // namespace lightning::fabric::checkpoint_storage

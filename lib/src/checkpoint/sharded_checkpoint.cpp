@@ -211,12 +211,12 @@ CheckpointWrite prepare_folder(const CheckpointPeers& peers, const std::string& 
   std::shared_ptr<checkpoint_storage::TemporaryFolder> local_part;  // s3://: this rank's staging
   fs::path staging;
   std::string part = dcp::data_file_name(peers.global_rank());
-  storage::S3Url::refuse_other_schemes(path.string(), call);
+  storage::refuse_unknown_schemes(path.string(), call);
   if (checkpoint_storage::is_remote(path)) {
     std::string renamed;  // over an earlier save: parts under new names, so the earlier stays whole until the commit
     peers.run_on_every_rank(call, [&] {
       remote = std::make_shared<const checkpoint_storage::RemoteFolder>(path, call);
-      local_part = std::make_shared<checkpoint_storage::TemporaryFolder>("checkpoint-save");
+      local_part = std::make_shared<checkpoint_storage::TemporaryFolder>("checkpoint-save", remote->stages_in_memory());
     });
     peers.run_on_rank_zero(call, [&] { renamed = remote->part_suffix(); });
     renamed = peers.broadcast_bytes(renamed, 0);

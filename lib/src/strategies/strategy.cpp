@@ -14,7 +14,7 @@
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/internal/gradient_norm.h"
 #include "lightning/fabric/checkpoint/checkpoint_storage.h"
-#include "lightning/fabric/storage/s3_client.h"
+#include "lightning/fabric/storage/object_store.h"
 #include "lightning/fabric/utilities/meta_init.h"
 #include "lightning/fabric/utilities/rank_zero.h"
 
@@ -158,7 +158,7 @@ CheckpointWrite Strategy::prepare_checkpoint(const std::string& call, const std:
   if (!is_global_zero()) return {};
   return {[path, checkpoint] {
             save_state_dict_file(path, checkpoint);
-            LF_CHECK(storage::S3Url::is_s3(path.string()) || std::filesystem::exists(path), RuntimeError,
+            LF_CHECK(storage::is_object_url(path.string()) || std::filesystem::exists(path), RuntimeError,
                      "the file is missing after writing it");
           },
           nullptr, nullptr};

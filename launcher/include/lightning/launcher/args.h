@@ -33,6 +33,9 @@ struct LaunchArgs {
 
   // Supervision.
   int max_restarts = 0;
+  /// --in-memory-replicas K: fabric.snapshot() keeps the state in this launcher's memory every K
+  /// steps, and restarted workers resume from it (docs/launcher.md, "In-memory replicas"); 0: off.
+  int in_memory_replicas = 0;
   double shutdown_grace_s = 10.0;    // between the polite signal and SIGKILL
   double rdzv_timeout_s = 120.0;     // how long nodes wait for each other
   double rdzv_last_call_s = 30.0;    // elastic: once MIN nodes are in, how long a round waits for more

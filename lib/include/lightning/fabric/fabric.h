@@ -454,6 +454,22 @@ class LF_API Fabric {
   /// The whole checkpoint as stored, nothing restored.
   StateDict load(const std::filesystem::path& path);
 
+  // ---- in-memory replicas (docs/launcher.md, "In-memory replicas") ----
+  /// Call once per step, at a step boundary, on every rank. Under `lightning-run
+  /// --in-memory-replicas K`, every K-th call saves state (and fabric.resume_state(), added when
+  /// state has no such entry) into the memory of this node's lightning-run, as fabric.save would
+  /// to memory://snapshot-N, then drops the snapshot before it; a worker restarted after a failure
+  /// resumes from it with restore_snapshot. Returns whether this call took one. Without the flag
+  /// it does nothing (no collective) and returns false. Collective when it saves.
+  bool snapshot(const State& state);
+  /// Call once before training, on every rank, after setup: restores state in place from the
+  /// newest snapshot this job's lightning-runs hold (every rank the same one; strict, as load),
+  /// and returns true; false (nothing changed) when there is none (a first start) or the job was
+  /// started without --in-memory-replicas. snapshot() then counts on from the restored one.
+  bool restore_snapshot(State& state);
+  /// The snapshot() calls counted so far; after restore_snapshot, the restored snapshot's number.
+  int64_t snapshot_number() const { return snapshot_calls_; }
+
   // ---- rollback on bad steps (docs/toolkit.md, "Rolling back a bad step") ----
   /// Turns rollback on: from now on a bad step no longer throws, neither a non-finite value found
   /// by FabricOptions::detect_nonfinite (in fabric.backward) nor a spike found by SpikeDetection.
@@ -668,6 +684,10 @@ class LF_API Fabric {
   /// The loaders set up and still alive, in set-up order.
   std::vector<std::shared_ptr<LoaderProgress>> live_loaders() const;
   /// state, with its ResumeState entries replaced by what they save (a collective); nullopt when it has none.
+  /// --in-memory-replicas K from the environment (0: off), read once.
+  int64_t snapshot_interval();
+  /// state, with a fabric.resume_state() entry added when it has none.
+  State with_snapshot_resume(const State& state, const char* call);
   std::optional<State> with_resume_values(const State& state, const char* call);
   [[noreturn]] void refuse_unsized_dataset() const;
   void refuse_shuffled_stream(bool shuffle) const;
@@ -691,6 +711,8 @@ class LF_API Fabric {
   std::unique_ptr<Connector> connector_;  // the resolved plugins and strategy (lib/private: connector.h)
   bool cli_used_ = false;
   int restart_count_ = 0;
+  int64_t snapshot_calls_ = 0;  // snapshot() calls so far (counting on from a restored snapshot)
+  int64_t snapshot_every_ = -1;  // --in-memory-replicas K (0: off); -1: not read yet
   bool fused_optimizer_steps_ = true;  // FabricOptions::fused_optimizer_steps
   std::shared_ptr<StepObserver> step_observer_;  // the profiler switch's StepProfiler, when on for this rank
   bool environment_ready_ = false;

@@ -42,6 +42,13 @@ inline constexpr const char* kHangJudge = "LT_HANG_JUDGE";
 // Set by lightning-run on the nodes of a multi-node job: the abstract socket of this node's store
 // relay; the ranks reach the job's store through it (one connection per node to the main store).
 inline constexpr const char* kStoreRelay = "LT_STORE_RELAY";
+// Set by lightning-run --in-memory-replicas K: the abstract socket of this node's memory store
+// (storage/node_memory.h; memory:// objects), and K, how often fabric.snapshot() takes one.
+inline constexpr const char* kNodeMemory = "LT_NODE_MEMORY";
+inline constexpr const char* kInMemoryReplicas = "LT_IN_MEMORY_REPLICAS";
+// With LT_NODE_MEMORY: the folder of /dev/shm where the ranks stage what they put (removed by
+// lightning-run with anything a killed rank left there).
+inline constexpr const char* kNodeMemoryStaging = "LT_NODE_MEMORY_STAGING";
 // Set by lightning-run on every node: each rank writes rank_<R>.steps (its step-time percentiles) here.
 inline constexpr const char* kStepTimesDir = "LT_STEP_TIMES_DIR";
 // Set by lightning-run: the number of this start of the workers, counting every restart (after a

@@ -1,6 +1,7 @@
-// Where a checkpoint lives: a local (or shared) path, or object storage (s3://bucket/key). The
-// checkpoint code writes and reads local files; this layer carries them to and from the store
-// (docs/checkpoints.md, "Object storage"):
+// Where a checkpoint lives: a local (or shared) path, or an object store (s3://bucket/key, or
+// memory://key: the node agents' memory, storage/object_store.h). The checkpoint code writes and
+// reads local files; this layer carries them to and from the store (docs/checkpoints.md, "Object
+// storage"):
 // - one file: written with one PUT (the object appears whole or not at all), read with one GET;
 // - a sharded folder (torch.distributed.checkpoint's layout): every rank uploads its own part
 //   file; rank 0 uploads meta.pt, then .metadata last (the commit: a folder without .metadata is
@@ -19,16 +20,16 @@
 #include <string>
 
 #include "lightning/fabric/errors.h"
-#include "lightning/fabric/storage/s3_client.h"
+#include "lightning/fabric/storage/object_store.h"
 
 namespace lightning::fabric::checkpoint_storage {
 
-/// Whether `path` names object storage (s3://).
+/// Whether `path` names an object store (s3:// or memory://).
 bool is_remote(const std::filesystem::path& path);
 
-/// A local copy of a checkpoint to read: for a local path, the path itself; for s3://, the object
-/// (one file) or every object under the prefix (a folder holding .metadata) downloaded into a
-/// fresh temporary folder, removed with the LocalCopy.
+/// A local copy of a checkpoint to read: for a local path, the path itself; for an object store, the
+/// object (one file) or every object under the prefix (a folder holding .metadata) downloaded into
+/// a fresh temporary folder (in /dev/shm for memory://), removed with the LocalCopy.
 class LocalCopy {
  public:
   LocalCopy(const LocalCopy&) = delete;
@@ -57,10 +58,11 @@ auto read_checkpoint(const std::filesystem::path& path, const std::string& who, 
 /// neither an object nor a checkpoint folder is there (`who` prefixes errors).
 LocalCopy fetch(const std::filesystem::path& path, const std::string& who);
 
-/// A fresh temporary local folder (for staging what goes to the store), removed with the object.
+/// A fresh temporary local folder (for staging what goes to the store), removed with the object;
+/// in /dev/shm when `in_memory` (and /dev/shm is writable), else in TMPDIR.
 class TemporaryFolder {
  public:
-  explicit TemporaryFolder(const std::string& purpose);
+  explicit TemporaryFolder(const std::string& purpose, bool in_memory = false);
   ~TemporaryFolder();
   TemporaryFolder(const TemporaryFolder&) = delete;
   TemporaryFolder& operator=(const TemporaryFolder&) = delete;
@@ -70,11 +72,13 @@ class TemporaryFolder {
   std::filesystem::path path_;
 };
 
-/// A sharded folder written to s3:// (see above). Every rank uploads its parts with upload();
+/// A sharded folder written to an object store (see above). Every rank uploads its parts with upload();
 /// rank 0 calls begin() before any rank uploads and commit() after every rank's parts are up.
 class RemoteFolder {
  public:
   RemoteFolder(const std::filesystem::path& url, const std::string& who);
+  /// Whether staging for this folder belongs in memory (memory://).
+  bool stages_in_memory() const { return folder_.store->stages_in_memory(); }
   /// Rank 0, before the parts: "" for a new folder; over an earlier save, a fresh suffix
   /// ("-" and 12 hex digits) for this save's part names.
   std::string part_suffix() const;
@@ -88,8 +92,7 @@ class RemoteFolder {
               const std::set<std::string>& written) const;
 
  private:
-  storage::S3Url url_;
-  storage::S3Client client_;
+  storage::ObjectAddress folder_;
   std::string who_;
 };
 
@@ -105,11 +108,11 @@ auto read_checkpoint(const std::filesystem::path& path, const std::string& who, 
   }
 }
 
-/// Uploads local file `file` to the object `url` (an s3:// path), in one PUT.
+/// Uploads local file `file` to the object `url` (s3:// or memory://), in one put.
 void upload_file(const std::filesystem::path& file, const std::filesystem::path& url, const std::string& who);
-/// Whether an object or a checkpoint folder exists at the s3:// `url`.
+/// Whether an object or a checkpoint folder exists at the object store's `url`.
 bool remote_exists(const std::filesystem::path& url, const std::string& who);
-/// Whether a sharded checkpoint folder (a prefix holding .metadata) is at the s3:// `url`.
+/// Whether a sharded checkpoint folder (a prefix holding .metadata) is at the object store's `url`.
 bool is_remote_folder(const std::filesystem::path& url, const std::string& who);
 
 }  // namespace lightning::fabric::checkpoint_storage
