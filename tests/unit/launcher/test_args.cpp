@@ -122,6 +122,15 @@ TEST_CASE("args: bad values exit 2 and name the flag, the value and the choices"
   CHECK(node_timeout.result.exit_now == 2);
   CHECK_THAT(node_timeout.err, Contains("--node-timeout"));
   CHECK(parse({"launch", "./train"}).result.exit_now == 2);
+  auto replicas = parse({"model", "--in-memory-replicas", "-1", "./train"});
+  CHECK(replicas.result.exit_now == 2);
+  CHECK_THAT(replicas.err, Contains("--in-memory-replicas"));
+  CHECK(parse({"model", "--in-memory-replicas", "5", "./train"}).result.args.in_memory_replicas == 5);
+  for (const std::string nodes : {"2", "1:2"}) {
+    auto across = parse({"model", "--num-nodes", nodes, "--in-memory-replicas", "1", "./train"});
+    CHECK(across.result.exit_now == 2);
+    CHECK_THAT(across.err, Contains("--in-memory-replicas") && Contains("--num-nodes=" + nodes) && Contains("one node"));
+  }
 }
 
 TEST_CASE("args: --num-nodes MIN:MAX (and --nnodes) makes the job elastic", "[args]") {
