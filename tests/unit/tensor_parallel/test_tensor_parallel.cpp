@@ -24,6 +24,8 @@ void on_ranks(int count, Body body) {
   const auto failures = lf_test::on_thread_ranks(count, [&](lf::Collective& world, lf_test::RankChecks& checks) {
     auto mesh = std::make_shared<lf::DeviceMesh>(world, std::vector<lf::MeshDimension>{{"data", 1}, {"tensor", count}});
     body(mesh, checks);
+    // No rank tears its groups down while another still connects to them (gloo's handshakes).
+    world.barrier();
   });
   CHECK(failures == std::vector<std::string>());
 }
