@@ -68,18 +68,25 @@ bool Fabric::snapshot(const State& state) {
   if (snapshot_calls_ % snapshot_every_ != 0) return false;
   const std::string name = snapshot_name(snapshot_calls_);
   ensure_environment_ready();
-  const State with = with_snapshot_resume(state, "fabric.snapshot");
-  const std::optional<State> resolved = with_resume_values(with, "fabric.snapshot");
-  // Collective: every rank's part is in its node's memory (and .metadata, written last, with rank
-  // 0's) when it returns on any rank.
-  connector_->strategy->save_checkpoint("memory://" + name, resolved ? *resolved : with, {}, /*in_background=*/false);
-  // The node's ranks share one store: its local rank 0 drops the snapshots before this one.
+  // The snapshot before this one completes first (raising its failure on every rank), so that one
+  // whole snapshot is always held while this one is written.
+  connector_->strategy->settle_background_save(/*wait=*/true);
+  // The node's ranks share one store: its local rank 0 drops the snapshots before this one but the
+  // newest whole one (names sort by number; this one's parts, which other ranks may be putting
+  // already, sort after them).
   if (local_rank() == 0) {
     const auto store = storage::NodeMemoryClient::from_environment("fabric.snapshot");
+    const std::string keep = snapshot_name(newest_whole_snapshot(*store));
     for (const auto& [key, size] : store->list_folder("")) {
-      if (key.rfind(kSnapshotPrefix, 0) == 0 && key != name && key.rfind(name + "/", 0) != 0) store->remove(key);
+      if (key.rfind(kSnapshotPrefix, 0) == 0 && key < name && key != keep && key.rfind(keep + "/", 0) != 0) store->remove(key);
     }
   }
+  const State with = with_snapshot_resume(state, "fabric.snapshot");
+  const std::optional<State> resolved = with_resume_values(with, "fabric.snapshot");
+  // As fabric.save_in_background: returns once the state is copied; the files are written into the
+  // node's memory meanwhile, and the snapshot is whole once every rank's part is in (its .metadata
+  // or its one file last) at the next collective call.
+  connector_->strategy->save_checkpoint("memory://" + name, resolved ? *resolved : with, {}, /*in_background=*/true);
   return true;
 }
 

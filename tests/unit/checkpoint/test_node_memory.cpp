@@ -33,6 +33,10 @@ struct MemoryEnvironment {
     ::unsetenv(lf::env::kNodeMemoryStaging);
   }
 };
+int64_t held_size(const storage::NodeMemoryClient& client, int number) {
+  const std::string name = "snapshot-00000000000" + std::to_string(number);
+  return static_cast<int64_t>(client.get(name).size());
+}
 }  // namespace
 
 TEST_CASE("memory://: objects put by one client are read, listed, replaced and removed by another",
@@ -118,7 +122,7 @@ TEST_CASE("memory://: a checkpoint saved there loads back equal; snapshot() with
   CHECK(server.bytes_held() > 0);
 }
 
-TEST_CASE("snapshot: every K-th call keeps one snapshot; restore_snapshot brings back the newest, generators included",
+TEST_CASE("snapshot: every K-th call takes one, the newest whole one kept while it is written; restore_snapshot brings back the newest, generators included",
           "[checkpoint][memory]") {
   storage::NodeMemoryServer server;
   MemoryEnvironment environment(server);
@@ -135,11 +139,19 @@ TEST_CASE("snapshot: every K-th call keeps one snapshot; restore_snapshot brings
       state.at("step").set_value(step);
       CHECK(fabric.snapshot(state) == (step % 2 == 0));
     }
-    // One snapshot held (the fourth call's), the one before dropped.
+    fabric.wait_for_background_save();
+    // The fourth call's snapshot, and the second's, kept until the fourth was whole.
     storage::NodeMemoryClient client(server.address(), "test");
+    CHECK(client.list_folder("") == std::map<std::string, int64_t>{{"snapshot-000000000002", held_size(client, 2)},
+                                                                   {"snapshot-000000000004", held_size(client, 4)}});
+    fabric.snapshot(state);  // the sixth call drops the second's
+    fabric.wait_for_background_save();
     const auto held = client.list_folder("");
-    REQUIRE(held.size() == 1);
-    CHECK(held.begin()->first == "snapshot-000000000004");
+    CHECK(held.size() == 2);
+    CHECK(held.count("snapshot-000000000004") == 1);
+    CHECK(held.count("snapshot-000000000006") == 1);
+    client.remove("snapshot-000000000006");  // the newest whole one is then the fourth:
+    client.put("snapshot-000000000008/__0_0.distcp", "a part of one that never finished (no .metadata)");
   }
   const torch::Tensor expected_draw = [] {
     lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").devices(1));
@@ -157,5 +169,6 @@ TEST_CASE("snapshot: every K-th call keeps one snapshot; restore_snapshot brings
   CHECK(torch::equal(torch::rand({3}), expected_draw));
   CHECK_FALSE(fabric.snapshot(state));  // the fifth call
   CHECK(fabric.snapshot(state));        // the sixth
+  fabric.wait_for_background_save();
   ::unsetenv(lf::env::kInMemoryReplicas);
 }
