@@ -21,23 +21,34 @@ flags=(--batch-size 32 --dropout 0.3 --max-steps 60 --no-progress --checkpoint-e
 "$launcher" model --accelerator cpu --devices 2 --strategy "$strategy" "$example" "${flags[@]}" \
   --checkpoint-dir "$dir/straight" >"$dir/straight.log" 2>&1 || { cat "$dir/straight.log"; echo "FAIL: the straight run failed"; exit 1; }
 
-setsid "$launcher" model --accelerator cpu --devices 2 --strategy "$strategy" --max-restarts 1 "$example" "${flags[@]}" \
-  --checkpoint-dir "$dir/killed" --resume last >"$dir/killed.log" 2>&1 &
-job=$!
-for _ in $(seq 1 600); do
-  [ -e "$dir/killed/epoch=1-step=20.ckpt" ] && break
-  sleep 0.05
-done
-[ -e "$dir/killed/epoch=1-step=20.ckpt" ] || { cat "$dir/killed.log"; echo "FAIL: no step-20 checkpoint after 30 s"; exit 1; }
-worker="$(pgrep -P "$job" | tail -1)"
-[ -n "$worker" ] || { cat "$dir/killed.log"; echo "FAIL: no worker left to kill"; exit 1; }
-kill -9 "$worker"
-status=0
-wait "$job" || status=$?
-job=""
-cat "$dir/killed.log"
-[ "$status" = 0 ] || { echo "FAIL: the restarted job exited with $status"; exit 1; }
-grep -q "restart 1 of the job" "$dir/killed.log" || { echo "FAIL: the job was not restarted (killed too late?)"; exit 1; }
+# kill_and_restart NAME [LAUNCHER_FLAGS...] -- [PROGRAM_FLAGS...]: runs the job (2 ranks,
+# --max-restarts 1, checkpoints in $dir/NAME, its output in $dir/NAME.log), SIGKILLs a worker once
+# the step-20 checkpoint exists, and requires the restarted job to finish.
+kill_and_restart() {
+  local name="$1" launcher_flags=()
+  shift
+  while [ "$1" != -- ]; do launcher_flags+=("$1"); shift; done
+  shift
+  setsid "$launcher" model --accelerator cpu --devices 2 --strategy "$strategy" --max-restarts 1 "${launcher_flags[@]}" \
+    "$example" "${flags[@]}" "$@" --checkpoint-dir "$dir/$name" >"$dir/$name.log" 2>&1 &
+  job=$!
+  for _ in $(seq 1 600); do
+    [ -e "$dir/$name/epoch=1-step=20.ckpt" ] && break
+    sleep 0.05
+  done
+  [ -e "$dir/$name/epoch=1-step=20.ckpt" ] || { cat "$dir/$name.log"; echo "FAIL: no step-20 checkpoint after 30 s ($name)"; exit 1; }
+  local worker status=0
+  worker="$(pgrep -P "$job" | tail -1)"
+  [ -n "$worker" ] || { cat "$dir/$name.log"; echo "FAIL: no worker left to kill ($name)"; exit 1; }
+  kill -9 "$worker"
+  wait "$job" || status=$?
+  job=""
+  cat "$dir/$name.log"
+  [ "$status" = 0 ] || { echo "FAIL: the restarted job ($name) exited with $status"; exit 1; }
+  grep -q "restart 1 of the job" "$dir/$name.log" || { echo "FAIL: the job ($name) was not restarted (killed too late?)"; exit 1; }
+}
+
+kill_and_restart killed -- --resume last
 grep -q "resumed from" "$dir/killed.log" || { echo "FAIL: the restarted job did not resume"; exit 1; }
 
 straight="$dir/straight/epoch=1-step=60.ckpt"
@@ -53,23 +64,7 @@ fi
 # The same kill under --in-memory-replicas 1, without --resume: the restarted workers go on from the
 # snapshot in lightning-run's memory (taken every step, so at most one step back), not from the disk.
 shm_before="$(ls /dev/shm | grep -c lightning || true)"
-setsid "$launcher" model --accelerator cpu --devices 2 --strategy "$strategy" --max-restarts 1 --in-memory-replicas 1 \
-  "$example" "${flags[@]}" --checkpoint-dir "$dir/memory" >"$dir/memory.log" 2>&1 &
-job=$!
-for _ in $(seq 1 600); do
-  [ -e "$dir/memory/epoch=1-step=20.ckpt" ] && break
-  sleep 0.05
-done
-[ -e "$dir/memory/epoch=1-step=20.ckpt" ] || { cat "$dir/memory.log"; echo "FAIL: no step-20 checkpoint after 30 s (memory)"; exit 1; }
-worker="$(pgrep -P "$job" | tail -1)"
-[ -n "$worker" ] || { cat "$dir/memory.log"; echo "FAIL: no worker left to kill (memory)"; exit 1; }
-kill -9 "$worker"
-status=0
-wait "$job" || status=$?
-job=""
-cat "$dir/memory.log"
-[ "$status" = 0 ] || { echo "FAIL: the job restarted from memory exited with $status"; exit 1; }
-grep -q "restart 1 of the job" "$dir/memory.log" || { echo "FAIL: the memory job was not restarted"; exit 1; }
+kill_and_restart memory --in-memory-replicas 1 --
 restored="$(sed -n 's/.*restored the in-memory snapshot at epoch [0-9]* step \([0-9]*\).*/\1/p' "$dir/memory.log" | head -1)"
 [ -n "$restored" ] || { echo "FAIL: the restarted job did not restore the in-memory snapshot"; exit 1; }
 [ "$restored" -ge 20 ] || { echo "FAIL: restored step $restored, but the step-20 snapshot existed before the kill"; exit 1; }
