@@ -31,6 +31,10 @@ void check_local_folder(const fs::path& folder);
 void check_arguments(const fs::path& folder, const fs::path& output) {
   namespace storage = fabric::checkpoint_storage;
   for (const auto& path : {folder, output}) {
+    if (path.string().rfind("memory://", 0) == 0) {
+      throw ArgumentProblem(path.string() + ": memory:// objects live only inside a running job (lightning-run "
+                            "--in-memory-replicas); save a checkpoint to a local path or s3:// to consolidate it.");
+    }
     try {
       fabric::storage::refuse_unknown_schemes(path.string(), kWho);
     } catch (const std::exception& e) {

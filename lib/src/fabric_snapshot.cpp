@@ -45,8 +45,7 @@ int64_t Fabric::snapshot_interval() {
   if (snapshot_every_ >= 0) return snapshot_every_;
   const char* value = std::getenv(env::kInMemoryReplicas);
   const char* memory = std::getenv(env::kNodeMemory);
-  snapshot_every_ = 0;
-  if (value == nullptr || *value == '\0' || memory == nullptr || *memory == '\0') return 0;
+  if (value == nullptr || *value == '\0' || memory == nullptr || *memory == '\0') return snapshot_every_ = 0;
   char* end = nullptr;
   const long long every = std::strtoll(value, &end, 10);
   LF_CHECK(end != nullptr && *end == '\0' && every >= 1, ValueError, env::kInMemoryReplicas, "='", value,
@@ -74,13 +73,15 @@ bool Fabric::snapshot(const State& state) {
   // The node's ranks share one store: its local rank 0 drops the snapshots before this one but the
   // newest whole one (names sort by number; this one's parts, which other ranks may be putting
   // already, sort after them).
-  if (local_rank() == 0) {
+  // A failure there is raised on every rank alike, so none waits for it in the save.
+  connector_->strategy->run_on_every_rank("fabric.snapshot", [&] {
+    if (local_rank() != 0) return;
     const auto store = storage::NodeMemoryClient::from_environment("fabric.snapshot");
     const std::string keep = snapshot_name(newest_whole_snapshot(*store));
     for (const auto& [key, size] : store->list_folder("")) {
       if (key.rfind(kSnapshotPrefix, 0) == 0 && key < name && key != keep && key.rfind(keep + "/", 0) != 0) store->remove(key);
     }
-  }
+  });
   const State with = with_snapshot_resume(state, "fabric.snapshot");
   const std::optional<State> resolved = with_resume_values(with, "fabric.snapshot");
   // As fabric.save_in_background: returns once the state is copied; the files are written into the
@@ -97,9 +98,11 @@ bool Fabric::restore_snapshot(State& state) {
   const int64_t mine = newest_whole_snapshot(*store);
   int64_t oldest = mine, newest = mine;
   if (world_size() > 1) {
-    const at::Tensor value = at::full({1}, static_cast<double>(mine), at::TensorOptions().dtype(at::kDouble));
-    oldest = static_cast<int64_t>(all_reduce(value, "min").item<double>());
-    newest = static_cast<int64_t>(all_reduce(value, "max").item<double>());
+    // One all-reduce of (-mine, mine) by max: -oldest and newest (all_reduce works in place).
+    const at::Tensor both = at::tensor({-static_cast<double>(mine), static_cast<double>(mine)}, at::kDouble);
+    const at::Tensor reduced = all_reduce(both, "max");
+    oldest = -static_cast<int64_t>(reduced[0].item<double>());
+    newest = static_cast<int64_t>(reduced[1].item<double>());
   }
   LF_CHECK(oldest == newest, RuntimeError, "fabric.restore_snapshot: the nodes hold different newest snapshots (",
            oldest, " to ", newest, "; -1: none): the state of some ranks was lost. Restart from a checkpoint on disk.");

@@ -22,6 +22,7 @@ expect 2 "does not exist" -- "$dir/missing" || failed=1
 expect 2 "is a file" -- "$dir/reference.pt" || failed=1
 mkdir "$dir/plain"
 expect 2 "no .metadata" -- "$dir/plain" || failed=1
+expect 2 "memory:// objects live only inside a running job" -- memory://snapshot-000000000001 || failed=1
 touch "$dir/taken.pt"
 expect 2 "already exists" -- "$dir/ck" --output-file "$dir/taken.pt" || failed=1
 cp -r "$dir/ck" "$dir/missing-shard" && rm "$dir/missing-shard/__1_0.distcp"

@@ -31,16 +31,18 @@ fs::path fresh_temporary(const std::string& purpose, bool in_memory) {
                                        std::to_string(entropy()));
     if (fs::create_directory(candidate, error)) return candidate;
   }
-  throw RuntimeError("cannot make a temporary folder for " + purpose + " in " + base.string() +
-                     "; set TMPDIR to a writable folder");
+  throw RuntimeError("cannot make a temporary folder for " + purpose + " in " + base.string() + ": " +
+                     error.message() + (in_memory ? "" : "; set TMPDIR to a writable folder"));
 }
 }  // namespace
 
 bool is_remote(const fs::path& path) { return storage::is_object_url(path.string()); }
 
 LocalCopy::LocalCopy(LocalCopy&& other) noexcept
-    : path_(std::move(other.path_)), temporary_(std::move(other.temporary_)), origin_(std::move(other.origin_)) {
+    : path_(std::move(other.path_)), temporary_(std::move(other.temporary_)), origin_(std::move(other.origin_)),
+      open_(std::move(other.open_)) {
   other.temporary_.clear();
+  other.open_.clear();
 }
 
 std::string LocalCopy::named(const std::string& message) const {
@@ -55,6 +57,7 @@ std::string LocalCopy::named(const std::string& message) const {
 LocalCopy::~LocalCopy() {
   std::error_code ignored;
   if (!temporary_.empty()) fs::remove_all(temporary_, ignored);
+  for (int fd : open_) ::close(fd);
 }
 
 LocalCopy fetch(const fs::path& path, const std::string& who) {
@@ -62,6 +65,14 @@ LocalCopy fetch(const fs::path& path, const std::string& who) {
   if (!is_remote(path)) return LocalCopy(path, {}, path.string());
   const storage::ObjectAddress url = storage::object_address(path.string(), who);
   const fs::path temporary = fresh_temporary("checkpoint", url.store->stages_in_memory());
+  std::vector<int> open;  // memory files read in place, through links
+  // The object `key` at `local`: a link to its memory file where the store has one, else a copy.
+  auto bring = [&](const std::string& key, const fs::path& local) {
+    const int fd = url.store->open_object(key);
+    if (fd < 0) return (void)url.store->get_to_file(key, local);
+    open.push_back(fd);
+    fs::create_symlink("/proc/self/fd/" + std::to_string(fd), local);
+  };
   try {
     const auto objects = url.store->list_folder(url.key);
     if (objects.count(kMetadata)) {  // a sharded folder: every object under the prefix
@@ -69,18 +80,19 @@ LocalCopy fetch(const fs::path& path, const std::string& who) {
       fs::create_directories(folder);
       for (const auto& [name, size] : objects) {
         if (name.find('/') != std::string::npos) continue;  // not part of this folder
-        url.store->get_to_file(url.child(name).key, folder / name);
+        bring(url.child(name).key, folder / name);
       }
-      return LocalCopy(folder, temporary, path.string());
+      return LocalCopy(folder, temporary, path.string(), std::move(open));
     }
     LF_CHECK(!url.key.empty(), RuntimeError, who, ": ", path.string(), " names a bucket or store, and no checkpoint folder is there");
     LF_CHECK(objects.empty(), RuntimeError, who, ": ", path.string(), " holds ", objects.size(), " objects (",
              objects.begin()->first, ", ...) but no .metadata: a sharded save there did not finish, or it is not a "
              "checkpoint. Load an earlier checkpoint");
     const fs::path file = temporary / fs::path(url.key).filename();
-    url.store->get_to_file(url.key, file);  // RuntimeError naming the object when it is missing
-    return LocalCopy(file, temporary, path.string());
+    bring(url.key, file);  // RuntimeError naming the object when it is missing
+    return LocalCopy(file, temporary, path.string(), std::move(open));
   } catch (...) {
+    for (int fd : open) ::close(fd);
     std::error_code ignored;
     fs::remove_all(temporary, ignored);
     throw;

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/magic.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
@@ -36,7 +37,12 @@ namespace {
 //   request: 'P' key (+fd) | 'G' key | 'L' folder | 'X' key (exists) | 'R' key
 //   answer:  'O' text (+fd for a get: text is the size) | 'E' why
 // A list's text is "name\tsize\n" per object.
-constexpr size_t kMaxPacket = 200 * 1024;  // within the default socket buffer (net.core.wmem_max)
+constexpr size_t kMaxPacket = 200 * 1024;
+// Each side's send buffer, asked for so that a packet of kMaxPacket fits whatever
+// net.core.wmem_default is (the kernel caps it at net.core.wmem_max, 208 KB by default, and doubles it).
+constexpr int kSendBuffer = 256 * 1024;
+
+void size_send_buffer(int socket) { ::setsockopt(socket, SOL_SOCKET, SO_SNDBUF, &kSendBuffer, sizeof(kSendBuffer)); }
 
 std::string why() { return std::strerror(errno); }
 
@@ -111,10 +117,13 @@ int64_t size_of(int fd) {
 }
 
 int new_memory_file() {
-  const int fd = ::memfd_create("lightning-memory-object", MFD_CLOEXEC);
+  const int fd = ::memfd_create("lightning-memory-object", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   LF_CHECK(fd >= 0, RuntimeError, "memory://: memfd_create failed: ", why());
   return fd;
 }
+
+// A memory file written whole: no process holding it may change it from now on.
+void seal(int fd) { ::fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL); }
 
 void write_all(int fd, const char* data, size_t size, const std::string& what) {
   while (size > 0) {
@@ -172,11 +181,12 @@ struct NodeMemoryServer::Impl {
     objects.erase(found);
   }
 
-  // One request; the answer goes back on `client`.
-  void serve(int client, const std::string& request, int fd) {
+  // One request; the answer goes back on `client`. false when it could not be sent (the caller
+  // then drops the connection, so the client fails rather than waits).
+  bool serve(int client, const std::string& request, int fd) {
     auto fail = [&](const std::string& text) {
       if (fd >= 0) ::close(fd);
-      send_packet(client, "E" + text, -1);
+      return send_packet(client, "E" + text, -1);
     };
     if (request.empty()) return fail("an empty request");
     const char op = request[0];
@@ -189,25 +199,19 @@ struct NodeMemoryServer::Impl {
       drop(key);
       objects[key] = Held{fd, size};
       bytes += size;
-      send_packet(client, "O", -1);
-      return;
+      return send_packet(client, "O", -1);
     }
     if (fd >= 0) ::close(fd);
     fd = -1;
-    if (op == 'X') {
-      send_packet(client, objects.count(key) ? "O1" : "O0", -1);
-      return;
-    }
+    if (op == 'X') return send_packet(client, objects.count(key) ? "O1" : "O0", -1);
     if (op == 'G') {
       auto found = objects.find(key);
       if (found == objects.end()) return fail("no such object in this node's memory");
-      send_packet(client, "O" + std::to_string(found->second.size), found->second.fd);
-      return;
+      return send_packet(client, "O" + std::to_string(found->second.size), found->second.fd);
     }
     if (op == 'R') {
       drop(key);
-      send_packet(client, "O", -1);
-      return;
+      return send_packet(client, "O", -1);
     }
     if (op == 'L') {
       const std::string prefix = key.empty() ? std::string() : key + "/";
@@ -215,10 +219,9 @@ struct NodeMemoryServer::Impl {
       for (auto it = objects.lower_bound(prefix); it != objects.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it)
         listing += it->first.substr(prefix.size()) + "\t" + std::to_string(it->second.size) + "\n";
       if (listing.size() > kMaxPacket) return fail("the listing of '" + key + "' is larger than " + std::to_string(kMaxPacket) + " bytes");
-      send_packet(client, listing, -1);
-      return;
+      return send_packet(client, listing, -1);
     }
-    fail(std::string("an unknown operation '") + op + "'");
+    return fail(std::string("an unknown operation '") + op + "'");
   }
 
   void loop() {
@@ -227,6 +230,8 @@ struct NodeMemoryServer::Impl {
       for (int client : clients) fds.push_back({client, POLLIN, 0});
       if (::poll(fds.data(), fds.size(), -1) < 0) {
         if (errno == EINTR) continue;
+        for (int client : clients) ::close(client);  // the workers fail at once rather than wait
+        clients.clear();
         return;
       }
       if (fds[0].revents != 0) return;
@@ -237,6 +242,7 @@ struct NodeMemoryServer::Impl {
         if (client >= 0) {
           // Only this user's processes reach the objects (the socket's name is visible to the host).
           if (::getsockopt(client, SOL_SOCKET, SO_PEERCRED, &peer, &length) == 0 && peer.uid == ::getuid()) {
+            size_send_buffer(client);
             clients.push_back(client);
           } else {
             ::close(client);
@@ -252,7 +258,7 @@ struct NodeMemoryServer::Impl {
           gone.push_back(fds[i].fd);
           continue;
         }
-        serve(fds[i].fd, request, fd);
+        if (!serve(fds[i].fd, request, fd)) gone.push_back(fds[i].fd);
       }
       for (int client : gone) {
         ::close(client);
@@ -262,9 +268,27 @@ struct NodeMemoryServer::Impl {
   }
 };
 
+namespace {
+constexpr const char* kServerPrefix = "lightning-run-memory-";
+
+// The staging folders of this user's servers that were killed before they could remove theirs.
+void remove_orphaned_staging() {
+  std::error_code ignored;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ignored)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(kServerPrefix, 0) != 0) continue;
+    const long pid = std::strtol(name.c_str() + std::strlen(kServerPrefix), nullptr, 10);
+    struct stat info {};
+    if (pid <= 0 || ::stat(entry.path().c_str(), &info) != 0 || info.st_uid != ::getuid()) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) std::filesystem::remove_all(entry.path(), ignored);
+  }
+}
+}  // namespace
+
 NodeMemoryServer::NodeMemoryServer() : impl_(std::make_shared<Impl>()) {
+  remove_orphaned_staging();
   std::random_device entropy;
-  impl_->address = "lightning-run-memory-" + std::to_string(::getpid()) + "-" + std::to_string(entropy());
+  impl_->address = kServerPrefix + std::to_string(::getpid()) + "-" + std::to_string(entropy());
   const std::string staging = "/dev/shm/" + impl_->address;
   LF_CHECK(::mkdir(staging.c_str(), 0700) == 0, RuntimeError, "lightning-run --in-memory-replicas: cannot make ", staging,
            ": ", why(), " (the snapshots are staged in /dev/shm: is it mounted and writable?)");
@@ -308,6 +332,7 @@ NodeMemoryClient::NodeMemoryClient(const std::string& address, const std::string
   socket_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   sockaddr_un name{};
   const socklen_t length = abstract_name(address, name);
+  if (socket_ >= 0) size_send_buffer(socket_);
   if (socket_ < 0 || ::connect(socket_, reinterpret_cast<sockaddr*>(&name), length) != 0) {
     const std::string reason = why();
     if (socket_ >= 0) ::close(socket_);
@@ -330,7 +355,12 @@ std::shared_ptr<const NodeMemoryClient> NodeMemoryClient::from_environment(const
            "(LT_NODE_MEMORY is unset). Start the job that way, or save to a local path or s3://.");
   std::lock_guard<std::mutex> lock(made);
   if (!client || address != value) {
-    client = std::make_shared<const NodeMemoryClient>(value, who);
+    // Shared by every caller: its errors name the object, and the callers add what they were doing.
+    try {
+      client = std::make_shared<const NodeMemoryClient>(value, "lightning-run's node memory");
+    } catch (const RuntimeError& error) {
+      throw RuntimeError(who + ": " + error.what());
+    }
     address = value;
   }
   return client;
@@ -340,8 +370,10 @@ std::string NodeMemoryClient::call(const std::string& request, int fd_out, int* 
   std::lock_guard<std::mutex> lock(mutex_);
   std::string answer;
   int received = -1;
+  errno = 0;
   if (!send_packet(socket_, request, fd_out) || !receive_packet(socket_, &answer, &received))
-    throw RuntimeError(who_ + ": " + url(key) + ": this node's lightning-run memory stopped answering (" + why() + ")");
+    throw RuntimeError(who_ + ": " + url(key) + ": this node's lightning-run memory stopped answering (" +
+                       (errno != 0 ? why() : std::string("connection closed")) + ")");
   if (fd_in != nullptr) {
     *fd_in = received;
   } else if (received >= 0) {
@@ -410,6 +442,7 @@ void NodeMemoryClient::put(const std::string& key, std::string_view bytes) const
   const int fd = new_memory_file();
   try {
     write_all(fd, bytes.data(), bytes.size(), who_ + ": " + url(key));
+    seal(fd);
     put_fd(key, fd);
   } catch (...) {
     ::close(fd);
@@ -423,9 +456,12 @@ void NodeMemoryClient::put_file(const std::string& key, const std::filesystem::p
   LF_CHECK(fd >= 0, RuntimeError, who_, ": cannot read ", file.string(), " to keep it as ", url(key), ": ", why());
   int held = fd;
   try {
+    const int64_t size = size_of(fd);
+    LF_CHECK(size >= 0, RuntimeError, who_, ": cannot read the size of ", file.string(), ": ", why());
     if (!in_memory(fd)) {  // a file on disk: its bytes copied into memory first
       held = new_memory_file();
-      copy_file(fd, held, size_of(fd), who_ + ": " + url(key));
+      copy_file(fd, held, size, who_ + ": " + url(key));
+      seal(held);
     }
     put_fd(key, held);
   } catch (...) {

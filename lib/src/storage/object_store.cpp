@@ -72,7 +72,12 @@ bool is_object_url(std::string_view text) { return S3Url::is_s3(text) || is_memo
 
 void refuse_unknown_schemes(std::string_view text, const std::string& who) {
   if (is_memory(text)) return;
-  S3Url::refuse_other_schemes(text, who);
+  try {
+    S3Url::refuse_other_schemes(text, who);
+  } catch (const ValueError& error) {
+    throw ValueError(std::string(error.what()) + "; inside a job started with lightning-run --in-memory-replicas, also "
+                     "memory://key (the node's memory)");
+  }
 }
 
 ObjectAddress object_address(std::string_view text, const std::string& who) {

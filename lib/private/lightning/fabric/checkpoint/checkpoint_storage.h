@@ -18,6 +18,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "lightning/fabric/errors.h"
 #include "lightning/fabric/storage/object_store.h"
@@ -29,7 +30,8 @@ bool is_remote(const std::filesystem::path& path);
 
 /// A local copy of a checkpoint to read: for a local path, the path itself; for an object store, the
 /// object (one file) or every object under the prefix (a folder holding .metadata) downloaded into
-/// a fresh temporary folder (in /dev/shm for memory://), removed with the LocalCopy.
+/// a fresh temporary folder, removed with the LocalCopy; for memory://, no bytes are copied: the
+/// folder holds links to the objects' memory files, which the LocalCopy keeps open.
 class LocalCopy {
  public:
   LocalCopy(const LocalCopy&) = delete;
@@ -42,11 +44,12 @@ class LocalCopy {
 
  private:
   friend LocalCopy fetch(const std::filesystem::path& path, const std::string& who);
-  LocalCopy(std::filesystem::path path, std::filesystem::path temporary, std::string origin)
-      : path_(std::move(path)), temporary_(std::move(temporary)), origin_(std::move(origin)) {}
+  LocalCopy(std::filesystem::path path, std::filesystem::path temporary, std::string origin, std::vector<int> open = {})
+      : path_(std::move(path)), temporary_(std::move(temporary)), origin_(std::move(origin)), open_(std::move(open)) {}
   std::filesystem::path path_;
   std::filesystem::path temporary_;  // empty: nothing to remove
   std::string origin_;               // the URL the copy came from
+  std::vector<int> open_;            // memory files the links in temporary_ name (/proc/self/fd/N)
 };
 
 /// Reads the checkpoint at `path` through `read(local path)` on a local copy (see fetch); an error

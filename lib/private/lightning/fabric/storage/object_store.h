@@ -35,6 +35,9 @@ class ObjectStore {
   virtual std::string url(const std::string& key) const = 0;
   /// Whether local staging for this store belongs in memory (/dev/shm) rather than on disk.
   virtual bool stages_in_memory() const { return false; }
+  /// A descriptor to read the object from in place (the caller closes it), for stores whose objects
+  /// are local memory files; -1 where objects must be copied (get_to_file).
+  virtual int open_object(const std::string& key) const { (void)key; return -1; }
 };
 
 /// An object, or a folder of them, in a store.
