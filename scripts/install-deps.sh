@@ -85,5 +85,13 @@ python="$(command -v python3)"
 echo "install-deps: installing ${python_packages[*]} into $venv (a 2.8 GB download with the CUDA runtime wheels, 4.8 GB installed)"
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
 started=$SECONDS
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --progress-bar off "${python_packages[@]}"
+# No pip cache: the wheels are installed once into .venv, and a cached copy would double the disk
+# this needs (a CI machine ran out of space with it). A failure says how much room was left.
+if ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --progress-bar off --no-cache-dir \
+       "${python_packages[@]}"; then
+  echo "install-deps: pip could not install ${python_packages[*]} into $venv; free space there and in" \
+       "${TMPDIR:-/tmp} (pip unpacks into it):" >&2
+  df -h "$venv" "${TMPDIR:-/tmp}" >&2 || true
+  exit 1
+fi
 echo "install-deps: Python environment ready in $((SECONDS - started)) s ($(du -sh "$venv" | cut -f1))"

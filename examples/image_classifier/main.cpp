@@ -149,8 +149,9 @@ int run(const Settings& settings) {
   const std::string resume = settings.resume == "last" ? newest_checkpoint(settings.checkpoint_dir) : settings.resume;
   if (fabric.restart_count() > 0) fabric.print("restart", fabric.restart_count(), "of the job, world size", fabric.world_size());
   // Under `lightning-run --in-memory-replicas K`, a restarted job goes on from the newest snapshot in
-  // the launcher's memory (at most K steps back) rather than from the disk.
-  if (fabric.restore_snapshot(state)) {
+  // the launchers' memory (at most K steps back) rather than from the disk; the disk checkpoint is
+  // the fallback when a node and its buddy were lost together.
+  if (fabric.restore_snapshot(state, resume)) {
     epoch = state.at("epoch").to<int64_t>();
     steps = state.at("step").to<int64_t>();
     fabric.print("restored the in-memory snapshot at epoch", epoch, "step", steps);

@@ -156,8 +156,8 @@ void add_model_options(CLI::App& model, LaunchArgs& args, RawOptions& raw) {
   model.add_option("--max-restarts,--max_restarts", args.max_restarts, "Restart the whole job this many times after a failure")->capture_default_str()
       ->check(CLI::NonNegativeNumber.description(""));
   model.add_option("--in-memory-replicas,--in_memory_replicas", args.in_memory_replicas,
-                   "Every K steps, fabric.snapshot() keeps the workers' state in this launcher's memory; a restarted "
-                   "worker resumes from it with fabric.restore_snapshot() (0: off)")
+                   "Every K steps, fabric.snapshot() keeps the workers' state in this launcher's memory, copied to a "
+                   "buddy node's; a restarted worker resumes from it with fabric.restore_snapshot() (0: off)")
       ->capture_default_str()->check(CLI::NonNegativeNumber.description(""));
   model.add_option("--shutdown-grace,--shutdown_grace", args.shutdown_grace_s, "Seconds between the polite signal and SIGKILL")->capture_default_str()
       ->check(CLI::NonNegativeNumber.description(""));
@@ -323,12 +323,6 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv, std::ost
     }
     if (!args.elastic && given("--rdzv-last-call")) {
       throw CLI::ValidationError("--rdzv-last-call applies to elastic jobs only: give --num-nodes MIN:MAX, or leave it out.");
-    }
-    if (args.in_memory_replicas > 0 && (args.num_nodes > 1 || args.elastic)) {
-      throw CLI::ValidationError("--in-memory-replicas keeps snapshots in the memory of one node's lightning-run, and "
-                                 "this job spans nodes (--num-nodes=" + raw.num_nodes + "): copies on other nodes are "
-                                 "not made yet, so a lost node would lose its ranks' state. Save checkpoints to a "
-                                 "shared folder or s3:// instead, or run on one node.");
     }
     if (args.node_rank >= args.num_nodes) {
       throw CLI::ValidationError("--node-rank=" + std::to_string(args.node_rank) + " is out of range for --num-nodes=" +

@@ -348,6 +348,40 @@ std::optional<RemoteFailure> Rendezvous::failure(int attempt) {
   }
 }
 
+std::vector<std::string> Rendezvous::exchange_memory_endpoints(int attempt, int port) {
+  const auto node = static_cast<size_t>(layout_.node_rank);
+  std::string host = node < hosts_.size() ? hosts_[node] : fabric::host_name();
+  if (is_loopback(layout_.main_address)) {
+    host = "127.0.0.1";
+  } else if (node < addresses_.size() && !addresses_[node].empty()) {
+    host = addresses_[node].front();
+  }
+  if (host.find(':') != std::string::npos) host = "[" + host + "]";
+  const std::string prefix = key("attempt/" + std::to_string(attempt) + "/memory/");
+  std::vector<std::string> endpoints;
+  try {
+    const std::string mine = prefix + std::to_string(layout_.node_rank);
+    const std::string value = host + ":" + std::to_string(port);
+    bounded([&](c10d::TCPStore& store) { store.set(mine, bytes(value)); });
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    for (int other = 0; other < layout_.num_nodes; ++other) {
+      const std::string name = prefix + std::to_string(other);
+      while (!bounded([&](c10d::TCPStore& store) { return store.check({name}); })) {
+        if (std::chrono::steady_clock::now() > deadline) {
+          throw RendezvousError("timed out waiting for node " + std::to_string(other) + "'s memory server (--in-memory-replicas)", 1);
+        }
+        std::this_thread::sleep_for(kPollInterval);
+      }
+      endpoints.push_back(text(bounded([&](c10d::TCPStore& store) { return store.get(name); })));
+    }
+  } catch (const RendezvousError&) {
+    throw;
+  } catch (const std::exception& error) {
+    lost_contact(error);
+  }
+  return endpoints;
+}
+
 void Rendezvous::wait_for_attempt(int attempt) {
   const std::string name = key("attempt/" + std::to_string(attempt) + "/ready");
   try {

@@ -191,6 +191,7 @@ class Job {
   std::unique_ptr<fabric::internal::StoreRelay> store_relay_;
   /// --in-memory-replicas: the workers' snapshots, held across restarts (LT_NODE_MEMORY).
   std::optional<fabric::storage::NodeMemoryServer> node_memory_;
+  int memory_port_ = 0;  // several nodes: where node_memory_ listens for the other nodes
   std::vector<CpuBinding> numa_;  // --numa-binding: each local rank's CPUs and memory node (empty: none)
   Clock::time_point next_hang_check_;
   struct PendingStatus {
@@ -238,7 +239,15 @@ std::vector<pollfd> Job::poll_set() const {
 void Job::spawn_all(int attempt) {
   children_.clear();
   error_files_.clear();
-  if (node_memory_) node_memory_->clear_staging();  // what workers killed mid-snapshot left
+  if (node_memory_) {
+    node_memory_->clear_staging();  // what workers killed mid-snapshot left
+    // Several nodes: each copies its workers' snapshots to the next node of this attempt's group,
+    // and reads what it lacks from the others (a new buddy after a lost node gets everything held).
+    if (memory_port_ > 0) {
+      node_memory_->set_peers(layout_.node_rank, or_stop([&] { return rendezvous_->exchange_memory_endpoints(attempt, memory_port_); }),
+                              layout_.run_id);
+    }
+  }
   const auto attempt_dir = std::filesystem::path(run_dir_) / ("attempt_" + std::to_string(attempt));
   std::filesystem::create_directories(attempt_dir);
   NodeLayout layout = layout_;
@@ -606,7 +615,10 @@ int Job::run() {
     say("--numa-binding " + *args_.numa_binding + ": " + describe_numa_binding(numa_));
   }
 
-  if (args_.in_memory_replicas > 0) node_memory_.emplace();
+  if (args_.in_memory_replicas > 0) {
+    node_memory_.emplace();
+    if (args_.num_nodes > 1 || args_.elastic) memory_port_ = node_memory_->listen_for_peers();
+  }
   rendezvous_.emplace(Rendezvous::establish(args_, local_count));
   if (rendezvous_->elastic()) rendezvous_->form_group(std::nullopt, say, [this] { stop_on_signal(); });
   layout_ = rendezvous_->layout();

@@ -14,6 +14,10 @@
 #   example   the image classifier example (examples/image_classifier) on 2 hosts, 1 worker each,
 #             --num-nodes 1:2 and --resume last; host 1 dies in epoch 2: host 0 restarts alone,
 #             resumes from the end of epoch 1 and finishes epoch 2 in a world of 1
+#   memory    3 hosts, --num-nodes 2:3 --in-memory-replicas 1 and no checkpoint folder: host 1 dies
+#             mid-training; hosts 0 and 2 restart as a group of 2 and go on from the newest snapshot
+#             in the memory of the lightning-runs that remain (host 2 reads it from host 0), at or
+#             after the step logged before the kill
 #   torchrun  shrink under torchrun's own elastic agent (--nnodes 1:3 --rdzv-backend c10d
 #             --max-restarts 1 --no-python), with the same binary: Fabric takes the new world size
 #             and the restart count from torchrun's environment
@@ -30,6 +34,11 @@ steps=400 sleep_ms=40
 last_call=${ELASTIC_LAST_CALL-3}
 # The world size changes midway, so from then on the gradients are reduced in another order.
 job_args=("$job" "$steps" --sleep-ms "$sleep_ms" --checkpoint-dir "$dir/ck" --tolerance 1e-5)
+memory_flags=()
+if [ "$case" = memory ]; then
+  job_args=("$job" "$steps" --sleep-ms "$sleep_ms" --snapshot --tolerance 1e-5)
+  memory_flags=(--in-memory-replicas 1)
+fi
 
 # start_node K: host K's launcher in the background (pid[K], log $dir/node<K>.log).
 start_node() {
@@ -42,7 +51,7 @@ start_node() {
   else
     host_run "$k" "$launcher" model --accelerator cpu --num-nodes 2:3 --main-address host0 --main-port 29400 \
       --devices 2 --max-restarts 1 --node-timeout "${ELASTIC_NODE_TIMEOUT:-5}" \
-      ${last_call:+--rdzv-last-call "$last_call"} --shutdown-grace 2 \
+      ${last_call:+--rdzv-last-call "$last_call"} --shutdown-grace 2 "${memory_flags[@]}" \
       "${job_args[@]}" >"$dir/node$k.log" 2>&1 &
   fi
   pid[$k]=$!
@@ -95,6 +104,23 @@ case "$case" in
     for k in 0 1; do wait "${pid[$k]}"; code[$k]=$?; done
     show_logs 0 1 2
     for k in 0 1; do expect_finish "$k" 4 1; done
+    ;;
+  memory)
+    hosts_up 3
+    for k in 0 1 2; do start_node "$k"; done
+    for k in 0 1 2; do await_line "$dir/node$k.log" "of 6 on host$k: backend shm\+gloo, step 50$" 90 >/dev/null || exit 1; done
+    start=$(hosts_now)
+    host_kill_all 1
+    wait "${pid[1]}" 2>/dev/null
+    report_restart "$start" 4
+    for k in 0 2; do wait "${pid[$k]}"; code[$k]=$?; done
+    show_logs 0 1 2
+    for k in 0 2; do
+      expect_finish "$k" 4 1
+      grep -Eq "rank [0-9]+ of 4 on host$k: backend shm\+gloo, restored snapshot ([5-9][0-9]|[1-9][0-9][0-9])$" "$dir/node$k.log" ||
+        fail "node $k's ranks did not restore a snapshot of step 50 or later from memory"
+    done
+    [ ! -e "$dir/ck" ] || fail "a checkpoint folder was written"
     ;;
   join)
     hosts_up 3

@@ -1,6 +1,6 @@
 // The training job of the hosts tests (tests/hosts): a small classifier trained with DDP on
 // synthetic data, every rank on its slice of one global batch, then checked from inside the job.
-//   hosts_job STEPS [--sleep-ms MS] [--checkpoint-dir DIR] [--tolerance T]
+//   hosts_job STEPS [--sleep-ms MS] [--checkpoint-dir DIR] [--tolerance T] [--snapshot]
 // Each rank prints "rank R of W on HOST: backend B, restart count C, starting at step S" first,
 // "rank R of W on HOST: backend B, step S" every 10 steps and at the end
 //   "rank R of W on HOST: backend B, STEPS steps, bitwise equal to rank 0: yes|no, reference error E,
@@ -12,6 +12,8 @@
 // take at least that long (the fault tests need a job that is still training when they strike).
 // --checkpoint-dir: every 10 steps the job saves DIR/step-S.ckpt, and it starts from the newest
 // one there (the elastic tests restart it with another world size; the result must not change).
+// --snapshot: fabric.snapshot(state) after every step and fabric.restore_snapshot(state) at the
+// start (lightning-run --in-memory-replicas K); a restored rank prints "..., restored snapshot N".
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -102,6 +104,8 @@ int main(int argc, char** argv) {
     if (std::string(argv[i]) == "--checkpoint-dir") checkpoint_dir = argv[i + 1];
     if (std::string(argv[i]) == "--tolerance") tolerance = std::atof(argv[i + 1]);
   }
+  bool snapshots = false;
+  for (int i = 2; i < argc; ++i) snapshots = snapshots || std::string(argv[i]) == "--snapshot";
   lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").strategy("ddp"));
   lf::Fabric::seed_everything(3);
   auto net = classifier();
@@ -121,7 +125,10 @@ int main(int argc, char** argv) {
   int64_t first_step = 0;
   lf::State state{{"model", model}, {"optimizer", fabric_optimizer}, {"step", first_step}};
   const auto [resume, resume_step] = newest_checkpoint(checkpoint_dir);
-  if (!resume.empty()) {
+  if (snapshots && fabric.restore_snapshot(state)) {
+    first_step = state.at("step").to<int64_t>();
+    std::cout << who << ", restored snapshot " << fabric.snapshot_number() << std::endl;
+  } else if (!resume.empty()) {
     fabric.load(resume, state);
     first_step = state.at("step").to<int64_t>();
   }
@@ -137,6 +144,10 @@ int main(int argc, char** argv) {
     if (!checkpoint_dir.empty() && (step + 1) % 10 == 0) {
       state.at("step").set_value(step + 1);
       fabric.save(checkpoint_dir + "/step-" + std::to_string(step + 1) + ".ckpt", state);
+    }
+    if (snapshots) {
+      state.at("step").set_value(step + 1);
+      fabric.snapshot(state);
     }
     std::this_thread::sleep_until(started + std::chrono::milliseconds(sleep_ms));
   }

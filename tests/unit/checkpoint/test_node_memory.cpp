@@ -142,12 +142,14 @@ TEST_CASE("snapshot: every K-th call takes one, the newest whole one kept while 
     fabric.wait_for_background_save();
     // The fourth call's snapshot, and the second's, kept until the fourth was whole.
     storage::NodeMemoryClient client(server.address(), "test");
+    // ("snapshots-began": a whole snapshot was held once, so none whole later means one was lost.)
     CHECK(client.list_folder("") == std::map<std::string, int64_t>{{"snapshot-000000000002", held_size(client, 2)},
-                                                                   {"snapshot-000000000004", held_size(client, 4)}});
+                                                                   {"snapshot-000000000004", held_size(client, 4)},
+                                                                   {"snapshots-began", 1}});
     fabric.snapshot(state);  // the sixth call drops the second's
     fabric.wait_for_background_save();
     const auto held = client.list_folder("");
-    CHECK(held.size() == 2);
+    CHECK(held.size() == 3);
     CHECK(held.count("snapshot-000000000004") == 1);
     CHECK(held.count("snapshot-000000000006") == 1);
     client.remove("snapshot-000000000006");  // the newest whole one is then the fourth:
@@ -170,5 +172,95 @@ TEST_CASE("snapshot: every K-th call takes one, the newest whole one kept while 
   CHECK_FALSE(fabric.snapshot(state));  // the fifth call
   CHECK(fabric.snapshot(state));        // the sixth
   fabric.wait_for_background_save();
+  ::unsetenv(lf::env::kInMemoryReplicas);
+}
+
+TEST_CASE("memory:// across nodes: each server copies its objects to its buddy, and reads reach every node",
+          "[checkpoint][memory]") {
+  // Three nodes' servers in one process, on 127.0.0.1: node k's buddy is node k + 1 (wrapping).
+  std::vector<std::unique_ptr<storage::NodeMemoryServer>> nodes;
+  std::vector<std::string> endpoints;
+  for (int k = 0; k < 3; ++k) {
+    nodes.push_back(std::make_unique<storage::NodeMemoryServer>());
+    endpoints.push_back("127.0.0.1:" + std::to_string(nodes.back()->listen_for_peers()));
+  }
+  for (int k = 0; k < 3; ++k) nodes[static_cast<size_t>(k)]->set_peers(k, endpoints, "job-token");
+  std::vector<std::unique_ptr<storage::NodeMemoryClient>> workers;
+  for (auto& node : nodes) workers.push_back(std::make_unique<storage::NodeMemoryClient>(node->address(), "test"));
+
+  const std::string big(3 << 20, 'b');
+  workers[2]->put("snapshot-000000000001/__2_0.distcp", big);
+  workers[0]->put("snapshot-000000000001/.metadata", "m");
+  for (auto& worker : workers) worker->wait_until_copied(30);
+  // Node 2's object is on node 2 and, copied, on node 0 only.
+  CHECK(nodes[2]->bytes_held() == static_cast<int64_t>(big.size()));
+  CHECK(nodes[0]->copied_bytes_held() == static_cast<int64_t>(big.size()));
+  CHECK(nodes[1]->copied_bytes_held() == 1);  // node 0's .metadata
+  // Node 1 holds neither of node 2's copies, yet reads and lists them through the others.
+  CHECK(workers[1]->list_folder("snapshot-000000000001") ==
+        std::map<std::string, int64_t>{{".metadata", 1}, {"__2_0.distcp", int64_t(big.size())}});
+  CHECK(workers[1]->exists("snapshot-000000000001/__2_0.distcp"));
+  CHECK(workers[1]->get("snapshot-000000000001/__2_0.distcp") == big);
+
+  // Node 2 is lost: its object survives on its buddy, and node 1 still reads it.
+  nodes[2].reset();
+  workers[2].reset();
+  CHECK(workers[1]->get("snapshot-000000000001/__2_0.distcp") == big);
+  CHECK(workers[0]->list_folder("snapshot-000000000001").size() == 2);
+  CHECK_FALSE(workers[1]->exists("snapshot-000000000001/never-put"));
+  CHECK_THROWS_WITH(workers[1]->get("snapshot-000000000001/never-put"), Contains("no such object in the memory of any node"));
+
+  // The next attempt: the two that remain, node 1 now node 0's buddy (it gets what node 0 holds).
+  const std::vector<std::string> remaining{endpoints[0], endpoints[1]};
+  nodes[0]->set_peers(0, remaining, "job-token");
+  nodes[1]->set_peers(1, remaining, "job-token");
+  workers[0]->wait_until_copied(30);
+  CHECK(nodes[1]->copied_bytes_held() >= 1);
+  // Dropping before snapshot 2 keeps 2 and what is under it, on both, own and copies.
+  workers[0]->put("snapshot-000000000002/.metadata", "n");
+  workers[0]->wait_until_copied(30);
+  for (int k = 0; k < 2; ++k) workers[static_cast<size_t>(k)]->drop_before("snapshot-", "snapshot-000000000002");
+  CHECK(workers[1]->list_folder("") == std::map<std::string, int64_t>{{"snapshot-000000000002/.metadata", 1}});
+
+  // A server given another job's token answers nothing: its copies fail, and it waits no longer.
+  storage::NodeMemoryServer stranger;
+  stranger.set_peers(0, {"127.0.0.1:1", endpoints[0]}, "another-job");
+  storage::NodeMemoryClient stranger_worker(stranger.address(), "test");
+  stranger_worker.put("x", "y");  // to node 0, under the wrong token
+  CHECK_THROWS_WITH(stranger_worker.wait_until_copied(30), Contains("copying x to the buddy node failed"));
+  CHECK_FALSE(workers[0]->exists("x"));
+}
+
+TEST_CASE("restore_snapshot: snapshots taken but none left whole is an error naming it, or the fallback checkpoint",
+          "[checkpoint][memory]") {
+  storage::NodeMemoryServer server;
+  MemoryEnvironment environment(server);
+  ::setenv(lf::env::kInMemoryReplicas, "1", 1);
+  const fs::path disk = fs::temp_directory_path() / ("lf-snapshot-fallback-" + std::to_string(::getpid()) + ".ckpt");
+  torch::nn::Linear net(4, 3);
+  {
+    lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").devices(1));
+    lf::State state{{"model", net}, {"step", int64_t{7}}};
+    fabric.save(disk, state);
+    fabric.snapshot(state);
+    fabric.snapshot(state);  // the first is whole and copied: snapshots began
+    fabric.wait_for_background_save();
+  }
+  storage::NodeMemoryClient client(server.address(), "test");
+  for (const auto& [key, size] : client.list_folder(""))
+    if (key.rfind("snapshot-", 0) == 0) client.remove(key);  // every copy lost
+  client.put("snapshot-000000000003/__0_0.distcp", "a part whose .metadata never came");
+  lf::Fabric restarted(lf::FabricOptions().accelerator("cpu").devices(1));
+  torch::manual_seed(99);
+  torch::nn::Linear fresh(4, 3);
+  lf::State state{{"model", fresh}, {"step", int64_t{0}}};
+  CHECK_THROWS_WITH(restarted.restore_snapshot(state),
+                    Contains("none survived whole") && Contains("snapshot 3: its .metadata (written last) is missing") &&
+                        Contains("fallback_checkpoint"));
+  REQUIRE(restarted.restore_snapshot(state, disk.string()));
+  CHECK(state.at("step").to<int64_t>() == 7);
+  CHECK(torch::equal(fresh->weight, net->weight));
+  CHECK(client.list_folder("") == std::map<std::string, int64_t>{{"snapshots-began", 1}});  // the torn one dropped
+  fs::remove(disk);
   ::unsetenv(lf::env::kInMemoryReplicas);
 }

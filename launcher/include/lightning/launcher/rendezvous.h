@@ -135,6 +135,11 @@ class Rendezvous {
   /// The other nodes whose address text mentions (a worker's error from gloo names the peer it
   /// lost by address), each as "10.0.0.2 (node 1, host1)"; empty when none.
   std::vector<NamedNode> nodes_named_in(const std::string& text) const;
+  /// --in-memory-replicas on several nodes, every node before `attempt`'s workers start: publishes
+  /// where this node's memory server listens for the other nodes (`port` on its first announced
+  /// address; 127.0.0.1 when the rendezvous is on loopback) and returns every node's "host:port",
+  /// by node rank, once all published (RendezvousError after --rdzv-timeout).
+  std::vector<std::string> exchange_memory_endpoints(int attempt, int port);
   /// Barrier of all nodes before attempt `attempt` starts (restarts run in step).
   void wait_for_attempt(int attempt);
   /// `lightning-run status` (status.h): the number of the newest request, 0 while none was made.

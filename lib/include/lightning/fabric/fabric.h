@@ -458,15 +458,21 @@ class LF_API Fabric {
   /// Call once per step, at a step boundary, on every rank. Under `lightning-run
   /// --in-memory-replicas K`, every K-th call saves state (and fabric.resume_state(), added when
   /// state has no such entry) into the memory of this node's lightning-run, as fabric.save would
-  /// to memory://snapshot-N, then drops the snapshot before it; a worker restarted after a failure
-  /// resumes from it with restore_snapshot. Returns whether this call took one. Without the flag
-  /// it does nothing (no collective) and returns false. Collective when it saves.
+  /// to memory://snapshot-N; on several nodes each lightning-run copies it to a buddy node in the
+  /// background. Before it saves, it waits until the previous snapshot is whole and copied on every
+  /// node (at once unless copying is slower than K steps), then drops the ones before that. A
+  /// worker restarted after a failure resumes with restore_snapshot. Returns whether this call took
+  /// one. Without the flag it does nothing (no collective) and returns false. Collective when it saves.
   bool snapshot(const State& state);
   /// Call once before training, on every rank, after setup: restores state in place from the
-  /// newest snapshot this job's lightning-runs hold (every rank the same one; strict, as load),
-  /// and returns true; false (nothing changed) when there is none (a first start) or the job was
-  /// started without --in-memory-replicas. snapshot() then counts on from the restored one.
-  bool restore_snapshot(State& state);
+  /// newest whole snapshot the job's lightning-runs hold, on any node (every rank the same one;
+  /// strict, as load), and returns true. False (nothing changed) on a first start, or when the job
+  /// was started without --in-memory-replicas. When snapshots were taken but none survived whole
+  /// (a node and its buddy lost together), it loads `fallback_checkpoint` (a checkpoint on disk or
+  /// s3://; a warning names what was lost) and returns true, or, without one, raises RuntimeError
+  /// naming the lost parts: never a silent start from scratch. snapshot() then counts on from the
+  /// restored one.
+  bool restore_snapshot(State& state, const std::string& fallback_checkpoint = "");
   /// The snapshot() calls counted so far; after restore_snapshot, the restored snapshot's number.
   int64_t snapshot_number() const { return snapshot_calls_; }
 

@@ -9,6 +9,9 @@
 // could leave them. The server holds the descriptors, so the objects outlive the worker that wrote
 // them (a restarted worker reads them back) and vanish with the server, however it ends.
 // Objects are immutable once put: a put of an existing key replaces the object whole.
+// On several nodes the servers also talk to each other over TCP (set_peers): each copies what its
+// workers put to one buddy node, and a read of an object this node lacks asks the others, so a
+// worker sees the objects of the whole job, and those of a lost node survive on its buddy.
 // Nothing here uses LibTorch.
 #pragma once
 
@@ -16,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "lightning/fabric/storage/object_store.h"
 
@@ -38,6 +42,20 @@ class NodeMemoryServer {
   const std::string& staging_folder() const;
   /// Removes what the staging folder holds (call while no worker runs: a killed one's leftovers).
   void clear_staging() const;
+
+  // ---- several nodes: copies on a buddy node, reads from every node ----
+  /// Listens on every address of this host, on a port of the system's choosing, for the other
+  /// nodes' servers; returns the port. Anyone who can reach it and knows the job's token (the
+  /// rendezvous run id) can read the objects: run jobs on a trusted network, as for the rendezvous.
+  int listen_for_peers();
+  /// Call between attempts, while no worker runs. endpoints: every node's "host:port" by node rank;
+  /// this node is endpoints[self]. Its buddy is the next node (self + 1, wrapping): every object put
+  /// here from now on is copied to the buddy in the background, in the order of the puts, and so
+  /// is every object held here already (a new buddy after a node was lost). Reads of objects not
+  /// held here (get, exists, listings) ask the other nodes. One node (or no endpoints): no copies.
+  void set_peers(int self, const std::vector<std::string>& endpoints, const std::string& token);
+  /// Bytes held for other nodes (their copies, and objects fetched from them for a read).
+  int64_t copied_bytes_held() const;
 
  private:
   struct Impl;
@@ -66,6 +84,12 @@ class NodeMemoryClient final : public ObjectStore {
   int open_object(const std::string& key) const override { int64_t size = 0; return get_fd(key, &size); }
   /// Where files put here are staged: LT_NODE_MEMORY_STAGING, else /dev/shm.
   static std::string staging_base();
+  /// Waits until every object put on this node so far is copied to its buddy node (at once on one
+  /// node). RuntimeError when the copy failed (the buddy is lost) or `timeout_s` passed.
+  void wait_until_copied(double timeout_s) const;
+  /// Drops every object of this node, and every copy held for another, whose key starts with
+  /// `prefix` and sorts before `keep`, except `keep` itself and the objects under `keep` + "/".
+  void drop_before(const std::string& prefix, const std::string& keep) const;
 
  private:
   /// Sends one request (with `fd_out` attached when >= 0) and returns the answer's text, with the
