@@ -83,6 +83,23 @@ expect_finish() {
     fail "node $k's ranks did not resume in a world of $world with restart count $restarts"
 }
 
+# lose_host K: 3 hosts train; host K dies (every process SIGKILLed) after step 50; the other two
+# restart as a group of 2 (world 4, restart count 1) and finish (expect_finish).
+lose_host() {
+  local lost=$1 k survivors=()
+  for k in 0 1 2; do [ "$k" = "$lost" ] || survivors+=("$k"); done
+  hosts_up 3
+  for k in 0 1 2; do start_node "$k"; done
+  for k in 0 1 2; do await_line "$dir/node$k.log" "of 6 on host$k: backend shm\+gloo, step 50$" 90 >/dev/null || exit 1; done
+  start=$(hosts_now)
+  host_kill_all "$lost"
+  wait "${pid[$lost]}" 2>/dev/null
+  report_restart "$start" 4
+  for k in "${survivors[@]}"; do wait "${pid[$k]}"; code[$k]=$?; done
+  show_logs 0 1 2
+  for k in "${survivors[@]}"; do expect_finish "$k" 4 1; done
+}
+
 report_restart() {  # FAULT_TIME WORLD
   local first
   # await_line's own fail() runs in the command substitution's subshell: count the failure here.
@@ -94,29 +111,11 @@ report_restart() {  # FAULT_TIME WORLD
 case "$case" in
   shrink | torchrun)
     [ "$case" != torchrun ] || [ -x "$root/.venv/bin/torchrun" ] || hosts_skip "no torchrun in $root/.venv"
-    hosts_up 3
-    for k in 0 1 2; do start_node "$k"; done
-    for k in 0 1 2; do await_line "$dir/node$k.log" "of 6 on host$k: backend shm\+gloo, step 50$" 90 >/dev/null || exit 1; done
-    start=$(hosts_now)
-    host_kill_all 2
-    wait "${pid[2]}" 2>/dev/null
-    report_restart "$start" 4
-    for k in 0 1; do wait "${pid[$k]}"; code[$k]=$?; done
-    show_logs 0 1 2
-    for k in 0 1; do expect_finish "$k" 4 1; done
+    lose_host 2
     ;;
   memory)
-    hosts_up 3
-    for k in 0 1 2; do start_node "$k"; done
-    for k in 0 1 2; do await_line "$dir/node$k.log" "of 6 on host$k: backend shm\+gloo, step 50$" 90 >/dev/null || exit 1; done
-    start=$(hosts_now)
-    host_kill_all 1
-    wait "${pid[1]}" 2>/dev/null
-    report_restart "$start" 4
-    for k in 0 2; do wait "${pid[$k]}"; code[$k]=$?; done
-    show_logs 0 1 2
+    lose_host 1
     for k in 0 2; do
-      expect_finish "$k" 4 1
       grep -Eq "rank [0-9]+ of 4 on host$k: backend shm\+gloo, restored snapshot ([5-9][0-9]|[1-9][0-9][0-9])$" "$dir/node$k.log" ||
         fail "node $k's ranks did not restore a snapshot of step 50 or later from memory"
     done
