@@ -132,8 +132,8 @@ bool Fabric::restore_snapshot(State& state, const std::string& fallback_checkpoi
     const std::string gap = snapshot_gap(*store, it->first, it->second);
     if (gap.empty()) {
       mine = it->first;
-    } else if (lost.empty()) {
-      lost = "snapshot " + std::to_string(it->first) + ": " + gap;
+    } else {
+      lost += (lost.empty() ? "" : "; ") + ("snapshot " + std::to_string(it->first) + ": " + gap);
     }
   }
   const bool began = mine < 0 && store->exists(kSnapshotsBegan);

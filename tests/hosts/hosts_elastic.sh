@@ -14,10 +14,11 @@
 #   example   the image classifier example (examples/image_classifier) on 2 hosts, 1 worker each,
 #             --num-nodes 1:2 and --resume last; host 1 dies in epoch 2: host 0 restarts alone,
 #             resumes from the end of epoch 1 and finishes epoch 2 in a world of 1
-#   memory    3 hosts, --num-nodes 2:3 --in-memory-replicas 1 and no checkpoint folder: host 1 dies
-#             mid-training; hosts 0 and 2 restart as a group of 2 and go on from the newest snapshot
-#             in the memory of the lightning-runs that remain (host 2 reads it from host 0), at or
-#             after the step logged before the kill
+#   memory    4 hosts x 1 worker, fsdp, --num-nodes 1:4 --max-restarts 2 --in-memory-replicas 1:
+#             host 3 dies: hosts 0-2 go on from the snapshot in the memory of the lightning-runs that
+#             remain (host 3's part from its buddy); a replacement host 3 joins and the group goes
+#             on from memory again; hosts 1 and 2 die together (a part and its only copy): hosts 0
+#             and 3 fall back to the newest checkpoint on disk, and rank 0 names what was lost
 #   torchrun  shrink under torchrun's own elastic agent (--nnodes 1:3 --rdzv-backend c10d
 #             --max-restarts 1 --no-python), with the same binary: Fabric takes the new world size
 #             and the restart count from torchrun's environment
@@ -34,10 +35,12 @@ steps=400 sleep_ms=40
 last_call=${ELASTIC_LAST_CALL-3}
 # The world size changes midway, so from then on the gradients are reduced in another order.
 job_args=("$job" "$steps" --sleep-ms "$sleep_ms" --checkpoint-dir "$dir/ck" --tolerance 1e-5)
-memory_flags=()
+nodes=2:3 devices=2 max_restarts=1 memory_flags=() backend='shm\+gloo'
 if [ "$case" = memory ]; then
-  job_args=("$job" "$steps" --sleep-ms "$sleep_ms" --snapshot --tolerance 1e-5)
-  memory_flags=(--in-memory-replicas 1)
+  # Sharded (each rank's part on its node and its buddy), one worker per host; the disk checkpoint
+  # is only the fallback for a node lost together with its buddy.
+  job_args+=(--strategy fsdp --snapshot)
+  nodes=1:4 devices=1 max_restarts=2 memory_flags=(--in-memory-replicas 1)
 fi
 
 # start_node K: host K's launcher in the background (pid[K], log $dir/node<K>.log).
@@ -49,8 +52,8 @@ start_node() {
       ${ELASTIC_TORCHRUN_CONF:+--rdzv-conf "$ELASTIC_TORCHRUN_CONF"} --no-python \
       "${job_args[@]}" >"$dir/node$k.log" 2>&1 &
   else
-    host_run "$k" "$launcher" model --accelerator cpu --num-nodes 2:3 --main-address host0 --main-port 29400 \
-      --devices 2 --max-restarts 1 --node-timeout "${ELASTIC_NODE_TIMEOUT:-5}" \
+    host_run "$k" "$launcher" model --accelerator cpu --num-nodes "$nodes" --main-address host0 --main-port 29400 \
+      --devices "$devices" --max-restarts "$max_restarts" --node-timeout "${ELASTIC_NODE_TIMEOUT:-5}" \
       ${last_call:+--rdzv-last-call "$last_call"} --shutdown-grace 2 "${memory_flags[@]}" \
       "${job_args[@]}" >"$dir/node$k.log" 2>&1 &
   fi
@@ -77,9 +80,9 @@ show_logs() {
 expect_finish() {
   local k=$1 world=$2 restarts=$3
   [ "${code[$k]}" = 0 ] || fail "node $k exited ${code[$k]}"
-  [ "$(grep -Ec "rank [0-9]+ of $world on host$k: backend shm\+gloo, $steps steps, bitwise equal to rank 0: yes" "$dir/node$k.log")" = 2 ] ||
-    fail "node $k's 2 ranks did not finish in a world of $world, bitwise equal"
-  grep -Eq "rank [0-9]+ of $world on host$k: backend shm\+gloo, restart count $restarts, starting at step [1-9]" "$dir/node$k.log" ||
+  [ "$(grep -Ec "rank [0-9]+ of $world on host$k: backend $backend, $steps steps, bitwise equal to rank 0: yes" "$dir/node$k.log")" = "$devices" ] ||
+    fail "node $k's $devices ranks did not finish in a world of $world, bitwise equal"
+  grep -Eq "rank [0-9]+ of $world on host$k: backend $backend, restart count $restarts, starting at step [1-9]" "$dir/node$k.log" ||
     fail "node $k's ranks did not resume in a world of $world with restart count $restarts"
 }
 
@@ -114,12 +117,40 @@ case "$case" in
     lose_host 2
     ;;
   memory)
-    lose_host 1
-    for k in 0 2; do
-      grep -Eq "rank [0-9]+ of 4 on host$k: backend shm\+gloo, restored snapshot ([5-9][0-9]|[1-9][0-9][0-9])$" "$dir/node$k.log" ||
-        fail "node $k's ranks did not restore a snapshot of step 50 or later from memory"
+    backend='[a-z+]+'
+    hosts_up 4
+    for k in 0 1 2 3; do start_node "$k"; done
+    for k in 0 1 2 3; do await_line "$dir/node$k.log" "of 4 on host$k: backend $backend, step 50$" 90 >/dev/null || exit 1; done
+    # 1. Host 3 lost: hosts 0-2 go on from memory, host 3's part read from its buddy, host 0.
+    start=$(hosts_now)
+    host_kill_all 3
+    wait "${pid[3]}" 2>/dev/null
+    first=$(await_line "$dir/node0.log" "rank 0 of 3 on host0: backend $backend, step [0-9]+$" 120) || exit 1
+    echo "elastic memory: restart $(awk -v a="$first" -v b="$start" 'BEGIN { printf "%.1f", a - b }') s after host 3 was lost"
+    for k in 0 1 2; do
+      grep -Eq "of 3 on host$k: backend $backend, restored snapshot ([5-9][0-9]|[1-9][0-9][0-9])$" "$dir/node$k.log" ||
+        fail "host $k did not restore a snapshot of step 50 or later from memory"
     done
-    [ ! -e "$dir/ck" ] || fail "a checkpoint folder was written"
+    # 2. A replacement host 3 joins: the group re-forms (not a restart) and goes on from memory again.
+    await_line "$dir/node0.log" "rank 0 of 3 on host0: backend $backend, step 1[5-9]0$" 90 >/dev/null || exit 1
+    start_node 3
+    await_line "$dir/node3.log" "rank 3 of 4 on host3: backend $backend, restored snapshot [0-9]+$" 90 >/dev/null || exit 1
+    # 3. Hosts 1 and 2 lost together: host 1's part and its copy (on host 2) are gone, so hosts 0
+    #    and 3 fall back to the newest whole checkpoint on disk, as restore_snapshot's fallback.
+    await_line "$dir/node0.log" "rank 0 of 4 on host0: backend $backend, step 2[5-9]0$" 90 >/dev/null || exit 1
+    host_kill_all 1 &
+    killer=$!
+    host_kill_all 2
+    wait "$killer" "${pid[1]}" "${pid[2]}" 2>/dev/null
+    for k in 0 3; do wait "${pid[$k]}"; code[$k]=$?; done
+    show_logs 0 1 2 3
+    for k in 0 3; do
+      expect_finish "$k" 2 2
+      grep -Eq "of 2 on host$k: backend $backend, no whole snapshot: fell back to $dir/ck/step-[0-9]+0.ckpt$" "$dir/node$k.log" ||
+        fail "host $k did not fall back to the disk checkpoint"
+    done
+    grep -q "snapshots were taken, but none survived whole on the nodes that remain" "$dir/node0.log" ||
+      fail "rank 0 did not say what was lost"
     ;;
   join)
     hosts_up 3

@@ -1,6 +1,6 @@
 // The training job of the hosts tests (tests/hosts): a small classifier trained with DDP on
 // synthetic data, every rank on its slice of one global batch, then checked from inside the job.
-//   hosts_job STEPS [--sleep-ms MS] [--checkpoint-dir DIR] [--tolerance T] [--snapshot]
+//   hosts_job STEPS [--sleep-ms MS] [--checkpoint-dir DIR] [--tolerance T] [--strategy ddp|fsdp] [--snapshot]
 // Each rank prints "rank R of W on HOST: backend B, restart count C, starting at step S" first,
 // "rank R of W on HOST: backend B, step S" every 10 steps and at the end
 //   "rank R of W on HOST: backend B, STEPS steps, bitwise equal to rank 0: yes|no, reference error E,
@@ -12,8 +12,9 @@
 // take at least that long (the fault tests need a job that is still training when they strike).
 // --checkpoint-dir: every 10 steps the job saves DIR/step-S.ckpt, and it starts from the newest
 // one there (the elastic tests restart it with another world size; the result must not change).
-// --snapshot: fabric.snapshot(state) after every step and fabric.restore_snapshot(state) at the
-// start (lightning-run --in-memory-replicas K); a restored rank prints "..., restored snapshot N".
+// --snapshot: fabric.snapshot(state) after every step and fabric.restore_snapshot(state, the newest
+// checkpoint of --checkpoint-dir) at the start (lightning-run --in-memory-replicas K); a restored
+// rank prints "..., restored snapshot N" (or "..., no whole snapshot: fell back to PATH"). --strategy fsdp shards the model (default ddp).
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -28,6 +29,7 @@
 
 #include "lightning/fabric.h"
 #include "lightning/fabric/plugins/collectives/collective.h"
+#include "lightning/fabric/strategies/fsdp.h"
 #include "lightning/fabric/strategies/parallel.h"
 
 namespace lf = lightning::fabric;
@@ -79,6 +81,8 @@ std::pair<std::string, int64_t> newest_checkpoint(const std::string& dir) {
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
     if (name.rfind("step-", 0) != 0 || entry.path().extension() != ".ckpt") continue;
+    // A sharded one (fsdp) is whole once its .metadata is in: a killed save leaves it without.
+    if (entry.is_directory() && !std::filesystem::exists(entry.path() / ".metadata")) continue;
     const int64_t step = std::atoll(name.c_str() + 5);
     if (step > newest.second) newest = {entry.path().string(), step};
   }
@@ -99,14 +103,16 @@ int main(int argc, char** argv) {
   int64_t sleep_ms = 0;
   std::string checkpoint_dir;
   double tolerance = 1e-6;
+  std::string strategy = "ddp";
   for (int i = 2; i + 1 < argc; ++i) {
     if (std::string(argv[i]) == "--sleep-ms") sleep_ms = std::atoll(argv[i + 1]);
     if (std::string(argv[i]) == "--checkpoint-dir") checkpoint_dir = argv[i + 1];
     if (std::string(argv[i]) == "--tolerance") tolerance = std::atof(argv[i + 1]);
+    if (std::string(argv[i]) == "--strategy") strategy = argv[i + 1];
   }
   bool snapshots = false;
   for (int i = 2; i < argc; ++i) snapshots = snapshots || std::string(argv[i]) == "--snapshot";
-  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").strategy("ddp"));
+  lf::Fabric fabric(lf::FabricOptions().accelerator("cpu").strategy(strategy));
   lf::Fabric::seed_everything(3);
   auto net = classifier();
   auto reference = classifier();
@@ -125,9 +131,11 @@ int main(int argc, char** argv) {
   int64_t first_step = 0;
   lf::State state{{"model", model}, {"optimizer", fabric_optimizer}, {"step", first_step}};
   const auto [resume, resume_step] = newest_checkpoint(checkpoint_dir);
-  if (snapshots && fabric.restore_snapshot(state)) {
+  if (snapshots && fabric.restore_snapshot(state, resume)) {
     first_step = state.at("step").to<int64_t>();
-    std::cout << who << ", restored snapshot " << fabric.snapshot_number() << std::endl;
+    // snapshot_number() 0: none was whole, and the disk checkpoint was loaded instead.
+    if (fabric.snapshot_number() > 0) std::cout << who << ", restored snapshot " << fabric.snapshot_number() << std::endl;
+    else std::cout << who << ", no whole snapshot: fell back to " << resume << std::endl;
   } else if (!resume.empty()) {
     fabric.load(resume, state);
     first_step = state.at("step").to<int64_t>();
@@ -158,7 +166,14 @@ int main(int argc, char** argv) {
     torch::nn::functional::cross_entropy(reference->forward(inputs), targets).backward();
     reference_optimizer.step();
   }
-  const torch::Tensor mine = flat_parameters(*net), expected = flat_parameters(*reference);
+  torch::Tensor mine;
+  if (strategy == "fsdp") {
+    auto full = fabric.strategy_as<lf::FSDPStrategy>().summon_full_parameters(*net);
+    mine = flat_parameters(*net).clone();
+  } else {
+    mine = flat_parameters(*net);
+  }
+  const torch::Tensor expected = flat_parameters(*reference);
   const torch::Tensor everyone = fabric.all_gather(mine);
   bool equal = true;
   for (int r = 0; r < world; ++r) equal = equal && torch::equal(everyone[r], everyone[0]);
