@@ -388,6 +388,12 @@ void Job::report_step_times(int attempt) const {
   }
   const std::string times = fabric::internal::describe_step_times(files, layout_.rank_offset);
   if (!times.empty()) say("step times (between optimizer steps) on node " + std::to_string(layout_.node_rank) + ": " + times);
+  if (node_memory_) {
+    auto mb = [](int64_t bytes) { return std::to_string((bytes + (1 << 19)) >> 20) + " MB"; };
+    say("in-memory replicas on node " + std::to_string(layout_.node_rank) + ": " + mb(node_memory_->bytes_held()) +
+        " of this node's snapshots and " + mb(node_memory_->copied_bytes_held()) + " for other nodes held now, at most " +
+        mb(node_memory_->peak_bytes_held()) + " at once");
+  }
 }
 
 // One node: names the rank that holds the job back, once each time another rank becomes it (with

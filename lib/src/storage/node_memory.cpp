@@ -356,6 +356,13 @@ struct NodeMemoryServer::Impl {
   std::map<std::string, Held> copies;   // other nodes' objects: copies sent here, and ones fetched for a read
   std::atomic<int64_t> bytes{0};
   std::atomic<int64_t> copied_bytes{0};
+  std::atomic<int64_t> peak_bytes{0};  // the most bytes held at once, own and copies
+  void note_peak() {
+    const int64_t now = bytes.load() + copied_bytes.load();
+    int64_t seen = peak_bytes.load();
+    while (now > seen && !peak_bytes.compare_exchange_weak(seen, now)) {
+    }
+  }
   std::vector<std::string> peers;  // the other nodes' endpoints
   std::string buddy;               // where this node's objects are copied; empty: nowhere
   std::string token;
@@ -481,6 +488,7 @@ struct NodeMemoryServer::Impl {
       drop_from(copies, copied_bytes, key);
       copies[key] = Held{fd, got};
       copied_bytes += got;
+      note_peak();
       *size = got;
       result = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
       return true;
@@ -508,6 +516,7 @@ struct NodeMemoryServer::Impl {
         drop_from(objects, bytes, key);
         objects[key] = Held{fd, size};
         bytes += size;
+        note_peak();
         queue_copy(true, key, fd, size);
       }
       return send_packet(client, "O", -1);
@@ -755,6 +764,7 @@ struct NodeMemoryServer::Impl {
           drop_from(copies, copied_bytes, key);
           copies[key] = Held{fd, static_cast<int64_t>(payload)};
           copied_bytes += static_cast<int64_t>(payload);
+          note_peak();
         }
         ok = send_answer(socket, 'O', {});
       } else if (payload != 0) {
@@ -860,6 +870,8 @@ std::string NodeMemoryClient::staging_base() {
 int64_t NodeMemoryServer::bytes_held() const { return impl_->bytes.load(); }
 
 int64_t NodeMemoryServer::copied_bytes_held() const { return impl_->copied_bytes.load(); }
+
+int64_t NodeMemoryServer::peak_bytes_held() const { return impl_->peak_bytes.load(); }
 
 int NodeMemoryServer::listen_for_peers() {
   Impl& impl = *impl_;

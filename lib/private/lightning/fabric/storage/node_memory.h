@@ -56,6 +56,8 @@ class NodeMemoryServer {
   void set_peers(int self, const std::vector<std::string>& endpoints, const std::string& token);
   /// Bytes held for other nodes (their copies, and objects fetched from them for a read).
   int64_t copied_bytes_held() const;
+  /// The most bytes held at once so far, own and copies.
+  int64_t peak_bytes_held() const;
 
  private:
   struct Impl;
