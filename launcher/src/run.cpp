@@ -244,8 +244,7 @@ void Job::spawn_all(int attempt) {
     // Several nodes: each copies its workers' snapshots to the next node of this attempt's group,
     // and reads what it lacks from the others (a new buddy after a lost node gets everything held).
     if (memory_port_ > 0) {
-      node_memory_->set_peers(layout_.node_rank, or_stop([&] { return rendezvous_->exchange_memory_endpoints(attempt, memory_port_); }),
-                              layout_.run_id);
+      node_memory_->set_peers(layout_.node_rank, or_stop([&] { return rendezvous_->exchange_memory_endpoints(attempt, memory_port_); }));
     }
   }
   const auto attempt_dir = std::filesystem::path(run_dir_) / ("attempt_" + std::to_string(attempt));
@@ -621,11 +620,10 @@ int Job::run() {
     say("--numa-binding " + *args_.numa_binding + ": " + describe_numa_binding(numa_));
   }
 
-  if (args_.in_memory_replicas > 0) {
-    node_memory_.emplace();
-    if (args_.num_nodes > 1 || args_.elastic) memory_port_ = node_memory_->listen_for_peers();
-  }
+  if (args_.in_memory_replicas > 0) node_memory_.emplace();
   rendezvous_.emplace(Rendezvous::establish(args_, local_count));
+  // Several nodes: the memory server answers the other nodes' servers that know the job's run id.
+  if (node_memory_ && (args_.num_nodes > 1 || args_.elastic)) memory_port_ = node_memory_->listen_for_peers(rendezvous_->layout().run_id);
   if (rendezvous_->elastic()) rendezvous_->form_group(std::nullopt, say, [this] { stop_on_signal(); });
   layout_ = rendezvous_->layout();
   OutputOptions output;

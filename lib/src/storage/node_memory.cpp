@@ -162,6 +162,7 @@ namespace {
 //   'G' key (the object held here) | 'X' key | 'L' folder (what is held here, own and copies)
 constexpr double kPeerIoTimeoutS = 60;     // one request's send or answer
 constexpr double kPeerConnectTimeoutS = 3;  // a node that does not accept by then is taken as lost
+constexpr int kCopyAttempts = 5;  // tries of one copy to the buddy, 200 ms to 1.6 s apart
 
 void put_le(char* at, uint64_t value, int bytes) {
   for (int i = 0; i < bytes; ++i) at[i] = static_cast<char>((value >> (8 * i)) & 0xff);
@@ -670,13 +671,20 @@ struct NodeMemoryServer::Impl {
         ::close(socket);
         socket = -1;
       }
-      if (socket < 0) {
-        socket = connect_peer(target, job_token, &error);
-        std::lock_guard<std::mutex> connected(lock);
-        buddy_socket = socket;  // stop_peers shuts it down to end a send that waits
-      }
-      bool ok = socket >= 0;
-      if (ok) {
+      // A buddy that is starting, or a connection that broke, gets a few more tries (about 3 s).
+      bool ok = false;
+      for (int attempt = 0; attempt < kCopyAttempts && !ok; ++attempt) {
+        if (attempt > 0) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(100 << attempt));
+          std::lock_guard<std::mutex> check(lock);
+          if (stopping || generation != op_generation) break;
+        }
+        if (socket < 0) {
+          socket = connect_peer(target, job_token, &error);
+          std::lock_guard<std::mutex> connected(lock);
+          buddy_socket = socket;  // stop_peers shuts it down to end a send that waits
+        }
+        if (socket < 0) continue;
         char status = 'E';
         std::string text;
         int64_t size = 0;
@@ -873,8 +881,13 @@ int64_t NodeMemoryServer::copied_bytes_held() const { return impl_->copied_bytes
 
 int64_t NodeMemoryServer::peak_bytes_held() const { return impl_->peak_bytes.load(); }
 
-int NodeMemoryServer::listen_for_peers() {
+int NodeMemoryServer::listen_for_peers(const std::string& token) {
   Impl& impl = *impl_;
+  LF_CHECK(!token.empty(), ValueError, "NodeMemoryServer::listen_for_peers: an empty token");
+  {
+    std::lock_guard<std::mutex> guard(impl.lock);
+    impl.token = token;  // before the first connection can arrive
+  }
   LF_CHECK(impl.peer_listen_fd < 0, RuntimeError, "NodeMemoryServer::listen_for_peers: already listening");
   // Both address families where the host has IPv6 (a dual-stack socket), else IPv4.
   int socket = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -910,14 +923,13 @@ int NodeMemoryServer::listen_for_peers() {
   return port;
 }
 
-void NodeMemoryServer::set_peers(int self, const std::vector<std::string>& endpoints, const std::string& token) {
+void NodeMemoryServer::set_peers(int self, const std::vector<std::string>& endpoints) {
   Impl& impl = *impl_;
   std::lock_guard<std::mutex> guard(impl.lock);
   if (!impl.copier.joinable()) impl.copier = std::thread([&impl] { impl.copy_loop(); });
   impl.peers.clear();
   for (size_t node = 0; node < endpoints.size(); ++node)
     if (static_cast<int>(node) != self) impl.peers.push_back(endpoints[node]);
-  impl.token = token;
   impl.buddy = endpoints.size() > 1 ? endpoints[(static_cast<size_t>(self) + 1) % endpoints.size()] : std::string();
   ++impl.generation;
   if (impl.buddy_socket >= 0) ::shutdown(impl.buddy_socket, SHUT_RDWR);  // a send to the old buddy ends now

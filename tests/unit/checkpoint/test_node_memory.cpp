@@ -182,9 +182,9 @@ TEST_CASE("memory:// across nodes: each server copies its objects to its buddy, 
   std::vector<std::string> endpoints;
   for (int k = 0; k < 3; ++k) {
     nodes.push_back(std::make_unique<storage::NodeMemoryServer>());
-    endpoints.push_back("127.0.0.1:" + std::to_string(nodes.back()->listen_for_peers()));
+    endpoints.push_back("127.0.0.1:" + std::to_string(nodes.back()->listen_for_peers("job-token")));
   }
-  for (int k = 0; k < 3; ++k) nodes[static_cast<size_t>(k)]->set_peers(k, endpoints, "job-token");
+  for (int k = 0; k < 3; ++k) nodes[static_cast<size_t>(k)]->set_peers(k, endpoints);
   std::vector<std::unique_ptr<storage::NodeMemoryClient>> workers;
   for (auto& node : nodes) workers.push_back(std::make_unique<storage::NodeMemoryClient>(node->address(), "test"));
 
@@ -212,8 +212,8 @@ TEST_CASE("memory:// across nodes: each server copies its objects to its buddy, 
 
   // The next attempt: the two that remain, node 1 now node 0's buddy (it gets what node 0 holds).
   const std::vector<std::string> remaining{endpoints[0], endpoints[1]};
-  nodes[0]->set_peers(0, remaining, "job-token");
-  nodes[1]->set_peers(1, remaining, "job-token");
+  nodes[0]->set_peers(0, remaining);
+  nodes[1]->set_peers(1, remaining);
   workers[0]->wait_until_copied(30);
   CHECK(nodes[1]->copied_bytes_held() >= 1);
   // Dropping before snapshot 2 keeps 2 and what is under it, on both, own and copies.
@@ -224,7 +224,8 @@ TEST_CASE("memory:// across nodes: each server copies its objects to its buddy, 
 
   // A server given another job's token answers nothing: its copies fail, and it waits no longer.
   storage::NodeMemoryServer stranger;
-  stranger.set_peers(0, {"127.0.0.1:1", endpoints[0]}, "another-job");
+  stranger.listen_for_peers("another-job");
+  stranger.set_peers(0, {"127.0.0.1:1", endpoints[0]});
   storage::NodeMemoryClient stranger_worker(stranger.address(), "test");
   stranger_worker.put("x", "y");  // to node 0, under the wrong token
   CHECK_THROWS_WITH(stranger_worker.wait_until_copied(30), Contains("copying x to the buddy node failed"));

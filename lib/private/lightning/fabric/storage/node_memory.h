@@ -45,15 +45,17 @@ class NodeMemoryServer {
 
   // ---- several nodes: copies on a buddy node, reads from every node ----
   /// Listens on every address of this host, on a port of the system's choosing, for the other
-  /// nodes' servers; returns the port. Anyone who can reach it and knows the job's token (the
-  /// rendezvous run id) can read the objects: run jobs on a trusted network, as for the rendezvous.
-  int listen_for_peers();
-  /// Call between attempts, while no worker runs. endpoints: every node's "host:port" by node rank;
+  /// nodes' servers, which must greet with `token` (the job's rendezvous run id); returns the port.
+  /// Anyone who can reach it and knows the token can read the objects: run jobs on a trusted
+  /// network, as for the rendezvous.
+  int listen_for_peers(const std::string& token);
+  /// Call between attempts, while no worker runs, after listen_for_peers (a node greets the others
+  /// with its token). endpoints: every node's "host:port" by node rank;
   /// this node is endpoints[self]. Its buddy is the next node (self + 1, wrapping): every object put
   /// here from now on is copied to the buddy in the background, in the order of the puts, and so
   /// is every object held here already (a new buddy after a node was lost). Reads of objects not
   /// held here (get, exists, listings) ask the other nodes. One node (or no endpoints): no copies.
-  void set_peers(int self, const std::vector<std::string>& endpoints, const std::string& token);
+  void set_peers(int self, const std::vector<std::string>& endpoints);
   /// Bytes held for other nodes (their copies, and objects fetched from them for a read).
   int64_t copied_bytes_held() const;
   /// The most bytes held at once so far, own and copies.
