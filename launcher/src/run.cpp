@@ -244,7 +244,13 @@ void Job::spawn_all(int attempt) {
     // Several nodes: each copies its workers' snapshots to the next node of this attempt's group,
     // and reads what it lacks from the others (a new buddy after a lost node gets everything held).
     if (memory_port_ > 0) {
-      node_memory_->set_peers(layout_.node_rank, or_stop([&] { return rendezvous_->exchange_memory_endpoints(attempt, memory_port_); }));
+      const auto endpoints = or_stop([&] { return rendezvous_->exchange_memory_endpoints(attempt, memory_port_); });
+      node_memory_->set_peers(layout_.node_rank, endpoints);
+      if (endpoints.size() > 1) {
+        const size_t buddy = (static_cast<size_t>(layout_.node_rank) + 1) % endpoints.size();
+        say("in-memory replicas: node " + std::to_string(layout_.node_rank) + " copies its snapshots to node " +
+            std::to_string(buddy) + " (" + endpoints[buddy] + ")");
+      }
     }
   }
   const auto attempt_dir = std::filesystem::path(run_dir_) / ("attempt_" + std::to_string(attempt));

@@ -173,6 +173,10 @@ bool Fabric::restore_snapshot(State& state, const std::string& fallback_checkpoi
     drop_all_but(-1);
     return true;
   }
+  if (global_rank() == 0 && !lost.empty()) {  // newer ones, torn by the failure: never loaded
+    std::fprintf(stderr, "[lightning-fabric] fabric.restore_snapshot: restoring snapshot %lld, the newest whole one; "
+                 "skipped %s\n", static_cast<long long>(newest), lost.c_str());
+  }
   const std::string path = "memory://" + snapshot_name(newest);
   State with = with_snapshot_resume(state, "fabric.restore_snapshot");
   load(path, with, /*strict=*/true);

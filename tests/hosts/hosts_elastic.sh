@@ -14,11 +14,13 @@
 #   example   the image classifier example (examples/image_classifier) on 2 hosts, 1 worker each,
 #             --num-nodes 1:2 and --resume last; host 1 dies in epoch 2: host 0 restarts alone,
 #             resumes from the end of epoch 1 and finishes epoch 2 in a world of 1
-#   memory    4 hosts x 1 worker, fsdp, --num-nodes 1:4 --max-restarts 2 --in-memory-replicas 1:
-#             host 3 dies: hosts 0-2 go on from the snapshot in the memory of the lightning-runs that
-#             remain (host 3's part from its buddy); a replacement host 3 joins and the group goes
-#             on from memory again; hosts 1 and 2 die together (a part and its only copy): hosts 0
-#             and 3 fall back to the newest checkpoint on disk, and rank 0 names what was lost
+#   memory    4 hosts x 1 worker, fsdp, --num-nodes 1:4 --max-restarts 3 --in-memory-replicas 1:
+#             host 2 is lost while its copy to its buddy is in flight: hosts 0, 1, 3 go on from the
+#             newest snapshot whole in the memory of the lightning-runs that remain (host 2's part
+#             from its buddy), the torn newer one skipped; a replacement host 2 joins and the group
+#             goes on from memory again; host 3's link is cut: hosts 0-2 go on from memory and host
+#             3's lightning-run exits 1 on its own; hosts 1 and 2 die together (a part and its only
+#             copy): host 0 falls back to the newest checkpoint on disk, and rank 0 names what was lost
 #   torchrun  shrink under torchrun's own elastic agent (--nnodes 1:3 --rdzv-backend c10d
 #             --max-restarts 1 --no-python), with the same binary: Fabric takes the new world size
 #             and the restart count from torchrun's environment
@@ -40,7 +42,7 @@ if [ "$case" = memory ]; then
   # Sharded (each rank's part on its node and its buddy), one worker per host; the disk checkpoint
   # is only the fallback for a node lost together with its buddy.
   job_args+=(--strategy fsdp --snapshot)
-  nodes=1:4 devices=1 max_restarts=2 memory_flags=(--in-memory-replicas 1)
+  nodes=1:4 devices=1 max_restarts=3 memory_flags=(--in-memory-replicas 1)
 fi
 
 # start_node K: host K's launcher in the background (pid[K], log $dir/node<K>.log).
@@ -121,34 +123,75 @@ case "$case" in
     hosts_up 4
     for k in 0 1 2 3; do start_node "$k"; done
     for k in 0 1 2 3; do await_line "$dir/node$k.log" "of 4 on host$k: backend $backend, step 50$" 90 >/dev/null || exit 1; done
-    # 1. Host 3 lost: hosts 0-2 go on from memory, host 3's part read from its buddy, host 0.
+    # 1. Host 2 lost while a copy to its buddy is in flight: host 2's connection to its buddy's
+    #    memory port (its copier's) is slowed to 2 KB/s (tc htb), so its next snapshot part (about
+    #    4 KB) is still on the way (bytes unacknowledged: its Send-Q) when host 2 goes (link down,
+    #    then every process killed: nothing more leaves it). Hosts 0, 1, 3 go on from the newest
+    #    snapshot whole in memory; the torn newer one is skipped, never loaded.
+    buddy_at=$(sed -n 's/.*node [0-9]* copies its snapshots to node [0-9]* (\(.*\))$/\1/p' "$dir/node2.log" | tail -1)
+    buddy_ip=${buddy_at%:*} buddy_port=${buddy_at##*:}
+    buddy=$((${buddy_ip##*.} - 10))
+    [ -n "$buddy_at" ] || { fail "host 2 did not say where its copies go"; cat "$dir/node2.log"; exit 1; }
+    copier_ports=$(ip netns exec "$(host_ns 2)" ss -tnH state established | awk -v peer="$buddy_at" '$4 == peer { sub(/.*:/, "", $3); print $3 }')
+    [ -n "$copier_ports" ] || { fail "host 2 has no connection to its buddy at $buddy_at"; exit 1; }
+    # htb sorts the copier's packets into class 1:10, whose tbf passes 2 KB/s (whole frames: no
+    # segmentation offload, so that no frame is larger than the bucket).
+    shape="ethtool -K eth0 tso off gso off >/dev/null && tc qdisc add dev eth0 root handle 1: htb default 20 &&
+      tc class add dev eth0 parent 1: classid 1:10 htb rate 10gbit && tc class add dev eth0 parent 1: classid 1:20 htb rate 10gbit &&
+      tc qdisc add dev eth0 parent 1:10 handle 10: tbf rate 16kbit burst 1600 latency 60s"
+    for port in $copier_ports; do
+      shape+=" && tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dst $buddy_ip/32 match ip sport $port 0xffff flowid 1:10"
+    done
+    ip netns exec "$(host_ns 2)" sh -c "$shape" 2>/dev/null || { fail "could not slow host 2's link to its buddy (ethtool; tc htb, tbf, u32)"; exit 1; }
+    unsent=0
+    for _ in $(seq 100); do
+      unsent=$(ip netns exec "$(host_ns 2)" ss -tnH state established |
+        awk -v peer="$buddy_at" '$4 == peer && $2 > most { most = $2 } END { print most + 0 }')
+      [ "$unsent" -gt 1000 ] && break
+      sleep 0.05
+    done
     start=$(hosts_now)
-    host_kill_all 3
-    wait "${pid[3]}" 2>/dev/null
+    host_link_down 2
+    host_kill_all 2
+    wait "${pid[2]}" 2>/dev/null
+    ip netns exec "$(host_ns 2)" tc qdisc del dev eth0 root 2>/dev/null
+    echo "elastic memory: host 2 lost with $unsent bytes of its copy to host $buddy ($buddy_at) unacknowledged"
+    [ "$unsent" -gt 1000 ] || fail "host 2's copy to host $buddy was not in flight when host 2 was lost"
     first=$(await_line "$dir/node0.log" "rank 0 of 3 on host0: backend $backend, step [0-9]+$" 120) || exit 1
-    echo "elastic memory: restart $(awk -v a="$first" -v b="$start" 'BEGIN { printf "%.1f", a - b }') s after host 3 was lost"
-    for k in 0 1 2; do
+    echo "elastic memory: restart $(awk -v a="$first" -v b="$start" 'BEGIN { printf "%.1f", a - b }') s after host 2 was lost"
+    for k in 0 1 3; do
       grep -Eq "of 3 on host$k: backend $backend, restored snapshot ([5-9][0-9]|[1-9][0-9][0-9])$" "$dir/node$k.log" ||
         fail "host $k did not restore a snapshot of step 50 or later from memory"
     done
-    # 2. A replacement host 3 joins: the group re-forms (not a restart) and goes on from memory again.
+    grep -Eq "restoring snapshot [0-9]+, the newest whole one; skipped snapshot [0-9]+: " "$dir/node0.log" ||
+      fail "rank 0 did not name the torn snapshot it skipped"
+    # 2. A replacement host 2 joins: the group re-forms (not a restart) and goes on from memory again.
     await_line "$dir/node0.log" "rank 0 of 3 on host0: backend $backend, step 1[5-9]0$" 90 >/dev/null || exit 1
-    start_node 3
-    await_line "$dir/node3.log" "rank 3 of 4 on host3: backend $backend, restored snapshot [0-9]+$" 90 >/dev/null || exit 1
-    # 3. Hosts 1 and 2 lost together: host 1's part and its copy (on host 2) are gone, so hosts 0
-    #    and 3 fall back to the newest whole checkpoint on disk, as restore_snapshot's fallback.
-    await_line "$dir/node0.log" "rank 0 of 4 on host0: backend $backend, step 2[5-9]0$" 90 >/dev/null || exit 1
+    ip -n "$(hosts_switch)" link set h2 up
+    start_node 2
+    await_line "$dir/node2.log" "rank [0-9] of 4 on host2: backend $backend, restored snapshot [0-9]+$" 90 >/dev/null || exit 1
+    # 3. Host 3's link is cut (its processes live on): hosts 0-2 go on from memory, host 3's part
+    #    read from its buddy; host 3's lightning-run loses the store, stops its worker and exits 1.
+    await_line "$dir/node0.log" "rank 0 of 4 on host0: backend $backend, step 2[2-9]0$" 90 >/dev/null || exit 1
+    host_link_down 3
+    wait "${pid[3]}"; code[3]=$?
+    [ "${code[3]}" = 1 ] && grep -q "lost contact with the rendezvous store" "$dir/node3.log" ||
+      fail "host 3, cut off, exited ${code[3]} without naming the store it lost (expected 1)"
+    for k in 0 1 2; do  # (await_line names a host that did not)
+      await_line "$dir/node$k.log" "of 3 on host$k: backend $backend, restored snapshot [2-9][0-9][0-9]$" 60 >/dev/null || exit 1
+    done
+    # 4. Hosts 1 and 2 lost together: in a group of three, one of them holds the other's only copy,
+    #    so host 0 falls back to the newest whole checkpoint on disk, as restore_snapshot's fallback.
+    await_line "$dir/node0.log" "rank 0 of 3 on host0: backend $backend, step 3[2-9]0$" 90 >/dev/null || exit 1
     host_kill_all 1 &
     killer=$!
     host_kill_all 2
     wait "$killer" "${pid[1]}" "${pid[2]}" 2>/dev/null
-    for k in 0 3; do wait "${pid[$k]}"; code[$k]=$?; done
+    wait "${pid[0]}"; code[0]=$?
     show_logs 0 1 2 3
-    for k in 0 3; do
-      expect_finish "$k" 2 2
-      grep -Eq "of 2 on host$k: backend $backend, no whole snapshot: fell back to $dir/ck/step-[0-9]+0.ckpt$" "$dir/node$k.log" ||
-        fail "host $k did not fall back to the disk checkpoint"
-    done
+    expect_finish 0 1 3
+    grep -Eq "of 1 on host0: backend $backend, no whole snapshot: fell back to $dir/ck/step-[0-9]+0.ckpt$" "$dir/node0.log" ||
+      fail "host 0 did not fall back to the disk checkpoint"
     grep -q "snapshots were taken, but none survived whole on the nodes that remain" "$dir/node0.log" ||
       fail "rank 0 did not say what was lost"
     ;;

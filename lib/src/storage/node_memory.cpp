@@ -285,6 +285,24 @@ int connect_peer(const std::string& endpoint, const std::string& token, std::str
   return result;
 }
 
+// The next `size` bytes of the socket in a new sealed memory file, or -1 (nothing kept) when the
+// connection failed before they all came: a torn transfer never becomes an object.
+int receive_to_memory_file(int socket, uint64_t size) {
+  const int fd = new_memory_file();
+  std::vector<char> buffer(static_cast<size_t>(std::min<uint64_t>(size, 1 << 20)));
+  for (uint64_t left = size; left > 0;) {
+    const size_t part = static_cast<size_t>(std::min<uint64_t>(left, buffer.size()));
+    if (!receive_all(socket, buffer.data(), part)) {
+      ::close(fd);
+      return -1;
+    }
+    write_all(fd, buffer.data(), part, "a copy from another node");
+    left -= part;
+  }
+  seal(fd);
+  return fd;
+}
+
 // One answer: its status, with the payload in *text, or (for an 'O' of a get, when to_memory) in a
 // new sealed memory file *fd. false when the connection failed.
 bool receive_answer(int socket, char* status, std::string* text, int* fd, int64_t* size) {
@@ -296,21 +314,8 @@ bool receive_answer(int socket, char* status, std::string* text, int* fd, int64_
     text->assign(static_cast<size_t>(*size), '\0');
     return receive_all(socket, text->data(), text->size());
   }
-  *fd = new_memory_file();
-  std::vector<char> buffer(1 << 20);
-  int64_t left = *size;
-  while (left > 0) {
-    const size_t part = static_cast<size_t>(std::min<int64_t>(left, static_cast<int64_t>(buffer.size())));
-    if (!receive_all(socket, buffer.data(), part)) {
-      ::close(*fd);
-      *fd = -1;
-      return false;
-    }
-    write_all(*fd, buffer.data(), part, "a copy from another node");
-    left -= static_cast<int64_t>(part);
-  }
-  seal(*fd);
-  return true;
+  *fd = receive_to_memory_file(socket, static_cast<uint64_t>(*size));
+  return *fd >= 0;
 }
 
 std::string listing_text(const std::map<std::string, int64_t>& listing) {
@@ -753,20 +758,8 @@ struct NodeMemoryServer::Impl {
     while (greeted && receive_request(socket, &op, &key, &payload)) {
       bool ok = true;
       if (op == 'C') {
-        const int fd = new_memory_file();
-        std::vector<char> buffer(1 << 20);
-        uint64_t left = payload;
-        while (ok && left > 0) {
-          const size_t part = static_cast<size_t>(std::min<uint64_t>(left, buffer.size()));
-          ok = receive_all(socket, buffer.data(), part);
-          if (ok) write_all(fd, buffer.data(), part, "a copy from another node");
-          left -= ok ? part : 0;
-        }
-        if (!ok) {
-          ::close(fd);
-          break;
-        }
-        seal(fd);
+        const int fd = receive_to_memory_file(socket, payload);
+        if (fd < 0) break;
         {
           std::lock_guard<std::mutex> guard(lock);
           drop_from(copies, copied_bytes, key);
@@ -1091,14 +1084,7 @@ void NodeMemoryClient::put_file(const std::string& key, const std::filesystem::p
 std::map<std::string, int64_t> NodeMemoryClient::list_folder(const std::string& folder) const {
   const std::string text = call("L" + folder, -1, nullptr, folder);
   std::map<std::string, int64_t> objects;
-  size_t at = 0;
-  while (at < text.size()) {
-    const size_t end = text.find('\n', at);
-    const size_t tab = text.find('\t', at);
-    if (end == std::string::npos || tab == std::string::npos || tab > end) break;
-    objects[text.substr(at, tab - at)] = std::strtoll(text.c_str() + tab + 1, nullptr, 10);
-    at = end + 1;
-  }
+  parse_listing(text, &objects);
   return objects;
 }
 

@@ -207,6 +207,10 @@ void ComposedStrategy::setup_environment() {
   tensor_->use_mesh(mesh);
   if (pipe_ != nullptr) pipe_->form(mesh);
   mesh_ = std::move(mesh);
+  // Every rank has made all its groups before any goes on: a rank refused right after (a model the
+  // stages cannot split) closes its connections when it ends, and a rank still connecting a
+  // group to it would fail there (gloo's connectFullMesh) instead of reaching its own refusal.
+  if (pipe_ != nullptr) shared_collective()->barrier();
 }
 
 const std::shared_ptr<DeviceMesh>& ComposedStrategy::device_mesh() const {

@@ -2,7 +2,10 @@
 // runs it, clients as workers use them, and the checkpoint calls through memory:// URLs.
 #include <torch/torch.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -36,6 +39,36 @@ struct MemoryEnvironment {
 int64_t held_size(const storage::NodeMemoryClient& client, int number) {
   const std::string name = "snapshot-00000000000" + std::to_string(number);
   return static_cast<int64_t>(client.get(name).size());
+}
+
+// A node lost in the middle of a copy, as its buddy sees it: a connection to `port` that greets
+// with `token`, starts copying `key` (`declared` bytes), sends only `sent` of them and closes.
+// Returns once the buddy has closed its end too, so it has handled the torn copy.
+void send_torn_copy(int port, const std::string& token, const std::string& key, uint64_t declared, size_t sent) {
+  const int socket = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(socket, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
+  // A request: op, key length (4 bytes), payload length (8 bytes), little-endian; the key; the payload.
+  auto request = [&](char op, const std::string& name, uint64_t payload) {
+    std::string header(13, '\0');
+    header[0] = op;
+    for (int i = 0; i < 4; ++i) header[1 + i] = static_cast<char>((name.size() >> (8 * i)) & 0xff);
+    for (int i = 0; i < 8; ++i) header[5 + i] = static_cast<char>((payload >> (8 * i)) & 0xff);
+    const std::string bytes = header + name;
+    REQUIRE(::send(socket, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size()));
+  };
+  request('H', token, 0);
+  request('C', key, declared);
+  const std::string part(sent, 'p');
+  REQUIRE(::send(socket, part.data(), part.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(part.size()));
+  ::shutdown(socket, SHUT_WR);
+  char ignored[64];
+  while (::recv(socket, ignored, sizeof(ignored), 0) > 0) {
+  }
+  ::close(socket);
 }
 }  // namespace
 
@@ -230,6 +263,18 @@ TEST_CASE("memory:// across nodes: each server copies its objects to its buddy, 
   stranger_worker.put("x", "y");  // to node 0, under the wrong token
   CHECK_THROWS_WITH(stranger_worker.wait_until_copied(30), Contains("copying x to the buddy node failed"));
   CHECK_FALSE(workers[0]->exists("x"));
+
+  // A node lost in the middle of a copy leaves nothing of that object at its buddy: no torn object
+  // is ever held, listed or read; the buddy keeps what it held and goes on serving.
+  const int64_t copies_before = nodes[0]->copied_bytes_held();
+  const int node0_port = std::stoi(endpoints[0].substr(endpoints[0].rfind(':') + 1));
+  send_torn_copy(node0_port, "job-token", "snapshot-000000000003/__7_0.distcp", 1 << 20, 64 << 10);
+  CHECK(nodes[0]->copied_bytes_held() == copies_before);
+  CHECK_FALSE(workers[1]->exists("snapshot-000000000003/__7_0.distcp"));
+  CHECK(workers[1]->list_folder("snapshot-000000000003").empty());
+  workers[1]->put("snapshot-000000000003/.metadata", "o");
+  workers[1]->wait_until_copied(30);
+  CHECK(workers[0]->get("snapshot-000000000003/.metadata") == "o");
 }
 
 TEST_CASE("restore_snapshot: snapshots taken but none left whole is an error naming it, or the fallback checkpoint",
