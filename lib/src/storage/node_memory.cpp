@@ -286,18 +286,25 @@ int connect_peer(const std::string& endpoint, const std::string& token, std::str
 }
 
 // The next `size` bytes of the socket in a new sealed memory file, or -1 (nothing kept) when the
-// connection failed before they all came: a torn transfer never becomes an object.
+// connection failed before they all came: a torn transfer never becomes an object. The bytes go
+// from the socket straight into the file's pages (one copy).
 int receive_to_memory_file(int socket, uint64_t size) {
   const int fd = new_memory_file();
-  std::vector<char> buffer(static_cast<size_t>(std::min<uint64_t>(size, 1 << 20)));
-  for (uint64_t left = size; left > 0;) {
-    const size_t part = static_cast<size_t>(std::min<uint64_t>(left, buffer.size()));
-    if (!receive_all(socket, buffer.data(), part)) {
+  if (size > 0) {
+    void* pages = ::ftruncate(fd, static_cast<off_t>(size)) == 0
+                      ? ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                      : MAP_FAILED;
+    if (pages == MAP_FAILED) {
+      const std::string reason = why();
+      ::close(fd);
+      throw RuntimeError("memory://: no memory for a copy of " + std::to_string(size) + " bytes from another node: " + reason);
+    }
+    const bool whole = receive_all(socket, static_cast<char*>(pages), size);
+    ::munmap(pages, size);
+    if (!whole) {
       ::close(fd);
       return -1;
     }
-    write_all(fd, buffer.data(), part, "a copy from another node");
-    left -= part;
   }
   seal(fd);
   return fd;
