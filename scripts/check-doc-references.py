@@ -289,6 +289,24 @@ def undeclared_api_names(repo, code):
             yield match.group(0), "is not a member of " + match.group(1)
 
 
+# A command the docs show running one of the scripts directly: optional VAR=value words, then the
+# script's path. Group 1: the words, 2: the path, 3: what follows.
+DIRECT_SCRIPT = re.compile(r"^((?:[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*)(?:\./)?(scripts/[\w.-]+)(.*)$")
+
+
+def not_executable(repo, code_texts, whole_lines):
+    """The scripts that the given commands run directly (not through bash or python3) and that are
+    not executable: such a command fails as written with "Permission denied". A code span of the
+    path alone names the file; with words before or after it, or on a line of a code block, it is
+    a command."""
+    for code in code_texts:
+        match = DIRECT_SCRIPT.match(code.strip())
+        if not match or not (whole_lines or match.group(1) or match.group(3).strip()):
+            continue
+        if repo.exists(match.group(2)) and not os.access(os.path.join(ROOT, match.group(2)), os.X_OK):
+            yield match.group(2)
+
+
 def scan_text(repo, rel_path, lines, problems, markdown, api_problems=None):
     rel_dir = os.path.dirname(rel_path)
     in_code = False
@@ -300,6 +318,9 @@ def scan_text(repo, rel_path, lines, problems, markdown, api_problems=None):
             code = text if in_code else " ".join(CODE_SPAN.findall(text))
             for name, why in undeclared_api_names(repo, code):
                 api_problems.append((rel_path, number, name, why))
+            for script in not_executable(repo, [text] if in_code else CODE_SPAN.findall(text), in_code):
+                api_problems.append((rel_path, number, script, "is run directly there but is not executable "
+                                     "(git update-index --chmod=+x, or show it run by bash)"))
         if markdown:
             targets = [m.group(1) for m in MD_LINK.finditer(text)]
             ref = MD_REF_DEF.match(text)
