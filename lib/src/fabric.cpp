@@ -847,7 +847,7 @@ StateDict Fabric::load(const std::filesystem::path& path, State& state, bool str
       continue;
     }
     resume::restore(*this, found->value(), live_loaders(), live_streaming_loaders(), path, name);
-    remainder.erase(name);
+    (void)remainder.erase(name);  // StateDict::erase returns whether it was there; it is (found above)
   }
   if (strict) note_checkpoint(path, state);
   return remainder;
