@@ -291,7 +291,8 @@ def undeclared_api_names(repo, code):
 
 # A command the docs show running one of the scripts directly: optional VAR=value words, then the
 # script's path. Group 1: the words, 2: the path, 3: what follows.
-DIRECT_SCRIPT = re.compile(r"^((?:[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*)(?:\./)?(scripts/[\w.-]+)(.*)$")
+DIRECT_SCRIPT = re.compile(r"^((?:(?:sudo\s+)?[A-Za-z_][A-Za-z0-9_]*=(?:\"[^\"]*\"|'[^']*'|\S*)\s+)*(?:sudo\s+)?)"
+                           r"(?:\./)?(scripts/[\w.-]+)(.*)$")
 
 
 def not_executable(repo, code_texts, whole_lines):

@@ -25,6 +25,7 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <random>
 #include <thread>
@@ -286,21 +287,19 @@ int connect_peer(const std::string& endpoint, const std::string& token, std::str
 }
 
 // The next `size` bytes of the socket in a new sealed memory file, or -1 (nothing kept) when the
-// connection failed before they all came: a torn transfer never becomes an object. The bytes go
+// connection failed before they all came, or no memory file of that size could be made: a torn
+// transfer never becomes an object, and a peer's bad size never ends this process. The bytes go
 // from the socket straight into the file's pages (one copy).
 int receive_to_memory_file(int socket, uint64_t size) {
-  const int fd = new_memory_file();
+  const int fd = ::memfd_create("lightning-memory-object", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return -1;
   if (size > 0) {
-    void* pages = ::ftruncate(fd, static_cast<off_t>(size)) == 0
+    void* pages = size <= static_cast<uint64_t>(std::numeric_limits<off_t>::max()) &&
+                          ::ftruncate(fd, static_cast<off_t>(size)) == 0
                       ? ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
                       : MAP_FAILED;
-    if (pages == MAP_FAILED) {
-      const std::string reason = why();
-      ::close(fd);
-      throw RuntimeError("memory://: no memory for a copy of " + std::to_string(size) + " bytes from another node: " + reason);
-    }
-    const bool whole = receive_all(socket, static_cast<char*>(pages), size);
-    ::munmap(pages, size);
+    const bool whole = pages != MAP_FAILED && receive_all(socket, static_cast<char*>(pages), size);
+    if (pages != MAP_FAILED) ::munmap(pages, size);
     if (!whole) {
       ::close(fd);
       return -1;
@@ -318,6 +317,7 @@ bool receive_answer(int socket, char* status, std::string* text, int* fd, int64_
   *status = header[0];
   *size = static_cast<int64_t>(get_le(header + 1, 8));
   if (fd == nullptr || *status != 'O') {
+    if (*size < 0 || *size > (int64_t{1} << 30)) return false;  // no listing or message is this large
     text->assign(static_cast<size_t>(*size), '\0');
     return receive_all(socket, text->data(), text->size());
   }
