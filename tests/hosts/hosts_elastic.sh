@@ -126,8 +126,8 @@ case "$case" in
     for k in 0 1 2 3; do start_node "$k"; done
     for k in 0 1 2 3; do await_line "$dir/node$k.log" "of 4 on host$k: backend $backend, step 50$" 90 >/dev/null || exit 1; done
     # 1. Host 2 lost while a copy to its buddy is in flight: host 2's connection to its buddy's
-    #    memory port (its copier's) is slowed to 2 KB/s (tc htb), so its next snapshot part (about
-    #    4 KB) is still on the way (bytes unacknowledged: its Send-Q) when host 2 goes (link down,
+    #    memory port (its copier's) is slowed to 2 KB/s (tc: htb with a tbf class), so its next
+    #    snapshot part (some 15 KB with the copier's framing) is still on the way (bytes unacknowledged: its Send-Q) when host 2 goes (link down,
     #    then every process killed: nothing more leaves it). Hosts 0, 1, 3 go on from the newest
     #    snapshot whole in memory; the torn newer one is skipped, never loaded.
     buddy_at=$(sed -n 's/.*node [0-9]* copies its snapshots to node [0-9]* (\(.*\))$/\1/p' "$dir/node2.log" | tail -1)
